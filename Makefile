@@ -1,0 +1,31 @@
+# Set-up is idempotent: a stamp file records that .venv holds what pyproject.toml asks for.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint install system-deps
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
+	# The CPU wheel of torch 2.13.0 lies on this machine's disk; naming it first keeps pip from
+	# fetching a multi-GB CUDA build for a bare `torch` requirement.
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian packages the tests need: PostgreSQL 15 server binaries and headless Chromium with its driver.
+system-deps:
+	@bash scripts/system-deps.sh
+
+demo: install
+	$(BIN)/lightning-dagster demo
+
+lint: install
+	$(BIN)/ruff check lightning_dagster tests benchmarks
+
+test: install system-deps lint
+	$(BIN)/python -m pytest -q -ra

@@ -1,0 +1,44 @@
+"""The `lightning-dagster` command: each package registers its own sub-commands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (sub-command, module providing `register(subparsers)`); modules are imported lazily so that
+# `lightning-dagster gate ...` does not pay for torch or Dagster imports.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "engine": ("lightning_dagster.engine.cli", "build or inspect the embedded policy model"),
+    "gateway": ("lightning_dagster.gateway.cli", "serve the OpenAI-compatible LLM proxy"),
+    "rollouts": ("lightning_dagster.runner.cli", "run harness rollouts through a gateway"),
+    "train": ("lightning_dagster.training.cli", "warm-start a parent and train a candidate with RL"),
+    "gate": ("lightning_dagster.gate.cli", "evaluate an update receipt under a policy"),
+    "registry": ("lightning_dagster.registry.cli", "candidate lineage and the two pointers in MLflow"),
+    "demo": ("lightning_dagster.demo", "run the whole pipeline once on the embedded default"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="lightning-dagster", description=__doc__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    if not argv or argv[0] not in COMMANDS:
+        parser.print_help()
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    name = argv[0]
+    module = importlib.import_module(COMMANDS[name][0])
+    cmd_parser = argparse.ArgumentParser(prog=f"lightning-dagster {name}", description=COMMANDS[name][1])
+    module.register(cmd_parser)
+    args = cmd_parser.parse_args(argv[1:])
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        cmd_parser.print_help()
+        return 2
+    return int(handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

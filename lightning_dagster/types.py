@@ -1,0 +1,182 @@
+"""The shared data model: every record the store keeps and the gateway, runner, trainer and gate exchange.
+
+One module of pydantic classes, in the manner of Agent Lightning: the attempt state machine is an explicit
+table of allowed moves, enforced by `check_transition` (the store calls it; HTTP edges map the error to 409).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+def new_id(prefix: str) -> str:
+    """A sortable-enough unique id with a readable prefix (`ro-…`, `at-…`, `sp-…`)."""
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def now() -> float:
+    return time.time()
+
+
+class RolloutKind(str, enum.Enum):
+    train = "train"
+    holdout = "holdout"
+    protected = "protected"
+    canary = "canary"
+    serve = "serve"
+
+
+class RolloutStatus(str, enum.Enum):
+    """A rollout's status follows its latest attempt; `failed` only once retries are exhausted."""
+
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class AttemptState(str, enum.Enum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    timeout = "timeout"
+    unresponsive = "unresponsive"
+    cancelled = "cancelled"
+
+
+TERMINAL_ATTEMPT_STATES = frozenset(
+    {
+        AttemptState.succeeded,
+        AttemptState.failed,
+        AttemptState.timeout,
+        AttemptState.unresponsive,
+        AttemptState.cancelled,
+    }
+)
+
+# The whole attempt state machine. Terminal states have no way out.
+ALLOWED_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
+    AttemptState.queued: frozenset({AttemptState.running, AttemptState.cancelled}),
+    AttemptState.running: frozenset(
+        {
+            AttemptState.succeeded,
+            AttemptState.failed,
+            AttemptState.timeout,
+            AttemptState.unresponsive,
+            AttemptState.cancelled,
+        }
+    ),
+    **{s: frozenset() for s in TERMINAL_ATTEMPT_STATES},
+}
+
+
+class IllegalTransition(ValueError):
+    """An attempt was asked to move along an edge the state machine does not have."""
+
+    def __init__(self, attempt_id: str, current: AttemptState, target: AttemptState):
+        super().__init__(f"attempt {attempt_id}: illegal transition {current.value} -> {target.value}")
+        self.attempt_id = attempt_id
+        self.current = current
+        self.target = target
+
+
+def check_transition(attempt_id: str, current: AttemptState, target: AttemptState) -> None:
+    if target not in ALLOWED_TRANSITIONS[current]:
+        raise IllegalTransition(attempt_id, current, target)
+
+
+class RetryKind(str, enum.Enum):
+    """Why an attempt exists beyond the first: an expected sample retry is part of the agent's method
+    (declared in the retry policy); an infrastructure retry pays for a broken worker, gateway or timeout."""
+
+    first = "first"
+    sample = "sample"
+    infrastructure = "infrastructure"
+
+
+class Resource(BaseModel):
+    """A versioned model or prompt resource. `parent_id` is the exact resource it was derived from."""
+
+    resource_id: str = Field(default_factory=lambda: new_id("res"))
+    kind: Literal["model", "prompt"] = "model"
+    uri: str  # a directory holding a Hugging Face format checkpoint, or a prompt file
+    parent_id: str | None = None
+    weights_hash: str | None = None  # sha256 over the checkpoint's files, see engine.checkpoint_hash
+    created_at: float = Field(default_factory=now)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Rollout(BaseModel):
+    rollout_id: str = Field(default_factory=lambda: new_id("ro"))
+    kind: RolloutKind = RolloutKind.train
+    task_id: str = ""
+    task: dict[str, Any] = Field(default_factory=dict)  # the input handed to the harness
+    snapshot_key: str | None = None
+    group_id: str | None = None  # rollouts of one task sampled together (GRPO group)
+    resource_id: str | None = None  # the resource that serves this rollout
+    harness: str | None = None
+    status: RolloutStatus = RolloutStatus.queued
+    created_at: float = Field(default_factory=now)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Attempt(BaseModel):
+    attempt_id: str = Field(default_factory=lambda: new_id("at"))
+    rollout_id: str
+    sequence_id: int = 1  # 1 for the first attempt of a rollout, 2 for its first retry, ...
+    state: AttemptState = AttemptState.queued
+    retry_kind: RetryKind = RetryKind.first
+    reason_code: str | None = None  # e.g. "exit_nonzero", "killed", "timeout", "no_heartbeat", "ok"
+    reason_message: str | None = None
+    worker_id: str | None = None
+    heartbeat_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+
+
+class SpanKind(str, enum.Enum):
+    llm = "llm"
+    tool = "tool"
+    reward = "reward"
+    custom = "custom"
+
+
+class Span(BaseModel):
+    """OpenTelemetry-shaped. LLM spans also fill the token fields; those are stored compactly, never as
+    one JSON copy of the prompt per call."""
+
+    span_id: str = Field(default_factory=lambda: new_id("sp"))
+    trace_id: str = ""  # by convention the attempt id
+    parent_span_id: str | None = None
+    rollout_id: str
+    attempt_id: str
+    sequence: int = 0  # order of the span within its attempt, assigned by the recorder
+    name: str = ""
+    kind: SpanKind = SpanKind.custom
+    start_time: float = Field(default_factory=now)
+    end_time: float | None = None
+    status: Literal["ok", "error", "unset"] = "ok"
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    # LLM spans only
+    prompt_token_ids: list[int] | None = None
+    response_token_ids: list[int] | None = None
+    response_logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    resource_id: str | None = None
+
+
+class Reward(BaseModel):
+    rollout_id: str
+    attempt_id: str | None = None
+    value: float
+    judge: str = "harness"
+    judge_version: str = "1"
+    uncertainty: float | None = None
+    created_at: float = Field(default_factory=now)
