@@ -1,0 +1,79 @@
+"""`lightning-dagster gate evaluate RECEIPT [--policy POLICY] [--json]`: judge a receipt under a policy.
+Exit status: 0 `PROMOTE TO BOUNDED CANARY`, 1 `HOLD`, 2 invalid input (the message names the field).
+
+`lightning-dagster gate verify RECEIPT_ID [--store URL] [--head HASH]`: re-check a stored receipt's hash
+chain. Exit status: 0 intact, 1 tampered, 2 no such receipt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from lightning_dagster.gate.checks import PROMOTE, Evaluation, evaluate
+from lightning_dagster.gate.errors import InvalidInput
+from lightning_dagster.gate.policy import load_policy
+from lightning_dagster.gate.receipt import load_receipt, read_json
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="gate_command", metavar="COMMAND")
+    ev = sub.add_parser("evaluate", help="run the seven checks on a receipt and print the verdict")
+    ev.add_argument("receipt", help="receipt JSON file")
+    ev.add_argument("--policy", help="policy YAML/JSON file (default: the packaged default-v1)")
+    ev.add_argument("--fingerprints", help="JSON object of current fingerprints, to void stale checks")
+    ev.add_argument("--json", action="store_true", help="print the evaluation as JSON")
+    ev.set_defaults(handler=_evaluate)
+    ve = sub.add_parser("verify", help="re-check the hash chain of a receipt stored in the ledger")
+    ve.add_argument("receipt_id")
+    ve.add_argument("--store", help="store URL (default: the embedded store, see config.store_url)")
+    ve.add_argument("--head", help="the head hash recorded elsewhere (e.g. with a pointer move)")
+    ve.set_defaults(handler=_verify)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.policy)
+        receipt = load_receipt(args.receipt)
+        current = read_json(args.fingerprints, "fingerprints") if args.fingerprints else None
+        if current is not None and not isinstance(current, dict):
+            raise InvalidInput("fingerprints", [("", "expected a JSON object")])
+        result = evaluate(receipt, policy, current)
+    except InvalidInput as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_json_dict(), indent=2) if args.json else render(result))
+    return 0 if result.verdict == PROMOTE else 1
+
+
+def _verify(args: argparse.Namespace) -> int:
+    # The store pulls in SQLAlchemy: imported here so that `gate evaluate` stays light.
+    from lightning_dagster.gate.ledger import ReceiptLedger
+    from lightning_dagster.store import Store
+
+    report = ReceiptLedger(Store(args.store)).verify_chain(args.receipt_id, expected_head=args.head)
+    if report.versions == 0:
+        print(f"error: no receipt {args.receipt_id!r} in the ledger", file=sys.stderr)
+        return 2
+    print(f"receipt {report.receipt_id}: {report.versions} versions, head {report.head_hash}")
+    print("chain intact" if report.ok else "TAMPERED:\n" + "\n".join(f"  - {p}" for p in report.problems))
+    return 0 if report.ok else 1
+
+
+def render(ev: Evaluation) -> str:
+    """A readable table: one row per check, then the verdict and every reason to hold."""
+    rows = [(str(c.id), c.name, c.status + (" (void)" if c.void else ""), c.reason) for c in ev.checks]
+    widths = [max(len(r[i]) for r in [("#", "check", "status", ""), *rows]) for i in range(3)]
+    lines = [
+        f"receipt {ev.receipt_id}  {ev.receipt_hash}",
+        f"policy  {ev.policy_version}  {ev.policy_hash}",
+        "",
+        f"{'#':<{widths[0]}}  {'check':<{widths[1]}}  {'status':<{widths[2]}}  reason",
+    ]
+    lines += [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}" for a, b, c, d in rows]
+    lines += ["", f"verdict: {ev.verdict}"]
+    if ev.stale_checks:
+        lines.append(f"stale checks: {', '.join(map(str, ev.stale_checks))}")
+    lines += [f"  - {reason}" for reason in ev.hold_reasons]
+    return "\n".join(lines)

@@ -1,0 +1,26 @@
+"""Canonical JSON and content hashes: the one serialisation every receipt hash, policy hash and
+fingerprint goes through, so equal content always hashes equal and any change shows."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, no whitespace, UTF-8, and no NaN or infinity (they have no canonical JSON form)."""
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+def content_hash(obj: Any) -> str:
+    """`sha256:<hex>` over the canonical JSON of `obj`."""
+    return "sha256:" + hashlib.sha256(canonical_json(obj)).hexdigest()
+
+
+def fingerprint(obj: Any) -> str:
+    """A fingerprint for staleness (evaluator config, tool schemas, retry policy, ...): the content hash of
+    its JSON form. Callers pass plain JSON data (dicts, lists, strings, numbers)."""
+    return content_hash(obj)

@@ -1,0 +1,148 @@
+"""The versioned gate policy: every threshold of the seven checks, loaded from YAML or JSON.
+
+A policy of another `schema_version` is invalid input. `Policy.hash` is the sha256 of the policy's
+canonical JSON form (comments and key order do not change it; any threshold does).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lightning_dagster.gate.errors import InvalidInput, from_validation_error
+from lightning_dagster.gate.hashing import content_hash
+
+POLICY_SCHEMA_VERSION = 1
+DEFAULT_POLICY = "default-v1"
+
+Count = Annotated[int, Field(ge=0)]
+Share = Annotated[float, Field(ge=0.0, le=1.0)]
+FingerprintName = Literal[
+    "evaluator",
+    "tool_contract",
+    "task_distribution",
+    "parent",
+    "serving_model",
+    "retry_policy",
+    "permissions",
+    "destinations",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
+
+
+class PinnedPolicy(_Model):
+    require_parent_weights_hash: bool
+    require_candidate_weights_hash: bool
+
+
+class CoveragePolicy(_Model):
+    min_complete_share: Share
+
+
+class RetryDebtPolicy(_Model):
+    max_unexpected_retries: Count
+
+
+class HoldoutPolicy(_Model):
+    min_margin: float
+    min_n: Count
+
+
+class ProtectedPolicy(_Model):
+    default_tolerance: Count
+    tolerance: dict[str, Count]
+
+    def for_family(self, family: str) -> int:
+        return self.tolerance.get(family, self.default_tolerance)
+
+
+class CanaryPolicy(_Model):
+    min_verified_share: Share
+
+
+class ApprovalPolicy(_Model):
+    required_roles: list[Annotated[str, Field(min_length=1)]]
+
+
+class ChecksPolicy(_Model):
+    """Keyed by check id 1..7; an unknown id is rejected."""
+
+    pinned: PinnedPolicy = Field(alias="1")
+    coverage: CoveragePolicy = Field(alias="2")
+    retries: RetryDebtPolicy = Field(alias="3")
+    holdout: HoldoutPolicy = Field(alias="4")
+    protected: ProtectedPolicy = Field(alias="5")
+    canary: CanaryPolicy = Field(alias="6")
+    approval: ApprovalPolicy = Field(alias="7")
+
+
+class StalenessPolicy(_Model):
+    required_fingerprints: list[FingerprintName]
+
+
+class StopPolicy(_Model):
+    max_coverage_drop: Share
+
+
+class Policy(_Model):
+    schema_version: Literal[1]
+    version: Annotated[str, Field(min_length=1)]
+    checks: ChecksPolicy
+    staleness: StalenessPolicy
+    stop: StopPolicy
+
+    # A plain property: a cached one would be carried over by `model_copy(update=...)` and go stale.
+    @property
+    def hash(self) -> str:
+        return content_hash(self.model_dump(mode="json", by_alias=True))
+
+
+def parse_policy(data: Any) -> Policy:
+    """Validate policy data; raises `InvalidInput` naming the field (`checks.8`, `schema_version`, ...)."""
+    if not isinstance(data, dict):
+        raise InvalidInput("policy", [("", f"expected a mapping, got {type(data).__name__}")])
+    version = data.get("schema_version")
+    if version != POLICY_SCHEMA_VERSION:
+        raise InvalidInput(
+            "policy",
+            [("schema_version", f"policy schema {version!r} is not supported (this gate reads 1)")],
+        )
+    checks = data.get("checks")
+    if isinstance(checks, dict):
+        # YAML reads `1:` as an int key; check ids are matched as strings.
+        data = {**data, "checks": {str(k): v for k, v in checks.items()}}
+        unknown = sorted(k for k in data["checks"] if k not in {str(i) for i in range(1, 8)})
+        if unknown:
+            raise InvalidInput(
+                "policy", [(f"checks.{k}", "unknown check id (known ids are 1 to 7)") for k in unknown]
+            )
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as err:
+        raise from_validation_error("policy", err) from None
+
+
+def load_policy(path: str | Path | None = None) -> Policy:
+    """Load a policy file (YAML or JSON); `None` loads the packaged default."""
+    if path is None:
+        text = (
+            resources.files("lightning_dagster.gate").joinpath(f"policies/{DEFAULT_POLICY}.yaml").read_text()
+        )
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as err:
+            raise InvalidInput("policy", [("", f"cannot read {path}: {err.strerror}")]) from None
+    try:
+        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise InvalidInput("policy", [("", f"not YAML/JSON: {err}")]) from None
+    return parse_policy(data)

@@ -1,0 +1,62 @@
+"""Stale evidence: which of the seven checks a changed fingerprint voids.
+
+| fingerprint        | voids checks | why                                                                    |
+|--------------------|--------------|------------------------------------------------------------------------|
+| evaluator          | 4, 5         | held-out and protected scores came from the old evaluator              |
+| tool_contract      | 2, 4, 5, 6   | expected span families, scores and the canary all assumed the old tools |
+| task_distribution  | 2, 4, 5      | coverage, held-out and protected results describe the old task mix      |
+| parent             | 1, 4, 7      | pinning, the comparison against the parent and the rollback target      |
+| serving_model      | 6            | an earlier canary does not cover a new serving model                   |
+| retry_policy       | 3, 6         | retry debt is counted against the old policy; the canary ran under it   |
+| permissions        | 6            | an earlier canary does not cover a new permission                      |
+| destinations       | 6            | an earlier canary does not cover a new destination                     |
+
+Rules: a fingerprint is compared only when a current value is given. If the current value differs from the
+recorded one, or the receipt never recorded it, its checks are void. A fingerprint the policy requires but
+the receipt lacks voids its checks even with no current values (freshness cannot be shown later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from lightning_dagster.gate.errors import InvalidInput
+from lightning_dagster.gate.receipt import Fingerprints
+
+VOIDS: dict[str, tuple[int, ...]] = {
+    "evaluator": (4, 5),
+    "tool_contract": (2, 4, 5, 6),
+    "task_distribution": (2, 4, 5),
+    "parent": (1, 4, 7),
+    "serving_model": (6,),
+    "retry_policy": (3, 6),
+    "permissions": (6,),
+    "destinations": (6,),
+}
+
+
+def void_checks(
+    recorded: Fingerprints,
+    current: Fingerprints | Mapping[str, str | None] | None = None,
+    *,
+    required: Iterable[str] = (),
+) -> dict[int, list[str]]:
+    """Map each void check id to the reasons it is void (empty mapping: nothing stale)."""
+    cur = current.model_dump() if isinstance(current, Fingerprints) else dict(current or {})
+    unknown = sorted(set(cur) - set(VOIDS))
+    if unknown:
+        raise InvalidInput("fingerprints", [(name, "unknown fingerprint") for name in unknown])
+    rec = recorded.model_dump()
+    reasons: dict[int, list[str]] = {}
+
+    def void(name: str, why: str) -> None:
+        for check_id in VOIDS[name]:
+            reasons.setdefault(check_id, []).append(f"{name} {why}")
+
+    for name in VOIDS:
+        was, now = rec.get(name), cur.get(name)
+        if was is None and (name in required or now is not None):
+            void(name, "was not recorded in the receipt")
+        elif now is not None and now != was:
+            void(name, "changed since the receipt was made")
+    return dict(sorted(reasons.items()))

@@ -1,0 +1,70 @@
+"""Stop conditions for continual learning: pause on evidence that training is no longer useful progress.
+
+"The trainer is running" describes activity, not progress. Given the latest receipt (and optionally the
+previous one), pause when span coverage dropped, retry debt crossed its limit, the protected set regressed,
+the parent became unavailable, or the canary could not verify an external effect. The figures come from
+the same check functions the gate uses, so the two never disagree. Missing evidence does not pause by
+itself (training may simply not have reached that phase); it is listed in `unavailable`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from lightning_dagster.gate.checks import check_canary, check_coverage, check_protected, check_retries
+from lightning_dagster.gate.policy import Policy
+from lightning_dagster.gate.receipt import Receipt
+
+
+class StopDecision(BaseModel):
+    pause: bool
+    reasons: list[str]
+    unavailable: list[str] = []
+
+
+def stop_decision(latest: Receipt, policy: Policy, previous: Receipt | None = None) -> StopDecision:
+    reasons: list[str] = []
+    unavailable: list[str] = []
+
+    coverage = check_coverage(latest, policy)
+    share = coverage.figures.get("complete_share")
+    if share is None:
+        unavailable.append(f"span coverage: {coverage.reason}")
+    elif coverage.status == "fail":
+        reasons.append(f"span coverage dropped: {coverage.reason}")
+    elif previous is not None:
+        before = check_coverage(previous, policy).figures.get("complete_share")
+        if before is not None and share < before - policy.stop.max_coverage_drop:
+            reasons.append(f"span coverage dropped from {before} to {share}")
+
+    retries = check_retries(latest, policy)
+    if retries.status == "fail":
+        reasons.append(f"retry debt over its limit: {retries.reason}")
+    elif retries.status == "unavailable":
+        unavailable.append(f"retry debt: {retries.reason}")
+
+    protected = check_protected(latest, policy)
+    if protected.status == "fail":
+        reasons.append(f"protected set regressed: {protected.reason}")
+    elif protected.status == "unavailable":
+        unavailable.append(f"protected set: {protected.reason}")
+
+    # The parent is the rollback target and the baseline: unknown availability is as bad as none.
+    parent = latest.plan.parent
+    drill = latest.rollback_drill
+    if parent.resolves is not True or parent.loads is not True:
+        reasons.append(
+            f"parent {parent.resource_id} unavailable (resolves={parent.resolves}, loads={parent.loads})"
+        )
+    elif drill is not None and (drill.resolved is False or drill.loaded is False):
+        reasons.append(f"parent {parent.resource_id} unavailable in the rollback drill")
+
+    canary = check_canary(latest, policy)
+    weaker = canary.figures.get("weaker_evidence") or []
+    if weaker:
+        ids = ", ".join(t["task_id"] for t in weaker[:10])
+        reasons.append(f"canary could not verify an external effect for {len(weaker)} tasks: {ids}")
+    elif canary.figures.get("tasks") is None:
+        unavailable.append(f"canary: {canary.reason}")
+
+    return StopDecision(pause=bool(reasons), reasons=reasons, unavailable=unavailable)

@@ -1,0 +1,57 @@
+"""Fixtures for the gate: the reference receipts of examples/gate and the packaged policy."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lightning_dagster.gate.policy import Policy, load_policy
+from lightning_dagster.gate.receipt import Receipt, parse_receipt
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "gate"
+_RAW = {name: json.loads((EXAMPLES / f"candidate-{name}.json").read_text()) for name in "abcd"}
+
+
+def raw(name: str) -> dict[str, Any]:
+    """A fresh deep copy of a fixture receipt's JSON, safe to mutate."""
+    return copy.deepcopy(_RAW[name])
+
+
+def set_path(data: Any, path: str, value: Any) -> Any:
+    """Set `value` at a dotted path (`canary.tasks.3.verified`); returns `data`."""
+    *head, last = path.split(".")
+    node = data
+    for key in head:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+    return data
+
+
+def get_path(data: Any, path: str) -> Any:
+    node = data
+    for key in path.split("."):
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    return node
+
+
+def with_threshold(policy: Policy, section: str, **values: Any) -> Policy:
+    """A copy of `policy` with thresholds of one check section (`holdout`, `coverage`, ...) replaced."""
+    changed = getattr(policy.checks, section).model_copy(update=values)
+    return policy.model_copy(update={"checks": policy.checks.model_copy(update={section: changed})})
+
+
+@pytest.fixture(scope="session")
+def policy() -> Policy:
+    return load_policy(EXAMPLES / "policy.yaml")
+
+
+@pytest.fixture
+def receipt_a() -> Receipt:
+    return parse_receipt(raw("a"))

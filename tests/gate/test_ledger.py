@@ -1,0 +1,165 @@
+"""Receipts are content-hashed and appended to the real store's append-only documents (SQLite here);
+amendments only add, and any edit of a stored body, hash or link is detected."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from lightning_dagster.gate.checks import evaluate
+from lightning_dagster.gate.errors import AmendmentError, TamperedReceipt
+from lightning_dagster.gate.ledger import ReceiptLedger, version_hash
+from lightning_dagster.gate.receipt import Approval, Receipt, add_approval, from_plan, with_gate_record
+from lightning_dagster.store import Store
+from tests.gate.conftest import raw, set_path
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(f"sqlite:///{tmp_path / 'store.db'}")
+
+
+def _phases(receipt_a: Receipt) -> list[Receipt]:
+    """A's receipt as the pipeline would store it: plan, then all evidence, then a second approval."""
+    plan_only = from_plan(receipt_a.plan, fingerprints=receipt_a.fingerprints)
+    amended = add_approval(receipt_a, Approval(actor="bob", role="ml-lead", step="canary", at=1.0))
+    return [plan_only, receipt_a, amended]
+
+
+def _tamper(store: Store, version: int, *, body: dict | None = None, content_hash: str | None = None) -> None:
+    """What an attacker with database access does: lift the append-only guard, then edit a row."""
+    with store.engine.begin() as c:
+        if store.engine.dialect.name == "postgresql":
+            c.execute(sa.text("ALTER TABLE documents DISABLE TRIGGER documents_append_only"))
+        else:
+            c.execute(sa.text("DROP TRIGGER IF EXISTS documents_no_update"))
+        values = {}
+        if body is not None:
+            values["body"] = json.dumps(body)
+        if content_hash is not None:
+            values["content_hash"] = content_hash
+        sets = ", ".join(f"{k} = :{k}" for k in values)
+        if store.engine.dialect.name == "postgresql":
+            sets = sets.replace(":body", "CAST(:body AS JSON)")
+        c.execute(
+            sa.text(f"UPDATE documents SET {sets} WHERE doc_id = :d AND version = :v"),
+            {**values, "d": "res-cand-a", "v": version},
+        )
+
+
+def test_amendments_chain_versions_and_verify(store, receipt_a):
+    ledger = ReceiptLedger(store)
+    entries = [ledger.append(r) for r in _phases(receipt_a)]
+    assert [e.version for e in entries] == [1, 2, 3]
+    assert entries[0].previous_hash is None
+    assert [e.previous_hash for e in entries[1:]] == [e.content_hash for e in entries[:-1]]
+    report = ledger.verify_chain("res-cand-a", expected_head=entries[-1].content_hash)
+    assert report.ok and report.versions == 3, report.problems
+    head = ledger.head("res-cand-a")
+    assert [a.actor for a in head.approvals] == ["alice", "bob"]
+    assert head == _phases(receipt_a)[-1]
+
+
+def test_appending_the_same_receipt_twice_adds_no_version(store, receipt_a):
+    ledger = ReceiptLedger(store)
+    first = ledger.append(receipt_a)
+    assert ledger.append(receipt_a) == first
+    assert len(ledger.history("res-cand-a")) == 1
+
+
+def test_the_gate_record_may_be_replaced_but_evidence_may_not(store, receipt_a, policy):
+    ledger = ReceiptLedger(store)
+    ledger.append(receipt_a)
+    ev = evaluate(receipt_a, policy)
+    ledger.append(with_gate_record(receipt_a, ev.to_record()))
+    assert ledger.head("res-cand-a").gate.receipt_hash == ev.receipt_hash
+    with pytest.raises(AmendmentError) as err:
+        ledger.append(
+            Receipt.model_validate(set_path(raw("a"), "plan.parent.uri", "models:/agent-policy/other"))
+        )
+    assert err.value.field == "plan.parent.uri"
+    with pytest.raises(AmendmentError) as err:
+        ledger.append(Receipt.model_validate(set_path(raw("a"), "approvals", [])))
+    assert err.value.field == "approvals"
+    with pytest.raises(AmendmentError) as err:
+        ledger.append(Receipt.model_validate(set_path(raw("a"), "canary.tasks.4.verified", False)))
+    assert err.value.field == "canary.tasks.4.verified"
+    assert len(ledger.history("res-cand-a")) == 2
+
+
+def test_the_store_refuses_a_plain_update(store, receipt_a):
+    ReceiptLedger(store).append(receipt_a)
+    with pytest.raises(sa.exc.DBAPIError), store.engine.begin() as c:
+        c.execute(sa.text("UPDATE documents SET body = '{}'"))
+
+
+def test_an_edited_stored_body_is_detected(store, receipt_a):
+    ledger = ReceiptLedger(store)
+    for r in _phases(receipt_a):
+        ledger.append(r)
+    forged = set_path(
+        store.document_versions("receipts", "res-cand-a")[1].body, "holdout.families.0.candidate_mean", 0.99
+    )
+    _tamper(store, 2, body=forged)
+    report = ledger.verify_chain("res-cand-a")
+    assert not report.ok
+    assert report.problems == [
+        f"version 2 body does not match its hash {ledger.history('res-cand-a')[1].content_hash}"
+    ]
+    with pytest.raises(TamperedReceipt):
+        ledger.head("res-cand-a")
+
+
+def test_a_rewritten_body_with_a_recomputed_hash_breaks_the_next_link(store, receipt_a):
+    ledger = ReceiptLedger(store)
+    for r in _phases(receipt_a):
+        ledger.append(r)
+    v2 = store.document_versions("receipts", "res-cand-a")[1]
+    forged = set_path(dict(v2.body), "canary.tasks.0.harmful_effect", True)
+    _tamper(store, 2, body=forged, content_hash=version_hash(forged, v2.previous_hash))
+    report = ledger.verify_chain("res-cand-a")
+    assert not report.ok and any(p.startswith("version 3 links to") for p in report.problems)
+
+
+def test_a_rewritten_head_is_caught_against_the_recorded_head_hash(store, receipt_a):
+    ledger = ReceiptLedger(store)
+    entries = [ledger.append(r) for r in _phases(receipt_a)]
+    v3 = store.document_versions("receipts", "res-cand-a")[2]
+    forged = set_path(dict(v3.body), "approvals.1.role", "release-owner")
+    _tamper(store, 3, body=forged, content_hash=version_hash(forged, v3.previous_hash))
+    assert ledger.verify_chain("res-cand-a").ok  # a consistent rewrite of the newest version...
+    report = ledger.verify_chain("res-cand-a", expected_head=entries[-1].content_hash)
+    assert not report.ok and "expected" in report.problems[0]  # ...is caught by the anchored head hash
+
+
+def test_verify_command_reports_an_intact_and_a_tampered_chain(store, receipt_a, capsys):
+    from lightning_dagster.cli import main
+
+    ledger = ReceiptLedger(store)
+    for r in _phases(receipt_a):
+        ledger.append(r)
+    assert main(["gate", "verify", "res-cand-a", "--store", store.url]) == 0
+    assert "3 versions" in capsys.readouterr().out
+    assert main(["gate", "verify", "res-cand-zzz", "--store", store.url]) == 2
+    _tamper(
+        store, 1, body=set_path(store.document_versions("receipts", "res-cand-a")[0].body, "plan.scope", "x")
+    )
+    assert main(["gate", "verify", "res-cand-a", "--store", store.url]) == 1
+    assert "version 1 body does not match" in capsys.readouterr().out
+
+
+@pytest.mark.postgres
+def test_tampering_is_detected_on_postgresql(postgres_url, receipt_a):
+    store = Store(postgres_url)
+    ledger = ReceiptLedger(store)
+    entries = [ledger.append(r) for r in _phases(receipt_a)]
+    assert ledger.verify_chain("res-cand-a", expected_head=entries[-1].content_hash).ok
+    assert ledger.head("res-cand-a") == _phases(receipt_a)[-1]  # the JSON column round-trips exactly
+    forged = set_path(
+        store.document_versions("receipts", "res-cand-a")[1].body, "canary.tasks.0.verified", False
+    )
+    _tamper(store, 2, body=forged)
+    report = ledger.verify_chain("res-cand-a")
+    assert not report.ok and report.problems[0].startswith("version 2 body does not match")
