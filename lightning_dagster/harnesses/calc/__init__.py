@@ -1,0 +1,1 @@
+"""Calc-X style arithmetic word problems solved with a calculator tool."""

@@ -1,0 +1,201 @@
+"""A Calc-X style tool agent: ask the model, run its `calculator` calls, read `ANSWER: <number>`.
+
+Standalone on purpose: the standard library and `openai` only, configured by the Agent Lightning
+environment (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `AGL_EVENT_URL`, `AGL_KEY`, `AGL_TASK`), so the same file
+runs under any trainer that speaks that protocol. Reward is correctness alone (a format bonus gets gamed).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import operator
+import os
+import re
+import sys
+import urllib.request
+from typing import Any
+
+from openai import OpenAI
+
+SYSTEM_PROMPT = "Use the calculator tool, then reply ANSWER: <number>."
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
+MAX_TURNS = 3  # model calls per episode: tool call, answer, one spare
+MAX_TOKENS = 48
+ANSWER_RE = re.compile(r"ANSWER:\s*(-?\d+(?:\.\d+)?)")
+
+# Limits that keep a hostile or degenerate expression from eating the worker.
+MAX_EXPRESSION_CHARS = 120
+MAX_EXPONENT = 64
+MAX_MAGNITUDE = 1e15
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+class CalculatorError(ValueError):
+    """The expression is not plain arithmetic within limits; the message goes back to the model."""
+
+
+def _evaluate(node: ast.AST) -> float:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_evaluate(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and (abs(right) > MAX_EXPONENT or abs(left) > MAX_MAGNITUDE):
+            raise CalculatorError(f"exponent too large (limit {MAX_EXPONENT})")
+        try:
+            value = _BINARY[type(node.op)](left, right)
+        except ZeroDivisionError:
+            raise CalculatorError("division by zero") from None
+        except OverflowError:
+            raise CalculatorError("result out of range") from None
+        # Compare magnitude before isfinite: a big int would overflow the float conversion.
+        if isinstance(value, complex) or abs(value) > MAX_MAGNITUDE or not math.isfinite(value):
+            raise CalculatorError("result out of range")
+        return value
+    raise CalculatorError(f"unsupported syntax: {type(node).__name__}")
+
+
+def calculate(expression: str) -> str:
+    """Evaluate `expression` (numbers, + - * / // % **, parentheses) without `eval`; raises CalculatorError."""
+    if not isinstance(expression, str) or not expression.strip():
+        raise CalculatorError("expression must be a non-empty string")
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise CalculatorError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError:
+        raise CalculatorError("not an arithmetic expression") from None
+    return format_number(_evaluate(tree.body))
+
+
+def format_number(value: float) -> str:
+    """Integers without a trailing `.0`, other values rounded to 6 decimals."""
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
+def run_tool(name: str, arguments: str) -> str:
+    """One tool call -> the tool message content; every failure becomes an `error: ...` the model can read."""
+    if name != "calculator":
+        return f"error: unknown tool {name!r}"
+    try:
+        args = json.loads(arguments or "{}")
+        if not isinstance(args, dict):
+            raise CalculatorError("arguments must be a JSON object")
+        return calculate(args.get("expression", ""))
+    except json.JSONDecodeError:
+        return "error: arguments are not valid JSON"
+    except CalculatorError as exc:
+        return f"error: {exc}"
+
+
+def extract_answer(content: str | None) -> float | None:
+    match = ANSWER_RE.search(content or "")
+    return float(match.group(1)) if match else None
+
+
+def score(answer: float | None, expected: float) -> float:
+    return 1.0 if answer is not None and abs(answer - float(expected)) < 1e-6 else 0.0
+
+
+def post_reward(event_url: str, api_key: str, value: float) -> None:
+    """Agent Lightning's event shape, so any AGL-compatible server accepts it."""
+    body = json.dumps({"event_type": "reward", "data": {"value": value}}).encode()
+    request = urllib.request.Request(
+        event_url,
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+
+
+def run_episode(client: OpenAI, question: str, *, temperature: float = 1.0) -> float | None:
+    """The tool loop; returns the model's final answer, or None if it never gave one."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": question},
+    ]
+    for _ in range(MAX_TURNS):
+        response = client.chat.completions.create(
+            model="policy",
+            messages=messages,
+            tools=TOOLS,
+            temperature=temperature,
+            max_tokens=MAX_TOKENS,
+        )
+        message = response.choices[0].message
+        tool_calls = message.tool_calls or []
+        if not tool_calls:
+            return extract_answer(message.content)
+        messages.append(
+            {
+                "role": "assistant",
+                "content": message.content,
+                "tool_calls": [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.function.name, "arguments": call.function.arguments},
+                    }
+                    for call in tool_calls
+                ],
+            }
+        )
+        for call in tool_calls:
+            result = run_tool(call.function.name, call.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    return None
+
+
+def run_task(task: dict[str, Any], *, base_url: str, api_key: str, event_url: str) -> float:
+    """Solve one task, post the reward, return it (the in-process entry point)."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=1, timeout=60.0)
+    temperature = float(os.environ.get("CALC_TEMPERATURE", "1.0"))
+    answer = run_episode(client, task["question"], temperature=temperature)
+    reward = score(answer, task["answer"])
+    post_reward(event_url, api_key, reward)
+    return reward
+
+
+def main() -> int:
+    task = json.loads(os.environ["AGL_TASK"])
+    reward = run_task(
+        task,
+        base_url=os.environ.get("AGL_OPENAI_BASE_URL") or os.environ["OPENAI_BASE_URL"],
+        api_key=os.environ.get("AGL_KEY") or os.environ["OPENAI_API_KEY"],
+        event_url=os.environ["AGL_EVENT_URL"],
+    )
+    print(json.dumps({"task_id": task.get("task_id"), "reward": reward}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Ideal calc episodes as OpenAI-shaped messages, for the trainer's supervised warm start.
+
+The sequence is exactly what `agent.run_episode` would send and receive on a perfect run, so rendering it
+through the engine's chat template yields the tokens the policy should learn to produce.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lightning_dagster.harnesses.calc.agent import SYSTEM_PROMPT, TOOLS, calculate, format_number
+
+
+def demo_messages(task: dict[str, Any]) -> list[dict[str, Any]]:
+    """system, user question -> assistant calculator call -> tool result -> assistant `ANSWER: x`."""
+    result = calculate(task["expression"])  # the real tool, so the demo's tool message is what it returns
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": task["question"]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {
+                        "name": "calculator",
+                        "arguments": json.dumps({"expression": task["expression"]}),
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": result},
+        {"role": "assistant", "content": f"ANSWER: {format_number(task['answer'])}"},
+    ]
+
+
+def demo_tools() -> list[dict[str, Any]]:
+    """The tool list the agent sends with every call (render the demo with it)."""
+    return TOOLS

@@ -1,0 +1,81 @@
+"""`lightning-dagster rollouts run`: enqueue N rollouts of a harness and run them through a gateway."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from lightning_dagster import config
+from lightning_dagster.harnesses.registry import get_harness, harness_names
+from lightning_dagster.harnesses.splits import SPLITS
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    run = sub.add_parser("run", help="run N rollouts of a harness and print the summary")
+    run.add_argument("--harness", required=True, choices=harness_names())
+    run.add_argument("--split", default="train", choices=SPLITS)
+    run.add_argument("--n", type=int, required=True, help="number of tasks")
+    run.add_argument("--group", type=int, default=1, help="rollouts per task (a GRPO group); N x G rollouts")
+    run.add_argument("--seed", type=int, default=0, help="task and sampling seed")
+    run.add_argument("--gateway", help="URL of a running gateway (default: an embedded one)")
+    run.add_argument("--secret", help="that gateway's attempt-key secret (default: $LD_GATEWAY_SECRET)")
+    run.add_argument("--model", type=Path, help="model directory for the embedded gateway "
+                     "(default: <home>/models/base, built if absent)")  # fmt: skip
+    run.add_argument("--store", help="store URL (default: config.store_url())")
+    run.add_argument("--parallel", type=int, default=8)
+    run.add_argument("--mode", choices=("subprocess", "inprocess"), default="subprocess")
+    run.add_argument("--timeout", type=float, default=60.0, help="seconds per attempt")
+    run.add_argument("--max-attempts", type=int, default=3)
+    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from lightning_dagster.runner.embedded import embedded_gateway
+    from lightning_dagster.runner.policy import RetryPolicy
+    from lightning_dagster.runner.rollouts import enqueue_tasks
+    from lightning_dagster.runner.runner import Runner
+    from lightning_dagster.store import Store
+
+    if args.n < 1 or args.group < 1:
+        print("error: --n and --group must be >= 1", file=sys.stderr)
+        return 2
+    secret = args.secret or os.environ.get("LD_GATEWAY_SECRET")
+    if args.gateway and not secret:
+        print("error: --gateway needs the gateway's secret (--secret or $LD_GATEWAY_SECRET)", file=sys.stderr)
+        return 2
+    spec = get_harness(args.harness)
+    store = Store(args.store)
+    policy = RetryPolicy(max_attempts=args.max_attempts, timeout_s=args.timeout)
+    tasks = spec.make_tasks(args.split, args.n, args.seed)
+
+    def execute(url: str, key: str, resource_id: str | None) -> int:
+        rollouts = enqueue_tasks(
+            store,
+            spec,
+            tasks,
+            kind=args.split,
+            group_size=args.group,
+            seed=args.seed,
+            resource_id=resource_id,
+        )
+        runner = Runner(
+            store, url, secret=key, harness=spec, parallel=args.parallel, policy=policy, mode=args.mode
+        )
+        summary = runner.run([r.rollout_id for r in rollouts])
+        print(summary.to_json() if args.json else _text(summary.to_dict()))
+        return 0
+
+    if args.gateway:
+        return execute(args.gateway.rstrip("/"), secret, None)
+    with embedded_gateway(store, args.model or config.models_dir() / "base") as gateway:
+        return execute(gateway.url, gateway.secret, gateway.resource_id)
+
+
+def _text(summary: dict) -> str:
+    keys = ("harness", "rollouts", "rollouts_by_status", "attempts_by_ending", "retries_by_kind", "spans",
+            "llm_spans", "reward_mean", "missing_rewards", "token_in_share", "effects", "wall_s")  # fmt: skip
+    return "\n".join(f"{k}: {summary[k]}" for k in keys)

@@ -1,0 +1,194 @@
+"""Run one attempt of a harness, as a subprocess or an in-process callable, under a deadline and heartbeats.
+
+Both modes share `supervise`: while the harness runs, the attempt heartbeats in the store; if the deadline
+passes the harness is stopped (`timeout`), and if the attempt stopped being `running` behind our back (the
+reaper marked it `unresponsive`, or someone cancelled it) the harness is stopped too (`superseded`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning_dagster.types import AttemptState
+
+log = logging.getLogger(__name__)
+TAIL_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended, before it is written to the store."""
+
+    state: AttemptState
+    reason_code: str
+    reason_message: str = ""
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """The subprocess environment: ours minus the project's secrets and settings (`LD_*`: gateway secret,
+    admin key, store URL...) and any stale OpenAI/AGL settings, plus the attempt's own variables. The
+    attempt key is the harness's whole write surface."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "AGL_", "OPENAI_"))}
+    return {**inherited, **env}
+
+
+def harness_env(
+    gateway_url: str, key: str, rollout_id: str, attempt_id: str, task_json: str
+) -> dict[str, str]:
+    """The Agent Lightning environment a harness reads (see CONTRACTS.md, runner)."""
+    base = f"{gateway_url}/v1"
+    return {
+        "OPENAI_BASE_URL": base,
+        "AGL_OPENAI_BASE_URL": base,
+        "OPENAI_API_KEY": key,
+        "AGL_KEY": key,
+        "AGL_EVENT_URL": f"{gateway_url}/v1/events",
+        "AGL_ROLLOUT_ID": rollout_id,
+        "AGL_ATTEMPT_ID": attempt_id,
+        "AGL_TASK": task_json,
+    }
+
+
+def supervise(
+    wait: Callable[[float], bool],
+    stop: Callable[[], None],
+    *,
+    timeout_s: float,
+    heartbeat_interval_s: float,
+    heartbeat: Callable[[], bool],
+) -> str | None:
+    """Wait for the harness; heartbeat meanwhile. `wait(seconds)` blocks up to that long and returns True
+    once the harness is done; `heartbeat()` returns False once the attempt is no longer ours to run.
+    Returns None on completion, `"timeout"` or `"superseded"` after calling `stop()`."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                ours = heartbeat()
+            except Exception:  # noqa: BLE001 - a missed beat is transient; the reaper judges a run of them
+                log.warning("heartbeat failed", exc_info=True)
+                ours = True
+            if not ours:
+                stop()
+                return "superseded"
+            left = deadline - time.monotonic()
+            if wait(max(0.0, min(heartbeat_interval_s, left))):
+                return None
+            if time.monotonic() >= deadline:
+                stop()
+                return "timeout"
+    except BaseException:
+        stop()  # never leave a harness running unsupervised (KeyboardInterrupt included)
+        raise
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - TAIL_CHARS))
+            return fh.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _tails(workdir: Path) -> str:
+    parts = [f"{name} tail:\n{text}" for name in ("stderr", "stdout") if (text := _tail(workdir / name))]
+    return ("\n" + "\n".join(parts)) if parts else ""
+
+
+def run_subprocess(
+    argv: list[str], env: dict[str, str], workdir: Path, supervise_kw: dict[str, Any]
+) -> tuple[Outcome | None, str | None]:
+    """Run the harness command; returns (failure outcome or None on exit 0, supervision verdict).
+
+    The child gets its own session so a timeout kills the whole process group (a harness may spawn
+    helpers); stdout and stderr go to files in `workdir`, their tails end up in the failure reason.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    with (workdir / "stdout").open("wb") as out, (workdir / "stderr").open("wb") as err:
+        try:
+            proc = subprocess.Popen(
+                argv, env=child_env(env), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            return Outcome(AttemptState.failed, "spawn_error", f"cannot start {argv[0]!r}: {exc}"), None
+
+        def kill() -> None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+        def wait(seconds: float) -> bool:
+            try:
+                proc.wait(seconds)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+
+        verdict = supervise(wait, kill, **supervise_kw)
+    if verdict == "timeout":
+        message = f"harness killed after the {supervise_kw['timeout_s']:g}s timeout{_tails(workdir)}"
+        return Outcome(AttemptState.timeout, "timeout", message), verdict
+    if verdict is not None:
+        return None, verdict
+    code = proc.returncode
+    if code == 0:
+        return None, None
+    if code < 0:  # ended by a signal: -code is its number
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        reason, what = "killed", f"harness killed by {name}"
+    else:
+        reason, what = "exit_nonzero", f"harness exited with status {code}"
+    return Outcome(AttemptState.failed, reason, what + _tails(workdir)), None
+
+
+def run_inprocess(
+    run_task: Callable[..., float], task: dict[str, Any], env: dict[str, str], supervise_kw: dict[str, Any]
+) -> tuple[Outcome | None, str | None]:
+    """Call `run_task` in a thread. A Python thread cannot be killed: after a timeout it is abandoned
+    (daemon) and the attempt is ended anyway; whatever it still sends is refused or ignored downstream."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["reward"] = run_task(
+                task,
+                base_url=env["OPENAI_BASE_URL"],
+                api_key=env["OPENAI_API_KEY"],
+                event_url=env["AGL_EVENT_URL"],
+            )
+        except BaseException as exc:  # noqa: BLE001 - everything a harness raises is its attempt's failure
+            result["error"] = "".join(traceback.format_exception(exc))[-TAIL_CHARS:]
+
+    thread = threading.Thread(target=target, name=f"harness-{env['AGL_ATTEMPT_ID']}", daemon=True)
+    thread.start()
+
+    def wait(seconds: float) -> bool:
+        thread.join(seconds)
+        return not thread.is_alive()
+
+    verdict = supervise(wait, lambda: None, **supervise_kw)
+    if verdict == "timeout":
+        message = (
+            f"in-process harness still running after the {supervise_kw['timeout_s']:g}s timeout (abandoned)"
+        )
+        return Outcome(AttemptState.timeout, "timeout", message), verdict
+    if verdict is not None:
+        return None, verdict
+    if "error" in result:
+        return Outcome(AttemptState.failed, "exception", result["error"]), None
+    return None, None

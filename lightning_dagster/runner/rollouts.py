@@ -1,0 +1,47 @@
+"""Turn harness tasks into queued rollouts: one GRPO group of `group_size` rollouts per task."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from lightning_dagster.harnesses.registry import HarnessSpec
+from lightning_dagster.store import Store
+from lightning_dagster.types import Rollout, RolloutKind, new_id
+
+
+def sampling_seed(seed: int, task_id: str, index: int) -> int:
+    """A per-rollout sampling seed: the same (seed, task, member) samples the same tokens from the same
+    model, so a parent and its candidate can be compared on common random numbers."""
+    digest = hashlib.sha256(f"{seed}:{task_id}:{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def enqueue_tasks(
+    store: Store,
+    spec: HarnessSpec,
+    tasks: list[dict[str, Any]],
+    *,
+    kind: str | RolloutKind,
+    group_size: int = 1,
+    seed: int = 0,
+    resource_id: str | None = None,
+    snapshot_key: str | None = None,
+) -> list[Rollout]:
+    rollouts = []
+    for task in tasks:
+        group_id = new_id("grp")
+        rollouts += [
+            Rollout(
+                kind=RolloutKind(kind),
+                task_id=task["task_id"],
+                task=task,
+                snapshot_key=snapshot_key,
+                group_id=group_id,
+                resource_id=resource_id,
+                harness=spec.name,
+                metadata={"sampling_seed": sampling_seed(seed, task["task_id"], i), "family": task["family"]},
+            )
+            for i in range(group_size)
+        ]
+    return store.enqueue_rollouts(rollouts)

@@ -1,0 +1,316 @@
+"""The runner: N workers claim rollouts, run attempts of a harness, and end each attempt with a reason.
+
+Every attempt's ending is written to the store (`succeeded`/`failed`/`timeout`/`unresponsive` with a reason
+code and message); the retry policy, declared up front, decides whether a rollout gets another attempt and
+whether that retry is an expected sample retry or an infrastructure retry. A reaper marks attempts whose
+heartbeat went stale (a crashed worker, here or in another process) `unresponsive` and applies the same
+policy, so no rollout is left `running` forever.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from lightning_dagster import config
+from lightning_dagster.gateway.keys import attempt_key
+from lightning_dagster.harnesses.registry import HarnessSpec
+from lightning_dagster.runner.execute import Outcome, harness_env, run_inprocess, run_subprocess
+from lightning_dagster.runner.policy import RetryPolicy
+from lightning_dagster.runner.summary import RunSummary, summarize
+from lightning_dagster.store import Store
+from lightning_dagster.store.errors import Conflict, NotFound
+from lightning_dagster.types import (
+    Attempt,
+    AttemptState,
+    IllegalTransition,
+    Rollout,
+    RolloutStatus,
+    Span,
+    SpanKind,
+)
+
+log = logging.getLogger(__name__)
+FINAL_ROLLOUT = frozenset({RolloutStatus.succeeded, RolloutStatus.failed, RolloutStatus.cancelled})
+# Sequence numbers for runner-recorded spans sit far above the gateway's, so they never collide.
+RUNNER_SPAN_SEQUENCE = 1_000_000
+
+
+class WrongHarness(ValueError):
+    """A rollout was handed to a runner for a different harness."""
+
+
+class Runner:
+    """Runs the rollouts of one harness through a gateway until each is final (see module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        gateway_url: str,
+        *,
+        secret: str,
+        harness: HarnessSpec,
+        parallel: int = 8,
+        policy: RetryPolicy | None = None,
+        mode: Literal["subprocess", "inprocess"] = "subprocess",
+        workdir: Path | None = None,
+    ) -> None:
+        if mode not in ("subprocess", "inprocess"):
+            raise ValueError(f"mode must be 'subprocess' or 'inprocess', got {mode!r}")
+        if parallel < 1:
+            raise ValueError(f"parallel must be >= 1, got {parallel}")
+        self.store = store
+        self.gateway_url = gateway_url.rstrip("/")
+        self.secret = secret
+        self.harness = harness
+        self.parallel = parallel
+        self.policy = policy or RetryPolicy()
+        self.mode = mode
+        self.workdir = workdir or config.home() / "attempts"
+        self.runner_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._lock = threading.Lock()
+        self._busy = 0  # rollouts a worker or the reaper is handling right now
+        self._active: set[str] = set()  # attempt ids a live worker of ours is running or ending
+
+    # -- public -------------------------------------------------------------------------------------------
+
+    def run(self, rollout_ids: list[str] | None = None) -> RunSummary:
+        """Run until every given rollout (default: every queued rollout of this harness) is final."""
+        started = time.monotonic()
+        if rollout_ids is None:
+            queued = self.store.query_rollouts(status=RolloutStatus.queued)
+            rollout_ids = [r.rollout_id for r in queued if r.harness == self.harness.name]
+        ids = list(rollout_ids)
+        self._check(ids)
+        stop = threading.Event()
+        threads = [threading.Thread(target=self._reap_loop, args=(ids, stop), name="reaper", daemon=True)]
+        threads += [
+            threading.Thread(target=self._work_loop, args=(f"{self.runner_id}-w{i}", ids, stop), daemon=True)
+            for i in range(self.parallel)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            while not self._all_final(ids):
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+        return summarize(
+            self.store,
+            ids,
+            self.harness,
+            policy=self.policy,
+            wall_s=time.monotonic() - started,
+            mode=self.mode,
+        )
+
+    def _check(self, ids: list[str]) -> None:
+        """Refuse, before anything runs, rollout ids that do not exist or belong to another harness."""
+        found = {r.rollout_id: r for r in self.store.query_rollouts(rollout_ids=ids)}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise NotFound(f"unknown rollouts: {', '.join(missing[:5])}")
+        foreign = [i for i, r in found.items() if r.harness not in (None, self.harness.name)]
+        if foreign:
+            raise WrongHarness(f"rollouts {', '.join(foreign[:5])} are not for harness {self.harness.name!r}")
+
+    # -- workers --------------------------------------------------------------------------------------------
+
+    def _all_final(self, ids: list[str]) -> bool:
+        with self._lock:
+            if self._busy:
+                return False
+        return all(r.status in FINAL_ROLLOUT for r in self.store.query_rollouts(rollout_ids=ids))
+
+    def _next(self, worker_id: str, ids: list[str]) -> tuple[Rollout, Attempt] | None:
+        """Claim a queued rollout (with its queued retry attempt, if any). Counted busy from here on, so
+        the run cannot look finished between a claim and the rollout's final status."""
+        with self._lock:
+            self._busy += 1
+        claimed = None
+        try:
+            # A read first: claiming takes the write lock, and idle workers would otherwise keep taking
+            # it away from the gateway's span writes.
+            if self.store.query_rollouts(rollout_ids=ids, status=RolloutStatus.queued, limit=1):
+                claimed = self.store.claim_rollout(worker_id, rollout_ids=ids)
+        finally:
+            if claimed is None:
+                self._release()
+        return claimed
+
+    def _release(self) -> None:
+        with self._lock:
+            self._busy -= 1
+
+    def _work_loop(self, worker_id: str, ids: list[str], stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                claimed = self._next(worker_id, ids)
+            except Exception:  # noqa: BLE001 - a store hiccup must not kill the worker
+                log.exception("claim failed")
+                claimed = None
+            if claimed is None:
+                stop.wait(0.1)
+                continue
+            try:
+                self._drive(worker_id, *claimed)
+            except Exception:  # noqa: BLE001 - the attempt stays running and the reaper ends it
+                log.exception("worker %s lost rollout %s", worker_id, claimed[0].rollout_id)
+            finally:
+                self._release()
+
+    def _drive(self, worker_id: str, rollout: Rollout, attempt: Attempt) -> None:
+        """Run attempts of one rollout until the policy says it is final."""
+        while True:
+            # Ours until its ending and the policy's decision are written, so the reaper never applies the
+            # policy to it a second time.
+            with self._lock:
+                self._active.add(attempt.attempt_id)
+            try:
+                try:
+                    outcome = self._attempt(rollout, attempt)
+                except Exception as exc:  # noqa: BLE001 - a runner-side failure still ends the attempt
+                    outcome = Outcome(AttemptState.failed, "runner_error", f"{type(exc).__name__}: {exc}")
+                retry = self._after(self._end(attempt, outcome))
+            finally:
+                with self._lock:
+                    self._active.discard(attempt.attempt_id)
+            if retry is None:
+                return
+            try:
+                attempt = self.store.start_attempt(retry.attempt_id, worker_id)
+            except IllegalTransition:
+                return  # another worker claimed the retry first, or it was cancelled
+
+    def _end(self, attempt: Attempt, outcome: Outcome | None) -> Attempt:
+        """Write the ending; if the reaper or an operator ended the attempt first, their ending stands."""
+        if outcome is None:
+            return self.store.get_attempt(attempt.attempt_id)
+        try:
+            return self.store.transition_attempt(
+                attempt.attempt_id,
+                outcome.state,
+                reason_code=outcome.reason_code,
+                reason_message=outcome.reason_message,
+            )
+        except IllegalTransition:
+            return self.store.get_attempt(attempt.attempt_id)
+
+    def _after(self, ended: Attempt) -> Attempt | None:
+        """Apply the policy to an ended attempt: a new queued attempt, or the rollout's final status."""
+        kind = self.policy.retry_kind(ended)
+        if kind is not None:
+            try:
+                return self.store.retry_rollout(ended.rollout_id, kind)
+            except Conflict:
+                return None  # another runner process already retried it
+        final = {
+            AttemptState.succeeded: RolloutStatus.succeeded,
+            AttemptState.cancelled: RolloutStatus.cancelled,
+        }.get(ended.state, RolloutStatus.failed)
+        self.store.finish_rollout(ended.rollout_id, final)
+        return None
+
+    # -- one attempt ------------------------------------------------------------------------------------------
+
+    def _attempt(self, rollout: Rollout, attempt: Attempt) -> Outcome | None:
+        """Prepare, run and check one attempt; None when it was ended by someone else meanwhile."""
+        rollout_id, attempt_id = rollout.rollout_id, attempt.attempt_id
+        workdir = self.workdir / rollout_id / attempt_id
+        task = rollout.task
+        if self.harness.prepare is not None:
+            try:
+                task = self.harness.prepare(task, workdir)
+            except Exception as exc:  # noqa: BLE001 - a broken environment is this attempt's failure
+                return Outcome(AttemptState.failed, "prepare_error", f"{type(exc).__name__}: {exc}")
+        key = attempt_key(self.secret, rollout_id, attempt_id)
+        env = harness_env(self.gateway_url, key, rollout_id, attempt_id, json.dumps(task))
+        supervise_kw = {
+            "timeout_s": self.policy.timeout_s,
+            "heartbeat_interval_s": self.policy.heartbeat_interval_s,
+            "heartbeat": lambda: self._heartbeat(attempt_id),
+        }
+        if self.mode == "subprocess":
+            failure, verdict = run_subprocess(self.harness.command(), env, workdir, supervise_kw)
+        else:
+            failure, verdict = run_inprocess(self.harness.run_task, task, env, supervise_kw)
+        if self.harness.verify is not None:
+            # Verified whatever the ending: a failed or timed-out attempt may still have done harm.
+            self._record_effect(rollout_id, attempt_id, self.harness.verify(task))
+        if verdict == "superseded":
+            return None
+        if failure is not None:
+            return failure
+        if not any(r.attempt_id == attempt_id for r in self.store.list_rewards(rollout_ids=[rollout_id])):
+            return Outcome(AttemptState.succeeded, "no_reward", "harness finished without posting a reward")
+        return Outcome(AttemptState.succeeded, "ok")
+
+    def _heartbeat(self, attempt_id: str) -> bool:
+        self.store.heartbeat(attempt_id)
+        return self.store.get_attempt(attempt_id).state == AttemptState.running
+
+    def _record_effect(self, rollout_id: str, attempt_id: str, result: dict) -> None:
+        self.store.add_spans(
+            [
+                Span(
+                    trace_id=attempt_id,
+                    rollout_id=rollout_id,
+                    attempt_id=attempt_id,
+                    sequence=RUNNER_SPAN_SEQUENCE,
+                    name="effect",
+                    kind=SpanKind.custom,
+                    end_time=time.time(),
+                    status="ok" if result.get("verified") else "error",
+                    attributes={**result, "family": "effect", "harness": self.harness.name},
+                )
+            ]
+        )
+
+    # -- reaper -------------------------------------------------------------------------------------------------
+
+    def _reap_loop(self, ids: list[str], stop: threading.Event) -> None:
+        interval = min(self.policy.heartbeat_timeout_s / 4, 1.0)
+        while not stop.wait(interval):
+            try:
+                self.reap(ids)
+            except Exception:  # noqa: BLE001 - try again next round rather than stop reaping
+                log.exception("reaping failed")
+
+    def reap(self, ids: list[str]) -> list[str]:
+        """Mark running attempts with a stale heartbeat `unresponsive` and apply the policy to those no
+        worker of ours is running (ours notice at their next heartbeat). Returns the reaped attempt ids."""
+        cutoff = time.time() - self.policy.heartbeat_timeout_s
+        reaped = []
+        for attempt in self.store.list_attempts(rollout_ids=ids, state=AttemptState.running):
+            last = attempt.heartbeat_at or attempt.started_at or 0.0
+            if last >= cutoff:
+                continue
+            with self._lock:
+                ours = attempt.attempt_id in self._active
+                self._busy += 1
+            try:
+                message = (
+                    f"no heartbeat for {time.time() - last:.1f}s (limit {self.policy.heartbeat_timeout_s:g}s)"
+                )
+                try:
+                    ended = self.store.transition_attempt(
+                        attempt.attempt_id, AttemptState.unresponsive, reason_code="no_heartbeat",
+                        reason_message=message,
+                    )  # fmt: skip
+                except IllegalTransition:
+                    continue  # it ended while we looked
+                reaped.append(attempt.attempt_id)
+                if not ours:
+                    self._after(ended)  # a retry is queued; any worker's claim picks it up
+            finally:
+                self._release()
+        return reaped

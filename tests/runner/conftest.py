@@ -1,0 +1,28 @@
+"""The real stack for runner tests: the engine's base model built once into a tmp dir, served by the real
+gateway over HTTP from a real SQLite store (all session-scoped)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_dagster.engine import build_base_model
+from lightning_dagster.runner.embedded import embedded_gateway
+from lightning_dagster.store import Store
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    return build_base_model(tmp_path_factory.mktemp("model") / "base")
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory):
+    store = Store(f"sqlite:///{tmp_path_factory.mktemp('store') / 'store.db'}")
+    yield store
+    store.close()
+
+
+@pytest.fixture(scope="session")
+def gateway(store, model_dir):
+    with embedded_gateway(store, model_dir, build_if_missing=False) as gw:
+        yield gw

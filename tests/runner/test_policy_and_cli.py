@@ -1,0 +1,69 @@
+"""The retry policy's decisions, and `lightning-dagster rollouts run` against the real gateway."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lightning_dagster.cli import main
+from lightning_dagster.runner import InvalidPolicy, RetryPolicy
+from lightning_dagster.types import Attempt, AttemptState, RetryKind
+
+
+def ended(state: str, reason: str | None = None, seq: int = 1) -> Attempt:
+    return Attempt(rollout_id="ro-x", sequence_id=seq, state=AttemptState(state), reason_code=reason)
+
+
+def test_policy_tells_sample_retries_from_infrastructure_retries():
+    policy = RetryPolicy(max_attempts=3, sample_retry_on=("no_reward",))
+    assert policy.retry_kind(ended("failed", "killed")) == RetryKind.infrastructure
+    assert policy.retry_kind(ended("timeout", "timeout")) == RetryKind.infrastructure
+    assert policy.retry_kind(ended("succeeded", "no_reward")) == RetryKind.sample
+    assert policy.retry_kind(ended("succeeded", "ok")) is None
+    assert policy.retry_kind(ended("cancelled", "operator")) is None
+    assert policy.retry_kind(ended("failed", "killed", seq=3)) is None  # budget spent
+    # Reason codes are endings too: retry only what is declared.
+    assert RetryPolicy(retry_on=("killed",)).retry_kind(ended("failed", "exit_nonzero")) is None
+    assert RetryPolicy(retry_on=["killed"]).to_dict()["retry_on"] == ["killed"]
+
+
+@pytest.mark.parametrize("kwargs", [{"max_attempts": 0}, {"timeout_s": 0}, {"heartbeat_timeout_s": -1}])
+def test_an_unusable_policy_is_refused(kwargs):
+    with pytest.raises(InvalidPolicy):
+        RetryPolicy(**kwargs)
+
+
+def test_cli_runs_rollouts_through_a_gateway_and_prints_the_summary(store, gateway, capsys):
+    argv = ["rollouts", "run", "--harness", "calc", "--split", "holdout", "--n", "1", "--group", "2"]
+    argv += ["--gateway", gateway.url, "--secret", gateway.secret, "--store", store.url]
+    assert main(argv + ["--mode", "inprocess", "--json"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out)
+    assert summary["rollouts"] == 2 and summary["attempts_by_ending"] == {"succeeded": 2}, out
+    assert summary["llm_spans"] >= 2 and summary["rewards"] == 2, out
+    assert 0.0 <= summary["reward_mean"] <= 1.0
+    rollouts = [store.get_rollout(rid) for rid in summary["rollout_ids"]]
+    assert {r.kind.value for r in rollouts} == {"holdout"} and len({r.group_id for r in rollouts}) == 1
+    assert len({r.metadata["sampling_seed"] for r in rollouts}) == 2  # group members sample differently
+
+
+def test_cli_refuses_a_gateway_without_its_secret(monkeypatch, capsys):
+    monkeypatch.delenv("LD_GATEWAY_SECRET", raising=False)
+    assert main(["rollouts", "run", "--harness", "calc", "--n", "1", "--gateway", "http://127.0.0.1:9"]) == 2
+    assert "secret" in capsys.readouterr().err
+
+
+def test_a_runner_refuses_unknown_or_foreign_rollouts_before_running_anything(store, gateway, tmp_path):
+    from lightning_dagster.harnesses.registry import get_harness
+    from lightning_dagster.runner import Runner, WrongHarness, enqueue_tasks
+    from lightning_dagster.store import NotFound
+
+    ledger = get_harness("ledger")
+    (rollout,) = enqueue_tasks(store, ledger, ledger.make_tasks("train", 1, 0), kind="train")
+    runner = Runner(store, gateway.url, secret=gateway.secret, harness=get_harness("calc"), workdir=tmp_path)
+    with pytest.raises(WrongHarness, match="calc"):
+        runner.run([rollout.rollout_id])
+    with pytest.raises(NotFound, match="ro-nope"):
+        runner.run(["ro-nope"])
+    assert store.list_attempts(rollout_id=rollout.rollout_id) == []
