@@ -1,0 +1,1 @@
+"""alembic scripts of the store (a package so that non-editable installs ship them)."""

@@ -1,0 +1,1 @@
+"""alembic revisions of the store schema."""
