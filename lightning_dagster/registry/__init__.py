@@ -1,0 +1,55 @@
+"""MLflow lineage of every candidate and the two pointers: `latest-candidate` (moves at every update) and
+`approved-default` (moves only by an authorized promotion of a passing receipt, compare-and-set in the
+store, mirrored to MLflow), with approvals, rollback to the exact parent and the rollback drill.
+
+Core package: imports nothing from Dagster.
+"""
+
+from lightning_dagster.registry.core import (
+    APPROVED,
+    DEFAULT_APPROVER,
+    DEFAULT_MODEL_NAME,
+    LATEST,
+    DrillResult,
+    PromotionResult,
+    ReconcileResult,
+    Registry,
+    ResolvedVersion,
+)
+from lightning_dagster.registry.errors import (
+    NotAuthorized,
+    PointerConflict,
+    PointerNotSet,
+    PromotionRefused,
+    RegistryError,
+    RegistryUnavailable,
+    RolesConfigError,
+    UnknownVersion,
+    WeightsMismatch,
+)
+from lightning_dagster.registry.lineage import CandidateVersion, SnapshotRef
+from lightning_dagster.registry.tracking import ensure_tracking_store
+
+__all__ = [
+    "APPROVED",
+    "DEFAULT_APPROVER",
+    "DEFAULT_MODEL_NAME",
+    "LATEST",
+    "CandidateVersion",
+    "DrillResult",
+    "NotAuthorized",
+    "PointerConflict",
+    "PointerNotSet",
+    "PromotionRefused",
+    "PromotionResult",
+    "ReconcileResult",
+    "Registry",
+    "RegistryError",
+    "RegistryUnavailable",
+    "ResolvedVersion",
+    "RolesConfigError",
+    "SnapshotRef",
+    "UnknownVersion",
+    "WeightsMismatch",
+    "ensure_tracking_store",
+]

@@ -1,0 +1,72 @@
+"""The registry's named errors. `PointerConflict` is the store's: one class for every compare-and-set loss."""
+
+from __future__ import annotations
+
+from lightning_dagster.store.errors import PointerConflict
+
+__all__ = [
+    "NotAuthorized",
+    "PointerConflict",
+    "PointerNotSet",
+    "PromotionRefused",
+    "RegistryError",
+    "RegistryUnavailable",
+    "RolesConfigError",
+    "UnknownVersion",
+    "WeightsMismatch",
+]
+
+
+class RegistryError(Exception):
+    """Base class of the registry's own errors."""
+
+
+class RegistryUnavailable(RegistryError):
+    """The MLflow tracking server (or database) could not be reached; nothing was changed."""
+
+    def __init__(self, uri: str, cause: BaseException | str):
+        super().__init__(f"MLflow tracking store {uri} is unavailable: {cause}")
+        self.uri = uri
+        self.cause = cause
+
+
+class PointerNotSet(RegistryError):
+    """The pointer was never moved; it has no value and is never substituted by another one."""
+
+    def __init__(self, name: str):
+        super().__init__(f"pointer {name!r} is not set (it is never substituted by latest-candidate)")
+        self.name = name
+
+
+class UnknownVersion(RegistryError):
+    def __init__(self, model_name: str, version: str):
+        super().__init__(f"model {model_name!r} has no version {version!r}")
+        self.model_name = model_name
+        self.version = version
+
+
+class WeightsMismatch(RegistryError):
+    """The downloaded checkpoint's bytes do not hash to the weights hash registered for the version."""
+
+    def __init__(self, version: str, expected: str, actual: str):
+        super().__init__(f"version {version}: weights hash {actual} does not match the registered {expected}")
+        self.version = version
+        self.expected = expected
+        self.actual = actual
+
+
+class NotAuthorized(RegistryError):
+    def __init__(self, actor: str, role: str, detail: str = ""):
+        super().__init__(f"actor {actor!r} does not hold role {role!r}" + (f": {detail}" if detail else ""))
+        self.actor = actor
+        self.role = role
+
+
+class RolesConfigError(RegistryError):
+    """The roles file is missing, malformed, or sits inside the learner's write surface."""
+
+
+class PromotionRefused(RegistryError):
+    def __init__(self, reason: str):
+        super().__init__(f"promotion refused: {reason}")
+        self.reason = reason

@@ -1,0 +1,173 @@
+"""One MLflow run per model version: parameters, the training curve, snapshot inputs, checkpoint, receipt, plot.
+
+Everything here is written before the version is registered, so a registered version always has its whole
+lineage; the tags on the version repeat the identifiers a consumer filters on (parent, snapshot, receipt,
+weights hash). Version numbers restart if the registered model is re-created, so the weights hash (a
+content hash) is the key that survives; the parent is tagged by both version and weights hash.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
+
+# MLflow rejects dataset digests longer than this (mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE).
+DIGEST_CHARS = 36
+PARAM_CHARS = 6000
+BATCH = 900  # under MLflow's 1000 metrics / 100 params per log_batch request
+
+
+@dataclass(frozen=True)
+class SnapshotRef:
+    """A frozen data snapshot: its name (partition key), content hash and row count."""
+
+    name: str
+    content_hash: str
+    rows: int
+
+    @classmethod
+    def of(cls, value: SnapshotRef | Mapping[str, Any]) -> SnapshotRef:
+        if isinstance(value, SnapshotRef):
+            return value
+        try:
+            return cls(
+                name=str(value["name"]), content_hash=str(value["content_hash"]), rows=int(value["rows"])
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"snapshot needs name, content_hash and rows: {value!r}") from exc
+
+
+@dataclass(frozen=True)
+class CandidateVersion:
+    version: str
+    run_id: str
+    weights_hash: str
+    model_uri: str
+
+
+def flatten_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested configuration -> dotted MLflow parameters (values as JSON-ish strings, capped in length)."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten_params(value, f"{name}."))
+        else:
+            text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+            out[name] = text[:PARAM_CHARS]
+    return out
+
+
+def step_metrics(metrics_per_step: Sequence[Mapping[str, float]]) -> list[Metric]:
+    """One MLflow metric per (step, name); a row's `step` key wins over its index. NaN/inf are refused."""
+    now_ms = int(time.time() * 1000)
+    metrics: list[Metric] = []
+    for index, row in enumerate(metrics_per_step):
+        step = int(row.get("step", index))
+        for name, value in row.items():
+            if name == "step":
+                continue
+            value = float(value)
+            if not math.isfinite(value):
+                raise ValueError(f"metric {name!r} at step {step} is not finite: {value}")
+            metrics.append(Metric(key=name, value=value, timestamp=now_ms, step=step))
+    return metrics
+
+
+def training_plot_png(metrics_per_step: Sequence[Mapping[str, float]]) -> bytes:
+    """Reward and loss over training steps, as PNG bytes (Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 3.2), dpi=100)
+    for i, name in enumerate(("reward", "loss")):
+        ax = fig.add_subplot(1, 2, i + 1)
+        points = [
+            (int(r.get("step", j)), float(r[name])) for j, r in enumerate(metrics_per_step) if name in r
+        ]
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".")
+        else:
+            ax.text(0.5, 0.5, f"no {name} recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def dataset_input(snapshot: SnapshotRef, context: str) -> DatasetInput:
+    """A snapshot as an MLflow dataset: the digest is the hash's first 36 hex digits, the full hash in source."""
+    digest = snapshot.content_hash.split(":", 1)[-1][:DIGEST_CHARS]
+    source = json.dumps({"snapshot": snapshot.name, "content_hash": snapshot.content_hash})
+    profile = json.dumps({"num_rows": snapshot.rows})
+    dataset = Dataset(
+        name=snapshot.name,
+        digest=digest,
+        source_type="lightning-dagster-snapshot",
+        source=source,
+        profile=profile,
+    )
+    return DatasetInput(dataset=dataset, tags=[InputTag(key="mlflow.data.context", value=context)])
+
+
+def log_lineage_run(
+    client: MlflowClient,
+    experiment_id: str,
+    *,
+    run_name: str,
+    checkpoint_dir: Path,
+    params: Mapping[str, Any],
+    tags: Mapping[str, str],
+    metrics_per_step: Sequence[Mapping[str, float]] = (),
+    snapshots: Sequence[tuple[SnapshotRef, str]] = (),
+    receipt: Mapping[str, Any] | None = None,
+) -> tuple[str, str]:
+    """Log a finished run holding the checkpoint (under `checkpoint/`); returns (run_id, checkpoint URI)."""
+    metrics = step_metrics(metrics_per_step)  # validate before anything is written
+    run = client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
+    run_id = run.info.run_id
+    try:
+        flat = [Param(k, v) for k, v in flatten_params(params).items()]
+        for i in range(0, len(flat), 90):
+            client.log_batch(run_id, params=flat[i : i + 90])
+        for i in range(0, len(metrics), BATCH):
+            client.log_batch(run_id, metrics=metrics[i : i + BATCH])
+        if snapshots:
+            client.log_inputs(run_id, datasets=[dataset_input(s, ctx) for s, ctx in snapshots])
+        client.log_artifacts(run_id, str(checkpoint_dir), "checkpoint")
+        if receipt is not None:
+            client.log_dict(run_id, dict(receipt), "receipt/receipt.json")
+        if metrics_per_step:
+            _log_bytes(client, run_id, training_plot_png(metrics_per_step), "plots/training.png")
+        client.log_batch(run_id, tags=[RunTag("lightning_dagster.status", "complete")])
+        client.set_terminated(run_id, "FINISHED")
+    except BaseException:
+        try:
+            client.set_terminated(run_id, "FAILED")
+        except Exception:  # the original error is the one worth reporting
+            pass
+        raise
+    return run_id, f"{run.info.artifact_uri}/checkpoint"
+
+
+def _log_bytes(client: MlflowClient, run_id: str, data: bytes, artifact_file: str) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(artifact_file).name
+        path.write_bytes(data)
+        client.log_artifact(run_id, str(path), str(Path(artifact_file).parent))

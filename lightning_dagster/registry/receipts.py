@@ -1,0 +1,150 @@
+"""The registry's view of the gate's update receipt: the facts promotion needs, approvals as new versions.
+
+The receipt's schema, hashing, ledger and verdict belong to `lightning_dagster.gate`; this module reads the
+fields the pointer rules depend on. Versions are named in receipts by model URI
+(`models:/<model>/<version>`, as `CandidateVersion.model_uri` gives them) or by bare version number.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_dagster.gate import ReceiptLedger, content_hash, parse_receipt
+from lightning_dagster.gate.receipt import Approval, Receipt, add_approval
+from lightning_dagster.registry.errors import NotAuthorized, PromotionRefused, RegistryError
+
+DRILLS = "rollback_drills"
+
+
+@dataclass(frozen=True)
+class StoredReceipt:
+    receipt: Receipt
+    version: int  # the ledger version (1, 2, ...)
+    content_hash: str  # the ledger's hash of that version (covers body and link)
+
+
+@dataclass(frozen=True)
+class ReceiptFacts:
+    receipt_id: str
+    candidate_version: str
+    candidate_weights_hash: str | None
+    parent_version: str | None  # None: the parent is named by weights hash only
+    parent_weights_hash: str | None
+    default_approver_roles: tuple[str, ...]
+
+
+def version_of(ref: str | None, model_name: str) -> str | None:
+    """`models:/<model>/<version>` or a bare version number -> the version string; anything else None."""
+    if not ref:
+        return None
+    prefix = f"models:/{model_name}/"
+    if ref.startswith(prefix):
+        ref = ref[len(prefix) :]
+    return ref if ref.isdigit() else None
+
+
+def same_hash(a: str | None, b: str | None) -> bool:
+    """Weights hashes compare without their optional `sha256:` prefix (the engine writes bare hex)."""
+    return bool(a) and bool(b) and a.removeprefix("sha256:") == b.removeprefix("sha256:")
+
+
+def facts(receipt: Receipt, model_name: str) -> ReceiptFacts:
+    """The identities promotion checks; a receipt that does not name them is refused, naming the field.
+
+    The parent is named by version (`plan.parent.uri` = `models:/<model>/<version>`, or a numeric
+    `resource_id`) and/or by `plan.parent.weights_hash`; at least one is required."""
+    plan = receipt.plan
+    parent = version_of(plan.parent.uri, model_name) or version_of(plan.parent.resource_id, model_name)
+    if parent is None and not plan.parent.weights_hash:
+        raise PromotionRefused(
+            f"receipt {receipt.receipt_id}: plan.parent names neither a version of {model_name} nor weights"
+        )
+    cand = receipt.candidate
+    if cand is None:
+        raise PromotionRefused(f"receipt {receipt.receipt_id}: no candidate recorded")
+    candidate = version_of(cand.model_version, model_name) or version_of(cand.uri, model_name)
+    if candidate is None:
+        raise PromotionRefused(
+            f"receipt {receipt.receipt_id}: candidate.model_version is not a version of {model_name}"
+        )
+    return ReceiptFacts(
+        receipt_id=receipt.receipt_id,
+        candidate_version=candidate,
+        candidate_weights_hash=cand.weights_hash,
+        parent_version=parent,
+        parent_weights_hash=plan.parent.weights_hash,
+        default_approver_roles=tuple(plan.approvers.default),
+    )
+
+
+def _as_receipt(value: Any) -> Receipt:
+    if isinstance(value, Receipt):
+        return value
+    if isinstance(value, Mapping):
+        return parse_receipt(dict(value))
+    raise TypeError(f"expected a receipt id, Receipt or receipt dict, got {type(value).__name__}")
+
+
+def _head(ledger: ReceiptLedger, rid: str) -> StoredReceipt | None:
+    entries = ledger.history(rid)
+    if not entries:
+        return None
+    # verify=True: a tampered chain raises TamperedReceipt instead of promoting edited evidence.
+    return StoredReceipt(ledger.head(rid, verify=True), entries[-1].version, entries[-1].content_hash)
+
+
+def load(store: Any, value: Any, *, create: bool = False) -> StoredReceipt:
+    """The ledger's verified head version of a receipt given by id, `Receipt` or dict.
+
+    A receipt passed by value must equal the stored head: acting on a copy that differs from the ledger
+    (older, or edited) is refused. With `create`, a receipt the ledger has never seen becomes version 1."""
+    ledger = ReceiptLedger(store)
+    if isinstance(value, str):
+        stored = _head(ledger, value)
+        if stored is None:
+            raise RegistryError(f"receipt {value!r} is not in the ledger")
+        return stored
+    receipt = _as_receipt(value)
+    stored = _head(ledger, receipt.receipt_id)
+    if stored is None:
+        if not create:
+            raise RegistryError(f"receipt {receipt.receipt_id!r} is not in the ledger")
+        entry = ledger.append(receipt)
+        return StoredReceipt(receipt, entry.version, entry.content_hash)
+    if content_hash(receipt.to_json_dict()) != content_hash(stored.receipt.to_json_dict()):
+        raise PromotionRefused(
+            f"receipt {receipt.receipt_id} differs from the ledger's head version {stored.version}"
+        )
+    return stored
+
+
+def approval_step(receipt: Receipt, role: str) -> str:
+    """Which step (`default` or `canary`) the receipt lets `role` approve; refused if it names neither."""
+    if role in receipt.plan.approvers.default:
+        return "default"
+    if role in receipt.plan.approvers.canary:
+        return "canary"
+    raise NotAuthorized("", role, f"receipt {receipt.receipt_id} names no step this role may approve")
+
+
+def record_approval(store: Any, value: Any, *, actor: str, role: str) -> StoredReceipt:
+    """Append an approval (actor, role, step, time) as a new receipt version after the current head."""
+    stored = load(store, value, create=True)
+    approval = Approval(actor=actor, role=role, step=approval_step(stored.receipt, role), at=time.time())
+    amended = add_approval(stored.receipt, approval)
+    entry = ReceiptLedger(store).append(amended)
+    return StoredReceipt(amended, entry.version, entry.content_hash)
+
+
+def record_drill(store: Any, model_name: str, result: Mapping[str, Any]) -> int:
+    """Append a rollback drill's outcome to the store (collection `rollback_drills`, one chain per version)."""
+    doc_id = f"{model_name}/{result['version']}"
+    versions = store.document_versions(DRILLS, doc_id)
+    previous = versions[-1].content_hash if versions else None
+    body = dict(result)
+    return store.append_document(
+        DRILLS, doc_id, content_hash({"previous": previous, "drill": body}), body, previous
+    )

@@ -1,0 +1,40 @@
+"""Shared test data: lineage arguments of a candidate and a passing receipt re-pointed at real versions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+EXAMPLE_RECEIPT = Path(__file__).resolve().parents[2] / "examples" / "gate" / "candidate-a.json"
+
+
+def candidate_kwargs(parent_version: str, step_count: int = 3) -> dict:
+    return {
+        "parent_version": parent_version,
+        "snapshot_key": "snap-20261130T0800Z-1a2b3c4d",
+        "algorithm_config": {"name": "grpo", "lr": 1e-4, "group_size": 8, "optim": {"betas": [0.9, 0.99]}},
+        "metrics_per_step": [{"reward": 0.3 + 0.05 * s, "loss": 1.0 - 0.1 * s} for s in range(step_count)],
+        "train_snapshot": {
+            "name": "snap-20261130T0800Z-1a2b3c4d",
+            "content_hash": "sha256:" + "1a" * 32,
+            "rows": 15,
+        },
+        "heldout_snapshot": {"name": "holdout-v3", "content_hash": "sha256:" + "5e" * 32, "rows": 120},
+        "code_revision": "b18ed42",
+        "evaluator_version": "exact-answer 1.4.0",
+        "orchestrator_run_id": "dagster-run-1",
+    }
+
+
+def passing_receipt(registry, parent, candidate, receipt_id: str):
+    """The gate fixture's passing receipt A, re-pointed at real registered versions of this test's model."""
+    from lightning_dagster.gate import parse_receipt
+
+    data = json.loads(EXAMPLE_RECEIPT.read_text())
+    data["receipt_id"] = receipt_id
+    data["plan"]["parent"]["uri"] = parent.model_uri
+    data["plan"]["parent"]["weights_hash"] = parent.weights_hash
+    data["candidate"]["model_version"] = candidate.version
+    data["candidate"]["uri"] = candidate.model_uri
+    data["candidate"]["weights_hash"] = candidate.weights_hash
+    return parse_receipt(data)

@@ -1,0 +1,192 @@
+"""MLflow outages (a real server stopped and restarted on the same backend), the command, the roles file."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from mlflow import MlflowClient
+
+from lightning_dagster.registry import (
+    APPROVED,
+    NotAuthorized,
+    Registry,
+    RegistryUnavailable,
+    RolesConfigError,
+)
+from lightning_dagster.registry.cli import register
+from lightning_dagster.registry.roles import load_roles
+from tests.registry.helpers import candidate_kwargs, passing_receipt
+
+
+class StopsMlflowAfterMove:
+    """The real store, except that MLflow goes down right after the pointer moved: the worst moment."""
+
+    def __init__(self, store, server):
+        self._store, self._server = store, server
+
+    def move_pointer(self, *args, **kwargs):
+        move = self._store.move_pointer(*args, **kwargs)
+        self._server.stop()
+        return move
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def _mirror(tracking, model_name: str) -> tuple[str | None, list[str]]:
+    rm = MlflowClient(tracking.uri, tracking.uri).get_registered_model(model_name)
+    alias = rm.aliases.get(APPROVED)
+    history = json.loads(rm.tags.get(f"{APPROVED}.history", "[]"))
+    return (None if alias is None else str(alias)), [e["to"] for e in history]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tracking", ["postgres"], indirect=True)
+def test_mlflow_outage_fails_clearly_and_heals(registry, variant, tracking):
+    server = tracking.server
+    parent = registry.register_initial_parent(variant(0))
+    first, second = (registry.log_candidate(variant(k), **candidate_kwargs(parent.version)) for k in (1, 2))
+    registry.approve(passing_receipt(registry, parent, first, "rec-fault-1"), "alice", "release-owner")
+    registry.approve(passing_receipt(registry, first, second, "rec-fault-2"), "alice", "release-owner")
+
+    # 1. MLflow dies between the store's move and the mirror: the promotion stands, the mirror lags.
+    registry.store = StopsMlflowAfterMove(registry.store, server)
+    try:
+        result = registry.promote("rec-fault-1", "alice")
+    finally:
+        registry.store = registry.store._store
+    assert result.move.to_value == first.version and not result.mirrored
+    assert "unavailable" in result.mirror_error
+
+    # 2. With MLflow down: promotion fails fast with a clear error and moves nothing; the drill reports
+    #    the rollback evidence as unavailable, not healthy.
+    start = time.monotonic()
+    with pytest.raises(RegistryUnavailable, match="unavailable"):
+        registry.promote("rec-fault-2", "alice")
+    assert time.monotonic() - start < 15
+    assert [m.to_value for m in registry.history()] == [parent.version, first.version]
+    drill = registry.rollback_drill(parent.version, record=False)
+    assert not drill.resolved and not drill.ok and drill.unavailable and "unavailable" in drill.error
+    evidence = drill.as_receipt_drill("res-parent")
+    assert (evidence.resolved, evidence.loaded, evidence.routed_back) == (None, None, None)
+
+    # 3. The server comes back on the same backend store: the mirror is still behind until the next
+    #    registry operation reconciles it; then pointer, alias and history agree.
+    server.start()
+    assert _mirror(tracking, registry.model_name) == (parent.version, [parent.version])
+    assert registry.resolve(APPROVED, download=False).version == first.version
+    store_history = [m.to_value for m in registry.history()]
+    assert _mirror(tracking, registry.model_name) == (first.version, store_history)
+    assert registry.promote("rec-fault-2", "alice").mirrored
+    assert _mirror(tracking, registry.model_name) == (
+        second.version,
+        [parent.version, first.version, second.version],
+    )
+
+
+@pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
+def test_cli_show_history_approve_promote_rollback(
+    registry, variant, tracking, store_url, roles_file, capsys, monkeypatch
+):
+    import argparse
+
+    monkeypatch.setenv("LD_ROLES_FILE", str(roles_file))
+    parent = registry.register_initial_parent(variant(0))
+    cand = registry.log_candidate(variant(1), **candidate_kwargs(parent.version))
+    receipt_file = registry.cache_dir.parent / "receipt.json"
+    receipt_file.write_text(json.dumps(passing_receipt(registry, parent, cand, "rec-cli").to_json_dict()))
+    common = ["--tracking-uri", tracking.uri, "--store-url", store_url, "--model-name", registry.model_name]
+
+    def run(*argv: str) -> tuple[int, str]:
+        parser = argparse.ArgumentParser()
+        register(parser)
+        args = parser.parse_args([*argv, *common])
+        code = args.handler(args)
+        return code, capsys.readouterr().out
+
+    code, out = run("approve", str(receipt_file), "--actor", "alice", "--role", "release-owner", "--json")
+    assert code == 0 and json.loads(out)["version"] == 2
+    assert run("approve", "rec-cli", "--actor", "bob", "--role", "release-owner")[0] == 1
+    code, out = run("promote", "rec-cli", "--actor", "alice", "--json")
+    assert code == 0 and json.loads(out)["to"] == cand.version
+    code, out = run("show", "--json")
+    shown = json.loads(out)
+    assert shown[APPROVED] == cand.version and shown["latest-candidate"] == cand.version
+    assert [v["version"] for v in shown["versions"]] == [cand.version, parent.version]
+    code, out = run("rollback", parent.version, "--actor", "alice", "--json")
+    assert code == 0 and json.loads(out)["to"] == parent.version
+    code, out = run("history", "--json")
+    assert [(m["from"], m["to"]) for m in json.loads(out)] == [
+        (None, parent.version),
+        (parent.version, cand.version),
+        (cand.version, parent.version),
+    ]
+    code, out = run("history")
+    assert code == 0 and "alice" in out and "bootstrap" in out
+
+
+def test_roles_file_rules(tmp_path, monkeypatch):
+    from lightning_dagster import config
+
+    good = tmp_path / "roles.yaml"
+    good.write_text("actors:\n  alice: [release-owner]\n")
+    roles = load_roles(good)
+    roles.require("alice", "release-owner")
+    with pytest.raises(NotAuthorized):
+        roles.require("alice", "ml-lead")
+    inside = config.models_dir() / "roles.yaml"  # the trainer writes here: it must not grant approvals
+    inside.write_text(good.read_text())
+    with pytest.raises(RolesConfigError, match="write surface"):
+        load_roles(inside)
+    monkeypatch.setenv("LD_ROLES_FILE", str(tmp_path / "missing.yaml"))
+    with pytest.raises(RolesConfigError, match="does not exist"):
+        load_roles()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("actors:\n  alice: release-owner\n")
+    with pytest.raises(RolesConfigError, match="list of role names"):
+        load_roles(bad)
+
+
+def test_registry_against_unreachable_server_is_unavailable(tmp_path, roles_file):
+    from lightning_dagster.store import Store
+    from tests.registry.mlflow_server import free_port
+
+    registry = Registry(
+        f"http://127.0.0.1:{free_port()}", Store(f"sqlite:///{tmp_path / 's.db'}"), roles_file=roles_file
+    )
+    with pytest.raises(RegistryUnavailable):
+        registry.resolve(APPROVED)
+    drill = registry.rollback_drill("1")
+    assert not drill.resolved and "unavailable" in drill.error
+
+
+def _init_and_use(uri: str, name: str, queue) -> None:
+    try:
+        from lightning_dagster.registry.tracking import ensure_tracking_store
+
+        ensure_tracking_store(uri)
+        queue.put(
+            (name, MlflowClient(uri, uri).create_experiment(name, artifact_location="file:///tmp/unused"))
+        )
+    except Exception as exc:
+        queue.put((name, f"error {type(exc).__name__}: {exc}"))
+
+
+@pytest.mark.slow
+def test_fresh_sqlite_tracking_store_initialised_once_under_concurrency(tmp_path):
+    """Three processes open one fresh SQLite tracking DB at once: the lock lets exactly one migrate."""
+    import multiprocessing
+
+    uri = f"sqlite:///{tmp_path / 'fresh.db'}"
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_init_and_use, args=(uri, f"exp{i}", queue)) for i in range(3)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=240) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    assert all(not str(v).startswith("error") for v in results.values()), results
+    assert {e.name for e in MlflowClient(uri, uri).search_experiments()} >= {"exp0", "exp1", "exp2"}
