@@ -6,11 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint install system-deps
 
+# The CPU wheel of torch 2.13.0 lies on this machine's disk; installing it first by its exact version keeps
+# pip from fetching a multi-GB CUDA build for the project's torch requirement.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
-	# The CPU wheel of torch 2.13.0 lies on this machine's disk; naming it first keeps pip from
-	# fetching a multi-GB CUDA build for a bare `torch` requirement.
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
