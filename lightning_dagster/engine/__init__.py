@@ -1,0 +1,38 @@
+"""The embedded policy model: build a tiny HF causal LM from scratch (no download), render chats with tool
+calls through its template, and sample batches with the exact logprob of every token."""
+
+from lightning_dagster.engine.batching import BatchingEngine, EngineClosed
+from lightning_dagster.engine.build import build_base_model, checkpoint_hash
+from lightning_dagster.engine.chat import (
+    CHAT_TEMPLATE,
+    InvalidMessages,
+    NoDriftFound,
+    find_retokenization_drift,
+    parse_assistant,
+)
+from lightning_dagster.engine.engine import (
+    Engine,
+    EngineError,
+    Generation,
+    NonFiniteLogits,
+    SamplingParams,
+    StateDictMismatch,
+)
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "BatchingEngine",
+    "Engine",
+    "EngineClosed",
+    "EngineError",
+    "Generation",
+    "InvalidMessages",
+    "NoDriftFound",
+    "NonFiniteLogits",
+    "SamplingParams",
+    "StateDictMismatch",
+    "build_base_model",
+    "checkpoint_hash",
+    "find_retokenization_drift",
+    "parse_assistant",
+]

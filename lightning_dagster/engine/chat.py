@@ -1,0 +1,156 @@
+"""The chat format: the ChatML template with tool calls, OpenAI message normalisation, tool-call parsing.
+
+Format (every boundary is a special token, which is what makes rendering prefix-preserving):
+
+    <|im_start|>system\\n{system}\\n# Tools\\n{tool json}\\n{tool json}<|im_end|>\\n
+    <|im_start|>user\\n{content}<|im_end|>\\n
+    <|im_start|>assistant\\n{content}<tool_call>{"name": "f", "arguments": {...}}</tool_call><|im_end|>\\n
+    <|im_start|>tool\\n{result}<|im_end|>\\n
+    <|im_start|>assistant\\n                       <- generation prompt
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text()
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"  # the EOS token: an assistant turn ends with it
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+# Order fixes the ids: 0, 1, 2 are special (skipped by decode), 3, 4 are kept in decoded text so that
+# `parse_assistant` can see them.
+SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
+MARKER_TOKENS = [TOOL_CALL_OPEN, TOOL_CALL_CLOSE]
+
+_TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.S)
+
+
+class InvalidMessages(ValueError):
+    """The messages or tools given to `render` are not OpenAI-shaped."""
+
+
+def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI chat messages -> what the template expects: text content (parts joined), tool calls with
+    `function.arguments` as given (a JSON string is rendered verbatim, so a harness echoing back the
+    gateway's tool call reproduces the same text)."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidMessages("messages must be a non-empty list")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise InvalidMessages(f"message {i} must be an object with a string 'role'")
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise InvalidMessages(f"message {i}: only text content parts are supported")
+                parts.append(str(part.get("text", "")))
+            content = "".join(parts)
+        elif content is not None and not isinstance(content, str):
+            raise InvalidMessages(f"message {i}: content must be a string, a list of parts or null")
+        msg: dict[str, Any] = {"role": m["role"], "content": content}
+        calls = m.get("tool_calls")
+        if calls:
+            if not isinstance(calls, list):
+                raise InvalidMessages(f"message {i}: tool_calls must be a list")
+            msg["tool_calls"] = []
+            for call in calls:
+                fn = call.get("function", call) if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise InvalidMessages(f"message {i}: each tool call needs function.name")
+                args = fn.get("arguments", {})
+                if not isinstance(args, str | dict):
+                    raise InvalidMessages(f"message {i}: tool call arguments must be a JSON string or object")
+                msg["tool_calls"].append({"function": {"name": fn["name"], "arguments": args}})
+        out.append(msg)
+    return out
+
+
+def parse_assistant(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """Generated assistant text -> (content, OpenAI tool_calls).
+
+    Each well-formed `<tool_call>{"name": str, "arguments": object}</tool_call>` becomes a tool call with id
+    `call_...` and `arguments` as a JSON string (`json.dumps` default separators, which is what the template
+    renders back). A malformed block stays in the content verbatim. Content is None when there are tool
+    calls and nothing else but whitespace.
+    """
+    calls: list[dict[str, Any]] = []
+    kept: list[str] = []
+    pos = 0
+    for match in _TOOL_CALL_RE.finditer(text):
+        call = _parse_call(match.group(1))
+        if call is None:
+            continue  # malformed: left in place, copied with the surrounding text
+        kept.append(text[pos : match.start()])
+        pos = match.end()
+        calls.append(call)
+    kept.append(text[pos:])
+    content = "".join(kept)
+    if calls and not content.strip():
+        return None, calls
+    return content, calls
+
+
+def _parse_call(body: str) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # some models emit the OpenAI string form; accept it if it is JSON
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)},
+    }
+
+
+class NoDriftFound(LookupError):
+    """The tokenizer has no merged token to split (e.g. a character-level vocabulary)."""
+
+
+def find_retokenization_drift(tokenizer: Any) -> list[int]:
+    """A token id sequence the model can sample whose text re-encodes differently:
+    `tokenizer.encode(tokenizer.decode(ids)) != ids`.
+
+    Takes the first merged (multi-character, non-special) vocabulary entry, in id order, and spells it as two
+    shorter tokens; decoding gives the merged token's text and re-encoding gives the merged token back. Used
+    as a fixture to prove that capture paths record sampled ids instead of re-tokenizing text.
+    """
+    special = set(tokenizer.all_special_ids) | set(_marker_ids(tokenizer))
+    for token_id in range(len(tokenizer)):
+        if token_id in special:
+            continue
+        text = tokenizer.decode([token_id])
+        if len(text) < 2 or "\ufffd" in text:
+            continue
+        for cut in range(1, len(text)):
+            ids = _encode(tokenizer, text[:cut]) + _encode(tokenizer, text[cut:])
+            if _encode(tokenizer, tokenizer.decode(ids)) != ids:
+                return ids
+    raise NoDriftFound("every token sequence tried re-encodes to itself")
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _marker_ids(tokenizer: Any) -> list[int]:
+    vocab = tokenizer.get_vocab()
+    return [vocab[t] for t in MARKER_TOKENS if t in vocab]
