@@ -1,0 +1,17 @@
+"""The OpenAI-compatible LLM gateway: per-attempt keys, exact token capture (token-out and token-in),
+rewards, serve mode; backed by the embedded engine or an upstream OpenAI-compatible server."""
+
+from lightning_dagster.gateway.app import create_app
+from lightning_dagster.gateway.backends import Backend, Completion, EngineBackend, UpstreamBackend
+from lightning_dagster.gateway.keys import attempt_key
+from lightning_dagster.gateway.server import GatewayServer
+
+__all__ = [
+    "Backend",
+    "Completion",
+    "EngineBackend",
+    "GatewayServer",
+    "UpstreamBackend",
+    "attempt_key",
+    "create_app",
+]

@@ -1,0 +1,308 @@
+"""Where completions come from: the embedded engine (token-in, exact ids) or an upstream OpenAI-compatible
+server such as vLLM (ids and logprobs read from its `return_token_ids` / `logprobs` response fields).
+
+Both return a `Completion`; the app turns it into one OpenAI response (or SSE stream) and one LLM span, so
+the two modes record the same fields.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import httpx
+
+from lightning_dagster.gateway.errors import GatewayError
+from lightning_dagster.gateway.http1 import Http1Client, UpstreamHTTPError
+from lightning_dagster.gateway.tokenin import LastCall, closing_tokens, continue_prompt
+
+if TYPE_CHECKING:
+    from lightning_dagster.engine import BatchingEngine
+
+
+@dataclass
+class Completion:
+    """One sampled choice with the exact ids that produced it."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float] | None
+    content: str | None  # text (chat: without tool-call markup)
+    finish_reason: str
+    model: str
+    tool_calls: list[dict] = field(default_factory=list)
+    token_texts: list[str] | None = None  # per response token, for OpenAI `logprobs`
+    token_source: str = "rendered"  # reused | rendered | upstream | ids | text
+
+
+@dataclass
+class Sampling:
+    """The sampling part of a request, after defaults and the rollout's seed are applied."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = False
+
+
+class Backend(abc.ABC):
+    """A source of completions. `resource_id` is what spans record as the serving resource."""
+
+    resource_id: str | None = None
+    kind: str = "backend"
+    token_in: bool = False  # whether `chat` builds prompts from the previous call (needs `LastCall`)
+
+    @property
+    @abc.abstractmethod
+    def model(self) -> str: ...
+
+    @abc.abstractmethod
+    async def chat(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        tool_choice: Any,
+        sampling: Sampling,
+        previous: LastCall | None,
+        body: dict,
+    ) -> Completion: ...
+
+    @abc.abstractmethod
+    async def complete(self, prompt: str | list[int], sampling: Sampling, body: dict) -> Completion: ...
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+def _tool_call_ids(calls: list[dict]) -> list[dict]:
+    # The template does not render call ids, so fresh ones cost nothing and let harnesses answer calls.
+    out = []
+    for call in calls:
+        call = dict(call)
+        call.setdefault("id", f"call_{uuid.uuid4().hex[:24]}")
+        call.setdefault("type", "function")
+        fn = dict(call.get("function") or {})
+        if not isinstance(fn.get("arguments"), str):
+            fn["arguments"] = json.dumps(fn.get("arguments") or {})
+        call["function"] = fn
+        out.append(call)
+    return out
+
+
+class EngineBackend(Backend):
+    """The embedded model. Prompts come from token-in when the conversation continues the last call."""
+
+    kind = "engine"
+    token_in = True
+
+    def __init__(self, engine: BatchingEngine, resource_id: str | None = None):
+        self.batching = engine
+        self.engine = engine.engine
+        self.resource_id = resource_id
+        self._closing = closing_tokens(self._render)
+
+    @property
+    def model(self) -> str:
+        return self.resource_id or self.engine.model_dir.name
+
+    def _render(
+        self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool
+    ) -> list[int]:
+        return self.engine.render(messages, tools, add_generation_prompt=add_generation_prompt)
+
+    async def _generate(self, prompt_ids: list[int], sampling: Sampling) -> Any:
+        from lightning_dagster.engine import EngineClosed, EngineError, SamplingParams
+
+        params = SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            stop=list(sampling.stop),
+            seed=sampling.seed,
+            **({"max_tokens": sampling.max_tokens} if sampling.max_tokens is not None else {}),
+        )
+        try:
+            return await asyncio.wrap_future(self.batching.submit(prompt_ids, params))
+        except EngineError as exc:
+            raise GatewayError(400, str(exc)) from exc
+        except EngineClosed as exc:
+            raise GatewayError(503, "the engine is shutting down") from exc
+
+    def _texts(self, ids: list[int], sampling: Sampling) -> list[str] | None:
+        return [self.engine.decode([i]) for i in ids] if sampling.logprobs else None
+
+    def _chat_prompt(
+        self, messages: list[dict], tools: list[dict] | None, previous: LastCall | None
+    ) -> tuple[list[int], str]:
+        ids = continue_prompt(self._render, self._closing, previous, messages, tools)
+        if ids is not None:
+            return ids, "reused"
+        try:
+            return self._render(messages, tools, True), "rendered"
+        except Exception as exc:  # jinja / template errors are the request's fault
+            raise GatewayError(400, f"messages could not be rendered: {exc}", param="messages") from exc
+
+    async def chat(self, messages, tools, tool_choice, sampling, previous, body) -> Completion:
+        prompt_ids, source = await anyio.to_thread.run_sync(self._chat_prompt, messages, tools, previous)
+        gen = await self._generate(prompt_ids, sampling)
+        content, calls = (gen.text, []) if tool_choice == "none" else self.engine.parse_assistant(gen.text)
+        calls = _tool_call_ids(calls)
+        return Completion(
+            prompt_ids=list(gen.prompt_token_ids),
+            response_ids=list(gen.token_ids),
+            logprobs=list(gen.logprobs),
+            content=content,
+            finish_reason="tool_calls" if calls else gen.finish_reason,
+            model=self.model,
+            tool_calls=calls,
+            token_texts=self._texts(gen.token_ids, sampling),
+            token_source=source,
+        )
+
+    async def complete(self, prompt, sampling, body) -> Completion:
+        ids, source = (
+            (self.engine.encode(prompt), "text") if isinstance(prompt, str) else (list(prompt), "ids")
+        )
+        gen = await self._generate(ids, sampling)
+        return Completion(
+            prompt_ids=list(gen.prompt_token_ids),
+            response_ids=list(gen.token_ids),
+            logprobs=list(gen.logprobs),
+            content=gen.text,
+            finish_reason=gen.finish_reason,
+            model=self.model,
+            token_texts=self._texts(gen.token_ids, sampling),
+            token_source=source,
+        )
+
+
+class _HttpxClient:
+    """TLS (or any non-plain-http) upstreams: one shared httpx client with keep-alive."""
+
+    def __init__(self, base_url: str, headers: dict[str, str], *, timeout: float):
+        self._base = base_url
+        self._client = httpx.AsyncClient(
+            headers={**headers, "content-type": "application/json"},
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        try:
+            response = await self._client.post(f"{self._base}/{path}", content=body)
+        except httpx.HTTPError as exc:
+            raise UpstreamHTTPError(f"{type(exc).__name__}: {exc}") from exc
+        return response.status_code, response.content
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class UpstreamBackend(Backend):
+    """Forwards to an OpenAI-compatible server and reads the exact ids from its response (vLLM shape:
+    top-level or per-choice `prompt_token_ids`, `choices[].token_ids`, `choices[].logprobs`). Plain-http
+    upstreams go through `Http1Client`, others through httpx."""
+
+    kind = "upstream"
+
+    def __init__(self, base_url: str, api_key: str = "", model: str | None = None, *, timeout: float = 600.0):
+        self.base_url = base_url.rstrip("/")
+        if not self.base_url.endswith("/v1"):
+            self.base_url += "/v1"
+        self._api_key = api_key
+        self._model = model
+        self._timeout = timeout
+        self._client: Http1Client | _HttpxClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def model(self) -> str:
+        return self._model or "upstream"
+
+    def _http(self) -> Http1Client | _HttpxClient:
+        # One keep-alive client per event loop (a GatewayServer runs one loop; tests may start several).
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            if self.base_url.startswith("http://"):
+                self._client = Http1Client(self.base_url, headers, timeout=self._timeout)
+            else:
+                self._client = _HttpxClient(self.base_url, headers, timeout=self._timeout)
+            self._loop = loop
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def _post(self, path: str, payload: dict) -> dict:
+        try:
+            status, raw = await self._http().post(path, json.dumps(payload, separators=(",", ":")).encode())
+        except (UpstreamHTTPError, TimeoutError) as exc:
+            raise GatewayError(502, f"upstream request failed: {type(exc).__name__}") from exc
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise GatewayError(502, f"upstream returned non-JSON (HTTP {status})") from exc
+        if status >= 400:
+            message = data.get("error", data) if isinstance(data, dict) else data
+            if isinstance(message, dict):
+                message = message.get("message", message)
+            raise GatewayError(status, f"upstream error: {message}")
+        if not isinstance(data, dict) or not data.get("choices"):
+            raise GatewayError(502, "upstream response has no choices")
+        return data
+
+    def _payload(self, body: dict, sampling: Sampling) -> dict:
+        payload = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        if self._model:
+            payload["model"] = self._model
+        payload["return_token_ids"] = True
+        if sampling.seed is not None:
+            payload["seed"] = sampling.seed
+        return payload
+
+    def _completion(self, data: dict, *, chat: bool) -> Completion:
+        choice = data["choices"][0]
+        prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids") or []
+        logprobs, texts = None, None
+        lp = choice.get("logprobs")
+        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+            logprobs = [float(t["logprob"]) for t in lp["content"]]
+            texts = [t.get("token", "") for t in lp["content"]]
+        elif isinstance(lp, dict) and isinstance(lp.get("token_logprobs"), list):
+            logprobs = [float(x) for x in lp["token_logprobs"]]
+            texts = lp.get("tokens")
+        if chat:
+            message = choice.get("message") or {}
+            content, calls = message.get("content"), message.get("tool_calls") or []
+        else:
+            content, calls = choice.get("text", ""), []
+        return Completion(
+            prompt_ids=list(prompt_ids),
+            response_ids=list(choice.get("token_ids") or []),
+            logprobs=logprobs,
+            content=content,
+            finish_reason=choice.get("finish_reason") or "stop",
+            model=data.get("model") or self.model,
+            tool_calls=calls,
+            token_texts=texts,
+            token_source="upstream",
+        )
+
+    async def chat(self, messages, tools, tool_choice, sampling, previous, body) -> Completion:
+        payload = self._payload(body, sampling)
+        payload["logprobs"] = True  # always captured; stripped from the reply unless the client asked
+        return self._completion(await self._post("chat/completions", payload), chat=True)
+
+    async def complete(self, prompt, sampling, body) -> Completion:
+        payload = self._payload(body, sampling)
+        payload["logprobs"] = max(1, int(body.get("logprobs") or 0))
+        return self._completion(await self._post("completions", payload), chat=False)

@@ -1,0 +1,88 @@
+"""`lightning-dagster gateway serve|key`: run the gateway in the foreground, or print an attempt key.
+
+The admin key and the key-signing secret come from `LD_ADMIN_KEY` / `LD_GATEWAY_SECRET`; when absent they
+are generated and printed once on stdout (never logged). Serve keys: `LD_SERVE_KEYS` (comma-separated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+
+from lightning_dagster.gateway.keys import attempt_key
+
+
+def _from_env(name: str, what: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        value = secrets.token_urlsafe(32)
+        print(f"{name} was not set; generated {what}: {value}", flush=True)
+    return value
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from lightning_dagster.gateway.app import create_app
+    from lightning_dagster.gateway.backends import EngineBackend, UpstreamBackend
+    from lightning_dagster.store import Store
+
+    store = Store(args.store)
+    if args.upstream:
+        backend = UpstreamBackend(
+            args.upstream, os.environ.get("LD_UPSTREAM_API_KEY", ""), args.upstream_model
+        )
+    else:
+        from lightning_dagster.engine import BatchingEngine, Engine
+
+        backend = EngineBackend(BatchingEngine(Engine(args.model, threads=args.threads)), args.resource_id)
+    serve_keys = [k for k in os.environ.get("LD_SERVE_KEYS", "").split(",") if k]
+    app = create_app(
+        store,
+        backend,
+        secret=_from_env("LD_GATEWAY_SECRET", "a key-signing secret"),
+        admin_key=_from_env("LD_ADMIN_KEY", "an admin key"),
+        serve_keys=serve_keys,
+        max_body_bytes=args.max_body_bytes,
+        write_behind_ms=args.write_behind_ms,
+    )
+    print(f"gateway on http://{args.host}:{args.port}/v1 ({backend.kind}: {backend.model})", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    return 0
+
+
+def key(args: argparse.Namespace) -> int:
+    secret = os.environ.get("LD_GATEWAY_SECRET")
+    if not secret:
+        print("LD_GATEWAY_SECRET is not set", file=sys.stderr)
+        return 2
+    print(attempt_key(secret, args.rollout, args.attempt))
+    return 0
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="gateway_command", metavar="COMMAND")
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible gateway")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="a Hugging Face causal LM directory served by the embedded engine")
+    source.add_argument("--upstream", help="base URL of an OpenAI-compatible server (e.g. vLLM)")
+    p.add_argument("--upstream-model", default=None, help="model name to send upstream")
+    p.add_argument("--resource-id", default=None, help="resource id recorded on spans (engine mode)")
+    p.add_argument("--store", default=None, help="store URL (default: $LD_STORE_URL or the embedded SQLite)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for the engine")
+    p.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    p.add_argument(
+        "--write-behind-ms",
+        type=float,
+        default=0.0,
+        help="acknowledge LLM calls before their span commits, batching spans for up to this long (0: durable)",
+    )
+    p.set_defaults(handler=serve)
+    k = sub.add_parser("key", help="print the attempt key for a rollout attempt (needs LD_GATEWAY_SECRET)")
+    k.add_argument("--rollout", required=True)
+    k.add_argument("--attempt", required=True)
+    k.set_defaults(handler=key)

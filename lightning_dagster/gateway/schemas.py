@@ -1,0 +1,275 @@
+"""Request validation and OpenAI-shaped responses (JSON and SSE) built from one `Completion`.
+
+Requests are validated strictly (a string where a number belongs is a 422 naming the field); unknown
+fields are allowed, as OpenAI clients send many. Responses carry vLLM's extra fields `prompt_token_ids` and
+per-choice `token_ids`, which the openai client ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from lightning_dagster.gateway.backends import Completion, Sampling
+from lightning_dagster.gateway.errors import GatewayError
+from lightning_dagster.gateway.tokenin import content_text
+
+_STRICT = ConfigDict(extra="allow", strict=True)
+
+
+class Message(BaseModel):
+    model_config = _STRICT
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def plain(self) -> dict[str, Any]:
+        """The message as the template renders it (text content; the client's null fields dropped)."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
+        out["content"] = content_text(self.content) if self.content is not None else None
+        for key in ("name", "tool_calls", "tool_call_id"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+class _Sampled(BaseModel):
+    model_config = _STRICT
+    model: str | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    seed: int | None = None
+    n: int | None = 1
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n is not None and n != 1:
+            raise ValueError("only n=1 is supported (send n requests for n samples)")
+        return n
+
+    def sampling(self, seed: int | None, logprobs: bool, max_tokens: int | None) -> Sampling:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return Sampling(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            max_tokens=max_tokens,
+            stop=stop,
+            seed=self.seed if self.seed is not None else seed,
+            logprobs=logprobs,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class ChatRequest(_Sampled):
+    messages: list[Message] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class CompletionRequest(_Sampled):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool | None = False
+
+    def single_prompt(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], str | list):
+            if len(p) != 1:
+                raise GatewayError(400, "only one prompt per request is supported", param="prompt")
+            p = p[0]
+        if not p:
+            raise GatewayError(400, "the prompt is empty", param="prompt")
+        return p
+
+
+class RewardRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    value: float
+    judge: str = "harness"
+    judge_version: str = "1"
+    uncertainty: float | None = None
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+
+class EventRequest(BaseModel):
+    """Agent Lightning v1.0's `EventCreate`."""
+
+    model_config = ConfigDict(extra="allow")
+    event_type: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+def validate(model: type[BaseModel], raw: bytes) -> Any:
+    """Parse and validate a JSON body; errors name the field (`messages.0.role: ...`)."""
+    return check(model, parse(raw))
+
+
+def parse(raw: bytes) -> dict:
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise GatewayError(400, f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise GatewayError(400, "the body must be a JSON object")
+    return data
+
+
+def check(model: type[BaseModel], data: dict, where: str = "") -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = where + ".".join(str(p) for p in first["loc"]) or "body"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise GatewayError(422, f"{field}: {first['msg']}{more}", param=field) from exc
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _usage(c: Completion) -> dict[str, int]:
+    n_prompt, n_out = len(c.prompt_ids), len(c.response_ids)
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+
+
+def _chat_logprobs(c: Completion) -> dict[str, Any]:
+    texts = c.token_texts or [""] * len(c.response_ids)
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            for t, lp in zip(texts, c.logprobs or [], strict=False)
+        ]
+    }
+
+
+def _completion_logprobs(c: Completion) -> dict[str, Any]:
+    texts = c.token_texts or [""] * len(c.response_ids)
+    offsets, pos = [], 0
+    for t in texts:
+        offsets.append(pos)
+        pos += len(t)
+    return {"tokens": texts, "token_logprobs": c.logprobs or [], "top_logprobs": None, "text_offset": offsets}
+
+
+def assistant_message(c: Completion) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": c.content}
+    if c.tool_calls:
+        message["tool_calls"] = c.tool_calls
+    return message
+
+
+def chat_response(c: Completion, logprobs: bool) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": c.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": assistant_message(c),
+                "logprobs": _chat_logprobs(c) if logprobs else None,
+                "finish_reason": c.finish_reason,
+                "token_ids": c.response_ids,
+            }
+        ],
+        "usage": _usage(c),
+        "prompt_token_ids": c.prompt_ids,
+    }
+
+
+def completion_response(c: Completion, logprobs: bool) -> dict[str, Any]:
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": c.model,
+        "choices": [
+            {
+                "index": 0,
+                "text": c.content or "",
+                "logprobs": _completion_logprobs(c) if logprobs else None,
+                "finish_reason": c.finish_reason,
+                "token_ids": c.response_ids,
+                "prompt_token_ids": c.prompt_ids,
+            }
+        ],
+        "usage": _usage(c),
+    }
+
+
+def sse(response: dict[str, Any], *, include_usage: bool) -> Iterator[bytes]:
+    """A finished response replayed as SSE chunks: content (with its ids and logprobs), tool calls, the
+    finish reason, optional usage, `[DONE]`. Generation completes before the first chunk, so the span a
+    streamed call records is the very one the non-streamed call records."""
+    chat = response["object"] == "chat.completion"
+    choice = response["choices"][0]
+    head = {
+        "id": response["id"],
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": response["created"],
+        "model": response["model"],
+    }
+
+    def chunk(payload: dict[str, Any], **extra: Any) -> bytes:
+        return b"data: " + dumps({**head, "choices": [{"index": 0, **payload}], **extra}) + b"\n\n"
+
+    if chat:
+        message = choice["message"]
+        first = {"delta": {"role": "assistant", "content": message["content"] or ""}, "finish_reason": None}
+        yield chunk(
+            {**first, "logprobs": choice["logprobs"], "token_ids": choice["token_ids"]},
+            prompt_token_ids=response["prompt_token_ids"],
+        )
+        calls = message.get("tool_calls") or []
+        if calls:
+            yield chunk({"delta": {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}})
+        yield chunk({"delta": {}, "finish_reason": choice["finish_reason"]})
+    else:
+        yield chunk(
+            {
+                "text": choice["text"],
+                "logprobs": choice["logprobs"],
+                "finish_reason": None,
+                "token_ids": choice["token_ids"],
+                "prompt_token_ids": choice["prompt_token_ids"],
+            }
+        )
+        yield chunk({"text": "", "finish_reason": choice["finish_reason"]})
+    if include_usage:
+        yield b"data: " + dumps({**head, "choices": [], "usage": response["usage"]}) + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+class KeyRequest(BaseModel):
+    model_config = ConfigDict(strict=True)
+    rollout_id: str = Field(min_length=1)
+    attempt_id: str = Field(min_length=1)

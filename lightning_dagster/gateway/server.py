@@ -1,0 +1,51 @@
+"""Run an ASGI app under uvicorn in a background thread (tests, the CLI, the demo and benchmarks)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import uvicorn
+
+
+class GatewayServer:
+    """`with GatewayServer(app) as server: server.url` -> `http://127.0.0.1:PORT` (port 0 picks a free one)."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning"):
+        self.app = app
+        self.host = host
+        self.port = port
+        self._config = uvicorn.Config(
+            app, host=host, port=port, log_level=log_level, access_log=False, timeout_keep_alive=120
+        )
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> GatewayServer:
+        self._server = uvicorn.Server(self._config)
+        self._thread = threading.Thread(target=self._server.run, name="gateway-uvicorn", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway did not start on {self.host}:{self.port}")
+            time.sleep(0.01)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=30)
+            self._server = self._thread = None
+
+    def __enter__(self) -> GatewayServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,128 @@
+"""Token-in: re-use the exact token ids an attempt already produced when a harness re-sends its history.
+
+Invariant (tested directly): if call k+1's messages begin with call k's messages plus the assistant message
+call k returned, call k+1's prompt ids are `prompt_k + response_k + closing + delta`, where `closing` is the
+end-of-turn the chat template writes after an assistant message (minus the part the model already sampled)
+and `delta` is the suffix that rendering the whole conversation adds after rendering call k's conversation.
+The sampled ids are never decoded and re-encoded, so re-tokenisation drift cannot enter the prompt.
+This relies on the template being prefix-preserving, which is checked on every call (fallback: render fresh).
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# render(messages, tools, add_generation_prompt) -> token ids
+Render = Callable[[list[dict], list[dict] | None, bool], list[int]]
+
+
+def content_text(content: Any) -> str:
+    """OpenAI content is a string, None, or a list of parts; only text parts reach a text-only template."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def _arguments(arguments: Any) -> Any:
+    # A harness may re-serialise arguments (spacing, key order); compare their meaning.
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def normalize_message(message: dict) -> dict:
+    """The part of a message that decides how it renders (the openai client adds None-valued fields)."""
+    out: dict[str, Any] = {"role": message.get("role"), "content": content_text(message.get("content"))}
+    if message.get("name"):
+        out["name"] = message["name"]
+    if message.get("tool_call_id"):
+        out["tool_call_id"] = message["tool_call_id"]
+    calls = message.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [
+            {
+                "name": (c.get("function") or {}).get("name"),
+                "arguments": _arguments((c.get("function") or {}).get("arguments")),
+            }
+            for c in calls
+        ]
+    return out
+
+
+def normalize_messages(messages: Sequence[dict]) -> list[dict]:
+    return [normalize_message(m) for m in messages]
+
+
+@dataclass
+class LastCall:
+    """What an attempt's previous call saw and produced; kept compactly (one int32 array)."""
+
+    messages: list[dict]  # normalised: the request's messages plus the assistant message returned
+    raw_messages: list[dict]  # the same, as rendered (for re-rendering the history)
+    tools: list[dict] | None
+    ids: array  # prompt ids + response ids
+
+    @classmethod
+    def of(
+        cls,
+        messages: list[dict],
+        assistant: dict,
+        tools: list[dict] | None,
+        prompt_ids: Sequence[int],
+        response_ids: Sequence[int],
+    ) -> LastCall:
+        raw = [*messages, assistant]
+        ids = array("i", prompt_ids)
+        ids.extend(response_ids)
+        return cls(normalize_messages(raw), raw, tools, ids)
+
+
+def extends(prompt_ids: Sequence[int], previous: array | None) -> bool:
+    """Whether `prompt_ids` starts with the previous call's prompt + response, token for token."""
+    if previous is None or len(prompt_ids) < len(previous):
+        return False
+    return array("i", prompt_ids[: len(previous)]) == previous
+
+
+def closing_tokens(render: Render) -> list[int]:
+    """The tokens the template writes after an assistant message's content (e.g. `<|im_end|>` + newline)."""
+    probe = [{"role": "user", "content": "x"}]
+    head = render(probe, None, True)
+    turn = render([*probe, {"role": "assistant", "content": ""}], None, False)
+    if turn[: len(head)] != head:
+        raise ValueError("chat template is not prefix-preserving: cannot derive the end-of-turn tokens")
+    return turn[len(head) :]
+
+
+def continue_prompt(
+    render: Render,
+    closing: list[int],
+    previous: LastCall | None,
+    messages: list[dict],
+    tools: list[dict] | None,
+) -> list[int] | None:
+    """Prompt ids built on the previous call's exact ids, or None when the conversation does not continue it."""
+    if previous is None or tools != previous.tools:
+        return None
+    n = len(previous.messages)
+    if len(messages) <= n or normalize_messages(messages[:n]) != previous.messages:
+        return None
+    history = render(previous.raw_messages, tools, False)
+    full = render(messages, tools, True)
+    if full[: len(history)] != history:
+        return None  # the template rewrote earlier turns: no exact continuation exists
+    ids = list(previous.ids)
+    # The model may have sampled the first end-of-turn token itself; append only what it did not.
+    glue = closing[1:] if closing and ids and ids[-1] == closing[0] else closing
+    return ids + glue + full[len(history) :]

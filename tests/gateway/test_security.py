@@ -1,0 +1,187 @@
+"""Attribution, keys, limits and error handling at the HTTP edge; rewards, events and serve mode."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import openai
+import pytest
+
+from lightning_dagster.gateway import attempt_key
+from lightning_dagster.gateway.keys import parse_attempt_key
+from lightning_dagster.types import AttemptState
+from tests.gateway.conftest import ADMIN, SECRET, SERVE
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "seed": 1}
+
+
+def post(gw, path: str, key: str, json=None, content: bytes | None = None) -> httpx.Response:
+    headers = {"content-type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    return httpx.post(gw.url + path, headers=headers, json=json, content=content, timeout=60)
+
+
+def test_attempt_keys_are_signed_and_bound_to_their_ids():
+    key = attempt_key(SECRET, "ro-1", "at-1")
+    assert parse_attempt_key(SECRET, key) == ("ro-1", "at-1")
+    assert parse_attempt_key("other-secret", key) is None
+    forged = key.replace(key.split(".")[2], attempt_key(SECRET, "ro-1", "at-2").split(".")[2])
+    assert parse_attempt_key(SECRET, forged) is None
+
+
+def test_a_key_cannot_write_another_attempts_spans_or_rewards(gateway):
+    rid_a, aid_a, key_a = gateway.attempt()
+    rid_b, aid_b, key_b = gateway.attempt()
+    assert post(gateway, "/v1/chat/completions", key_a, CHAT).status_code == 200
+    refused = [
+        post(gateway, f"/rollouts/{rid_b}/attempts/{aid_b}/v1/chat/completions", key_a, CHAT),
+        post(gateway, f"/rollouts/{rid_b}/attempts/{aid_b}/v1/rewards", key_a, {"value": 1.0}),
+        post(gateway, "/v1/rewards", key_a, {"value": 1.0, "rollout_id": rid_b}),
+        post(
+            gateway,
+            f"/api/rollouts/{rid_b}/attempt/{aid_b}/events",
+            key_a,
+            {"event_type": "reward", "data": {"value": 1}},
+        ),
+        post(gateway, f"/rollouts/{rid_b}/attempts/{aid_b}/v1/chat/completions", SERVE, CHAT),
+    ]
+    assert [r.status_code for r in refused] == [403] * 5
+    assert "another attempt" in refused[0].json()["error"]["message"]
+    assert gateway.spans(aid_b, kind=None) == [] and gateway.store.list_rewards(rollout_ids=[rid_b]) == []
+    # the path form works with the attempt's own key, and with the admin key
+    assert (
+        post(gateway, f"/rollouts/{rid_b}/attempts/{aid_b}/v1/chat/completions", key_b, CHAT).status_code
+        == 200
+    )
+    assert (
+        post(gateway, f"/rollouts/{rid_b}/attempts/{aid_b}/v1/chat/completions", ADMIN, CHAT).status_code
+        == 200
+    )
+    assert len(gateway.spans(aid_b)) == 2 and len(gateway.spans(aid_a)) == 1
+
+
+def test_bad_requests_get_4xx_with_a_message_and_keep_earlier_spans(small_gateway):
+    gw = small_gateway
+    rid, aid, key = gw.attempt()
+    assert post(gw, "/v1/chat/completions", key, CHAT).status_code == 200
+    before = gw.spans(aid)
+    cases = {
+        "malformed": post(gw, "/v1/chat/completions", key, content=b'{"messages": [}'),
+        "not an object": post(gw, "/v1/chat/completions", key, [1, 2]),
+        "wrong type": post(gw, "/v1/chat/completions", key, {**CHAT, "temperature": "hot"}),
+        "bad role": post(
+            gw, "/v1/chat/completions", key, {**CHAT, "messages": [{"role": "robot", "content": "x"}]}
+        ),
+        "n=2": post(gw, "/v1/chat/completions", key, {**CHAT, "n": 2}),
+        "oversized": post(gw, "/v1/chat/completions", key, {**CHAT, "pad": "x" * 5000}),
+        "unknown attempt": post(gw, "/v1/chat/completions", attempt_key(SECRET, rid, "at-nope"), CHAT),
+        "unknown rollout": post(gw, "/rollouts/ro-nope/attempts/at-nope/v1/chat/completions", ADMIN, CHAT),
+        "no key": post(gw, "/v1/chat/completions", "", CHAT),
+        "bad key": post(gw, "/v1/chat/completions", "ld1.x.y.z", CHAT),
+        "reward not a number": post(gw, "/v1/rewards", key, {"value": "high"}),
+        "admin route": httpx.get(gw.url + "/admin/stats", headers={"Authorization": f"Bearer {key}"}),
+    }
+    codes = {name: r.status_code for name, r in cases.items()}
+    assert codes == {
+        "malformed": 400,
+        "not an object": 400,
+        "wrong type": 422,
+        "bad role": 422,
+        "n=2": 422,
+        "oversized": 413,
+        "unknown attempt": 404,
+        "unknown rollout": 404,
+        "no key": 401,
+        "bad key": 401,
+        "reward not a number": 422,
+        "admin route": 403,
+    }
+    messages = {name: r.json()["error"]["message"] for name, r in cases.items()}
+    assert messages["wrong type"].startswith("temperature:")
+    assert messages["bad role"].startswith("messages.0.role:")
+    assert messages["n=2"].startswith("n:") and "n=1" in messages["n=2"]
+    assert messages["reward not a number"].startswith("value:")
+    assert "2048" in messages["oversized"]
+    assert gw.spans(aid) == before
+    assert post(gw, "/v1/chat/completions", key, CHAT).status_code == 200  # still serving
+    assert gw.spans(aid)[0] == before[0] and len(gw.spans(aid)) == 2
+
+
+def test_an_attempt_that_is_not_running_is_refused_with_409(gateway):
+    _, aid, key = gateway.attempt()
+    client = gateway.client(key)
+    client.chat.completions.create(**CHAT)
+    gateway.store.transition_attempt(aid, AttemptState.succeeded, reason_code="ok")
+    with pytest.raises(openai.ConflictError, match="not running"):
+        client.chat.completions.create(**CHAT)
+    assert len(gateway.spans(aid)) == 1
+
+
+def test_rewards_and_agent_lightning_events_land_with_their_attempt(gateway):
+    rid, aid, key = gateway.attempt()
+    assert post(gateway, "/v1/rewards", key, {"value": 0.5, "judge": "exact"}).status_code == 200
+    event = {"event_type": "reward", "data": {"value": 1.0, "source": "agent"}}
+    assert post(gateway, "/v1/events", key, event).status_code == 200
+    assert post(gateway, f"/api/rollouts/{rid}/attempt/{aid}/events", key, event).status_code == 200
+    assert (
+        post(gateway, "/v1/events", key, {"event_type": "tool_call", "data": {"name": "calc"}}).status_code
+        == 200
+    )
+    assert post(gateway, "/v1/events", key, {"event_type": "reward", "data": {}}).status_code == 422
+    rewards = gateway.store.list_rewards(rollout_ids=[rid])
+    assert [(r.value, r.judge, r.attempt_id) for r in rewards] == [
+        (0.5, "exact", aid),
+        (1.0, "harness", aid),
+        (1.0, "harness", aid),
+    ]
+    spans = gateway.spans(aid, kind=None)
+    assert [s.kind.value for s in spans] == ["reward", "reward", "reward", "custom"]
+    assert spans[1].attributes["source"] == "agent" and spans[3].name == "tool_call"
+    assert [s.sequence for s in spans] == [0, 1, 2, 3]
+
+
+def test_serve_key_creates_a_serve_rollout_per_session_and_takes_late_rewards(gateway):
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=SERVE, max_retries=0)
+    headers = {"X-Session-Id": "session-1"}
+    r1 = client.chat.completions.with_raw_response.create(**CHAT, extra_headers=headers)
+    r2 = client.chat.completions.with_raw_response.create(**CHAT, extra_headers=headers)
+    r3 = client.chat.completions.with_raw_response.create(
+        **{**CHAT, "messages": [{"role": "user", "content": "other"}]}
+    )
+    rid = r1.headers["x-ld-rollout-id"]
+    assert r2.headers["x-ld-rollout-id"] == rid != r3.headers["x-ld-rollout-id"]
+    rollout = gateway.store.get_rollout(rid)
+    assert rollout.kind.value == "serve"
+    assert len(gateway.store.list_spans(rollout_id=rid, kind="llm")) == 2
+    assert post(gateway, "/v1/rewards", SERVE, {"rollout_id": rid, "value": 0.25}).status_code == 200
+    assert [r.value for r in gateway.store.list_rewards(rollout_ids=[rid])] == [0.25]
+    # a serve key cannot reward a training rollout
+    train_rid, _, _ = gateway.attempt()
+    assert post(gateway, "/v1/rewards", SERVE, {"rollout_id": train_rid, "value": 1}).status_code == 403
+
+
+def test_keys_never_appear_in_logs(gateway, caplog):
+    caplog.set_level(logging.DEBUG)
+    _, aid, key = gateway.attempt()
+    post(gateway, "/v1/chat/completions", key, CHAT)
+    post(gateway, "/v1/chat/completions", key, {**CHAT, "temperature": "x"})
+    post(gateway, "/v1/chat/completions", key + "tampered", CHAT)
+    post(gateway, "/v1/chat/completions", SERVE + "x", CHAT)
+    httpx.get(gateway.url + "/admin/stats", headers={"Authorization": f"Bearer {ADMIN}x"})
+    assert "invalid API key" in caplog.text  # the rejections were logged ...
+    for secret in (key, SERVE, ADMIN, SECRET, key.split(".")[-1]):
+        assert secret not in caplog.text  # ... without the keys
+
+
+def test_admin_routes_need_the_admin_key(gateway):
+    _, aid, key = gateway.attempt()
+    post(gateway, "/v1/chat/completions", key, CHAT)
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    assert httpx.get(gateway.url + "/admin/health", headers=auth).json()["status"] == "ok"
+    spans = httpx.get(f"{gateway.url}/admin/attempts/{aid}/spans", headers=auth).json()
+    assert len(spans) == 1 and spans[0]["attempt_id"] == aid
+    minted = post(gateway, "/admin/keys", ADMIN, {"rollout_id": "ro-x", "attempt_id": "at-y"}).json()["key"]
+    assert parse_attempt_key(SECRET, minted) == ("ro-x", "at-y")
+    assert httpx.get(gateway.url + "/admin/health").status_code == 401
+    models = gateway.client(key).models.list()
+    assert [m.id for m in models.data] == ["res-base"]
