@@ -172,6 +172,16 @@ class Span(BaseModel):
     resource_id: str | None = None
 
 
+def span_family(kind: str, name: str, attributes: dict[str, Any] | None = None) -> str:
+    """The family a span counts toward for coverage: its `family` attribute if set, else its name for custom
+    spans (e.g. the runner's `effect`), else its kind (`llm`, `tool`, `reward`). The one definition the
+    runner's summary, the pipeline and the gate's coverage check share."""
+    family = (attributes or {}).get("family")
+    if family:
+        return str(family)
+    return name if kind == SpanKind.custom.value else kind
+
+
 class Reward(BaseModel):
     rollout_id: str
     attempt_id: str | None = None

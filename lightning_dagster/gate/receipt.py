@@ -35,6 +35,7 @@ from lightning_dagster.types import (
     RolloutStatus,
     Span,
 )
+from lightning_dagster.types import span_family as _span_family
 
 RECEIPT_SCHEMA_VERSION = 1
 
@@ -376,9 +377,8 @@ def from_plan(
 
 
 def span_family(span: Span) -> str:
-    """The family a span counts toward: its `family` attribute if set, else its kind (llm, tool, reward)."""
-    family = span.attributes.get("family")
-    return str(family) if family else span.kind.value
+    """The family a span counts toward (see `lightning_dagster.types.span_family`)."""
+    return _span_family(span.kind.value, span.name, span.attributes)
 
 
 def rollout_evidence(

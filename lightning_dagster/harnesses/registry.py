@@ -15,6 +15,7 @@ from lightning_dagster.harnesses.ledger import agent as ledger_agent
 from lightning_dagster.harnesses.ledger import environment as ledger_env
 from lightning_dagster.harnesses.ledger import tasks as ledger_tasks
 from lightning_dagster.harnesses.splits import SPLITS
+from lightning_dagster.types import span_family  # noqa: F401  (re-exported: harness specs name families)
 
 
 class UnknownHarness(KeyError):
@@ -44,15 +45,6 @@ class HarnessSpec:
 
     def command(self) -> list[str]:
         return list(self.argv) if self.argv else [sys.executable, "-m", self.module]
-
-
-def span_family(kind: str, name: str, attributes: dict[str, Any] | None = None) -> str:
-    """A span's family: its `family` attribute if set (as `gate.receipt.span_family` reads it), else its
-    name for custom spans (e.g. `effect`), else its kind (`llm`, `tool`, `reward`)."""
-    family = (attributes or {}).get("family")
-    if family:
-        return str(family)
-    return name if kind == "custom" else kind
 
 
 _HARNESSES: dict[str, HarnessSpec] = {
