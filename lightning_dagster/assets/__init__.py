@@ -1,0 +1,163 @@
+"""The snapshot-partitioned asset graph: one partition per data snapshot, one thin call per asset.
+
+Every asset body is wiring: it calls one function of `lightning_dagster.pipeline.stages` (which calls the
+store, runner, trainer, gate and registry) and turns its result into metadata. Big artifacts (checkpoints,
+transition files) are written by the stage and referenced by URI, never pickled through an IO manager.
+"""
+
+import dagster as dg
+
+from lightning_dagster.assets.metadata import materialized
+from lightning_dagster.partitions import snapshots
+from lightning_dagster.pipeline import stages
+from lightning_dagster.pipeline.versions import code_version
+from lightning_dagster.resources import PipelineResource
+
+TRAINER_POOL = "trainer"
+
+
+@dg.asset(
+    partitions_def=snapshots,
+    group_name="snapshot",
+    kinds={"python"},
+    code_version=code_version("harnesses"),
+)
+def tasks(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+    """The snapshot's train / holdout / protected / canary task sets, frozen by content hash."""
+    return materialized(stages.tasks(pipeline, context.partition_key))
+
+
+@dg.asset(
+    partitions_def=snapshots,
+    deps=[tasks],
+    group_name="snapshot",
+    kinds={"python"},
+    code_version=code_version("gate"),
+)
+def update_plan(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+    """Receipt phase 1: candidate id, exact parent, snapshots, evaluator, algorithm, scope, approvers, expected
+    span families and retry budget, frozen before any rollout runs."""
+    return materialized(stages.update_plan(pipeline, context.partition_key))
+
+
+@dg.asset(
+    partitions_def=snapshots,
+    deps=[update_plan],
+    group_name="rollouts",
+    kinds={"openai"},
+    code_version=code_version("runner", "gateway"),
+)
+def rollouts(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+    """The harness run on every train task x group size through the gateway serving the exact parent; every
+    attempt kept with its ending and reason."""
+    return materialized(stages.rollouts(pipeline, context.partition_key))
+
+
+@dg.asset(
+    partitions_def=snapshots,
+    deps=[rollouts],
+    group_name="rollouts",
+    kinds={"sqlalchemy"},
+    code_version=code_version("gate"),
+)
+def spans(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+    """LLM, tool and reward spans of the snapshot's rollouts, with coverage against the expected families."""
+    return materialized(stages.spans(pipeline, context.partition_key))
+
+
+@dg.asset(
+    partitions_def=snapshots,
+    deps=[spans],
+    group_name="training",
+    kinds={"pytorch"},
+    code_version=code_version("training"),
+)
+def training_transitions(
+    context: dg.AssetExecutionContext, pipeline: PipelineResource
+) -> dg.MaterializeResult:
+    """Merged token rows with loss masks, behaviour logprobs and rollout-level advantages, stored as a file."""
+    return materialized(stages.training_transitions(pipeline, context.partition_key))
+
+
+@dg.asset(
+    partitions_def=snapshots,
+    deps=[training_transitions],
+    group_name="training",
+    kinds={"pytorch", "mlflow"},
+    code_version=code_version("training", "registry"),
+    pool=TRAINER_POOL,
+)
+def candidate_resource(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+    """The parent updated by the trainer: checkpoint, MLflow model version with lineage, `latest-candidate`."""
+    return materialized(stages.candidate_resource(pipeline, context.partition_key, run_id=context.run_id))
+
+
+@dg.asset(
+    partitions_def=snapshots,
+    deps=[candidate_resource],
+    group_name="evaluation",
+    kinds={"pytorch"},
+    code_version=code_version("gate", "runner"),
+)
+def holdout_evaluation(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+    """Candidate against its exact parent on the closed held-out set and the protected cases, same seeds."""
+    return materialized(stages.holdout_evaluation(pipeline, context.partition_key))
+
+
+@dg.asset(
+    partitions_def=snapshots,
+    deps=[holdout_evaluation],
+    group_name="evaluation",
+    kinds={"openai"},
+    code_version=code_version("gate", "runner"),
+)
+def canary_results(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+    """The bounded canary under its limits, each outcome verified at its destination."""
+    return materialized(stages.canary_results(pipeline, context.partition_key))
+
+
+@dg.asset(
+    partitions_def=snapshots,
+    deps=[canary_results],
+    group_name="evaluation",
+    kinds={"mlflow"},
+    code_version=code_version("registry"),
+)
+def rollback_drill(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+    """The exact parent loaded and served in a separate gateway, routing returned to it, its bytes verified."""
+    return materialized(stages.rollback_drill(pipeline, context.partition_key))
+
+
+@dg.asset(
+    partitions_def=snapshots,
+    deps=[
+        update_plan,
+        rollouts,
+        spans,
+        candidate_resource,
+        holdout_evaluation,
+        canary_results,
+        rollback_drill,
+    ],
+    group_name="release",
+    kinds={"mlflow"},
+    code_version=code_version("gate"),
+)
+def release_receipt(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+    """Receipt phases 2 and 3 and the verdict under the versioned policy. Re-judges all seven checks itself,
+    so a run that selects only this asset bypasses nothing."""
+    return materialized(stages.release_receipt(pipeline, context.partition_key, run_id=context.run_id))
+
+
+snapshot_assets = [
+    tasks,
+    update_plan,
+    rollouts,
+    spans,
+    training_transitions,
+    candidate_resource,
+    holdout_evaluation,
+    canary_results,
+    rollback_drill,
+    release_receipt,
+]

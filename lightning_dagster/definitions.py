@@ -1,0 +1,29 @@
+"""The code location: `dagster dev -w workspace.yaml` loads `defs` from this module."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from lightning_dagster.assets import snapshot_assets
+from lightning_dagster.assets.checks import GATE_CHECKS
+from lightning_dagster.jobs import approve, continual_learning, promote, rollback
+from lightning_dagster.resources import default_pipeline
+from lightning_dagster.sensors import continual_learning_sensor, nightly_snapshot, stale_evidence_sensor
+
+
+def build_definitions(
+    *, deferred: bool = True, **resource_overrides: dg.ConfigurableResource
+) -> dg.Definitions:
+    """The whole code location; tests pass smaller settings (`training=TrainingResource(steps=1)`).
+    `deferred=False` reads environment variables now (for runs launched from Python, not from the UI)."""
+    return dg.Definitions(
+        assets=snapshot_assets,
+        asset_checks=GATE_CHECKS,
+        jobs=[continual_learning, approve, promote, rollback],
+        sensors=[continual_learning_sensor, stale_evidence_sensor],
+        schedules=[nightly_snapshot],
+        resources={"pipeline": default_pipeline(deferred=deferred, **resource_overrides)},
+    )
+
+
+defs = build_definitions()

@@ -1,0 +1,202 @@
+"""`lightning-dagster demo`: the whole pipeline once on the embedded default, through real Dagster runs.
+
+Dagster's default local instance (SQLite, under `$DAGSTER_HOME`, default `<home>/dagster_home`), the SQLite
+store, a SQLite MLflow tracking store and the embedded engine: bootstrap the first parent as
+`approved-default`, cut a snapshot, plan, approve the canary step, materialize the rest of the graph, print
+the receipt's verdict and the commands that open the Dagster and MLflow UIs on the same state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# The demo prints its own summary; Dagster's per-event console log would drown it.
+QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+DEMO_ACTORS = {"release-owner": "demo-release-owner", "default-approver": "demo-default-approver"}
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default: the demo's setting)")
+    parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run, not a learning one")
+    parser.set_defaults(handler=run)
+
+
+def prepare_environment() -> dict[str, str]:
+    """Point Dagster at a local instance in the demo home and give the demo a roles file, unless the user
+    set them. The roles file sits outside the learner's write surface (models, MLflow artifacts)."""
+    from lightning_dagster import config
+
+    home = config.home()
+    os.environ.setdefault("DAGSTER_HOME", str(home / "dagster_home"))
+    dagster_home = Path(os.environ["DAGSTER_HOME"])
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    if not (dagster_home / "dagster.yaml").exists():
+        # Dagster's default local SQLite storage; only telemetry (a network call) is turned off.
+        (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    if not os.environ.get("LD_ROLES_FILE"):
+        roles = home / "roles.yaml"
+        if not roles.exists():
+            lines = [f"  {actor}: [{role}]" for role, actor in DEMO_ACTORS.items()]
+            roles.write_text(
+                "# Who may approve what in the demo (outside models/ and mlartifacts/).\nactors:\n"
+                + "\n".join(lines)
+                + "\n"
+            )
+        os.environ["LD_ROLES_FILE"] = str(roles)
+    return {
+        "LIGHTNING_DAGSTER_HOME": str(home),
+        "DAGSTER_HOME": os.environ["DAGSTER_HOME"],
+        "LD_ROLES_FILE": os.environ["LD_ROLES_FILE"],
+    }
+
+
+def demo_training(steps: int | None, quick: bool):
+    from lightning_dagster.resources import TrainingResource
+
+    if quick:
+        return TrainingResource(
+            steps=steps or 2,
+            tasks_per_step=4,
+            group_size=4,
+            holdout_tasks=8,
+            protected_tasks=4,
+            canary_tasks=2,
+            warm_start_max_steps=4,
+            warm_start_probe_tasks=8,
+            warm_start_demos=64,
+        )
+    # 16 tasks x group 16 per step, lr 1e-4 (FIELD_NOTES); 128 held-out tasks clear the policy's min_n.
+    return TrainingResource(
+        steps=steps or 16,
+        tasks_per_step=16,
+        group_size=16,
+        holdout_tasks=128,
+        protected_tasks=32,
+        canary_tasks=8,
+    )
+
+
+def run_snapshot(defs: Any, instance: Any, key: str, *, approver: tuple[str, str] | None) -> list[Any]:
+    """Plan, optionally approve the canary step, then materialize the rest of the snapshot's graph, each as a
+    run of the `continual_learning` / `approve` jobs on `instance`. Returns the run results."""
+    job = defs.get_job_def("continual_learning")
+    planned = ["tasks", "update_plan"]
+    results = [_run(job, instance, key, planned)]
+    if approver is not None:
+        actor, role = approver
+        results.append(
+            defs.get_job_def("approve").execute_in_process(
+                instance=instance,
+                run_config={
+                    **QUIET,
+                    "ops": {
+                        "approve_receipt": {"config": {"snapshot_key": key, "actor": actor, "role": role}}
+                    },
+                },
+            )
+        )
+    rest = [a.key.to_user_string() for a in _assets() if a.key.to_user_string() not in planned]
+    results.append(_run(job, instance, key, rest))
+    if not any(m.asset_key.to_user_string() == "release_receipt" for m in _materializations(results[-1])):
+        # A blocking check stopped the graph: the receipt alone still judges all seven checks itself and
+        # names every one that did not pass (selecting it alone is no bypass).
+        results.append(_run(job, instance, key, ["release_receipt"]))
+    return results
+
+
+def _materializations(result: Any) -> list[Any]:
+    return [e.materialization for e in result.get_asset_materialization_events()]
+
+
+def _assets() -> list[Any]:
+    from lightning_dagster.assets import snapshot_assets
+
+    return snapshot_assets
+
+
+def _run(job: Any, instance: Any, key: str, selection: list[str]) -> Any:
+    import dagster as dg
+
+    return job.execute_in_process(
+        instance=instance,
+        partition_key=key,
+        asset_selection=[dg.AssetKey(name) for name in selection],
+        raise_on_error=False,
+        run_config=QUIET,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    env = prepare_environment()
+    import dagster as dg
+
+    from lightning_dagster import config
+    from lightning_dagster.definitions import build_definitions
+    from lightning_dagster.partitions import snapshots
+    from lightning_dagster.pipeline import context as ctx
+    from lightning_dagster.pipeline.bootstrap import bootstrap_parent
+    from lightning_dagster.pipeline.triggers import Watermark, cut_snapshot, new_evidence
+
+    training = demo_training(args.steps, args.quick)
+    defs = build_definitions(deferred=False, training=training)
+    pipeline = defs.resources["pipeline"]
+    print(f"lightning-dagster demo: home {env['LIGHTNING_DAGSTER_HOME']}", flush=True)
+    boot = bootstrap_parent(pipeline).metadata
+    print(f"parent: approved-default = version {boot['approved_default']} {_fmt(boot)}", flush=True)
+    instance = dg.DagsterInstance.get()
+    key = cut_snapshot(pipeline, new_evidence(pipeline, Watermark(), force=True), dt.datetime.now(dt.UTC))
+    instance.add_dynamic_partitions(snapshots.name, [key])
+    print(f"snapshot: {key}", flush=True)
+    results = run_snapshot(defs, instance, key, approver=(DEMO_ACTORS["release-owner"], "release-owner"))
+    for r in results:
+        failed = [e.step_key for e in r.all_events if e.is_step_failure]
+        print(
+            f"run {r.run_id[:8]} ({r.job_def.name}): {'success' if r.success else 'stopped at ' + ', '.join(failed)}"
+        )
+    receipt = ctx.find_receipt(pipeline.get_store(), key)
+    verdict = receipt.gate.verdict if receipt is not None and receipt.gate is not None else None
+    if verdict is None:
+        print(
+            "verdict: none -- a blocking check stopped the graph before release_receipt (see the failed check)"
+        )
+    else:
+        print(f"verdict: {verdict}  (receipt {receipt.receipt_id})")
+        failed = sorted(
+            {*receipt.gate.failed_checks, *receipt.gate.unavailable_checks, *receipt.gate.stale_checks}
+        )
+        if failed:
+            print(f"  checks not passed: {failed}")
+    print(f"seconds: {time.perf_counter() - started:.0f}")
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    print("\nwhere to look next:")
+    print(f"  Dagster UI:  {exports} dagster dev -m lightning_dagster.definitions -h 127.0.0.1 -p 3000")
+    print(
+        f"  MLflow UI:   mlflow ui --backend-store-uri {shlex.quote(config.mlflow_tracking_uri())} "
+        f"--default-artifact-root {shlex.quote(str(config.mlflow_artifact_root()))} -h 127.0.0.1 -p 5000"
+    )
+    if verdict == "PROMOTE TO BOUNDED CANARY":
+        print(
+            "  promote:     launch job `promote` in the UI with run config "
+            f"{{ops: {{promote_candidate: {{config: {{receipt_id: {receipt.receipt_id}, actor: {DEMO_ACTORS['default-approver']}}}}}}}}}"
+        )
+    return 0 if verdict is not None else 1
+
+
+def _fmt(meta: dict) -> str:
+    if not meta.get("bootstrapped"):
+        return "(existing)"
+    return f"(warm start: {meta['warm_start_steps']} steps, probe success {meta['probe_success']:.2f}, {meta['seconds']} s)"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="lightning-dagster demo")
+    register(parser)
+    sys.exit(run(parser.parse_args()))

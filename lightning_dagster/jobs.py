@@ -1,0 +1,85 @@
+"""Jobs: the whole graph for one snapshot, and the three pointer operations an authorized actor runs."""
+
+import dagster as dg
+
+from lightning_dagster.assets import snapshot_assets
+from lightning_dagster.assets.metadata import to_metadata
+from lightning_dagster.partitions import snapshots
+from lightning_dagster.pipeline import stages
+from lightning_dagster.resources import PipelineResource
+
+continual_learning = dg.define_asset_job(
+    name="continual_learning",
+    selection=dg.AssetSelection.assets(*snapshot_assets),
+    partitions_def=snapshots,
+    description="Every asset of one snapshot: plan, rollouts, training, evaluation, canary, rollback drill, receipt.",
+    # One training per run; the `trainer` pool (dagster.yaml) keeps two runs from training at once.
+    tags={"dagster/max_runtime": "3600"},
+)
+
+
+class ApproveConfig(dg.Config):
+    """Approve the update step of one snapshot's receipt (a new receipt version; the receipt stays immutable)."""
+
+    snapshot_key: str
+    actor: str
+    role: str = "release-owner"  # the canary approver role the default policy requires
+
+
+class PromoteConfig(dg.Config):
+    """Move `approved-default` to the candidate of a passing, fresh receipt."""
+
+    receipt_id: str
+    actor: str
+
+
+class RollbackConfig(dg.Config):
+    """Move `approved-default` back to an exact earlier version from the pointer history."""
+
+    target_version: str
+    actor: str
+
+
+@dg.op(description="Record an authorized approval on the snapshot's receipt.")
+def approve_receipt(config: ApproveConfig, pipeline: PipelineResource) -> dg.Output:
+    return dg.Output(
+        None,
+        metadata=to_metadata(
+            stages.approve(pipeline, config.snapshot_key, config.actor, config.role).metadata
+        ),
+    )
+
+
+@dg.op(description="Promote by compare-and-set; refuses a HOLD or stale receipt and an unauthorized actor.")
+def promote_candidate(config: PromoteConfig, pipeline: PipelineResource) -> dg.Output:
+    return dg.Output(
+        None, metadata=to_metadata(stages.promote(pipeline, config.receipt_id, config.actor).metadata)
+    )
+
+
+@dg.op(description="Roll `approved-default` back to an exact earlier version after verifying its bytes.")
+def rollback_default(config: RollbackConfig, pipeline: PipelineResource) -> dg.Output:
+    return dg.Output(
+        None, metadata=to_metadata(stages.rollback(pipeline, config.target_version, config.actor).metadata)
+    )
+
+
+@dg.job(
+    description="An authorized actor approves one snapshot's update step (run config: snapshot_key, actor, role)."
+)
+def approve() -> None:
+    approve_receipt()
+
+
+@dg.job(
+    description="Move approved-default to a passing, fresh receipt's candidate (run config: receipt_id, actor)."
+)
+def promote() -> None:
+    promote_candidate()
+
+
+@dg.job(
+    description="Move approved-default back to an exact earlier version (run config: target_version, actor)."
+)
+def rollback() -> None:
+    rollback_default()

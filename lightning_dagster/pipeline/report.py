@@ -1,0 +1,39 @@
+"""Markdown tables and links the asset metadata shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_dagster.pipeline.results import Link
+
+
+def family_table(splits: dict[str, list[dict]]) -> str:
+    families = sorted({t.get("family", "?") for items in splits.values() for t in items})
+    header = "| family | " + " | ".join(splits) + " |\n|---|" + "---|" * len(splits) + "\n"
+    rows = [
+        f"| {f} | "
+        + " | ".join(str(sum(1 for t in items if t.get("family", "?") == f)) for items in splits.values())
+        + " |"
+        for f in families
+    ]
+    return header + "\n".join(rows)
+
+
+def markdown_checks(evaluation: Any) -> str:
+    lines = [f"**{evaluation.verdict}**", "", "| # | check | status | reason |", "|---|---|---|---|"]
+    for c in evaluation.checks:
+        status = c.status + (" (void)" if c.void else "")
+        reason = (c.reason + ("; void: " + "; ".join(c.void) if c.void else "")).replace("|", "/")
+        lines.append(f"| {c.id} | {c.name} | {status} | {reason} |")
+    return "\n".join(lines)
+
+
+def mlflow_links(p: Any, reg: Any, run_id: str, version: str) -> dict[str, Any]:
+    """Links into the MLflow UI when its URL is configured; the ids otherwise."""
+    out: dict[str, Any] = {"mlflow_run_id": run_id, "mlflow_model_version": version}
+    ui = p.mlflow.ui_url.rstrip("/")
+    if ui:
+        experiment = reg.client.get_run(run_id).info.experiment_id
+        out["mlflow_run"] = Link(f"{ui}/#/experiments/{experiment}/runs/{run_id}")
+        out["mlflow_model"] = Link(f"{ui}/#/models/{p.mlflow.model_name}/versions/{version}")
+    return out

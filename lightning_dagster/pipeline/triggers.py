@@ -1,0 +1,170 @@
+"""What the sensors and the schedule decide, without Dagster: new evidence, stop conditions, stale receipts.
+
+The continual-learning cursor is a small watermark (the newest serve rollout consumed and the task pool's
+fingerprint), never the set of everything seen.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lightning_dagster.partitions import snapshot_key
+from lightning_dagster.pipeline import context as ctx
+from lightning_dagster.pipeline.snapshots import build_manifest, save_manifest
+
+PAUSE_FLAG = "continual_learning"
+
+
+@dataclass
+class Watermark:
+    serve_after: float = 0.0  # created_at of the newest serve rollout already in a snapshot
+    pool: str | None = None  # fingerprint of the task pool the last snapshot drew from
+
+    @classmethod
+    def from_cursor(cls, cursor: str | None) -> Watermark:
+        if not cursor:
+            return cls()
+        data = json.loads(cursor)
+        return cls(serve_after=float(data.get("serve_after", 0.0)), pool=data.get("pool"))
+
+    def to_cursor(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+@dataclass
+class NewEvidence:
+    enough: bool
+    summary: str
+    watermark: Watermark
+    serve_rollout_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Stop:
+    pause: bool
+    reason: str
+    receipt_id: str | None = None
+
+
+def new_evidence(p: Any, watermark: Watermark, *, force: bool = False) -> NewEvidence:
+    """Enough finished, rewarded serve rollouts since the watermark, or a changed task pool (or `force`)."""
+    from lightning_dagster.types import RolloutKind, RolloutStatus
+
+    store = p.get_store()
+    fresh = store.query_rollouts(
+        kind=RolloutKind.serve, status=RolloutStatus.succeeded, created_after=watermark.serve_after
+    )
+    rewarded = (
+        {r.rollout_id for r in store.list_rewards(rollout_ids=[r.rollout_id for r in fresh])}
+        if fresh
+        else set()
+    )
+    serve = [r for r in fresh if r.rollout_id in rewarded]
+    pool = ctx.global_fingerprints_pool(p)
+    need = p.training.min_serve_rollouts
+    pool_changed = watermark.pool != pool
+    enough = force or pool_changed or len(serve) >= need
+    summary = f"{len(serve)} of {need} new rewarded serve rollouts; task pool {'changed' if pool_changed else 'unchanged'}"
+    after = max((r.created_at for r in serve), default=watermark.serve_after)
+    return NewEvidence(
+        enough=enough,
+        summary=summary,
+        watermark=Watermark(serve_after=after, pool=pool) if enough else watermark,
+        serve_rollout_ids=[r.rollout_id for r in serve],
+    )
+
+
+def cut_snapshot(p: Any, evidence: NewEvidence, now: dt.datetime) -> str:
+    """Freeze the snapshot's tasks in the store and return its content-hashed partition key."""
+    seed = int(now.timestamp()) % 1_000_000
+    manifest = build_manifest(p, train_seed=seed, serve_rollout_ids=evidence.serve_rollout_ids)
+    key = snapshot_key(manifest["content_hash"].split(":")[-1], now)
+    save_manifest(p, key, manifest)
+    return key
+
+
+def _gated(store: Any, keys: list[str]) -> list[Any]:
+    """Receipts of the given snapshots that the gate has judged, oldest first."""
+    out = []
+    for key in keys:
+        receipt = ctx.find_receipt(store, key)
+        if receipt is not None and receipt.gate is not None:
+            out.append((key, receipt))
+    return out
+
+
+def stop_decision(p: Any, keys: list[str]) -> Stop:
+    """Pause on the gate's stop conditions for the latest judged receipt, or when the parent is unavailable;
+    the decision and its reason are kept in the store (flag `continual_learning`)."""
+    from lightning_dagster.gate.stop import stop_decision as gate_stop
+    from lightning_dagster.registry.core import APPROVED
+    from lightning_dagster.registry.errors import RegistryError
+
+    store = p.get_store()
+    reasons: list[str] = []
+    receipt_id = None
+    try:
+        ctx.registry(p).resolve(APPROVED, download=False)
+    except RegistryError as exc:
+        reasons.append(f"parent unavailable: {exc}")
+    gated = _gated(store, keys[-20:])
+    if gated:
+        latest, previous = gated[-1][1], (gated[-2][1] if len(gated) > 1 else None)
+        receipt_id = latest.receipt_id
+        reasons.extend(gate_stop(latest, ctx.policy(p), previous).reasons)
+    stop = Stop(
+        pause=bool(reasons), reason="; ".join(reasons) or "no stop condition holds", receipt_id=receipt_id
+    )
+    store.set_flag(
+        PAUSE_FLAG,
+        {
+            "state": "paused" if stop.pause else "running",
+            "reason": stop.reason,
+            "receipt_id": receipt_id,
+            "at": time.time(),
+        },
+    )
+    return stop
+
+
+@dataclass
+class StaleMark:
+    snapshot_key: str
+    receipt_id: str
+    void_checks: dict[int, list[str]]
+    changed: list[str]
+
+
+def stale_receipts(p: Any, keys: list[str], cursor: str | None) -> tuple[str, list[StaleMark]]:
+    """Receipts whose evidence a changed evaluator, tool contract, task distribution or parent voids.
+
+    Each receipt is marked once (flag `stale/<receipt_id>`); the cursor is the hash of the fingerprints
+    and snapshot count last examined, so an unchanged world costs one hash per tick."""
+    from lightning_dagster.gate.hashing import content_hash
+    from lightning_dagster.gate.staleness import void_checks
+    from lightning_dagster.pipeline.stages import current_fingerprints
+
+    store, pol = p.get_store(), ctx.policy(p)
+    marks: list[StaleMark] = []
+    gated = _gated(store, keys[-200:])
+    world = {"n": len(keys)}
+    for key, receipt in gated:
+        current = current_fingerprints(p, key, receipt)
+        world[receipt.receipt_id] = current
+        if store.get_flag(f"stale/{receipt.receipt_id}") is not None:
+            continue
+        void = void_checks(receipt.fingerprints, current, required=pol.staleness.required_fingerprints)
+        if void:
+            changed = sorted({reason.split(" ", 1)[0] for reasons in void.values() for reason in reasons})
+            store.set_flag(
+                f"stale/{receipt.receipt_id}",
+                {"void_checks": {str(k): v for k, v in void.items()}, "at": time.time()},
+            )
+            marks.append(
+                StaleMark(receipt.receipt_id.removeprefix("rcpt-"), receipt.receipt_id, void, changed)
+            )
+    return content_hash(world), marks

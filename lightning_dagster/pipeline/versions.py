@@ -1,0 +1,25 @@
+"""Code versions for the lineage view: a hash of the source of the core packages an asset calls.
+
+Computed from the files on disk without importing them, so loading the definitions stays cheap; changing the
+trainer's code then marks `candidate_resource` (and what follows) as needing a re-run in the UI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cache
+from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+@cache
+def code_version(*packages: str) -> str:
+    digest = hashlib.sha256()
+    for package in sorted(packages):
+        root = PACKAGE_ROOT / package
+        files = sorted(root.rglob("*.py")) if root.is_dir() else []
+        for path in files:
+            digest.update(str(path.relative_to(PACKAGE_ROOT)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]

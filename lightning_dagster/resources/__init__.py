@@ -1,0 +1,153 @@
+"""Dagster resources: small typed settings, each readable from an environment variable, with working defaults.
+
+Every field left at its default falls back to the embedded default of `lightning_dagster.config` (which reads
+`LD_STORE_URL`, `MLFLOW_TRACKING_URI`, ...), so `dagster dev -w workspace.yaml` works with no setup. The
+resources only hold settings and hand out core objects; they contain no pipeline logic.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from lightning_dagster import config
+
+
+def _env_or(name: str, default: str, *, deferred: bool = True) -> dg.EnvVar | str:
+    """`dg.EnvVar(name)` when the variable is set (the UI then shows where the value came from), else the
+    default. `deferred=False` reads the value now, for code that uses the resources outside a Dagster run
+    (the demo, the benchmark), where an `EnvVar` is never resolved."""
+    if not os.environ.get(name):
+        return default
+    return dg.EnvVar(name) if deferred else os.environ[name]
+
+
+class StoreResource(dg.ConfigurableResource):
+    """The durable store (rollouts, attempts, spans, receipts, pointers). Empty url: `$LD_STORE_URL` or SQLite."""
+
+    url: str = ""
+    _store: object = PrivateAttr(default=None)
+
+    def resolved_url(self) -> str:
+        return self.url or config.store_url()
+
+    def get(self):
+        # One Store (one SQLAlchemy engine) per process: each asset op re-uses the connection pool.
+        if self._store is None:
+            from lightning_dagster.store import Store
+
+            self._store = Store(self.resolved_url())
+        return self._store
+
+
+class MLflowResource(dg.ConfigurableResource):
+    """Where candidate lineage and the two pointers live. Empty tracking_uri: `$MLFLOW_TRACKING_URI` or SQLite."""
+
+    tracking_uri: str = ""
+    model_name: str = "lightning-dagster-policy"
+    ui_url: str = ""  # e.g. http://127.0.0.1:5000, to turn run ids into links in asset metadata
+
+    def resolved_uri(self) -> str:
+        return self.tracking_uri or config.mlflow_tracking_uri()
+
+
+class PolicyModelResource(dg.ConfigurableResource):
+    """The policy being trained: harness, embedded engine settings, or an upstream OpenAI-compatible server."""
+
+    harness: str = "calc"
+    engine_threads: int = 2
+    max_batch: int = 64
+    upstream_url: str = ""  # e.g. a vLLM server; empty: the embedded engine serves the parent
+    seed: int = 0
+
+
+class GatewayResource(dg.ConfigurableResource):
+    """The OpenAI-compatible gateway the harnesses call. Port 0: a free port per run, on 127.0.0.1."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    secret: str = ""  # empty: a fresh random secret per run (attempt keys then die with the run)
+    runner_mode: str = "inprocess"  # "inprocess" or "subprocess"
+    parallel: int = 16
+
+
+class TrainingResource(dg.ConfigurableResource):
+    """RL settings. Defaults are the demo's: small enough for 2 CPU cores, large enough to carry signal."""
+
+    group_size: int = 8
+    steps: int = 8
+    tasks_per_step: int = 8
+    learning_rate: float = 1e-4
+    temperature: float = 1.0
+    holdout_tasks: int = 64
+    protected_tasks: int = 16
+    canary_tasks: int = 8
+    eval_seed: int = 1234
+    max_attempts: int = 3
+    advantage: str = "grpo"
+    # The first parent's supervised warm start (training.warmstart): stops once sampled success enters
+    # the window, or after `warm_start_max_steps`.
+    warm_start_max_steps: int = 200
+    warm_start_probe_tasks: int = 64
+    warm_start_demos: int = 2000
+    min_serve_rollouts: int = 32  # new rewarded serve rollouts that justify a new snapshot
+    success_threshold: float = 0.5  # a task counts as solved (protected cases) at or above this reward
+
+
+class GateResource(dg.ConfigurableResource):
+    """The versioned release policy and who approves. Empty paths: the gate's and registry's own defaults."""
+
+    policy_path: str = ""
+    roles_path: str = ""
+    evaluator: str = "heldout-sampled-success"
+    evaluator_version: str = "1"
+    scope: str = "bounded-canary"
+    canary_approver_roles: list[str] = ["release-owner"]
+    default_approver_roles: list[str] = ["default-approver"]
+    # The canary needs an effect it can re-read at its destination; `calc` has none, so the ledger workflow.
+    canary_harness: str = "ledger"
+    canary_denied_tools: list[str] = ["delete_account"]
+    canary_max_seconds: float = 300.0
+    canary_max_cost: float = 0.0  # the embedded engine costs nothing per token
+    infrastructure_retry_budget: int = 0
+
+
+class PipelineResource(dg.ConfigurableResource):
+    """All settings of one pipeline run, nested, so every asset takes one resource and tests swap one object."""
+
+    store: StoreResource
+    mlflow: MLflowResource
+    model: PolicyModelResource
+    gateway: GatewayResource
+    training: TrainingResource
+    gate: GateResource
+
+    def get_store(self):
+        return self.store.get()
+
+
+def default_pipeline(*, deferred: bool = True, **overrides: dg.ConfigurableResource) -> PipelineResource:
+    """The code location's pipeline resource, each part overridable by its environment variable; tests pass
+    `training=TrainingResource(steps=1, ...)` and the like."""
+
+    def env_or(name: str, default: str) -> dg.EnvVar | str:
+        return _env_or(name, default, deferred=deferred)
+
+    parts: dict[str, dg.ConfigurableResource] = {
+        "store": StoreResource(url=env_or("LD_STORE_URL", "")),
+        "mlflow": MLflowResource(
+            tracking_uri=env_or("MLFLOW_TRACKING_URI", ""), ui_url=env_or("LD_MLFLOW_UI_URL", "")
+        ),
+        "model": PolicyModelResource(
+            harness=env_or("LD_HARNESS", "calc"), upstream_url=env_or("LD_UPSTREAM_URL", "")
+        ),
+        "gateway": GatewayResource(secret=env_or("LD_GATEWAY_SECRET", "")),
+        "training": TrainingResource(),
+        "gate": GateResource(
+            policy_path=env_or("LD_GATE_POLICY", ""), roles_path=env_or("LD_ROLES_FILE", "")
+        ),
+    }
+    parts.update(overrides)
+    return PipelineResource(**parts)

@@ -1,0 +1,102 @@
+"""Triggers: the continual-learning sensor, the stale-evidence sensor and the nightly schedule.
+
+Switched on at start: `stale_evidence_sensor` only (cheap, and it can only make receipts stricter). The
+continual-learning sensor and the nightly schedule start stopped: each of their runs trains a model, so an
+operator turns them on in the UI (Automation) or with `dagster sensor start` / `dagster schedule start`.
+"""
+
+import datetime as dt
+
+import dagster as dg
+
+from lightning_dagster.assets import release_receipt
+from lightning_dagster.assets.metadata import to_metadata
+from lightning_dagster.jobs import continual_learning
+from lightning_dagster.partitions import snapshots
+from lightning_dagster.pipeline import triggers
+from lightning_dagster.pipeline.triggers import Watermark
+from lightning_dagster.resources import PipelineResource
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _keys(instance: dg.DagsterInstance) -> list[str]:
+    """Snapshot keys in the order they were added (oldest first)."""
+    return list(instance.get_dynamic_partitions(snapshots.name))
+
+
+@dg.sensor(
+    job=continual_learning,
+    minimum_interval_seconds=60,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description="Cuts a content-hashed snapshot when enough new rewarded serve rollouts or new tasks arrive, "
+    "unless a stop condition holds (then it pauses and records why).",
+)
+def continual_learning_sensor(context: dg.SensorEvaluationContext, pipeline: PipelineResource):
+    watermark = Watermark.from_cursor(context.cursor)
+    stop = triggers.stop_decision(pipeline, _keys(context.instance))
+    if stop.pause:
+        # The reason is kept in the store too, so `lightning-dagster` and the UI agree on why it paused.
+        return dg.SkipReason(f"paused: {stop.reason}")
+    evidence = triggers.new_evidence(pipeline, watermark)
+    if not evidence.enough:
+        return dg.SensorResult(skip_reason=f"waiting: {evidence.summary}", cursor=watermark.to_cursor())
+    key = triggers.cut_snapshot(pipeline, evidence, _now())
+    return dg.SensorResult(
+        dynamic_partitions_requests=[snapshots.build_add_request([key])],
+        run_requests=[
+            dg.RunRequest(partition_key=key, run_key=key, tags={"trigger": "continual_learning_sensor"})
+        ],
+        cursor=evidence.watermark.to_cursor(),
+    )
+
+
+@dg.sensor(
+    minimum_interval_seconds=120,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    asset_selection=[release_receipt],
+    description="Voids receipt checks whose evaluator, tool contract, task distribution or parent changed since the "
+    "gate ran; marks those receipts stale and records an observation on release_receipt.",
+)
+def stale_evidence_sensor(context: dg.SensorEvaluationContext, pipeline: PipelineResource):
+    fingerprints, stale = triggers.stale_receipts(pipeline, _keys(context.instance), context.cursor)
+    if not stale:
+        return dg.SensorResult(skip_reason="no receipt has stale evidence", cursor=fingerprints)
+    observations = [
+        dg.AssetObservation(
+            asset_key=release_receipt.key,
+            partition=mark.snapshot_key,
+            metadata=to_metadata(
+                {
+                    "stale": True,
+                    "void_checks": mark.void_checks,
+                    "changed": mark.changed,
+                    "receipt_id": mark.receipt_id,
+                }
+            ),
+        )
+        for mark in stale
+    ]
+    return dg.SensorResult(asset_events=observations, cursor=fingerprints)
+
+
+@dg.schedule(
+    job=continual_learning,
+    cron_schedule="0 3 * * *",
+    execution_timezone="UTC",
+    default_status=dg.DefaultScheduleStatus.STOPPED,
+    description="Nightly: cut a snapshot of the current task pool and serve evidence, unless a stop condition holds.",
+)
+def nightly_snapshot(context: dg.ScheduleEvaluationContext, pipeline: PipelineResource):
+    stop = triggers.stop_decision(pipeline, _keys(context.instance))
+    if stop.pause:
+        return dg.SkipReason(f"paused: {stop.reason}")
+    # The schedule has no cursor: it takes every rewarded serve rollout of the last day.
+    since = Watermark(serve_after=(context.scheduled_execution_time or _now()).timestamp() - 86400)
+    evidence = triggers.new_evidence(pipeline, since, force=True)
+    key = triggers.cut_snapshot(pipeline, evidence, context.scheduled_execution_time or _now())
+    # A schedule cannot return partition requests; it adds the partition itself before asking for the run.
+    context.instance.add_dynamic_partitions(snapshots.name, [key])
+    return dg.RunRequest(partition_key=key, run_key=key, tags={"trigger": "nightly_snapshot"})

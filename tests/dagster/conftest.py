@@ -1,0 +1,85 @@
+"""Fixtures for the Dagster code location: one bootstrapped embedded home per session (warm-started parent
+registered as approved-default), tiny training settings, and helpers to build the pipeline resource."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lightning_dagster.resources import (
+    GateResource,
+    MLflowResource,
+    PipelineResource,
+    TrainingResource,
+    default_pipeline,
+)
+
+HERE = Path(__file__).resolve().parent
+TINY_POLICY = HERE / "policy-tiny.yaml"
+ACTORS = {"alice": "release-owner", "bob": "default-approver"}
+
+
+def tiny_training(**overrides) -> TrainingResource:
+    settings = dict(
+        steps=2,
+        tasks_per_step=4,
+        group_size=4,
+        holdout_tasks=8,
+        protected_tasks=4,
+        canary_tasks=2,
+        warm_start_max_steps=4,
+        warm_start_probe_tasks=8,
+        warm_start_demos=64,
+        min_serve_rollouts=3,
+    )
+    return TrainingResource(**{**settings, **overrides})
+
+
+def pipeline_for(
+    policy: Path | None = None, *, mlflow: MLflowResource | None = None, **gate
+) -> PipelineResource:
+    """The pipeline resource with tiny settings; env vars read now (tests run outside the UI)."""
+    overrides = {"mlflow": mlflow} if mlflow is not None else {}
+    return default_pipeline(
+        deferred=False,
+        training=tiny_training(),
+        gate=GateResource(policy_path=str(policy or ""), roles_path=os.environ["LD_ROLES_FILE"], **gate),
+        **overrides,
+    )
+
+
+@pytest.fixture(scope="session")
+def embedded_home() -> Iterator[Path]:
+    """A fresh LIGHTNING_DAGSTER_HOME and roles file (outside it) for the whole session; restored after."""
+    root = Path(tempfile.mkdtemp(prefix="ld-dagster-"))
+    roles = root / "roles.yaml"
+    roles.write_text("actors:\n" + "".join(f"  {a}: [{r}]\n" for a, r in ACTORS.items()))
+    saved = {
+        k: os.environ.get(k)
+        for k in ("LIGHTNING_DAGSTER_HOME", "LD_ROLES_FILE", "LD_STORE_URL", "MLFLOW_TRACKING_URI")
+    }
+    os.environ.update(LIGHTNING_DAGSTER_HOME=str(root / "home"), LD_ROLES_FILE=str(roles))
+    for k in ("LD_STORE_URL", "MLFLOW_TRACKING_URI"):
+        os.environ.pop(k, None)
+    try:
+        yield root / "home"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def bootstrapped(embedded_home: Path) -> Path:
+    """The embedded home with its first parent warm-started and approved (about a minute, once)."""
+    from lightning_dagster.pipeline.bootstrap import bootstrap_parent
+
+    meta = bootstrap_parent(pipeline_for()).metadata
+    assert meta["approved_default"] == "1" and meta["bootstrapped"] is True
+    return embedded_home

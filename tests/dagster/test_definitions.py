@@ -1,0 +1,122 @@
+"""The code location loads, and its graph, checks, jobs, sensors and schedule are exactly the designed ones."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from lightning_dagster.assets.checks import GATE_CHECKS
+from lightning_dagster.definitions import defs
+from lightning_dagster.partitions import InvalidSnapshotKey, snapshot_key, snapshots, validate_snapshot_key
+from lightning_dagster.pipeline.triggers import Watermark
+
+ROOT = Path(__file__).resolve().parents[2]
+
+EDGES = {
+    "tasks": set(),
+    "update_plan": {"tasks"},
+    "rollouts": {"update_plan"},
+    "spans": {"rollouts"},
+    "training_transitions": {"spans"},
+    "candidate_resource": {"training_transitions"},
+    "holdout_evaluation": {"candidate_resource"},
+    "canary_results": {"holdout_evaluation"},
+    "rollback_drill": {"canary_results"},
+    "release_receipt": {
+        "update_plan",
+        "rollouts",
+        "spans",
+        "candidate_resource",
+        "holdout_evaluation",
+        "canary_results",
+        "rollback_drill",
+    },
+}
+CHECKS = {
+    ("candidate_resource", "pinned"),
+    ("spans", "span_coverage"),
+    ("rollouts", "retry_debt"),
+    ("holdout_evaluation", "heldout_margin"),
+    ("holdout_evaluation", "protected_cases"),
+    ("canary_results", "canary_verified"),
+    ("rollback_drill", "rollback_and_approval"),
+}
+
+
+def test_asset_graph_has_exactly_the_designed_edges():
+    graph = defs.get_repository_def().asset_graph
+    edges = {
+        key.to_user_string(): {p.to_user_string() for p in graph.get(key).parent_keys}
+        for key in graph.get_all_asset_keys()
+    }
+    assert edges == EDGES
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        assert node.partitions_def == snapshots, key
+        assert node.group_name in {"snapshot", "rollouts", "training", "evaluation", "release"}
+
+
+def test_seven_blocking_error_checks_sit_on_the_assets_they_judge():
+    graph = defs.get_repository_def().asset_graph
+    assert {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys} == CHECKS
+    specs = [spec for c in GATE_CHECKS for spec in c.check_specs]
+    assert len(specs) == 7 and all(spec.blocking for spec in specs)
+
+
+def test_jobs_sensors_schedule_and_trainer_pool():
+    repo = defs.get_repository_def()
+    assert {j.name for j in repo.get_all_jobs() if not j.name.startswith("__")} == {
+        "continual_learning",
+        "approve",
+        "promote",
+        "rollback",
+    }
+    sensors = {s.name: s for s in repo.sensor_defs}
+    assert set(sensors) == {"continual_learning_sensor", "stale_evidence_sensor"}
+    # Documented in sensors.py: only the stale-evidence sensor starts switched on.
+    assert sensors["stale_evidence_sensor"].default_status == dg.DefaultSensorStatus.RUNNING
+    assert sensors["continual_learning_sensor"].default_status == dg.DefaultSensorStatus.STOPPED
+    (schedule,) = repo.schedule_defs
+    assert schedule.name == "nightly_snapshot" and schedule.cron_schedule == "0 3 * * *"
+    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    assert repo.asset_graph.get(dg.AssetKey("candidate_resource")).pools == {"trainer"}
+    promote_config = repo.get_job("promote").run_config_schema.config_type.fields["ops"]
+    assert "promote_candidate" in promote_config.config_type.fields
+
+
+def test_dagster_yaml_is_a_valid_postgres_instance_config(monkeypatch):
+    from dagster._config import validate_config
+    from dagster._core.instance.config import dagster_instance_config_schema
+
+    for name, value in dict(HOST="127.0.0.1", PORT="5432", USER="dagster", PASSWORD="", DB="dagster").items():
+        monkeypatch.setenv(f"DAGSTER_PG_{name}", value)
+    config = yaml.safe_load((ROOT / "dagster.yaml").read_text())
+    assert config["storage"]["postgres"]["postgres_db"]["scheme"] == "postgresql+psycopg2"
+    assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
+    assert config["run_monitoring"]["enabled"] is True
+    assert config["concurrency"]["pools"]["default_limit"] == 1
+    result = validate_config(dagster_instance_config_schema(), config)
+    assert result.success, result.errors
+    workspace = yaml.safe_load((ROOT / "workspace.yaml").read_text())
+    assert workspace["load_from"][0]["python_module"]["module_name"] == "lightning_dagster.definitions"
+
+
+def test_snapshot_keys_are_content_hashed_and_restricted():
+    at = dt.datetime(2026, 11, 30, 8, 0, tzinfo=dt.UTC)
+    assert snapshot_key("1a2b3c4d" + "0" * 56, at) == "snap-20261130T0800Z-1a2b3c4d"
+    for bad in ("a,b", "a|b", "a[1]", "", "x" * 129, "space key"):
+        with pytest.raises(InvalidSnapshotKey):
+            validate_snapshot_key(bad)
+    with pytest.raises(InvalidSnapshotKey):
+        snapshot_key("NOT-HEX", at)
+
+
+def test_watermark_cursor_is_a_small_round_trip():
+    mark = Watermark(serve_after=1234.5, pool="sha256:abc")
+    cursor = mark.to_cursor()
+    assert Watermark.from_cursor(cursor) == mark and len(cursor) < 200
+    assert Watermark.from_cursor(None) == Watermark()

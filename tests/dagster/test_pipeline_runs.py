@@ -1,0 +1,186 @@
+"""One snapshot partition through the whole graph, with the real store, engine, gateway, runner, trainer,
+gate and MLflow registry: on Dagster's SQLite instance, and on a PostgreSQL instance built from dagster.yaml.
+Tiny settings (two RL steps, 8 held-out tasks) and a test policy that does not demand a margin they cannot
+show; everything else is the real thing."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from urllib.parse import urlparse
+
+import dagster as dg
+import pytest
+
+from lightning_dagster.assets import snapshot_assets
+from lightning_dagster.definitions import build_definitions
+from lightning_dagster.demo import run_snapshot
+from lightning_dagster.partitions import snapshots
+from lightning_dagster.pipeline import context as ctx
+from lightning_dagster.registry.core import APPROVED
+from tests.dagster.conftest import TINY_POLICY, pipeline_for
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMOTE = "PROMOTE TO BOUNDED CANARY"
+ALL_ASSETS = {a.key.to_user_string() for a in snapshot_assets}
+
+
+def _defs():
+    p = pipeline_for(TINY_POLICY)
+    return build_definitions(deferred=False, **{name: getattr(p, name) for name in ("training", "gate")}), p
+
+
+def _materialized(results) -> set[str]:
+    return {e.asset_key.to_user_string() for r in results for e in r.get_asset_materialization_events()}
+
+
+def _checks(results) -> dict[str, bool]:
+    return {e.check_name: e.passed for r in results for e in r.get_asset_check_evaluations()}
+
+
+def _launch(defs, instance, job: str, op: str, **config) -> dg.ExecuteInProcessResult:
+    return defs.get_job_def(job).execute_in_process(
+        instance=instance, run_config={"ops": {op: {"config": config}}}, raise_on_error=False
+    )
+
+
+def _error(result: dg.ExecuteInProcessResult, op: str) -> str:
+    failure = result.failure_data_for_node(op)
+    return failure.error.to_string() if failure else ""
+
+
+@pytest.fixture(scope="session")
+def sqlite_snapshot(bootstrapped):
+    """Plan, approve, then the rest of the graph on an ephemeral (SQLite-backed) Dagster instance."""
+    defs, p = _defs()
+    instance = dg.DagsterInstance.ephemeral()
+    key = "snap-20261130T0800Z-00000001"
+    instance.add_dynamic_partitions(snapshots.name, [key])
+    results = run_snapshot(defs, instance, key, approver=("alice", "release-owner"))
+    return key, results, p
+
+
+@pytest.mark.slow
+def test_one_partition_materializes_end_to_end_on_sqlite(sqlite_snapshot):
+    key, results, p = sqlite_snapshot
+    assert all(r.success for r in results)
+    assert _materialized(results) == ALL_ASSETS
+    checks = _checks(results)
+    assert len(checks) == 7 and all(checks.values()), checks
+    receipt = ctx.find_receipt(p.get_store(), key)
+    assert receipt.gate.verdict == PROMOTE
+    assert [a.actor for a in receipt.approvals] == ["alice"]
+    # The lineage the UI shows: candidate metadata names its snapshot, parent, evaluator and checkpoint URI.
+    (candidate,) = [
+        e
+        for r in results
+        for e in r.get_asset_materialization_events()
+        if e.asset_key.path == ["candidate_resource"]
+    ]
+    meta = {k: v.value for k, v in candidate.materialization.metadata.items()}
+    assert (
+        meta["snapshot"] == key
+        and meta["parent"].endswith("/1")
+        and meta["checkpoint_uri"].startswith("file://")
+    )
+    assert candidate.materialization.tags["dagster/data_version"] == meta["weights_hash"]
+
+
+@pytest.fixture
+def postgres_instance(postgres_url, tmp_path, bootstrapped):
+    """A Dagster instance read from the repository's dagster.yaml, its env vars pointing at the test server."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+    url = urlparse(postgres_url)
+    env = {
+        "DAGSTER_PG_HOST": url.hostname,
+        "DAGSTER_PG_PORT": str(url.port),
+        "DAGSTER_PG_USER": url.username,
+        "DAGSTER_PG_PASSWORD": url.password or "",
+        "DAGSTER_PG_DB": url.path.lstrip("/"),
+    }
+    mp = pytest.MonkeyPatch()
+    for k, v in env.items():
+        mp.setenv(k, v)
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        yield instance
+    finally:
+        instance.dispose()
+        mp.undo()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_postgres_instance_blocks_then_approves_then_promotes(postgres_instance):
+    from dagster_postgres import PostgresEventLogStorage
+
+    instance = postgres_instance
+    assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
+    defs, p = _defs()
+    registry = ctx.registry(p)
+    key = "snap-20261130T0900Z-00000002"
+    instance.add_dynamic_partitions(snapshots.name, [key])
+
+    # No approval: check 7 (on rollback_drill) blocks release_receipt in that run; the receipt alone, run
+    # next, re-judges everything itself and holds.
+    results = run_snapshot(defs, instance, key, approver=None)
+    checks = _checks(results)
+    assert checks["rollback_and_approval"] is False
+    assert all(v for name, v in checks.items() if name != "rollback_and_approval")
+    assert "release_receipt" not in _materialized(results[:-1])
+    assert _materialized(results[-1:]) == {"release_receipt"}
+    receipt = ctx.find_receipt(p.get_store(), key)
+    assert receipt.gate.verdict == "HOLD" and receipt.gate.unavailable_checks == [7]
+
+    before = registry.current(APPROVED)
+    refused = _launch(
+        defs, instance, "promote", "promote_candidate", receipt_id=receipt.receipt_id, actor="bob"
+    )
+    assert not refused.success
+    assert "HOLD" in _error(refused, "promote_candidate")
+    assert registry.current(APPROVED) == before
+
+    # Approval by the release owner, the receipt re-judged, then promotion by the default approver.
+    approved = _launch(
+        defs, instance, "approve", "approve_receipt", snapshot_key=key, actor="alice", role="release-owner"
+    )
+    assert approved.success, _error(approved, "approve_receipt")
+    job = defs.get_job_def("continual_learning")
+    rejudged = job.execute_in_process(
+        instance=instance, partition_key=key, asset_selection=[dg.AssetKey("release_receipt")]
+    )
+    assert rejudged.success and ctx.find_receipt(p.get_store(), key).gate.verdict == PROMOTE
+    assert _launch(
+        defs, instance, "promote", "promote_candidate", receipt_id=receipt.receipt_id, actor="bob"
+    ).success
+    assert (
+        registry.current(APPROVED)
+        == ctx.find_receipt(p.get_store(), key).candidate.model_version.rsplit("/", 1)[1]
+    )
+    # The materializations are in PostgreSQL.
+    assert instance.get_latest_materialization_event(dg.AssetKey("release_receipt")) is not None
+
+
+def test_stale_evidence_sensor_marks_receipts_judged_by_another_evaluator(sqlite_snapshot):
+    """A new evaluator version voids the held-out and protected checks of receipts judged by the old one;
+    the sensor marks each such receipt once and records an observation the UI shows on release_receipt."""
+    from lightning_dagster.sensors import stale_evidence_sensor
+
+    key, _, _ = sqlite_snapshot
+    p = pipeline_for(TINY_POLICY, evaluator_version="2")
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(snapshots.name, [key])
+    with dg.build_sensor_context(instance=instance, resources={"pipeline": p}) as context:
+        result = stale_evidence_sensor(context)
+    (obs,) = result.asset_events
+    meta = {k: v.value for k, v in obs.metadata.items()}
+    assert obs.partition == key and meta["stale"] is True
+    assert {"4", "5"} <= set(meta["void_checks"]) and "evaluator" in meta["changed"]
+    assert p.get_store().get_flag(f"stale/{ctx.receipt_id(key)}") is not None
+    with dg.build_sensor_context(
+        instance=instance, resources={"pipeline": p}, cursor=result.cursor
+    ) as context:
+        again = stale_evidence_sensor(context)
+    assert not getattr(again, "asset_events", None)  # each receipt is marked once

@@ -1,0 +1,77 @@
+"""Sensor ticks with `dg.build_sensor_context`: new evidence cuts a partition and requests a run, a stop
+condition pauses with its reason (kept in the store), and the watermark cursor advances."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pytest
+
+from lightning_dagster.partitions import SNAPSHOT_KEY_PATTERN, snapshots
+from lightning_dagster.pipeline import context as ctx
+from lightning_dagster.pipeline.triggers import PAUSE_FLAG
+from lightning_dagster.resources import MLflowResource
+from lightning_dagster.sensors import continual_learning_sensor
+from lightning_dagster.types import AttemptState, Reward
+from tests.dagster.conftest import pipeline_for
+
+
+def _tick(p, instance, cursor=None):
+    """One tick, as the sensor function returns it (a SensorResult or a SkipReason)."""
+    with dg.build_sensor_context(instance=instance, resources={"pipeline": p}, cursor=cursor) as context:
+        return continual_learning_sensor(context)
+
+
+def _serve_rollouts(store, n: int, session: str) -> None:
+    """Finished, rewarded serve rollouts, as the gateway's serve mode records them."""
+    for i in range(n):
+        rollout, attempt = store.get_or_create_serve_rollout(f"{session}-{i}", None)
+        store.transition_attempt(attempt.attempt_id, AttemptState.succeeded, reason_code="ok")
+        store.add_reward(Reward(rollout_id=rollout.rollout_id, attempt_id=attempt.attempt_id, value=1.0))
+
+
+@pytest.mark.slow  # pays for the session's bootstrap when run first
+def test_new_evidence_cuts_a_partition_and_the_cursor_advances(bootstrapped):
+    p = pipeline_for()
+    instance = dg.DagsterInstance.ephemeral()
+
+    # First tick: the task pool was never seen -> a snapshot is cut and a run requested for it.
+    first = _tick(p, instance)
+    assert isinstance(first, dg.SensorResult)
+    (add,) = first.dynamic_partitions_requests
+    (key,) = add.partition_keys
+    assert (
+        add.partitions_def_name == snapshots.name
+        and SNAPSHOT_KEY_PATTERN.match(key)
+        and key.startswith("snap-")
+    )
+    (request,) = first.run_requests
+    assert request.partition_key == key and request.run_key == key
+    manifest = ctx.load_doc(p.get_store(), ctx.SNAPSHOTS, key)
+    assert key.endswith(manifest["content_hash"].split(":")[1][:8])
+    cursor = json.loads(first.cursor)
+    assert set(cursor) == {"serve_after", "pool"}
+
+    # Nothing new: a skip that says what it waits for; the cursor stays.
+    idle = _tick(p, instance, first.cursor)
+    assert not idle.run_requests and "0 of 3" in idle.skip_reason.skip_message
+    assert idle.cursor == first.cursor
+
+    # Enough rewarded serve rollouts: a new snapshot holding them, and the watermark moves past them.
+    _serve_rollouts(p.get_store(), 3, "sensor-test")
+    fresh = _tick(p, instance, first.cursor)
+    (key2,) = fresh.dynamic_partitions_requests[0].partition_keys
+    assert key2 != key and len(ctx.load_doc(p.get_store(), ctx.SNAPSHOTS, key2)["serve_rollout_ids"]) == 3
+    assert json.loads(fresh.cursor)["serve_after"] > cursor["serve_after"]
+    assert p.get_store().get_flag(PAUSE_FLAG)["state"] == "running"
+
+
+def test_stop_condition_pauses_with_its_reason(bootstrapped):
+    # A registered model with no approved-default: the parent is unavailable, so learning must pause.
+    p = pipeline_for(mlflow=MLflowResource(model_name="never-approved-policy"))
+    result = _tick(p, dg.DagsterInstance.ephemeral())
+    assert isinstance(result, dg.SkipReason)
+    assert result.skip_message.startswith("paused: parent unavailable")
+    flag = p.get_store().get_flag(PAUSE_FLAG)
+    assert flag["state"] == "paused" and "parent unavailable" in flag["reason"]
