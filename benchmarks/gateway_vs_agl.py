@@ -2,7 +2,8 @@
 that returns vLLM-shaped JSON (200 prompt ids, 50 response ids with logprobs).
 
 Measures, per proxied call: server CPU time (psutil, user+system of the server process), added latency over
-a direct upstream call (p50/p99, calls interleaved round-robin), and retained bytes on 10-turn rollouts with
+a direct upstream call (p50/p99; each call follows a direct one, the gateways take turns in rounds of 10
+calls), and retained bytes on 10-turn rollouts with
 ~1k-token prompts (server RSS growth; for ours plus the growth of the SQLite store after a WAL checkpoint).
 
     .venv/bin/python benchmarks/gateway_vs_agl.py [--calls 300] [--rollouts 40]
@@ -194,33 +195,38 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def cpu_and_latency(targets: dict, direct_url: str, calls: int) -> dict:
-    """Per gateway, a block of calls alternating with direct stub calls (so one server's disk syncs do not
-    land in another's latencies); a new rollout every 10 calls."""
+    """Rounds of 10 calls per gateway, the gateways taking turns round after round (a new rollout each
+    round), every call preceded by a direct stub call: the machine's load drifts (2 shared cores) and
+    taking turns spreads the drift over all gateways alike. A server idles while the others are served,
+    so its CPU time over the whole run is the CPU of its own calls."""
     msgs = [{"role": "user", "content": "x" * 183}]  # stub: 200 prompt ids
     out: dict = {}
+    direct: dict = {k: [] for k in targets}
+    lat: dict = {k: [] for k in targets}
     with httpx.Client(timeout=60) as client:
-        for k, target in targets.items():
+        for target in targets.values():
             route = target.new_rollout()
             for _ in range(20):  # warm-up: connections, imports, caches
                 call(client, direct_url, {}, msgs)
                 call(client, *route, msgs)
-            direct, lat = [], []
-            cpu0 = target.server.cpu()
-            for i in range(calls):
-                if i % 10 == 0:
-                    route = target.new_rollout()
-                direct.append(call(client, direct_url, {}, msgs)[0])
-                lat.append(call(client, *route, msgs)[0])
-            cpu = (target.server.cpu() - cpu0) / calls * 1e3
+        cpu0 = {k: t.server.cpu() for k, t in targets.items()}
+        for _ in range(0, calls, 10):
+            for k, target in targets.items():
+                route = target.new_rollout()
+                for _ in range(10):
+                    direct[k].append(call(client, direct_url, {}, msgs)[0])
+                    lat[k].append(call(client, *route, msgs)[0])
+        for k, target in targets.items():
+            n = len(lat[k])
             out[k] = {
-                "cpu_ms_per_call": cpu,
-                "direct_p50_ms": pct(direct, 0.5) * 1e3,
-                "direct_p99_ms": pct(direct, 0.99) * 1e3,
-                "p50_ms": pct(lat, 0.5) * 1e3,
-                "p99_ms": pct(lat, 0.99) * 1e3,
-                "added_p50_ms": (pct(lat, 0.5) - pct(direct, 0.5)) * 1e3,
-                "added_p99_ms": (pct(lat, 0.99) - pct(direct, 0.99)) * 1e3,
-                "mean_ms": statistics.fmean(lat) * 1e3,
+                "cpu_ms_per_call": (target.server.cpu() - cpu0[k]) / n * 1e3,
+                "direct_p50_ms": pct(direct[k], 0.5) * 1e3,
+                "direct_p99_ms": pct(direct[k], 0.99) * 1e3,
+                "p50_ms": pct(lat[k], 0.5) * 1e3,
+                "p99_ms": pct(lat[k], 0.99) * 1e3,
+                "added_p50_ms": (pct(lat[k], 0.5) - pct(direct[k], 0.5)) * 1e3,
+                "added_p99_ms": (pct(lat[k], 0.99) - pct(direct[k], 0.99)) * 1e3,
+                "mean_ms": statistics.fmean(lat[k]) * 1e3,
             }
     return out
 
@@ -282,7 +288,7 @@ def main() -> int:
         stub_cpu0 = stub.cpu()
         res = cpu_and_latency(targets, f"{upstream}/chat/completions", args.calls)
         res["stub_cpu_ms_per_call"] = (
-            (stub.cpu() - stub_cpu0) / (args.calls * (1 + len(targets)) + 20 * (1 + len(targets))) * 1e3
+            (stub.cpu() - stub_cpu0) / (2 * (args.calls + 20) * len(targets)) * 1e3  # direct + proxied calls
         )
         for k, t in targets.items():
             res[k].update(retained(t, args.rollouts))

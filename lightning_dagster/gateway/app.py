@@ -98,6 +98,7 @@ class Gateway:
         state_ttl_s: float,
         max_contexts: int,
         write_behind_ms: float,
+        fsync_spans: bool = False,
     ):
         if not secret or not admin_key:
             raise ValueError("the gateway needs a non-empty secret and admin key")
@@ -110,10 +111,14 @@ class Gateway:
         self.state_ttl_s = state_ttl_s
         self.max_contexts = max_contexts
         self.durable = write_behind_ms <= 0
+        self.fsync_spans = fsync_spans
         self.writer = SpanWriter(store, linger_s=max(write_behind_ms, 0) / 1000)
         self.contexts: OrderedDict[str, AttemptContext] = OrderedDict()
         self.sessions: OrderedDict[str, tuple[str, str]] = OrderedDict()  # serve session -> attempt
         self.stats = TokenInStats()
+        # attempt key -> (rollout id, attempt id) of keys whose signature already checked out, so the HMAC
+        # is computed once per attempt, not per call; only genuine keys enter, and a bounded number.
+        self.verified: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
     # -- request plumbing ---------------------------------------------------------------------------
 
@@ -138,9 +143,14 @@ class Gateway:
             return Caller("admin")
         if any(same_key(key, k) for k in self.serve_keys):
             return Caller("serve")
-        ids = parse_attempt_key(self.secret, key)
+        ids = self.verified.get(key)
         if ids is None:
-            raise GatewayError(401, "invalid API key")
+            ids = parse_attempt_key(self.secret, key)
+            if ids is None:
+                raise GatewayError(401, "invalid API key")
+            self.verified[key] = ids
+            if len(self.verified) > self.max_contexts:
+                self.verified.popitem(last=False)
         return Caller("attempt", *ids)
 
     def admin(self, request: Request) -> None:
@@ -149,26 +159,21 @@ class Gateway:
 
     async def _load(self, rollout_id: str, attempt_id: str) -> AttemptContext:
         def load() -> AttemptContext:
-            try:
-                attempt = self.store.get_attempt(attempt_id)
+            try:  # one read: the attempt, its rollout's kind and metadata, and its highest span sequence
+                owner, state, kind, metadata, highest = self.store.attempt_facts(attempt_id)
             except NotFound as exc:
                 raise GatewayError(404, f"unknown attempt {attempt_id}", code="attempt_not_found") from exc
-            if attempt.rollout_id != rollout_id:
+            if owner != rollout_id:
                 raise GatewayError(404, f"attempt {attempt_id} is not an attempt of rollout {rollout_id}")
-            try:
-                rollout = self.store.get_rollout(rollout_id)
-            except NotFound as exc:
-                raise GatewayError(404, f"unknown rollout {rollout_id}", code="rollout_not_found") from exc
-            sequence = max((s.sequence for s in self.store.list_spans(attempt_id=attempt_id)), default=-1) + 1
-            seed = rollout.metadata.get("sampling_seed")
+            seed = metadata.get("sampling_seed")
             return AttemptContext(
                 rollout_id=rollout_id,
                 attempt_id=attempt_id,
-                kind=rollout.kind,
+                kind=kind,
                 sampling_seed=int(seed) if seed is not None else None,
-                state=attempt.state,
+                state=state,
                 checked_at=time.monotonic(),
-                next_sequence=sequence,
+                next_sequence=0 if highest is None else highest + 1,
             )
 
         return await anyio.to_thread.run_sync(load)
@@ -231,9 +236,24 @@ class Gateway:
 
     # -- LLM calls ----------------------------------------------------------------------------------
 
-    async def record(self, ctx: AttemptContext, span: Span, *, wait: bool = True) -> None:
+    async def record(self, ctx: AttemptContext, span: Span, *, wait: bool = True, sync: bool = True) -> None:
         span.sequence = ctx.take_sequence()
-        await self.writer.write([span], wait=wait)
+        if wait and self.writer.idle and self._write_now(span, sync):
+            return
+        await self.writer.write([span], wait=wait, sync=sync)
+
+    def _write_now(self, span: Span, sync: bool) -> bool:
+        """Commit on the event loop when that cannot block it (an unsynced commit to a SQLite file whose
+        write lock is free, for a known attempt: ~0.1 ms), saving two thread hand-offs per call. Anything
+        else (an fsync takes milliseconds), errors included, is left to the writer thread, which reports
+        them."""
+        try_add = getattr(self.store, "try_add_spans", None)
+        if try_add is None or sync:
+            return False
+        try:
+            return try_add([span], sync=sync)
+        except Exception:
+            return False
 
     async def llm_call(self, request: Request, path: dict[str, str], chat: bool) -> Response:
         raw = await self.body(request)
@@ -269,7 +289,7 @@ class Gateway:
         ctx.stats.count(previous_ids is not None, extended)
         self.stats.count(previous_ids is not None, extended)
         span = self._llm_span(ctx, chat, c, sampling, started, latency, extended, bool(req.stream))
-        await self.record(ctx, span, wait=self.durable)
+        await self.record(ctx, span, wait=self.durable, sync=self.fsync_spans)
         ctx.last_ids = array("i", c.prompt_ids)
         ctx.last_ids.extend(c.response_ids)
         ctx.last = (
@@ -365,6 +385,9 @@ class Gateway:
             judge_version=version,
             uncertainty=unc,
         )
+        # A reward lands after every span acknowledged before it is committed, and its synced commit
+        # flushes those spans' unsynced commits to disk with it.
+        await self.writer.write([])
         await anyio.to_thread.run_sync(self.store.add_reward, reward)
         attrs = {"value": value, "judge": judge, "judge_version": version}
         attrs.update({k: v for k, v in extra.items() if isinstance(v, str | int | float | bool)})
@@ -434,12 +457,15 @@ def create_app(
     state_ttl_s: float = 0.5,
     max_contexts: int = 10_000,
     write_behind_ms: float = 0.0,
+    fsync_spans: bool = False,
 ) -> FastAPI:
     """The gateway app. `state_ttl_s`: how long an attempt's `running` state is trusted before re-reading it
     from the store (a finished attempt is refused with 409 at most this long after it ends).
     `write_behind_ms` > 0: LLM spans are acknowledged before commit and batched for up to that long (a crash
     loses at most that window; rewards, events and admin reads still wait for everything queued before
-    them). 0 (default): every response follows its span's commit."""
+    them). 0 (default): every response follows its span's commit. That commit survives a crash of the
+    gateway; it is flushed to disk by the next synced commit (the attempt's reward or end, a checkpoint),
+    or at every call with `fsync_spans=True` (~1 ms of CPU per call on SQLite)."""
     gw = Gateway(
         store,
         backend,
@@ -450,6 +476,7 @@ def create_app(
         state_ttl_s=state_ttl_s,
         max_contexts=max_contexts,
         write_behind_ms=write_behind_ms,
+        fsync_spans=fsync_spans,
     )
 
     @asynccontextmanager

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
+import pydantic_core
 
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.http1 import Http1Client, UpstreamHTTPError
@@ -244,11 +245,11 @@ class UpstreamBackend(Backend):
 
     async def _post(self, path: str, payload: dict) -> dict:
         try:
-            status, raw = await self._http().post(path, json.dumps(payload, separators=(",", ":")).encode())
+            status, raw = await self._http().post(path, pydantic_core.to_json(payload))
         except (UpstreamHTTPError, TimeoutError) as exc:
             raise GatewayError(502, f"upstream request failed: {type(exc).__name__}") from exc
         try:
-            data = json.loads(raw)
+            data = pydantic_core.from_json(raw)
         except ValueError as exc:
             raise GatewayError(502, f"upstream returned non-JSON (HTTP {status})") from exc
         if status >= 400:

@@ -47,9 +47,19 @@ def serve(args: argparse.Namespace) -> int:
         serve_keys=serve_keys,
         max_body_bytes=args.max_body_bytes,
         write_behind_ms=args.write_behind_ms,
+        fsync_spans=args.fsync_spans,
     )
     print(f"gateway on http://{args.host}:{args.port}/v1 ({backend.kind}: {backend.model})", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    # uvloop and httptools: uvicorn's fastest loop and parser (both dependencies)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+    )
     return 0
 
 
@@ -80,6 +90,11 @@ def register(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         help="acknowledge LLM calls before their span commits, batching spans for up to this long (0: durable)",
+    )
+    p.add_argument(
+        "--fsync-spans",
+        action="store_true",
+        help="flush each LLM span to disk before responding (default: committed, flushed with the next reward)",
     )
     p.set_defaults(handler=serve)
     k = sub.add_parser("key", help="print the attempt key for a rollout attempt (needs LD_GATEWAY_SECRET)")

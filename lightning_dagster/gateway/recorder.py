@@ -5,6 +5,10 @@ requests share transactions and SQLite sees a single writer. `wait=False` (write
 the writer lingers up to `linger_s` to fill a batch, which cuts the store's cost per span ~5x for a
 sequential client; a later waiting write is a barrier for everything queued before it (FIFO), so a reward
 acknowledged for an attempt means the attempt's earlier spans are committed too.
+
+`sync=False` commits without flushing to disk (`Store.add_spans(sync=False)`): the span survives a crash
+of the gateway, and reaches the disk with the next synced commit (a reward, an attempt's end, a
+checkpoint). A batch is synced if any of its writes asks for it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ class SpanWriter:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._pending = 0  # writes queued or being committed
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued or in flight: a write made elsewhere now cannot overtake an earlier one."""
+        return self._pending == 0
 
     def _ensure_thread(self) -> None:
         with self._lock:
@@ -39,10 +49,12 @@ class SpanWriter:
                 self._thread = threading.Thread(target=self._run, name="gateway-span-writer", daemon=True)
                 self._thread.start()
 
-    async def write(self, spans: list[Span], *, wait: bool = True) -> None:
+    async def write(self, spans: list[Span], *, wait: bool = True, sync: bool = True) -> None:
         self._ensure_thread()
         future: Future | None = Future() if wait else None
-        self._queue.put((spans, future))
+        with self._lock:
+            self._pending += 1
+        self._queue.put((spans, future, sync))
         if future is not None:
             await asyncio.wrap_future(future)
 
@@ -55,7 +67,7 @@ class SpanWriter:
             deadline = time.monotonic() + self._linger_s
             while len(batch) < self._max_batch:
                 # Linger only while nobody waits on this batch.
-                linger = deadline - time.monotonic() if all(f is None for _, f in batch) else 0.0
+                linger = deadline - time.monotonic() if all(f is None for _, f, _ in batch) else 0.0
                 try:
                     nxt = self._queue.get(timeout=linger) if linger > 0 else self._queue.get_nowait()
                 except queue.Empty:
@@ -64,14 +76,19 @@ class SpanWriter:
                     self._queue.put(_STOP)
                     break
                 batch.append(nxt)
-            self._commit(batch)
+            try:
+                self._commit(batch)
+            finally:
+                with self._lock:
+                    self._pending -= len(batch)
 
-    def _commit(self, batch: list[tuple[list[Span], Future | None]]) -> None:
+    def _commit(self, batch: list[tuple[list[Span], Future | None, bool]]) -> None:
         try:
-            self._store.add_spans([s for spans, _ in batch for s in spans])
+            sync = any(sync for _, _, sync in batch)
+            self._store.add_spans([s for spans, _, _ in batch for s in spans], sync=sync)
         except Exception:
             if len(batch) == 1:
-                spans, future = batch[0]
+                spans, future, _ = batch[0]
                 log.exception("span write failed (attempt %s)", spans[0].attempt_id if spans else "?")
                 if future is not None:
                     future.set_exception(GatewayError(500, "the call's span could not be stored"))
@@ -80,7 +97,7 @@ class SpanWriter:
             for one in batch:
                 self._commit([one])
             return
-        for _, future in batch:
+        for _, future, _ in batch:
             if future is not None:
                 future.set_result(None)
 

@@ -442,9 +442,20 @@ class Registry:
         `approved-default` comes only from the store's pointer: if it was never set this raises
         `PointerNotSet`; it never falls back to `latest-candidate` or to the newest version."""
         _check_alias(alias)
-        rec = self.reconcile()
-        mv = rec.model_version if alias == APPROVED else self._alias_version(alias)
-        version = rec.pointer if alias == APPROVED else (None if mv is None else str(mv.version))
+        self._ready()
+        # Only the newest move is read; the full history is read (by `reconcile`) only when the MLflow
+        # mirror is behind the store and must be rewritten.
+        moves = self.store.pointer_history(self.pointer_name(), last=1)
+        last = moves[-1] if moves else None
+        pointer = last.to_value if last else None
+        approved = self._alias_version(APPROVED)
+        alias_of = None if approved is None else str(approved.version)
+        seq = "" if approved is None else approved.tags.get(f"{APPROVED}.seq", "")
+        if alias_of != pointer or seq != (str(last.seq) if last else ""):
+            rec = self.reconcile()
+            last, pointer, approved = rec.last_move, rec.pointer, rec.model_version
+        mv = approved if alias == APPROVED else self._alias_version(alias)
+        version = pointer if alias == APPROVED else (None if mv is None else str(mv.version))
         if version is None:
             raise PointerNotSet(alias)
         if mv is None or str(mv.version) != version:
@@ -453,7 +464,7 @@ class Registry:
         if alias == APPROVED:
             # Version numbers restart when a registered model is re-created; the content hash recorded at
             # approval time is what the pointer really means.
-            approved_hash = _note(rec.last_move).get("weights_hash")
+            approved_hash = _note(last).get("weights_hash")
             if approved_hash and approved_hash != weights_hash:
                 raise WeightsMismatch(version, approved_hash, weights_hash)
         path = self._download(mv) if download else None

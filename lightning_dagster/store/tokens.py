@@ -52,7 +52,8 @@ def unpack_logprobs(data: bytes) -> list[float]:
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Number of leading items two id lists share (binary search over C-speed slice compares)."""
+    """Number of leading items two sequences (id lists, or packed bytes) share (binary search over
+    C-speed slice compares)."""
     n = min(len(a), len(b))
     if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
         return n  # the common case: a prompt that extends the previous call exactly (one copy, not two)
