@@ -15,7 +15,6 @@ from lightning_dagster.harnesses.ledger import agent as ledger_agent
 from lightning_dagster.harnesses.ledger import environment as ledger_env
 from lightning_dagster.harnesses.ledger import tasks as ledger_tasks
 from lightning_dagster.harnesses.splits import SPLITS
-from lightning_dagster.types import span_family  # noqa: F401  (re-exported: harness specs name families)
 
 
 class UnknownHarness(KeyError):

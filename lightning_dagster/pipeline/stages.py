@@ -221,12 +221,12 @@ def _snapshot_rollout_ids(store: Any, key: str) -> list[str]:
 def collect_rollout_evidence(store: Any, receipt: Any, rollout_ids: list[str]) -> Any:
     """Phase 2 straight from the store: rollouts, every attempt, spans counted per family."""
     from lightning_dagster.gate import receipt as R
-    from lightning_dagster.harnesses.registry import span_family
+    from lightning_dagster.types import span_family
 
     found = store.query_rollouts(rollout_ids=rollout_ids) if rollout_ids else []
     attempts = store.list_attempts(rollout_ids=rollout_ids) if rollout_ids else []
     pairs = (
-        (s.rollout_id, span_family(s.kind.value, s.name))
+        (s.rollout_id, span_family(s.kind.value, s.name, s.attributes))
         for s in (store.list_spans(rollout_ids=rollout_ids) if rollout_ids else [])
     )
     return R.add_rollout_evidence(receipt, found, attempts, pairs)
