@@ -1,0 +1,87 @@
+"""The learning curve of `calc` RL through the real runner and gateway: held-out success sampled at T=1.0
+(300 fixed tasks, one evaluation seed for every point) against RL seconds and steps, from a warm-started
+parent. RL seconds count rollouts + trainer + weight push, not evaluation.
+
+Run: .venv/bin/python benchmarks/training_learning_curve.py [--parent DIR] [--steps 60] [--eval-every 10]
+(without --parent it builds the base model and warm-starts a parent first, and reports that too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from lightning_dagster.engine.build import build_base_model
+from lightning_dagster.store import Store
+from lightning_dagster.training.loop import RLConfig, train_rl
+from lightning_dagster.training.trainer import TrainerConfig
+from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--parent", type=Path)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--tasks-per-step", type=int, default=16)
+    parser.add_argument("--group", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--heldout", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the curve and step metrics as JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    work = Path(tempfile.mkdtemp(prefix="ld-curve-"))
+    store = Store(f"sqlite:///{work / 'store.db'}")
+    parent = args.parent
+    if parent is None:
+        t = time.perf_counter()
+        ws = warm_start(
+            store, build_base_model(work / "base", seed=args.seed), work / "warm", WarmStartConfig()
+        )
+        parent = ws.model_dir
+        print(
+            f"warm start: {ws.steps} SFT steps, probe success {ws.probe_success:.3f}, {time.perf_counter() - t:.0f} s"
+        )
+    config = RLConfig(
+        steps=args.steps,
+        eval_every=args.eval_every,
+        tasks_per_step=args.tasks_per_step,
+        group_size=args.group,
+        heldout_tasks=args.heldout,
+        seed=args.seed,
+        trainer=TrainerConfig(lr=args.lr),
+    )
+
+    def log(entry: dict) -> None:
+        if "success" in entry:
+            print(f"step {entry['step']:3d}  rl {entry['rl_seconds']:6.1f} s  sampled {entry['success']:.3f}"
+                  + (f"  greedy {entry['greedy']:.3f}" if "greedy" in entry else "")
+                  + f"  (eval {entry['eval_seconds']:.0f} s)", flush=True)  # fmt: skip
+        else:
+            print(f"  step {entry['step']:3d} reward {entry['reward_mean']:.3f} skipped groups "
+                  f"{entry['skipped_groups']}/{entry['groups']} rollouts {entry['rollout_seconds']:.1f} s "
+                  f"train {entry['seconds']:.1f} s", flush=True)  # fmt: skip
+
+    result = train_rl(store, parent, config, log=log)
+    base = result.parent["success"]
+    print(f"{'step':>5} {'rl_seconds':>10} {'sampled':>8} {'delta':>7}")
+    for p in result.curve:
+        print(f"{p['step']:>5} {p['rl_seconds']:>10.1f} {p['success']:>8.3f} {p['success'] - base:>+7.3f}")
+    within = [p for p in result.curve if p["rl_seconds"] <= 300]
+    best = max(p["success"] for p in within) - base
+    print(f"parent greedy {result.parent['greedy']:.3f} -> candidate greedy {result.candidate['greedy']:.3f}")
+    print(f"best gain within 300 s of RL: {best:+.3f}; total {result.seconds:.0f} s")
+    if args.out:
+        args.out.write_text(json.dumps({"curve": result.curve, "steps": result.steps}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

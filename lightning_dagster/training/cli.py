@@ -1,0 +1,124 @@
+"""`lightning-dagster train --harness calc [--steps N] [--json]`: warm-start a parent if there is none, run
+RL through the embedded gateway and runner, print the parent's and the candidate's held-out success."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from lightning_dagster import config
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--harness", default="calc", help="harness to train on (needs <harness>.demos)")
+    parser.add_argument("--steps", type=int, default=40, help="RL steps (one optimizer update each)")
+    parser.add_argument("--tasks-per-step", type=int, default=16)
+    parser.add_argument("--group", type=int, default=16, help="rollouts per task (GRPO group)")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--heldout", type=int, default=300, help="held-out tasks per evaluation")
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parent", type=Path, help="parent checkpoint (default: the store's warm start, "
+                        "built from <home>/models/base if absent)")  # fmt: skip
+    parser.add_argument("--out", type=Path, help="candidate checkpoint directory")
+    parser.add_argument("--store", help="store URL (default: config.store_url())")
+    parser.add_argument("--metrics", type=Path, help="write per-step metrics and evaluations as JSONL")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.set_defaults(handler=_train)
+
+
+def find_or_build_parent(store, harness: str, *, seed: int, log) -> tuple[Path, str]:
+    """The store's warm-started parent for `harness` (its checkpoint still on disk), else build one."""
+    from lightning_dagster.engine.build import build_base_model
+    from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
+
+    for r in reversed(store.list_resources()):
+        if r.metadata.get("role") == "warm_start" and r.metadata.get("harness") == harness:
+            if (Path(r.uri) / "config.json").exists():
+                return Path(r.uri), r.resource_id
+    base = config.models_dir() / "base"
+    if not (base / "config.json").exists():
+        build_base_model(base, seed=seed)
+    result = warm_start(
+        store,
+        base,
+        config.models_dir() / f"{harness}-warm-start",
+        WarmStartConfig(harness=harness, seed=seed),
+        log=log,
+    )
+    return result.model_dir, result.resource.resource_id
+
+
+def _train(args: argparse.Namespace) -> int:
+    import torch
+
+    from lightning_dagster.engine.build import checkpoint_hash
+    from lightning_dagster.store import Store
+    from lightning_dagster.training.loop import RLConfig, train_rl
+    from lightning_dagster.training.trainer import TrainerConfig
+    from lightning_dagster.types import Resource
+
+    if args.steps < 1 or args.group < 2 or args.tasks_per_step < 1 or args.heldout < 1:
+        print("error: --steps, --tasks-per-step, --heldout must be >= 1 and --group >= 2", file=sys.stderr)
+        return 2
+    torch.manual_seed(args.seed)
+    started = time.perf_counter()
+    store = Store(args.store)
+    metrics_file = args.metrics.open("w") if args.metrics else None
+
+    def log(entry: dict) -> None:
+        if metrics_file:
+            metrics_file.write(json.dumps(entry) + "\n")
+            metrics_file.flush()
+        if not args.json:
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in entry.items()}))
+
+    if args.parent:
+        parent_dir, parent_id = args.parent, None
+    else:
+        parent_dir, parent_id = find_or_build_parent(store, args.harness, seed=args.seed, log=log)
+    rl = RLConfig(
+        harness=args.harness,
+        steps=args.steps,
+        tasks_per_step=args.tasks_per_step,
+        group_size=args.group,
+        heldout_tasks=args.heldout,
+        eval_every=args.eval_every,
+        seed=args.seed,
+        trainer=TrainerConfig(lr=args.lr),
+    )
+    out = args.out or config.models_dir() / f"{args.harness}-candidate-{time.strftime('%Y%m%dT%H%M%S')}"
+    result = train_rl(store, parent_dir, rl, parent_resource_id=parent_id, out_dir=out, log=log)
+    assert result.checkpoint is not None
+    candidate = store.add_resource(
+        Resource(
+            uri=str(result.checkpoint),
+            parent_id=parent_id,
+            weights_hash=checkpoint_hash(result.checkpoint),
+            metadata={"role": "rl_candidate", "harness": args.harness, "rl": rl.to_dict()},
+        )
+    )
+    summary = {
+        "parent_success": result.parent["success"],
+        "candidate_success": result.candidate["success"],
+        "parent_greedy": result.parent.get("greedy"),
+        "candidate_greedy": result.candidate.get("greedy"),
+        "heldout_tasks": result.parent["tasks"],
+        "steps": len(result.steps),
+        "seconds": time.perf_counter() - started,
+        "rl_seconds": result.rl_seconds,
+        "candidate_resource_id": candidate.resource_id,
+        "parent_resource_id": parent_id,
+        "checkpoint": str(result.checkpoint),
+    }
+    if metrics_file:
+        metrics_file.close()
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        for k, v in summary.items():
+            print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
+    return 0

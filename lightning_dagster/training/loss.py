@@ -1,0 +1,169 @@
+"""The policy loss: PPO clip with separate lower/upper epsilons, truncated importance sampling against the
+recorded behaviour logprobs, an optional k3 KL to the parent, and four normalizations.
+
+Per trained token t of row b (A_b is the rollout's advantage, broadcast):
+
+    ratio  = exp(logp - old)                         old: the trainer's own logprobs before this update
+    pg     = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))
+    w_is   = min(exp(old - behaviour), C)            detached; per token, or one product per row
+    kl     = exp(ref - logp) - (ref - logp) - 1      k3 estimator of KL(policy || parent)
+    loss   = sum_b weight_b * sum_t mask * (w_is * pg + kl_coef * kl)
+
+`weight_b` is fixed for the whole optimizer step by `row_weights`, before any micro-batching, so the loss
+of k micro-batches adds up to exactly the loss of one pass over the step (and so do the gradients):
+
+    token_mean            1 / (trained tokens in the step)
+    seq_mean_token_mean   1 / (rows in the step * trained tokens in the row)
+    constant              1 / C                     (Dr. GRPO: a fixed denominator, e.g. the token budget)
+    rollout_mean          1 / (rollouts in the step * trained tokens of the rollout, all its rows)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Normalization = Literal["token_mean", "seq_mean_token_mean", "constant", "rollout_mean"]
+NORMALIZATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "constant", "rollout_mean")
+
+
+class LossConfigError(ValueError):
+    """A loss setting that cannot be used (unknown mode, missing constant, bad cap)."""
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    normalization: Normalization = "token_mean"
+    constant: float | None = None  # the denominator of `constant` normalization
+    tis: Literal["none", "token", "sequence"] = "token"
+    tis_cap: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.normalization not in NORMALIZATIONS:
+            raise LossConfigError(
+                f"unknown normalization {self.normalization!r}; expected one of {NORMALIZATIONS}"
+            )
+        if self.normalization == "constant" and not (self.constant and self.constant > 0):
+            raise LossConfigError("normalization 'constant' needs a positive `constant`")
+        if self.tis not in ("none", "token", "sequence"):
+            raise LossConfigError(f"unknown truncated importance sampling level {self.tis!r}")
+        if self.tis_cap <= 0:
+            raise LossConfigError("tis_cap must be positive")
+
+
+def row_weights(trained_tokens: Sequence[int], rollout_ids: Sequence[str], config: LossConfig) -> list[float]:
+    """The per-token weight of every row of one optimizer step (see the module docstring)."""
+    mode = config.normalization
+    if mode == "token_mean":
+        total = sum(trained_tokens)
+        return [1.0 / total if total else 0.0 for _ in trained_tokens]
+    if mode == "seq_mean_token_mean":
+        n = len(trained_tokens)
+        return [1.0 / (n * t) if t else 0.0 for t in trained_tokens]
+    if mode == "constant":
+        assert config.constant is not None
+        return [1.0 / config.constant for _ in trained_tokens]
+    per_rollout: dict[str, int] = {}
+    for rid, t in zip(rollout_ids, trained_tokens, strict=True):
+        per_rollout[rid] = per_rollout.get(rid, 0) + t
+    n = len(per_rollout)
+    return [1.0 / (n * per_rollout[rid]) if per_rollout[rid] else 0.0 for rid in rollout_ids]
+
+
+@dataclass
+class LossParts:
+    """Sums over one micro-batch; `merge` adds micro-batches up to the whole step."""
+
+    loss: torch.Tensor
+    tokens: float = 0.0
+    clipped: float = 0.0
+    kl_sum: float = 0.0
+    is_ratio_sum: float = 0.0
+    is_ratio_max: float = 0.0
+    is_ratio_min: float = float("inf")
+    is_capped: float = 0.0
+    abs_log_ratio_max: float = 0.0
+
+    def merge(self, other: LossParts) -> LossParts:
+        return LossParts(
+            loss=self.loss.detach() + other.loss.detach(),
+            tokens=self.tokens + other.tokens,
+            clipped=self.clipped + other.clipped,
+            kl_sum=self.kl_sum + other.kl_sum,
+            is_ratio_sum=self.is_ratio_sum + other.is_ratio_sum,
+            is_ratio_max=max(self.is_ratio_max, other.is_ratio_max),
+            is_ratio_min=min(self.is_ratio_min, other.is_ratio_min),
+            is_capped=self.is_capped + other.is_capped,
+            abs_log_ratio_max=max(self.abs_log_ratio_max, other.abs_log_ratio_max),
+        )
+
+    def metrics(self) -> dict[str, float]:
+        n = max(self.tokens, 1.0)
+        return {
+            "loss": float(self.loss.detach()),
+            "trained_tokens": self.tokens,
+            "clip_fraction": self.clipped / n,
+            "kl": self.kl_sum / n,
+            "is_ratio_mean": self.is_ratio_sum / n,
+            "is_ratio_max": self.is_ratio_max,
+            "is_ratio_min": self.is_ratio_min if self.tokens else 1.0,
+            "is_capped_fraction": self.is_capped / n,
+            "abs_log_ratio_max": self.abs_log_ratio_max,
+        }
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    weights: torch.Tensor,
+    config: LossConfig,
+    ref_logprobs: torch.Tensor | None = None,
+) -> LossParts:
+    """All token tensors are [B, L] and aligned; `advantages` and `weights` are [B] (one per row)."""
+    mask = mask.to(logprobs.dtype)
+    adv = advantages[:, None]
+    old = old_logprobs.detach()
+    ratio = torch.exp(logprobs - old)
+    pg_unclipped = -adv * ratio
+    pg_clipped = -adv * torch.clamp(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high)
+    pg = torch.maximum(pg_unclipped, pg_clipped)
+
+    # Sampler vs trainer mismatch: the behaviour policy is what the engine actually sampled from.
+    log_is = (old - behaviour_logprobs) * mask
+    if config.tis == "sequence":
+        log_w = log_is.sum(dim=1, keepdim=True).expand_as(log_is)
+    else:
+        log_w = log_is
+    is_ratio = torch.exp(log_w)
+    w_is = torch.clamp(is_ratio, max=config.tis_cap) if config.tis != "none" else torch.ones_like(is_ratio)
+    per_token = w_is.detach() * pg
+    kl = torch.zeros_like(per_token)
+    if config.kl_coef and ref_logprobs is not None:
+        diff = ref_logprobs.detach() - logprobs
+        kl = torch.exp(diff) - diff - 1.0
+        per_token = per_token + config.kl_coef * kl
+    loss = (weights[:, None] * mask * per_token).sum()
+
+    with torch.no_grad():
+        on = mask > 0
+        token_ratio = torch.exp(log_is)[on]
+        return LossParts(
+            loss=loss,
+            tokens=float(mask.sum()),
+            clipped=float(((pg_clipped > pg_unclipped) & on).sum()),
+            kl_sum=float((kl * mask).sum()),
+            is_ratio_sum=float(token_ratio.sum()),
+            is_ratio_max=float(token_ratio.max()) if token_ratio.numel() else 0.0,
+            is_ratio_min=float(token_ratio.min()) if token_ratio.numel() else float("inf"),
+            is_capped=float(((is_ratio > config.tis_cap) & on).sum()) if config.tis != "none" else 0.0,
+            abs_log_ratio_max=float(log_is[on].abs().max()) if token_ratio.numel() else 0.0,
+        )

@@ -1,0 +1,250 @@
+"""The torch trainer: one optimizer step of the policy loss over merged rows, readable top to bottom.
+
+rows + rollout advantages
+  -> drop rows of rollouts without an advantage (zero-variance groups)
+  -> per-row token weights for the whole step (loss.row_weights)
+  -> micro-batches (right-padded, attention mask)
+  -> fp32 teacher-forced logprobs of the policy at the sampling temperature: log_softmax(logits / T)
+  -> policy_loss, backward (gradients accumulate to exactly one pass), clip, Adam step
+  -> one metrics dict per step
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
+
+from lightning_dagster.training.advantages import Advantages
+from lightning_dagster.training.loss import LossConfig, LossParts, policy_loss, row_weights
+from lightning_dagster.training.transitions import Row
+
+# ----------------------------------------------------------------------------------------------------------
+# configuration
+
+
+@dataclass
+class TrainerConfig:
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = 0.0  # 0 -> plain Adam behaviour (AdamW with no decay)
+    grad_clip: float = 1.0
+    temperature: float = 1.0  # the sampling temperature the rows were generated at
+    micro_batch_tokens: int = 8192  # padded tokens per forward pass
+    epochs: int = 1  # optimizer steps over the same rows; > 1 recomputes the "old" logprobs first
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# batching and logprobs
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, L] prompt + response, right-padded
+    attention_mask: torch.Tensor  # [B, L]
+    positions: torch.Tensor  # [B, R] index of the logit that predicts response token j
+    targets: torch.Tensor  # [B, R] response ids
+    mask: torch.Tensor  # [B, R] loss mask (0 on padding)
+    behaviour: torch.Tensor  # [B, R] recorded logprobs
+    index: list[int]  # which rows of the step these are
+
+
+def micro_batches(rows: Sequence[Row], max_tokens: int) -> Iterator[MicroBatch]:
+    """Rows sorted by length (less padding), packed until `max_tokens` padded tokens."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    chunk: list[int] = []
+    for i in order:
+        if chunk and len(rows[i]) * (len(chunk) + 1) > max_tokens:
+            yield collate([rows[j] for j in chunk], chunk)
+            chunk = []
+        chunk.append(i)
+    if chunk:
+        yield collate([rows[j] for j in chunk], chunk)
+
+
+def collate(rows: Sequence[Row], index: list[int]) -> MicroBatch:
+    b = len(rows)
+    seq = max(len(r) for r in rows)
+    resp = max(len(r.response_ids) for r in rows)
+    ids = torch.zeros(b, seq, dtype=torch.long)
+    attn = torch.zeros(b, seq, dtype=torch.long)
+    positions = torch.zeros(b, resp, dtype=torch.long)
+    targets = torch.zeros(b, resp, dtype=torch.long)
+    mask = torch.zeros(b, resp)
+    behaviour = torch.zeros(b, resp)
+    for i, r in enumerate(rows):
+        full = r.prompt_ids + r.response_ids
+        p, n = len(r.prompt_ids), len(r.response_ids)
+        ids[i, : len(full)] = torch.tensor(full)
+        attn[i, : len(full)] = 1
+        positions[i, :n] = torch.arange(p - 1, p - 1 + n)
+        targets[i, :n] = torch.tensor(r.response_ids)
+        mask[i, :n] = torch.tensor(r.loss_mask, dtype=torch.float32)
+        behaviour[i, :n] = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
+    return MicroBatch(ids, attn, positions, targets, mask, behaviour, list(index))
+
+
+def response_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float) -> torch.Tensor:
+    """fp32 log_softmax(logits / T) of each response token, teacher-forced: the trainer's view of exactly
+    the distribution the engine sampled from."""
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+    vocab = logits.shape[-1]
+    picked = logits.gather(1, mb.positions[..., None].expand(-1, -1, vocab)).float()
+    logp = torch.log_softmax(picked / temperature, dim=-1)
+    return logp.gather(-1, mb.targets[..., None]).squeeze(-1)
+
+
+def load_model(model_dir: Path | str) -> torch.nn.Module:
+    hf_logging.disable_progress_bar()
+    # dtype pinned: from_pretrained keeps a checkpoint's dtype, and bf16 logprobs are off by ~5e-2.
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.eval()  # no dropout: the ratio to the behaviour policy must be exactly 1 before the first step
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the trainer
+
+
+@dataclass
+class Prepared:
+    rows: list[Row]
+    batches: list[MicroBatch]
+    advantages: list[torch.Tensor]  # [B] per micro-batch
+    weights: list[torch.Tensor]  # [B] per micro-batch
+    refs: list[torch.Tensor] | None
+    olds: list[torch.Tensor] | None
+
+
+class Trainer:
+    def __init__(
+        self,
+        model_dir: Path | str,
+        config: TrainerConfig | None = None,
+        *,
+        ref_model_dir: Path | str | None = None,
+    ):
+        self.model_dir = Path(model_dir)
+        self.config = config or TrainerConfig()
+        self.model = load_model(model_dir)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.config.lr,
+            betas=self.config.betas,
+            weight_decay=self.config.weight_decay,
+        )
+        self.ref_model = None
+        if self.config.loss.kl_coef:
+            self.ref_model = load_model(ref_model_dir or model_dir)
+            self.ref_model.requires_grad_(False)
+        self.steps = 0
+
+    def _no_grad_logprobs(self, model: torch.nn.Module, batches: list[MicroBatch]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [response_logprobs(model, mb, self.config.temperature) for mb in batches]
+
+    def prepare(self, rows: Sequence[Row], advantages: Advantages) -> Prepared | None:
+        """Fix everything the step's micro-batches share: kept rows, weights, reference and old logprobs.
+        Rows of rollouts without an advantage (zero-variance groups) are left out here, before the
+        normalizers are computed, so they reach neither numerator nor denominator."""
+        cfg = self.config
+        kept = [r for r in rows if r.rollout_id in advantages.values and r.trained_tokens > 0]
+        if not kept:
+            return None
+        weights = row_weights([r.trained_tokens for r in kept], [r.rollout_id for r in kept], cfg.loss)
+        batches = list(micro_batches(kept, cfg.micro_batch_tokens))
+        return Prepared(
+            rows=kept,
+            batches=batches,
+            advantages=[
+                torch.tensor([advantages.values[kept[i].rollout_id] for i in mb.index]) for mb in batches
+            ],
+            weights=[torch.tensor([weights[i] for i in mb.index]) for mb in batches],
+            refs=self._no_grad_logprobs(self.ref_model, batches) if self.ref_model is not None else None,
+            olds=self._no_grad_logprobs(self.model, batches) if cfg.epochs > 1 else None,
+        )
+
+    def backward(self, prep: Prepared) -> LossParts:
+        """Zero the gradients, then accumulate the step's loss over its micro-batches."""
+        self.optimizer.zero_grad(set_to_none=True)
+        total: LossParts | None = None
+        for k, mb in enumerate(prep.batches):
+            logp = response_logprobs(self.model, mb, self.config.temperature)
+            # One update per batch: the "old" policy is the current one, so ratio == 1 with a live gradient.
+            old = prep.olds[k] if prep.olds is not None else logp.detach()
+            ref = prep.refs[k] if prep.refs is not None else None
+            parts = policy_loss(
+                logp, old, mb.behaviour, prep.advantages[k], mb.mask, prep.weights[k], self.config.loss, ref
+            )
+            parts.loss.backward()
+            total = parts if total is None else total.merge(parts)
+        assert total is not None
+        return total
+
+    def step(self, rows: Sequence[Row], advantages: Advantages, extra: dict | None = None) -> dict:
+        """One RL update (`epochs` optimizer steps) over the rows of one batch of rollouts."""
+        started = time.perf_counter()
+        self.steps += 1
+        metrics: dict = {"step": self.steps, "rows": len(rows), **advantages.to_dict(), **(extra or {})}
+        prep = self.prepare(rows, advantages)
+        if prep is None:  # every group had zero variance: nothing to learn from, no update
+            return {**metrics, "trained_rows": 0, "loss": 0.0, "seconds": time.perf_counter() - started}
+        for _ in range(self.config.epochs):
+            parts = self.backward(prep)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            self.optimizer.step()
+        seconds = time.perf_counter() - started
+        tokens = sum(len(r) for r in prep.rows) * self.config.epochs
+        metrics.update(parts.metrics())
+        metrics.update(
+            trained_rows=len(prep.rows),
+            grad_norm=float(grad_norm),
+            seconds=seconds,
+            tokens_per_s=tokens / seconds,
+        )
+        return metrics
+
+    def supervised_step(self, rows: Sequence[Row]) -> dict:
+        """One cross-entropy step on the masked tokens (the warm start): T=1, token mean over the step."""
+        started = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        total_tokens = sum(r.trained_tokens for r in rows)
+        loss_sum = 0.0
+        for mb in micro_batches(rows, self.config.micro_batch_tokens):
+            logp = response_logprobs(self.model, mb, 1.0)
+            loss = -(logp * mb.mask).sum() / total_tokens
+            loss.backward()
+            loss_sum += float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        self.steps += 1
+        seconds = time.perf_counter() - started
+        return {
+            "step": self.steps,
+            "nll": loss_sum,
+            "grad_norm": float(grad_norm),
+            "tokens_per_s": sum(len(r) for r in rows) / seconds,
+        }
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def save(self, out_dir: Path | str) -> Path:
+        """A Hugging Face checkpoint: the tokenizer and chat template of the source, the current weights."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for f in self.model_dir.iterdir():
+            if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name != "config.json":
+                shutil.copy2(f, out / f.name)
+        self.model.save_pretrained(out)
+        return out

@@ -1,0 +1,261 @@
+"""Training rows from recorded LLM spans, without re-tokenizing: one pure function per attempt.
+
+`merge_calls` is the whole idea. Its invariant, tested directly in tests/training/test_transitions.py:
+
+    For every row and every call k merged into it, in order,
+        row.prompt_ids + row.response_ids[: end_k]  ==  call_k.prompt + call_k.response   (token for token)
+    where end_k is where call k's response ends inside the row. Tokens a call sampled carry loss mask 1 and
+    exactly the logprob the engine recorded for them; every other response token (tool output, template
+    tokens between turns) carries mask 0 and logprob 0.
+
+Calls are bridged only when `prompt[k+1]` starts with `prompt[k] + response[k]`. Anything else (an edited
+history, a re-rendered prompt that drifted, a call cut off by `finish_reason == "length"`) starts a new row;
+a prefix break is counted as a `PrefixMismatch` with the first differing position and the ids around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lightning_dagster.types import Span, SpanKind
+
+MergeMode = Literal["merged", "per_call"]
+
+
+class TransitionError(ValueError):
+    """An LLM span lacks the token fields a training row needs."""
+
+
+@dataclass(frozen=True)
+class TransitionConfig:
+    mode: MergeMode = "merged"
+    max_prompt_tokens: int | None = None  # a row whose first prompt is longer is dropped (counted)
+    max_response_tokens: int | None = None  # a row's response past this is truncated (mask and logprobs too)
+    context: int = 4  # ids shown on either side of a mismatch
+
+
+@dataclass
+class Row:
+    """One training sequence: `prompt_ids` is never trained; `response_ids` carries the mask and the
+    behaviour logprobs position by position."""
+
+    rollout_id: str
+    attempt_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    behaviour_logprobs: list[float]
+    span_ids: list[str]  # the calls merged into this row, in order
+    truncated: bool = False
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass(frozen=True)
+class PrefixMismatch:
+    """Call `call_index`'s prompt does not extend the previous call's prompt + response."""
+
+    rollout_id: str
+    attempt_id: str
+    span_id: str
+    call_index: int
+    position: int  # first differing token index (or the shorter length when one is a prefix of the other)
+    expected: tuple[int, ...]  # previous prompt + response around `position`
+    actual: tuple[int, ...]  # this prompt around `position`
+
+    def describe(self) -> str:
+        return (
+            f"{self.attempt_id} call {self.call_index}: prefix break at token {self.position}: "
+            f"expected ...{list(self.expected)}... got ...{list(self.actual)}..."
+        )
+
+
+@dataclass
+class MergeStats:
+    attempts: int = 0
+    calls: int = 0
+    duplicates: int = 0
+    rows: int = 0
+    bridges: int = 0  # calls appended to the previous call's row
+    length_splits: int = 0  # calls not bridged because the previous call ended on `length`
+    dropped_long_prompt: int = 0
+    truncated_rows: int = 0
+    single_row_attempts: int = 0  # attempts whose every call landed in one row
+    mismatches: list[PrefixMismatch] = field(default_factory=list)
+
+    @property
+    def mismatch_rate(self) -> float:
+        """Prefix breaks per bridging opportunity (calls after an attempt's first)."""
+        chances = self.bridges + len(self.mismatches)
+        return len(self.mismatches) / chances if chances else 0.0
+
+    def add(self, other: MergeStats) -> None:
+        for name in (
+            "attempts",
+            "calls",
+            "duplicates",
+            "rows",
+            "bridges",
+            "length_splits",
+            "dropped_long_prompt",
+            "truncated_rows",
+            "single_row_attempts",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.mismatches.extend(other.mismatches)
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {
+            "attempts": self.attempts,
+            "calls": self.calls,
+            "duplicates": self.duplicates,
+            "rows": self.rows,
+            "bridges": self.bridges,
+            "mismatches": len(self.mismatches),
+            "mismatch_rate": self.mismatch_rate,
+            "length_splits": self.length_splits,
+            "dropped_long_prompt": self.dropped_long_prompt,
+            "truncated_rows": self.truncated_rows,
+            "single_row_attempts": self.single_row_attempts,
+        }
+
+
+def _llm_calls(spans: Sequence[Span]) -> list[Span]:
+    calls = [s for s in spans if s.kind == SpanKind.llm]
+    for s in calls:
+        if s.prompt_token_ids is None or s.response_token_ids is None or s.response_logprobs is None:
+            raise TransitionError(f"span {s.span_id}: LLM span without prompt/response token ids or logprobs")
+        if len(s.response_logprobs) != len(s.response_token_ids):
+            raise TransitionError(
+                f"span {s.span_id}: {len(s.response_logprobs)} logprobs for {len(s.response_token_ids)} tokens"
+            )
+    return sorted(calls, key=lambda s: s.sequence)
+
+
+def dedupe_calls(calls: Sequence[Span]) -> list[Span]:
+    """Keep the last call of each identical prompt (a client retry re-sends the same prompt), in the
+    order of those last occurrences."""
+    last = {tuple(c.prompt_token_ids or ()): i for i, c in enumerate(calls)}
+    keep = sorted(last.values())
+    return [calls[i] for i in keep]
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _new_row(call: Span) -> Row:
+    assert call.prompt_token_ids is not None and call.response_token_ids is not None
+    assert call.response_logprobs is not None
+    return Row(
+        rollout_id=call.rollout_id,
+        attempt_id=call.attempt_id,
+        prompt_ids=list(call.prompt_token_ids),
+        response_ids=list(call.response_token_ids),
+        loss_mask=[1] * len(call.response_token_ids),
+        behaviour_logprobs=[float(x) for x in call.response_logprobs],
+        span_ids=[call.span_id],
+    )
+
+
+def _extend_row(row: Row, call: Span) -> None:
+    """Append `call` to `row`; its prompt is known to start with the row's tokens."""
+    assert call.prompt_token_ids is not None and call.response_token_ids is not None
+    assert call.response_logprobs is not None
+    delta = call.prompt_token_ids[len(row) :]
+    row.response_ids += list(delta) + list(call.response_token_ids)
+    row.loss_mask += [0] * len(delta) + [1] * len(call.response_token_ids)
+    row.behaviour_logprobs += [0.0] * len(delta) + [float(x) for x in call.response_logprobs]
+    row.span_ids.append(call.span_id)
+
+
+def _apply_limits(row: Row, config: TransitionConfig, stats: MergeStats) -> Row | None:
+    if config.max_prompt_tokens is not None and len(row.prompt_ids) > config.max_prompt_tokens:
+        stats.dropped_long_prompt += 1
+        return None
+    limit = config.max_response_tokens
+    if limit is not None and len(row.response_ids) > limit:
+        row.response_ids = row.response_ids[:limit]
+        row.loss_mask = row.loss_mask[:limit]
+        row.behaviour_logprobs = row.behaviour_logprobs[:limit]
+        row.truncated = True
+        stats.truncated_rows += 1
+    return row
+
+
+def merge_calls(
+    spans: Sequence[Span], config: TransitionConfig = TransitionConfig()
+) -> tuple[list[Row], MergeStats]:
+    """One attempt's spans (any kinds, any order) -> its training rows and what happened on the way."""
+    stats = MergeStats(attempts=1)
+    calls = _llm_calls(spans)
+    stats.calls = len(calls)
+    kept = dedupe_calls(calls)
+    stats.duplicates = len(calls) - len(kept)
+    rows: list[Row] = []
+    previous: Span | None = None
+    for index, call in enumerate(kept):
+        row = rows[-1] if rows else None
+        if row is None or config.mode == "per_call":
+            rows.append(_new_row(call))
+        elif previous is not None and previous.finish_reason == "length":
+            # The cut-off response has no end-of-turn token; bridging would teach the template's
+            # closing tokens as if the model had emitted them.
+            stats.length_splits += 1
+            rows.append(_new_row(call))
+        else:
+            assert call.prompt_token_ids is not None
+            history = row.prompt_ids + row.response_ids
+            at = _first_difference(history, call.prompt_token_ids)
+            if at == len(history):
+                _extend_row(row, call)
+                stats.bridges += 1
+            else:
+                lo, hi = max(0, at - config.context), at + config.context + 1
+                stats.mismatches.append(
+                    PrefixMismatch(
+                        rollout_id=call.rollout_id,
+                        attempt_id=call.attempt_id,
+                        span_id=call.span_id,
+                        call_index=index,
+                        position=at,
+                        expected=tuple(history[lo:hi]),
+                        actual=tuple(call.prompt_token_ids[lo:hi]),
+                    )
+                )
+                rows.append(_new_row(call))
+        previous = call
+    if len(rows) == 1 and config.mode == "merged":
+        stats.single_row_attempts = 1
+    limited = [r for r in (_apply_limits(r, config, stats) for r in rows) if r is not None]
+    stats.rows = len(limited)
+    return limited, stats
+
+
+def build_rows(
+    spans: Iterable[Span], config: TransitionConfig = TransitionConfig()
+) -> tuple[list[Row], MergeStats]:
+    """Spans of many attempts (as `Store.list_spans` returns them) -> rows of all, attempt by attempt."""
+    by_attempt: dict[str, list[Span]] = {}
+    for s in spans:
+        by_attempt.setdefault(s.attempt_id, []).append(s)
+    rows: list[Row] = []
+    total = MergeStats()
+    for attempt_spans in by_attempt.values():
+        if not any(s.kind == SpanKind.llm for s in attempt_spans):
+            continue
+        attempt_rows, stats = merge_calls(attempt_spans, config)
+        rows.extend(attempt_rows)
+        total.add(stats)
+    return rows, total

@@ -1,0 +1,115 @@
+"""Normalization over the whole step (one pass == k micro-batches), zero-variance groups, PPO clip, TIS, KL."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_dagster.training.advantages import RolloutReward, compute_advantages
+from lightning_dagster.training.loss import (
+    NORMALIZATIONS,
+    LossConfig,
+    LossConfigError,
+    policy_loss,
+    row_weights,
+)
+from lightning_dagster.training.trainer import Trainer, TrainerConfig
+from tests.training.conftest import random_rows
+
+ROLLOUTS = {"a0": 1, "a1": 3, "a2": 1, "a3": 2, "b0": 2, "b1": 1}
+REWARDS = {"a0": 1.0, "a1": 0.0, "a2": 0.0, "a3": 1.0, "b0": 0.5, "b1": 0.0}
+
+
+def advantages(extra: dict[str, float] | None = None):
+    rewards = {**REWARDS, **(extra or {})}
+    return compute_advantages([RolloutReward(r, r[0], v) for r, v in rewards.items()], "grpo")
+
+
+def loss_and_grads(model_dir, rows, adv, loss_cfg: LossConfig, micro_batch_tokens: int):
+    trainer = Trainer(model_dir, TrainerConfig(loss=loss_cfg, micro_batch_tokens=micro_batch_tokens))
+    prep = trainer.prepare(rows, adv)
+    parts = trainer.backward(prep)
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return float(parts.loss.detach()), grads, len(prep.batches)
+
+
+@pytest.mark.parametrize("mode", NORMALIZATIONS)
+@pytest.mark.parametrize("tis", ["token", "sequence"])
+def test_one_pass_equals_k_micro_batches_in_loss_and_gradients(tiny_model_dir, mode, tis):
+    cfg = LossConfig(normalization=mode, constant=200.0, tis=tis, tis_cap=2.0, kl_coef=0.0)
+    rows = random_rows(1, ROLLOUTS)
+    one_loss, one_grads, one_k = loss_and_grads(tiny_model_dir, rows, advantages(), cfg, 10_000)
+    k_loss, k_grads, k = loss_and_grads(tiny_model_dir, rows, advantages(), cfg, 24)
+    assert one_k == 1 and k >= 4
+    assert k_loss == pytest.approx(one_loss, rel=1e-5, abs=1e-7)
+    assert one_grads.keys() == k_grads.keys()
+    for name, g in one_grads.items():
+        torch.testing.assert_close(k_grads[name], g, rtol=1e-4, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("mode", NORMALIZATIONS)
+def test_zero_variance_groups_contribute_nothing(tiny_model_dir, mode):
+    cfg = LossConfig(normalization=mode, constant=200.0)
+    rows = random_rows(2, ROLLOUTS)
+    base_loss, base_grads, _ = loss_and_grads(tiny_model_dir, rows, advantages(), cfg, 10_000)
+    flat = random_rows(3, {"z0": 2, "z1": 1, "z2": 1})  # group "z": all rewards equal
+    adv = advantages({"z0": 1.0, "z1": 1.0, "z2": 1.0})
+    assert adv.skipped_groups == 1 and adv.skipped_rollouts == 3
+    loss, grads, _ = loss_and_grads(tiny_model_dir, rows + flat, adv, cfg, 10_000)
+    assert loss == pytest.approx(base_loss, rel=1e-6)
+    for name, g in base_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-6, atol=1e-9)
+
+
+def test_row_weights_give_each_rollout_equal_weight_in_rollout_mean():
+    cfg = LossConfig(normalization="rollout_mean")
+    w = row_weights([10, 30, 5], ["r1", "r1", "r2"], cfg)
+    assert w[0] * 10 + w[1] * 30 == pytest.approx(0.5) and w[2] * 5 == pytest.approx(0.5)
+    tm = row_weights([10, 30, 5], ["r1", "r1", "r2"], LossConfig())
+    assert sum(x * t for x, t in zip(tm, [10, 30, 5], strict=True)) == pytest.approx(1.0)
+
+
+def test_ppo_clip_uses_separate_low_and_high_epsilons():
+    cfg = LossConfig(clip_low=0.1, clip_high=0.3, tis="none")
+    old = torch.zeros(1, 4)
+    logp = torch.log(torch.tensor([[0.5, 0.95, 1.2, 1.5]])).requires_grad_()
+    ones = torch.ones(1, 4)
+    pos = policy_loss(logp, old, old, torch.tensor([1.0]), ones, torch.tensor([1.0]), cfg)
+    # A > 0: only ratio > 1 + 0.3 is clipped (1.5); A < 0: only ratio < 1 - 0.1 is clipped (0.5)
+    assert pos.clipped == 1
+    neg = policy_loss(logp, old, old, torch.tensor([-1.0]), ones, torch.tensor([1.0]), cfg)
+    assert neg.clipped == 1
+    neg.loss.backward()
+    assert logp.grad[0, 0] == 0 and logp.grad[0, 1] != 0
+
+
+def test_truncated_importance_weights_are_detached_capped_and_reported():
+    cfg = LossConfig(tis="token", tis_cap=2.0)
+    logp = torch.zeros(1, 3, requires_grad=True)
+    behaviour = torch.tensor([[0.0, -0.5, -3.0]])  # IS ratios 1, e^0.5, e^3 (capped at 2)
+    parts = policy_loss(
+        logp, logp.detach(), behaviour, torch.tensor([1.0]), torch.ones(1, 3), torch.ones(1), cfg
+    )
+    parts.loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-1.0, -(2.718281828**0.5), -2.0], rel=1e-5)
+    m = parts.metrics()
+    assert m["is_ratio_max"] == pytest.approx(2.718281828**3, rel=1e-5) and m[
+        "is_capped_fraction"
+    ] == pytest.approx(1 / 3)
+
+
+def test_k3_kl_is_zero_at_the_parent_and_positive_away_from_it():
+    cfg = LossConfig(kl_coef=0.5, tis="none")
+    ref = torch.log(torch.tensor([[0.2, 0.5]]))
+    same = policy_loss(ref.clone(), ref, ref, torch.tensor([0.0]), torch.ones(1, 2), torch.ones(1), cfg, ref)
+    assert same.metrics()["kl"] == pytest.approx(0.0, abs=1e-7)
+    moved = torch.log(torch.tensor([[0.4, 0.3]]))
+    away = policy_loss(moved, moved, moved, torch.tensor([0.0]), torch.ones(1, 2), torch.ones(1), cfg, ref)
+    assert away.metrics()["kl"] > 0.01 and float(away.loss) > 0
+
+
+def test_bad_loss_settings_are_named_errors():
+    with pytest.raises(LossConfigError):
+        LossConfig(normalization="sum")  # type: ignore[arg-type]
+    with pytest.raises(LossConfigError):
+        LossConfig(normalization="constant")
