@@ -28,4 +28,4 @@ lint: install
 	$(BIN)/ruff check lightning_dagster tests benchmarks
 
 test: install system-deps lint
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=25
