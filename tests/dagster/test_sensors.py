@@ -3,6 +3,7 @@ condition pauses with its reason (kept in the store), and the watermark cursor a
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import dagster as dg
@@ -12,7 +13,7 @@ from lightning_dagster.partitions import SNAPSHOT_KEY_PATTERN, snapshots
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.triggers import PAUSE_FLAG
 from lightning_dagster.resources import MLflowResource
-from lightning_dagster.sensors import continual_learning_sensor
+from lightning_dagster.sensors import continual_learning_sensor, nightly_snapshot
 from lightning_dagster.types import AttemptState, Reward
 from tests.dagster.conftest import pipeline_for
 
@@ -75,3 +76,31 @@ def test_stop_condition_pauses_with_its_reason(bootstrapped):
     assert result.skip_message.startswith("paused: parent unavailable")
     flag = p.get_store().get_flag(PAUSE_FLAG)
     assert flag["state"] == "paused" and "parent unavailable" in flag["reason"]
+
+
+def _nightly(p, instance, when):
+    with dg.build_schedule_context(
+        instance=instance, resources={"pipeline": p}, scheduled_execution_time=when
+    ) as context:
+        return nightly_snapshot(context)
+
+
+def test_nightly_schedule_cuts_a_snapshot_and_requests_its_run(bootstrapped):
+    p = pipeline_for()
+    with dg.instance_for_test() as instance:
+        request = _nightly(p, instance, dt.datetime(2026, 11, 30, 3, 0, tzinfo=dt.UTC))
+        # The schedule adds the partition itself (a schedule cannot return partition requests).
+        added = instance.get_dynamic_partitions(snapshots.name)
+    assert isinstance(request, dg.RunRequest)
+    key = request.partition_key
+    assert SNAPSHOT_KEY_PATTERN.match(key) and key.startswith("snap-20261130T0300Z-")
+    assert added == [key]
+    assert request.run_key == key and request.tags["trigger"] == "nightly_snapshot"
+
+
+def test_nightly_schedule_skips_with_the_reason_while_paused(bootstrapped):
+    p = pipeline_for(mlflow=MLflowResource(model_name="never-approved-policy"))
+    with dg.instance_for_test() as instance:
+        result = _nightly(p, instance, dt.datetime(2026, 11, 30, 3, 0, tzinfo=dt.UTC))
+        assert instance.get_dynamic_partitions(snapshots.name) == []
+    assert isinstance(result, dg.SkipReason) and result.skip_message.startswith("paused: parent unavailable")
