@@ -391,14 +391,18 @@ class Gateway:
         await anyio.to_thread.run_sync(self.store.add_reward, reward)
         attrs = {"value": value, "judge": judge, "judge_version": version}
         attrs.update({k: v for k, v in extra.items() if isinstance(v, str | int | float | bool)})
+        return await self.record_event(ctx, "reward", SpanKind.reward, attrs)
+
+    async def record_event(self, ctx: AttemptContext, name: str, kind: SpanKind, attributes: dict) -> dict:
+        """Record a reward or custom event as a span of the attempt and acknowledge it."""
         span = Span(
             trace_id=ctx.attempt_id,
             rollout_id=ctx.rollout_id,
             attempt_id=ctx.attempt_id,
-            name="reward",
-            kind=SpanKind.reward,
+            name=name,
+            kind=kind,
             end_time=time.time(),
-            attributes=attrs,
+            attributes=attributes,
         )
         await self.record(ctx, span)
         return {
@@ -428,22 +432,7 @@ class Gateway:
             extra = {k: v for k, v in data.items() if k in ("source", "reason", "message")}
             judge = data.get("judge") or "harness"
             return await self.add_reward(ctx, r.value, judge, r.judge_version, r.uncertainty, extra)
-        span = Span(
-            trace_id=ctx.attempt_id,
-            rollout_id=ctx.rollout_id,
-            attempt_id=ctx.attempt_id,
-            name=req.event_type,
-            kind=SpanKind.custom,
-            end_time=time.time(),
-            attributes=data,
-        )
-        await self.record(ctx, span)
-        return {
-            "status": "ok",
-            "rollout_id": ctx.rollout_id,
-            "attempt_id": ctx.attempt_id,
-            "span_id": span.span_id,
-        }
+        return await self.record_event(ctx, req.event_type, SpanKind.custom, data)
 
 
 def create_app(
