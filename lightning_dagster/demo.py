@@ -19,6 +19,18 @@ from typing import Any
 
 # The demo prints its own summary; Dagster's per-event console log would drown it.
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+# Tiny settings: a smoke run of the whole graph, not a learning one (`--quick`, and the Dagster tests).
+QUICK_TRAINING: dict[str, int] = dict(
+    steps=2,
+    tasks_per_step=4,
+    group_size=4,
+    holdout_tasks=8,
+    protected_tasks=4,
+    canary_tasks=2,
+    warm_start_max_steps=4,
+    warm_start_probe_tasks=8,
+    warm_start_demos=64,
+)
 DEMO_ACTORS = {"release-owner": "demo-release-owner", "default-approver": "demo-default-approver"}
 
 
@@ -61,17 +73,7 @@ def demo_training(steps: int | None, quick: bool):
     from lightning_dagster.resources import TrainingResource
 
     if quick:
-        return TrainingResource(
-            steps=steps or 2,
-            tasks_per_step=4,
-            group_size=4,
-            holdout_tasks=8,
-            protected_tasks=4,
-            canary_tasks=2,
-            warm_start_max_steps=4,
-            warm_start_probe_tasks=8,
-            warm_start_demos=64,
-        )
+        return TrainingResource(**{**QUICK_TRAINING, "steps": steps or QUICK_TRAINING["steps"]})
     # 16 tasks x group 16 per step, lr 1e-4 (FIELD_NOTES); 128 held-out tasks clear the policy's min_n.
     return TrainingResource(
         steps=steps or 16,

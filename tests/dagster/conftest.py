@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_dagster.demo import QUICK_TRAINING
 from lightning_dagster.resources import (
     GateResource,
     MLflowResource,
@@ -24,19 +25,7 @@ ACTORS = {"alice": "release-owner", "bob": "default-approver"}
 
 
 def tiny_training(**overrides) -> TrainingResource:
-    settings = dict(
-        steps=2,
-        tasks_per_step=4,
-        group_size=4,
-        holdout_tasks=8,
-        protected_tasks=4,
-        canary_tasks=2,
-        warm_start_max_steps=4,
-        warm_start_probe_tasks=8,
-        warm_start_demos=64,
-        min_serve_rollouts=3,
-    )
-    return TrainingResource(**{**settings, **overrides})
+    return TrainingResource(**{**QUICK_TRAINING, "min_serve_rollouts": 3, **overrides})
 
 
 def pipeline_for(
