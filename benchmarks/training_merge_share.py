@@ -53,7 +53,7 @@ def main() -> int:
             batch = svc.run(tasks, group=1, kind=RolloutKind.train, temperature=1.0, seed=1, tag=harness)
             spans = [s for r in batch.rollouts for s in batch.spans.get(r.rollout_id, [])]
             with_in, attempts, multi, _ = share(spans)
-            without, _, _, mism = share(retokenized(spans, svc.engine))
+            without, _, _, mism = share(retokenized(spans, svc.codec))
         print(f"{harness:>8} {attempts:>8} {multi:>8} {with_in:>15.3f} {without:>19.3f} {mism:>10}")
     return 0
 

@@ -1,5 +1,11 @@
-"""Many concurrent callers -> one batched `Engine.generate`: a background thread gathers requests for up to
-`max_wait_ms` (or until `max_batch`) and resolves each caller's future with its own Generation."""
+"""Many concurrent callers -> one running batch on a background thread.
+
+Continuous (iteration-level) batching, the default: between two decode steps the running batch admits
+whatever is queued (up to `max_batch` running rows), and each row resolves its caller's future the moment it
+finishes. A late request therefore never waits for an earlier long one (no head-of-line blocking), and the
+batch stays full under a steady load. `continuous=False` keeps the old static policy for comparison: gather
+for up to `max_wait_ms`, run that batch until every row is done, resolve all, only then look at the queue.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +13,56 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 
-from lightning_dagster.engine.engine import Engine, EngineError, Generation, SamplingParams
+from lightning_dagster.engine.engine import (
+    Engine,
+    EngineError,
+    Generation,
+    Outcome,
+    RunningBatch,
+    SamplingParams,
+)
 
 
 class EngineClosed(RuntimeError):
     """`submit` after `close()`, or a request still queued when the engine closed."""
 
 
-_Request = tuple[list[int], SamplingParams, Future]
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    future: Future[Generation]
 
 
 class BatchingEngine:
-    def __init__(self, engine: Engine, *, max_batch: int = 64, max_wait_ms: float = 5.0) -> None:
+    """Serves `submit` calls from many threads with one batched sampling loop.
+
+    When idle, the thread waits up to `max_wait_ms` after the first request to gather a batch (or until
+    `max_batch` are queued). While rows run it holds the engine lock, so a weight push (`load_weights`) or
+    a direct `generate` call waiting for it stops admissions; the running rows drain (at most the longest
+    row's remaining tokens), the waiter runs, then admissions resume. Every token of a request therefore
+    comes from one set of weights and its logprobs match a teacher-forced pass.
+
+    Counters (read by tests and benchmarks): `batches_run` counts admissions, i.e. prefill forwards that
+    brought requests into the running batch (in static mode, one per batch, as before); `steps_run` counts
+    decode steps and `rows_stepped` sums the running rows over those steps, so
+    `rows_stepped / steps_run` is the mean running batch size.
+    """
+
+    def __init__(
+        self, engine: Engine, *, max_batch: int = 64, max_wait_ms: float = 5.0, continuous: bool = True
+    ) -> None:
         if max_batch < 1 or max_wait_ms < 0:
             raise ValueError("max_batch must be >= 1 and max_wait_ms >= 0")
         self.engine = engine
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
-        self.batches_run = 0  # observability: how many generate() calls served the requests
+        self.continuous = continuous
+        self.batches_run = 0
+        self.steps_run = 0
+        self.rows_stepped = 0
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -34,7 +71,9 @@ class BatchingEngine:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future[Generation]:
         """Queue one request. Every failure reaches the returned future: invalid input (`EngineError`) is
-        set at once, before it could join a batch; `EngineClosed` after `close()`."""
+        set at once, before it could join a batch; `EngineClosed` after `close()`. The future is resolved
+        on the engine thread while it holds the engine lock, so a done-callback must not call `generate`
+        or `load_weights` itself (`asyncio.wrap_future` and `result()` are fine)."""
         future: Future[Generation] = Future()
         try:
             self.engine.validate([prompt_ids], params)
@@ -45,11 +84,11 @@ class BatchingEngine:
             if self._closed:
                 future.set_exception(EngineClosed("the batching engine is closed"))
             else:
-                self._queue.put((list(prompt_ids), params, future))
+                self._queue.put(_Request(list(prompt_ids), params, future))
         return future
 
     def close(self) -> None:
-        """Finish the batch in flight, fail whatever is still queued, stop the thread."""
+        """Finish the rows in flight, fail whatever is still queued, stop the thread."""
         with self._close_lock:
             if self._closed:
                 return
@@ -63,52 +102,96 @@ class BatchingEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- the loop -------------------------------------------------------------------------------------
     def _loop(self) -> None:
+        batch = RunningBatch(self.engine)
         while True:
             first = self._queue.get()
             if first is None:
                 return self._drain()
-            batch = [first]
-            deadline = time.monotonic() + self.max_wait_s
-            stop = False
-            while len(batch) < self.max_batch:
+            pending, stop = self._gather(first)
+            # the lock is not fair: let a weight push or generate() that is already waiting go first
+            while self.engine.waiting:
+                time.sleep(0.001)
+            held: list[Outcome] = []  # static mode resolves a batch's rows together, at its end
+            with self.engine.exclusive():
                 try:
-                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
-            self._run(batch)
+                    self._admit(batch, pending)
+                    while batch:
+                        room = self.max_batch - len(batch)
+                        # a waiter (weight push, generate) is let in once the running rows drain
+                        admitting = not stop and not self.engine.waiting and batch.can_admit()
+                        if self.continuous and room and admitting:
+                            pending, stop = self._take(room)
+                            self._admit(batch, pending)
+                            if not batch:
+                                break
+                        self.steps_run += 1
+                        self.rows_stepped += len(batch)
+                        outcomes = batch.step()
+                        if self.continuous:
+                            _resolve(outcomes)
+                        else:
+                            held += outcomes
+                except Exception as exc:  # noqa: BLE001 - a bug here must not leave callers waiting forever
+                    held += [(tag, exc) for tag in batch.abandon()]
+            _resolve(held)
             if stop:
                 return self._drain()
 
-    def _run(self, batch: list[_Request]) -> None:
-        batch = [r for r in batch if r[2].set_running_or_notify_cancel()]
+    def _gather(self, first: _Request) -> tuple[list[_Request], bool]:
+        """The first request of an idle period plus whatever arrives within `max_wait_ms`."""
+        batch = [first]
+        deadline = time.monotonic() + self.max_wait_s
+        while len(batch) < self.max_batch:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if item is None:
+                return batch, True
+            batch.append(item)
+        return batch, False
+
+    def _take(self, n: int) -> tuple[list[_Request], bool]:
+        """Up to n queued requests, without waiting; True once close() was seen."""
+        taken: list[_Request] = []
+        while len(taken) < n:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                return taken, True
+            taken.append(item)
+        return taken, False
+
+    def _admit(self, batch: RunningBatch, requests: list[_Request]) -> None:
+        requests = [r for r in requests if r.future.set_running_or_notify_cancel()]
+        if not requests:
+            return
         if self._closed:  # close() was called while these waited: fail them rather than delay close
-            for r in batch:
-                r[2].set_exception(EngineClosed("the batching engine closed before this request ran"))
+            for r in requests:
+                r.future.set_exception(EngineClosed("the batching engine closed before this request ran"))
             return
-        if not batch:
-            return
-        self.batches_run += 1
         try:
-            results = self.engine.generate([r[0] for r in batch], [r[1] for r in batch])
+            outcomes = batch.admit(
+                [r.prompt for r in requests], [r.params for r in requests], _futures(requests)
+            )
+            self.batches_run += 1
         except Exception as exc:  # noqa: BLE001 - every error must reach the callers' futures
-            if len(batch) == 1 or not isinstance(exc, EngineError):
-                for r in batch:
-                    r[2].set_exception(exc)
-                return
-            # One bad request must not fail its batch mates: serve them one by one.
-            for r in batch:
-                try:
-                    r[2].set_result(self.engine.generate([r[0]], [r[1]])[0])
-                except Exception as single:  # noqa: BLE001
-                    r[2].set_exception(single)
-            return
-        for r, result in zip(batch, results, strict=True):
-            r[2].set_result(result)
+            if len(requests) == 1:
+                outcomes = [(requests[0].future, exc)]
+            else:
+                # One bad request must not fail its batch mates (admit is all or nothing): admit one by one.
+                outcomes = []
+                for r in requests:
+                    try:
+                        outcomes += batch.admit([r.prompt], [r.params], [r.future])
+                        self.batches_run += 1
+                    except Exception as single:  # noqa: BLE001
+                        outcomes.append((r.future, single))
+        _resolve(outcomes)
 
     def _drain(self) -> None:
         while True:
@@ -116,5 +199,17 @@ class BatchingEngine:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if item is not None and item[2].set_running_or_notify_cancel():
-                item[2].set_exception(EngineClosed("the batching engine closed before this request ran"))
+            if item is not None and item.future.set_running_or_notify_cancel():
+                item.future.set_exception(EngineClosed("the batching engine closed before this request ran"))
+
+
+def _futures(requests: list[_Request]) -> list[Future[Generation]]:
+    return [r.future for r in requests]
+
+
+def _resolve(outcomes: list[Outcome]) -> None:
+    for future, outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)

@@ -154,3 +154,64 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 def _marker_ids(tokenizer: Any) -> list[int]:
     vocab = tokenizer.get_vocab()
     return [vocab[t] for t in MARKER_TOKENS if t in vocab]
+
+
+class ChatCodec:
+    """A checkpoint's text side without its weights: render chats to ids, decode ids, parse tool calls, and
+    know the end-of-turn ids. What a process needs that trains or inspects rollouts while the model serves
+    elsewhere (a gateway process); `Engine` uses one for its own text side."""
+
+    def __init__(self, model_dir: Path | str, tokenizer: Any = None, eos_token_ids: set[int] | None = None):
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        self.model_dir = Path(model_dir)
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.model_dir)
+        if eos_token_ids is None:
+            sources: list[Any] = [AutoConfig.from_pretrained(self.model_dir)]
+            try:
+                sources.insert(0, GenerationConfig.from_pretrained(self.model_dir))
+            except OSError:  # a checkpoint without generation_config.json
+                pass
+            eos_token_ids = eos_ids(sources, self.tokenizer)
+        self.eos_token_ids: set[int] = eos_token_ids
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """OpenAI-shaped messages (and tools) -> prompt ids via the checkpoint's chat template."""
+        text = self.tokenizer.apply_chat_template(
+            normalize_messages(messages),
+            tools=tools or None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+        )
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids with no BOS/EOS added (chat templates write their own special tokens)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        """Ids -> text without special tokens (tool-call markers are not special and stay)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def parse_assistant(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        return parse_assistant(text)
+
+
+def eos_ids(sources: list[Any], tokenizer: Any) -> set[int]:
+    """End-of-turn ids: every `eos_token_id` of the generation config and model config, and the tokenizer's."""
+    ids: set[int] = set()
+    for source in sources:
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list | tuple):
+            ids.update(int(e) for e in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids

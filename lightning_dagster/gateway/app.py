@@ -549,6 +549,15 @@ def create_app(
             schemas.dumps([s.model_dump(mode="json") for s in spans]), media_type="application/json"
         )
 
+    @app.post("/admin/weights")
+    async def load_weights(request: Request) -> dict:
+        """A trainer in another process pushes its new policy: the file is read here, so no tensors travel
+        over HTTP. Calls sampled after this returns use the new weights and record `resource_id`."""
+        gw.admin(request)
+        req = schemas.validate(schemas.WeightsRequest, await gw.body(request))
+        await anyio.to_thread.run_sync(backend.load_weights, req.path, req.resource_id)
+        return {"status": "ok", "model": backend.model, "resource_id": backend.resource_id}
+
     @app.post("/admin/keys")
     async def mint_key(request: Request) -> dict:
         gw.admin(request)

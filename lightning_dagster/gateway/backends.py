@@ -81,6 +81,12 @@ class Backend(abc.ABC):
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         pass
 
+    def load_weights(self, path: str, resource_id: str | None) -> None:
+        """Serve new weights from a safetensors file (a trainer's push); engine backends only."""
+        raise GatewayError(
+            409, f"a {self.kind} backend cannot load weights; push them to the server it calls"
+        )
+
 
 def _tool_call_ids(calls: list[dict]) -> list[dict]:
     # The template does not render call ids, so fresh ones cost nothing and let harnesses answer calls.
@@ -117,6 +123,24 @@ class EngineBackend(Backend):
         self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool
     ) -> list[int]:
         return self.engine.render(messages, tools, add_generation_prompt=add_generation_prompt)
+
+    def load_weights(self, path: str, resource_id: str | None) -> None:
+        """Blocking (run it off the event loop): waits for the engine's running step, then swaps all
+        weights at once; on any error the old weights keep serving."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        from lightning_dagster.engine.engine import StateDictMismatch
+
+        try:
+            state = load_file(path)
+        except (OSError, SafetensorError) as exc:
+            raise GatewayError(400, f"cannot read weights from {path!r}: {exc}") from exc
+        try:
+            self.engine.load_weights(state)
+        except StateDictMismatch as exc:
+            raise GatewayError(400, f"the weights in {path!r} do not fit the served model: {exc}") from exc
+        self.resource_id = resource_id
 
     async def _generate(self, prompt_ids: list[int], sampling: Sampling) -> Any:
         from lightning_dagster.engine import EngineClosed, EngineError, SamplingParams

@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import signal
 import sys
+import threading
+import time
 
 from lightning_dagster.gateway.keys import attempt_key
 
@@ -37,7 +40,8 @@ def serve(args: argparse.Namespace) -> int:
     else:
         from lightning_dagster.engine import BatchingEngine, Engine
 
-        backend = EngineBackend(BatchingEngine(Engine(args.model, threads=args.threads)), args.resource_id)
+        engine = Engine(args.model, threads=args.threads)
+        backend = EngineBackend(BatchingEngine(engine, max_batch=args.max_batch), args.resource_id)
     serve_keys = [k for k in os.environ.get("LD_SERVE_KEYS", "").split(",") if k]
     app = create_app(
         store,
@@ -50,6 +54,8 @@ def serve(args: argparse.Namespace) -> int:
         fsync_spans=args.fsync_spans,
     )
     print(f"gateway on http://{args.host}:{args.port}/v1 ({backend.kind}: {backend.model})", flush=True)
+    if args.exit_with_parent:
+        _exit_with_parent()
     # uvloop and httptools: uvicorn's fastest loop and parser (both dependencies)
     uvicorn.run(
         app,
@@ -61,6 +67,21 @@ def serve(args: argparse.Namespace) -> int:
         http="httptools",
     )
     return 0
+
+
+def _exit_with_parent() -> None:
+    """A gateway started by a trainer must not outlive it (a killed trainer would leave it serving): once
+    this process is re-parented, stop as on Ctrl-C, and hard after a grace period."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def key(args: argparse.Namespace) -> int:
@@ -84,6 +105,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--resource-id", default=None, help="resource id recorded on spans (engine mode)")
     p.add_argument("--store", default=None, help="store URL (default: $LD_STORE_URL or the embedded SQLite)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the engine")
+    p.add_argument("--max-batch", type=int, default=64, help="rows the engine samples at once")
+    p.add_argument(
+        "--exit-with-parent", action="store_true", help="stop when the process that started this one exits"
+    )
     p.add_argument("--max-body-bytes", type=int, default=4 << 20)
     p.add_argument(
         "--write-behind-ms",

@@ -275,3 +275,12 @@ class KeyRequest(BaseModel):
     model_config = ConfigDict(strict=True)
     rollout_id: str = Field(min_length=1)
     attempt_id: str = Field(min_length=1)
+
+
+class WeightsRequest(BaseModel):
+    """`POST /admin/weights`: a safetensors file on the gateway's disk, and the resource id spans record
+    from now on (None: spans record no resource)."""
+
+    model_config = ConfigDict(strict=True)
+    path: str = Field(min_length=1)
+    resource_id: str | None = None

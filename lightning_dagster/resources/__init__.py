@@ -88,8 +88,8 @@ class TrainingResource(dg.ConfigurableResource):
     max_attempts: int = 3
     advantage: str = "grpo"
     # The first parent's supervised warm start (training.warmstart): stops once sampled success enters
-    # the window, or after `warm_start_max_steps`.
-    warm_start_max_steps: int = 200
+    # the window (at its target), or after `warm_start_max_steps`.
+    warm_start_max_steps: int = 300
     warm_start_probe_tasks: int = 64
     warm_start_demos: int = 2000
     min_serve_rollouts: int = 32  # new rewarded serve rollouts that justify a new snapshot

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 FINAL_ROLLOUT = frozenset({RolloutStatus.succeeded, RolloutStatus.failed, RolloutStatus.cancelled})
 # Sequence numbers for runner-recorded spans sit far above the gateway's, so they never collide.
 RUNNER_SPAN_SEQUENCE = 1_000_000
+# An idle worker's store polls: first wait, then doubling up to the second.
+IDLE_POLL_S = (0.05, 1.0)
 
 
 class WrongHarness(ValueError):
@@ -152,6 +154,7 @@ class Runner:
             self._busy -= 1
 
     def _work_loop(self, worker_id: str, ids: list[str], stop: threading.Event) -> None:
+        idle = IDLE_POLL_S[0]
         while not stop.is_set():
             try:
                 claimed = self._next(worker_id, ids)
@@ -159,8 +162,13 @@ class Runner:
                 log.exception("claim failed")
                 claimed = None
             if claimed is None:
-                stop.wait(0.1)
+                # Nothing queued: only a retry (the reaper's, or another process's) can still appear. Back
+                # off, so a run's tail does not have every idle worker querying the store 10 times a second
+                # (measured: a quarter of the process's time, starving the workers still running).
+                stop.wait(idle)
+                idle = min(idle * 2, IDLE_POLL_S[1])
                 continue
+            idle = IDLE_POLL_S[0]
             try:
                 self._drive(worker_id, *claimed)
             except Exception:  # noqa: BLE001 - the attempt stays running and the reaper ends it

@@ -17,10 +17,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lightning_dagster.engine import BatchingEngine, Engine
+from lightning_dagster.engine.chat import ChatCodec
 from lightning_dagster.gateway import EngineBackend, GatewayServer, create_app
+from lightning_dagster.gateway.process import GatewayProcess
 from lightning_dagster.harnesses.registry import get_harness
 from lightning_dagster.runner import RetryPolicy, Runner, sampling_seed
 from lightning_dagster.store import Store
@@ -28,6 +30,8 @@ from lightning_dagster.training.advantages import AdvantageMode, RolloutReward, 
 from lightning_dagster.training.trainer import Trainer, TrainerConfig
 from lightning_dagster.training.transitions import Row, TransitionConfig, merge_calls
 from lightning_dagster.types import AttemptState, Rollout, RolloutKind, Span
+
+Serving = Literal["thread", "process"]
 
 
 @dataclass
@@ -44,6 +48,7 @@ class RLConfig:
     greedy_every_eval: bool = False  # greedy only for the parent and the final candidate unless set
     seed: int = 0
     parallel: int = 64
+    serving: Serving = "process"  # the gateway + engine in a child process (see RolloutService)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     transitions: TransitionConfig = field(default_factory=TransitionConfig)
 
@@ -70,24 +75,60 @@ class RolloutBatch:
 
 
 class RolloutService:
-    """Runs harness rollouts through a live GatewayServer backed by the embedded engine. The trainer pushes
-    new weights with `load_weights`; the resource id recorded on spans follows with `resource_id`."""
+    """Runs harness rollouts through a live gateway backed by the embedded engine. The trainer pushes new
+    weights with `load_weights`; the resource id recorded on spans follows it.
+
+    `serving="process"` runs the gateway and engine in a child process (`gateway.process`): the harness
+    workers, the HTTP server and the decode loop then no longer share one interpreter lock, which made
+    rollouts ~1.5x faster on the calc harness (benchmarks/README.md, training). It needs a store other
+    processes can open (a SQLite file or PostgreSQL). `serving="thread"` keeps everything in this process.
+    `codec` is the checkpoint's text side (render, decode, parse tool calls) in either mode."""
 
     def __init__(
-        self, store: Store, model_dir: Path | str, *, harness: str, resource_id: str | None, parallel: int
+        self,
+        store: Store,
+        model_dir: Path | str,
+        *,
+        harness: str,
+        resource_id: str | None,
+        parallel: int,
+        serving: Serving = "thread",
     ):
+        if serving not in ("thread", "process"):
+            raise ValueError(f"serving must be 'thread' or 'process', got {serving!r}")
         self.store = store
         self.harness = get_harness(harness)
-        self.engine = Engine(model_dir)
-        self.batching = BatchingEngine(self.engine, max_batch=max(parallel, 16))
-        self.backend = EngineBackend(self.batching, resource_id)
+        self.serving = serving
+        self.resource_id = resource_id
         secret = secrets.token_hex(16)
-        app = create_app(store, self.backend, secret=secret, admin_key=secrets.token_hex(16))
-        self.server = GatewayServer(app)
-        self.server.start()
+        self.process: GatewayProcess | None = None
+        self.server: GatewayServer | None = None
+        if serving == "process":
+            if store.engine.url.get_backend_name() == "sqlite" and store.engine.url.database in (
+                None,
+                "",
+                ":memory:",
+            ):
+                raise ValueError(
+                    "serving='process' needs a store another process can open, not in-memory SQLite"
+                )
+            self.process = GatewayProcess(
+                store.url, model_dir, secret=secret, resource_id=resource_id, max_batch=max(parallel, 16)
+            )
+            self.codec: Any = ChatCodec(model_dir)
+            url = self.process.url
+        else:
+            self.engine = Engine(model_dir)
+            self.batching = BatchingEngine(self.engine, max_batch=max(parallel, 16))
+            self.backend = EngineBackend(self.batching, resource_id)
+            app = create_app(store, self.backend, secret=secret, admin_key=secrets.token_hex(16))
+            self.server = GatewayServer(app)
+            self.server.start()
+            self.codec = self.engine
+            url = self.server.url
         self.runner = Runner(
             store,
-            self.server.url,
+            url,
             secret=secret,
             harness=self.harness,
             parallel=parallel,
@@ -96,8 +137,11 @@ class RolloutService:
         )
 
     def close(self) -> None:
-        self.server.stop()
-        self.batching.close()
+        if self.process is not None:
+            self.process.stop()
+        if self.server is not None:
+            self.server.stop()
+            self.batching.close()
 
     def __enter__(self) -> RolloutService:
         return self
@@ -106,8 +150,13 @@ class RolloutService:
         self.close()
 
     def load_weights(self, state_dict: dict, resource_id: str | None = None) -> None:
-        self.engine.load_weights(state_dict)
-        self.backend.resource_id = resource_id
+        """Serve `state_dict` from the next call on; spans record `resource_id`."""
+        if self.process is not None:
+            self.process.load_weights(state_dict, resource_id)
+        else:
+            self.engine.load_weights(state_dict)
+            self.backend.resource_id = resource_id
+        self.resource_id = resource_id
 
     def run(
         self,
@@ -135,7 +184,7 @@ class RolloutService:
                         task_id=task["task_id"],
                         task=task,
                         group_id=group_id,
-                        resource_id=self.backend.resource_id,
+                        resource_id=self.resource_id,
                         harness=self.harness.name,
                         metadata=meta,
                     )
@@ -252,7 +301,12 @@ def train_rl(
         return point
 
     with RolloutService(
-        store, parent_dir, harness=config.harness, resource_id=parent_resource_id, parallel=config.parallel
+        store,
+        parent_dir,
+        harness=config.harness,
+        resource_id=parent_resource_id,
+        parallel=config.parallel,
+        serving=config.serving,
     ) as service:
         parent = record(0, greedy=True)
         for step in range(1, config.steps + 1):

@@ -11,6 +11,8 @@ rows + rollout advantages
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import time
 from collections.abc import Iterator, Sequence
@@ -38,6 +40,10 @@ class TrainerConfig:
     temperature: float = 1.0  # the sampling temperature the rows were generated at
     micro_batch_tokens: int = 8192  # padded tokens per forward pass
     epochs: int = 1  # optimizer steps over the same rows; > 1 recomputes the "old" logprobs first
+    # torch threads during a step (None: one per core). torch has one process-wide setting, and an engine
+    # in the same process sets it to 1 for sampling; a step sets its own and restores it (measured on 2
+    # cores: 4.0 s -> 2.5 s per 256-rollout calc step).
+    threads: int | None = None
     loss: LossConfig = field(default_factory=LossConfig)
 
     def to_dict(self) -> dict:
@@ -191,8 +197,21 @@ class Trainer:
         assert total is not None
         return total
 
+    @contextlib.contextmanager
+    def _threads(self) -> Iterator[None]:
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.config.threads or os.cpu_count() or 1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
     def step(self, rows: Sequence[Row], advantages: Advantages, extra: dict | None = None) -> dict:
         """One RL update (`epochs` optimizer steps) over the rows of one batch of rollouts."""
+        with self._threads():
+            return self._step(rows, advantages, extra)
+
+    def _step(self, rows: Sequence[Row], advantages: Advantages, extra: dict | None) -> dict:
         started = time.perf_counter()
         self.steps += 1
         metrics: dict = {"step": self.steps, "rows": len(rows), **advantages.to_dict(), **(extra or {})}
@@ -216,6 +235,10 @@ class Trainer:
 
     def supervised_step(self, rows: Sequence[Row]) -> dict:
         """One cross-entropy step on the masked tokens (the warm start): T=1, token mean over the step."""
+        with self._threads():
+            return self._supervised_step(rows)
+
+    def _supervised_step(self, rows: Sequence[Row]) -> dict:
         started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         total_tokens = sum(r.trained_tokens for r in rows)

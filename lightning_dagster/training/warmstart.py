@@ -38,17 +38,21 @@ class DemoRenderError(ValueError):
 @dataclass
 class WarmStartConfig:
     harness: str = "calc"
-    lr: float = 2e-3
+    lr: float = 3e-3
     batch_size: int = 32
-    max_steps: int = 200
+    max_steps: int = 300
     min_steps: int = 4
     probe_every: int = 2  # steps between estimates of the demonstrations' probability
     probe_tasks: int = 64
     probe_seed: int = 7
     window: tuple[float, float] = (0.2, 0.4)
+    # Stop once the probe reaches this. Measured on calc (benchmarks/README.md, training): a parent stopped
+    # at a 0.31 probe gained +0.15 held-out sampled success in 25 RL steps; one stopped at 0.25 needed 30+.
+    target: float | None = 0.3  # None: the window's lower edge
     seed: int = 0
     demos: int = 2000
     parallel: int = 64
+    serving: str = "process"  # where the probe's gateway + engine run (see RolloutService)
 
 
 def demo_row(engine: Any, messages: list[dict], tools: list[dict] | None, eos_ids: set[int]) -> Row:
@@ -119,10 +123,15 @@ def warm_start(
     history: list[dict] = []
     success = 0.0
     with RolloutService(
-        store, base_dir, harness=config.harness, resource_id=None, parallel=config.parallel
+        store,
+        base_dir,
+        harness=config.harness,
+        resource_id=None,
+        parallel=config.parallel,
+        serving=config.serving,  # type: ignore[arg-type]
     ) as svc:
-        rows = demo_rows(svc.engine, config.harness, config.demos, config.seed)
-        held = collate(demo_rows(svc.engine, config.harness, 64, config.seed + 2), list(range(64)))
+        rows = demo_rows(svc.codec, config.harness, config.demos, config.seed)
+        held = collate(demo_rows(svc.codec, config.harness, 64, config.seed + 2), list(range(64)))
         rng = random.Random(config.seed)
         for step in range(1, config.max_steps + 1):
             m = trainer.supervised_step(rng.sample(rows, config.batch_size))
@@ -146,7 +155,7 @@ def warm_start(
             history.append(m)
             if log:
                 log(m)
-            if "probe_success" in m and success >= config.window[0]:
+            if "probe_success" in m and success >= (config.target or config.window[0]):
                 break
     out = trainer.save(out_dir)
     resource = store.add_resource(

@@ -17,14 +17,16 @@ from lightning_dagster.training.loop import RLConfig, train_rl
 from lightning_dagster.training.trainer import TrainerConfig
 from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
 
-# 24 steps measured +0.100 exactly (0.220 -> 0.323, 0.317): too close to the bar; the curve benchmark from a
-# similar parent gave +0.117 at step 20 and +0.150 at step 30.
-RL_STEPS = 30
-LAST_TWO = (RL_STEPS - 4, RL_STEPS)  # evaluations at 0, 26, 30: the candidate is the mean of the last two
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+# The warm start stops at a 0.3 probe (WarmStartConfig.target); from that parent (held-out sampled 0.263) the
+# curve benchmark measured 0.380, 0.383, 0.397, 0.417 at steps 10, 15, 20, 25: the mean of 20 and 25 is +0.144.
+RL_STEPS = 25
+LAST_TWO = (RL_STEPS - 5, RL_STEPS)  # evaluations at 0, 20, 25: the candidate is the mean of the last two
 
 
 @pytest.mark.slow
-# Took 26 min at load 8-12 with 24 steps (warm start 196 SFT steps + 10 probes, 3 evaluations, 24 RL steps).
+# ~10 min on an idle 2-core machine: warm start ~220 SFT steps, 25 RL steps of ~11 s, 3 evaluations.
 @pytest.mark.timeout(3600)
 def test_candidate_beats_warm_started_parent_in_sampled_success():
     torch.manual_seed(0)
@@ -44,7 +46,11 @@ def run(work: Path) -> None:
     points = {p["step"]: p for p in result.curve}
     # successes are multiples of 1/300: round away float noise before comparing with the bar
     candidate = round(sum(points[s]["success"] for s in LAST_TWO) / 2, 9)
-    report = json.dumps({"warm_steps": ws.steps, "curve": result.curve, "rl_seconds": result.rl_seconds})
+    report = json.dumps({"warm_steps": ws.steps, "warm_probe": ws.probe_success, "warm_seconds": ws.seconds,
+                         "curve": result.curve, "rl_seconds": result.rl_seconds})  # fmt: skip
+    # Evidence for benchmarks/README.md whether the test passes or not (test-artifacts/ is not committed).
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "learning-curve.json").write_text(report)
     assert result.parent["tasks"] == 300
     assert round(candidate - result.parent["success"], 9) >= 0.10, report
     assert round(result.parent["greedy"] - result.candidate["greedy"], 9) <= 0.05, report

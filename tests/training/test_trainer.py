@@ -48,3 +48,23 @@ def test_supervised_step_lowers_the_nll_of_its_tokens(tiny_model_dir):
         last = trainer.supervised_step(rows)["nll"]
     assert last < first - 0.1
     assert first == pytest.approx(4.2, abs=0.5)  # ~log(64) from a random init
+
+
+def test_steps_use_their_own_thread_count_and_restore_the_process_setting(tiny_model_dir, monkeypatch):
+    """An engine in the same process sets torch to 1 thread for sampling; a trainer step must not inherit
+    that (it ran 1.6x slower), nor leave its own setting behind for the engine."""
+    seen: list[int] = []
+    rows = random_rows(7, {"a": 1, "b": 1})
+    adv = compute_advantages([RolloutReward("a", "g", 1.0), RolloutReward("b", "g", 0.0)], "grpo")
+    trainer = Trainer(tiny_model_dir, TrainerConfig(threads=3))
+    original = trainer.backward
+    monkeypatch.setattr(
+        trainer, "backward", lambda prep: (seen.append(torch.get_num_threads()), original(prep))[1]
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer.step(rows, adv)
+        assert seen == [3] and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -51,7 +51,7 @@ def test_warm_start_probes_through_the_runner_and_registers_the_parent(tmp_path,
 
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
     config = WarmStartConfig(
-        max_steps=3, min_steps=2, probe_tasks=4, demos=16, batch_size=4, window=(0.0, 1.0)
+        max_steps=3, min_steps=2, probe_tasks=4, demos=16, batch_size=4, window=(0.0, 1.0), target=None
     )
     result = warm_start(store, base_model_dir, tmp_path / "warm", config)
     assert result.steps == 2  # the first probe (at min_steps) already lands in a window starting at 0
@@ -61,3 +61,17 @@ def test_warm_start_probes_through_the_runner_and_registers_the_parent(tmp_path,
     assert stored.uri == str(result.model_dir) and stored.weights_hash == checkpoint_hash(result.model_dir)
     assert stored.metadata["role"] == "warm_start" and stored.metadata["sft_steps"] == 2
     assert Engine(result.model_dir).render([{"role": "user", "content": "hi"}])  # a loadable HF checkpoint
+
+
+def test_warm_start_keeps_training_until_its_target_or_max_steps(tmp_path, base_model_dir):
+    from lightning_dagster.store import Store
+    from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
+
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    config = WarmStartConfig(
+        max_steps=3, min_steps=2, probe_tasks=4, demos=16, batch_size=4, window=(0.0, 1.0), target=1.01
+    )
+    result = warm_start(store, base_model_dir, tmp_path / "warm", config)
+    # inside the window from the first probe, but short of an unreachable target: every step runs
+    assert result.steps == 3
+    assert [m["step"] for m in result.history if "probe_success" in m] == [2, 3]
