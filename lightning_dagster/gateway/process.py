@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+PORT_ATTEMPTS = 3
+
 
 class GatewayProcessError(RuntimeError):
     """The gateway process did not start, died, or refused a request; the message carries its log tail."""
@@ -64,24 +66,33 @@ class GatewayProcess:
         self.admin_key = secrets.token_hex(16)
         self.resource_id = resource_id
         self.host = host
-        self.port = _free_port(host)
         self.workdir = Path(tempfile.mkdtemp(prefix="ld-gateway-"))
         self.log_path = self.workdir / "gateway.log"
-        argv = [
-            sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve",
-            "--model", str(self.model_dir), "--store", store_url,
-            "--host", host, "--port", str(self.port),
-            "--max-batch", str(max_batch), "--exit-with-parent",
-        ]  # fmt: skip
-        if resource_id:
-            argv += ["--resource-id", resource_id]
-        if threads:
-            argv += ["--threads", str(threads)]
-        env = {**os.environ, "LD_GATEWAY_SECRET": secret, "LD_ADMIN_KEY": self.admin_key}
-        with self.log_path.open("wb") as log:
-            self._proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         self._pushes = 0
-        self._wait_ready(start_timeout_s)
+        options = ["--max-batch", str(max_batch), "--exit-with-parent"]
+        if resource_id:
+            options += ["--resource-id", resource_id]
+        if threads:
+            options += ["--threads", str(threads)]
+        env = {**os.environ, "LD_GATEWAY_SECRET": secret, "LD_ADMIN_KEY": self.admin_key}
+        # The free port is picked here and bound by the child: another process may take it in between.
+        # That start fails with "address already in use" in the log, and is retried on a new port.
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self.port = _free_port(host)
+            argv = [
+                sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve",
+                "--model", str(self.model_dir), "--store", store_url,
+                "--host", host, "--port", str(self.port), *options,
+            ]  # fmt: skip
+            with self.log_path.open("wb") as log:
+                self._proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                self._wait_ready(start_timeout_s)
+                return
+            except GatewayProcessError:
+                if attempt == PORT_ATTEMPTS or "address already in use" not in self._tail().lower():
+                    shutil.rmtree(self.workdir, ignore_errors=True)
+                    raise
 
     @property
     def url(self) -> str:
@@ -118,13 +129,13 @@ class GatewayProcess:
             try:
                 self._request("GET", "/admin/health", timeout=2.0)
                 return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
+            # GatewayProcessError: an HTTP error, e.g. from whatever else took the port before the child
+            except (urllib.error.URLError, ConnectionError, TimeoutError, GatewayProcessError):
                 pass
             if time.monotonic() > deadline:
+                tail = self._tail()
                 self.stop()
-                raise GatewayProcessError(
-                    f"the gateway did not answer within {timeout_s:g}s:\n{self._tail()}"
-                )
+                raise GatewayProcessError(f"the gateway did not answer within {timeout_s:g}s:\n{tail}")
             time.sleep(0.1)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], resource_id: str | None = None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -166,3 +167,28 @@ def test_gateway_process_exits_with_the_process_that_started_it(store, model_dir
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_gateway_process_retries_when_its_port_is_taken_before_the_child_binds(store, model_dir, monkeypatch):
+    """The port is picked by the parent and bound by the child; a process that takes it in between (here:
+    a socket that listens and never answers) makes that start fail, and the next start uses another port."""
+    from lightning_dagster.gateway import process
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    ports = iter([taken])
+    real = process._free_port
+    monkeypatch.setattr(process, "_free_port", lambda host: next(ports, None) or real(host))
+    try:
+        with GatewayProcess(store.url, model_dir, secret="s" * 16) as proc:
+            assert proc.port != taken
+            assert (
+                httpx.get(
+                    proc.url + "/admin/health", headers={"Authorization": f"Bearer {proc.admin_key}"}
+                ).json()["status"]
+                == "ok"
+            )
+    finally:
+        squatter.close()
