@@ -20,7 +20,7 @@ from lightning_dagster.gateway.keys import attempt_key
 def _from_env(name: str, what: str) -> str:
     value = os.environ.get(name)
     if not value:
-        value = secrets.token_urlsafe(32)
+        value = secrets.token_hex(32)  # hex: never starts with "-", which argparse would read as a flag
         print(f"{name} was not set; generated {what}: {value}", flush=True)
     return value
 

@@ -47,7 +47,7 @@ def embedded_gateway(
         build_base_model(model_dir)
     resource = model_resource(store, model_dir)
     engine = BatchingEngine(Engine(model_dir))
-    secret, admin_key = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    secret, admin_key = secrets.token_hex(32), secrets.token_hex(32)
     app = create_app(store, EngineBackend(engine, resource.resource_id), secret=secret, admin_key=admin_key)
     server = GatewayServer(app)
     server.start()

@@ -36,7 +36,7 @@ def test_an_unusable_policy_is_refused(kwargs):
 
 def test_cli_runs_rollouts_through_a_gateway_and_prints_the_summary(store, gateway, capsys):
     argv = ["rollouts", "run", "--harness", "calc", "--split", "holdout", "--n", "1", "--group", "2"]
-    argv += ["--gateway", gateway.url, "--secret", gateway.secret, "--store", store.url]
+    argv += ["--gateway", gateway.url, f"--secret={gateway.secret}", "--store", store.url]
     assert main(argv + ["--mode", "inprocess", "--json"]) == 0
     out = capsys.readouterr().out
     summary = json.loads(out)
