@@ -109,7 +109,7 @@ class BatchingEngine:
             first = self._queue.get()
             if first is None:
                 return self._drain()
-            pending, stop = self._gather(first)
+            pending, stop = self._take(self.max_batch, first=first, wait_s=self.max_wait_s)
             # the lock is not fair: let a weight push or generate() that is already waiting go first
             while self.engine.waiting:
                 time.sleep(0.001)
@@ -139,26 +139,16 @@ class BatchingEngine:
             if stop:
                 return self._drain()
 
-    def _gather(self, first: _Request) -> tuple[list[_Request], bool]:
-        """The first request of an idle period plus whatever arrives within `max_wait_ms`."""
-        batch = [first]
-        deadline = time.monotonic() + self.max_wait_s
-        while len(batch) < self.max_batch:
-            try:
-                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if item is None:
-                return batch, True
-            batch.append(item)
-        return batch, False
-
-    def _take(self, n: int) -> tuple[list[_Request], bool]:
-        """Up to n queued requests, without waiting; True once close() was seen."""
-        taken: list[_Request] = []
+    def _take(
+        self, n: int, *, first: _Request | None = None, wait_s: float = 0.0
+    ) -> tuple[list[_Request], bool]:
+        """Up to n requests: `first` (the one that ended an idle period) plus whatever is queued or arrives
+        within `wait_s`; True once close() was seen."""
+        taken = [first] if first is not None else []
+        deadline = time.monotonic() + wait_s
         while len(taken) < n:
             try:
-                item = self._queue.get_nowait()
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
             if item is None:

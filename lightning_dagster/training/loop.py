@@ -80,7 +80,7 @@ class RolloutService:
 
     `serving="process"` runs the gateway and engine in a child process (`gateway.process`): the harness
     workers, the HTTP server and the decode loop then no longer share one interpreter lock, which made
-    rollouts ~1.5x faster on the calc harness (benchmarks/README.md, training). It needs a store other
+    rollouts ~1.4x faster on the calc harness (benchmarks/README.md, training). It needs a store other
     processes can open (a SQLite file or PostgreSQL). `serving="thread"` keeps everything in this process.
     `codec` is the checkpoint's text side (render, decode, parse tool calls) in either mode."""
 

@@ -29,6 +29,7 @@ from lightning_dagster.types import Resource, RolloutKind
 
 if TYPE_CHECKING:
     from lightning_dagster.store import Store
+    from lightning_dagster.training.loop import Serving
 
 
 class DemoRenderError(ValueError):
@@ -52,7 +53,7 @@ class WarmStartConfig:
     seed: int = 0
     demos: int = 2000
     parallel: int = 64
-    serving: str = "process"  # where the probe's gateway + engine run (see RolloutService)
+    serving: Serving = "process"  # where the probe's gateway + engine run (see RolloutService)
 
 
 def demo_row(engine: Any, messages: list[dict], tools: list[dict] | None, eos_ids: set[int]) -> Row:
@@ -128,7 +129,7 @@ def warm_start(
         harness=config.harness,
         resource_id=None,
         parallel=config.parallel,
-        serving=config.serving,  # type: ignore[arg-type]
+        serving=config.serving,
     ) as svc:
         rows = demo_rows(svc.codec, config.harness, config.demos, config.seed)
         held = collate(demo_rows(svc.codec, config.harness, 64, config.seed + 2), list(range(64)))
