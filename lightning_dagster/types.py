@@ -113,6 +113,18 @@ class Resource(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+class Sampling(BaseModel):
+    """The sampling the trainer or the evaluator decides for every LLM call of one rollout. Stored in the
+    rollout's `metadata["sampling"]`; the gateway applies it to every call of the rollout's attempts,
+    whatever the harness asks for, and records what it applied on each LLM span. Temperature 0 is greedy."""
+
+    model_config = {"extra": "forbid", "frozen": True}
+
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)  # None: what the harness asks for (capped by the backend)
+
+
 class Rollout(BaseModel):
     rollout_id: str = Field(default_factory=lambda: new_id("ro"))
     kind: RolloutKind = RolloutKind.train
@@ -125,6 +137,11 @@ class Rollout(BaseModel):
     status: RolloutStatus = RolloutStatus.queued
     created_at: float = Field(default_factory=now)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def sampling(self) -> Sampling | None:
+        """The sampling decided for this rollout (`metadata["sampling"]`), or None: the harness decides."""
+        raw = self.metadata.get("sampling")
+        return Sampling.model_validate(raw) if raw is not None else None
 
 
 class Attempt(BaseModel):
