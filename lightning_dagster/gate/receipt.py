@@ -79,6 +79,7 @@ class ParentRef(_Model):
     weights_hash: str | None = None
     resolves: bool | None = None
     loads: bool | None = None
+    model_version: str | None = None  # the registry's version of the parent, when it is registered
 
 
 class EvaluatorRef(_Model):
@@ -179,7 +180,7 @@ class CandidateArtifact(_Model):
     uri: NonEmpty
     weights_hash: str | None = None
     parent_id: NonEmpty
-    model_version: str | None = None  # the MLflow model version, when registered
+    model_version: str | None = None  # the registry's version (e.g. "3"), when registered
 
 
 class FamilyScore(_Model):
