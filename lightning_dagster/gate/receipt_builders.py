@@ -46,14 +46,12 @@ def rollout_evidence(
     spans: Iterable[Span | tuple[str, str]] | None,
     *,
     families: Sequence[str] = (),
-    unavailable_rollouts: Iterable[str] = (),
 ) -> RolloutEvidence:
     """Build the columnar phase-2 evidence.
 
     `spans` yields `Span`s or cheap `(rollout_id, family)` pairs; `None` means the spans could not be read
-    at all (every row unavailable). Rollouts in `unavailable_rollouts` get an unavailable row; any other
-    rollout with no spans gets zeros (it produced nothing, which is evidence). `families` fixes the column
-    order; families seen in `spans` are added after them.
+    at all (every row unavailable). A rollout with no spans gets zeros (it produced nothing, which is
+    evidence). `families` fixes the column order; families seen in `spans` are added after them.
     """
     index = {r.rollout_id: i for i, r in enumerate(rollouts)}
     columns: dict[str, int] = {f: j for j, f in enumerate(families)}
@@ -74,10 +72,7 @@ def rollout_evidence(
                 for row in counts:
                     row.append(0)
             counts[i][j] += n
-    missing = set(unavailable_rollouts)
-    rows: list[list[int] | None] = [
-        None if spans is None or r.rollout_id in missing else counts[i] for i, r in enumerate(rollouts)
-    ]
+    rows: list[list[int] | None] = [None] * len(rollouts) if spans is None else list(counts)
     ordered = sorted(attempts, key=lambda a: (index.get(a.rollout_id, -1), a.sequence_id))
     unknown = [a.attempt_id for a in ordered if a.rollout_id not in index]
     if unknown:
@@ -109,16 +104,12 @@ def add_rollout_evidence(
     rollouts: Sequence[Rollout],
     attempts: Sequence[Attempt],
     spans: Iterable[Span | tuple[str, str]] | None,
-    *,
-    unavailable_rollouts: Iterable[str] = (),
 ) -> Receipt:
     """Phase 2: rollouts with every attempt (ending, reason, retry kind) and span counts per family.
     Columns start with the plan's expected families so that a family never seen still shows as zero."""
     expected = [f for fams in receipt.plan.expected_span_families.values() for f in fams]
     families = list(dict.fromkeys(expected))
-    evidence = rollout_evidence(
-        rollouts, attempts, spans, families=families, unavailable_rollouts=unavailable_rollouts
-    )
+    evidence = rollout_evidence(rollouts, attempts, spans, families=families)
     return _with(receipt, rollouts=evidence)
 
 
