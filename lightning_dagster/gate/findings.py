@@ -21,13 +21,13 @@ class CheckResult(BaseModel):
     figures: dict[str, Any]
     void: list[str] = []  # staleness reasons; a void check cannot count as passed
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field
     @property
     def name(self) -> str:
         """The check's machine name (`heldout_margin`), as the asset checks and policy attributes use it."""
         return self.id.name
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field
     @property
     def title(self) -> str:
         return self.id.title
