@@ -1,4 +1,5 @@
-"""The seven gate checks as blocking asset checks, each on the asset whose evidence it judges.
+"""The seven gate checks as blocking asset checks, each on the asset whose evidence it judges; their names
+and descriptions are the gate's (`lightning_dagster.gate.check_ids.Check`).
 
 ERROR severity and `blocking=True`: a failing check stops every downstream asset in the same run. The
 judgement itself is the gate's (`lightning_dagster.gate`), reached through `stages.judge`.
@@ -17,67 +18,41 @@ from lightning_dagster.assets import (
     spans,
 )
 from lightning_dagster.assets.metadata import check_result
+from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.partitions import snapshots
 from lightning_dagster.pipeline import stages
 from lightning_dagster.resources import PipelineResource
 
+# The asset whose materialization brings the evidence each check judges.
+JUDGED_ASSET: dict[Check, dg.AssetsDefinition] = {
+    Check.pinned: candidate_resource,
+    Check.span_coverage: spans,
+    Check.retry_debt: rollouts,
+    Check.heldout_margin: holdout_evaluation,
+    Check.protected_cases: holdout_evaluation,
+    Check.canary_verified: canary_results,
+    Check.rollback_and_approval: rollback_drill,
+}
 
-def gate_check(
-    check_id: int, name: str, asset: dg.AssetsDefinition, description: str
-) -> dg.AssetChecksDefinition:
-    """One blocking check: the same body serves all seven, only the check id and its asset differ."""
+
+def gate_check(check: Check) -> dg.AssetChecksDefinition:
+    """One blocking check: the same body serves all seven, only the check and its asset differ."""
 
     # Partitioned checks are a preview feature in 1.13; they are what lets each check judge its partition.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.PreviewWarning)
 
         @dg.asset_check(
-            asset=asset, name=name, description=description, blocking=True, partitions_def=snapshots
+            asset=JUDGED_ASSET[check],
+            name=check.name,
+            description=check.description,
+            blocking=True,
+            partitions_def=snapshots,
         )
         def _check(context: dg.AssetCheckExecutionContext, pipeline: PipelineResource) -> dg.AssetCheckResult:
-            return check_result(stages.judge(pipeline, context.partition_key, check_id))
+            return check_result(stages.judge(pipeline, context.partition_key, check))
 
     return _check
 
 
-GATE_CHECKS: list[dg.AssetChecksDefinition] = [
-    gate_check(
-        1,
-        "pinned",
-        candidate_resource,
-        "Resource, exact parent (resolvable, loadable), data snapshot and evaluator are pinned.",
-    ),
-    gate_check(
-        2, "span_coverage", spans, "Every finished rollout has complete coverage of its expected spans."
-    ),
-    gate_check(
-        3,
-        "retry_debt",
-        rollouts,
-        "Unexpected retry debt is zero (sample and infrastructure retries told apart).",
-    ),
-    gate_check(
-        4,
-        "heldout_margin",
-        holdout_evaluation,
-        "The candidate beats its exact parent on the closed held-out set.",
-    ),
-    gate_check(
-        5,
-        "protected_cases",
-        holdout_evaluation,
-        "No protected-case regressions beyond the per-family tolerance.",
-    ),
-    gate_check(
-        6,
-        "canary_verified",
-        canary_results,
-        "Every bounded canary task has a verified outcome and no harmful effect.",
-    ),
-    gate_check(
-        7,
-        "rollback_and_approval",
-        rollback_drill,
-        "Rollback resolves and was tested; an authorized actor approved the step.",
-    ),
-]
+GATE_CHECKS: list[dg.AssetChecksDefinition] = [gate_check(check) for check in Check]

@@ -1,19 +1,23 @@
 """The release gate: an immutable three-phase update receipt, seven checks under a versioned policy,
 staleness and stop conditions. Pure logic: no torch, Dagster or MLflow imports.
 
-- `receipt`: the receipt schema and its pure builders (`from_plan`, `add_rollout_evidence`,
-  `add_candidate`, `add_evaluation`, `add_canary`, `add_rollback_drill`, `add_approval`,
-  `set_fingerprints`, `with_gate_record`), `parse_receipt`/`load_receipt`, `receipt_hash`.
+- `check_ids`: `Check`, the seven checks' one table (number, machine name, title, description).
+- `receipt`: the schema (`receipt_models`: `parse_receipt`/`load_receipt`, `receipt_hash`) and the pure
+  builders (`receipt_builders`: `from_plan`, `add_rollout_evidence`, `add_candidate`, `add_evaluation`,
+  `add_canary`, `add_rollback_drill`, `add_approval`, `set_fingerprints`, `with_gate_record`).
 - `policy`: `load_policy(path=None)` (None: packaged `policies/default-v1.yaml`), `Policy.hash`.
-- `checks`: `evaluate(receipt, policy, current_fingerprints=None) -> Evaluation`.
+- `checks`: `run_check(check, receipt, policy) -> CheckResult` (bodies in `evidence_checks` and
+  `release_checks`), `evaluate(receipt, policy, current_fingerprints=None) -> Evaluation`.
 - `staleness`: `void_checks(recorded, current)` and the fingerprint -> checks table.
 - `stop`: `stop_decision(latest, policy, previous=None) -> StopDecision`.
 - `ledger`: `ReceiptLedger(store)` over the store's append-only documents; `verify_chain`.
 - `cli`: `lightning-dagster gate evaluate RECEIPT [--policy P] [--fingerprints F] [--json]`.
 """
 
-from lightning_dagster.gate.checks import HOLD, PROMOTE, CheckResult, Evaluation, evaluate
+from lightning_dagster.gate.check_ids import Check
+from lightning_dagster.gate.checks import HOLD, PROMOTE, Evaluation, evaluate, run_check
 from lightning_dagster.gate.errors import AmendmentError, InvalidInput, TamperedReceipt
+from lightning_dagster.gate.findings import CheckResult
 from lightning_dagster.gate.hashing import content_hash, fingerprint
 from lightning_dagster.gate.ledger import ReceiptLedger
 from lightning_dagster.gate.policy import Policy, load_policy, parse_policy
@@ -25,6 +29,7 @@ __all__ = [
     "HOLD",
     "PROMOTE",
     "AmendmentError",
+    "Check",
     "CheckResult",
     "Evaluation",
     "InvalidInput",
@@ -41,6 +46,7 @@ __all__ = [
     "parse_policy",
     "parse_receipt",
     "receipt_hash",
+    "run_check",
     "stop_decision",
     "void_checks",
 ]

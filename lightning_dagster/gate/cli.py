@@ -63,7 +63,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def render(ev: Evaluation) -> str:
     """A readable table: one row per check, then the verdict and every reason to hold."""
-    rows = [(str(c.id), c.name, c.status + (" (void)" if c.void else ""), c.reason) for c in ev.checks]
+    rows = [(str(c.id), c.title, c.status + (" (void)" if c.void else ""), c.reason) for c in ev.checks]
     widths = [max(len(r[i]) for r in [("#", "check", "status", ""), *rows]) for i in range(3)]
     lines = [
         f"receipt {ev.receipt_id}  {ev.receipt_hash}",

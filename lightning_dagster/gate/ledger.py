@@ -71,15 +71,14 @@ class LedgerEntry:
 
 
 class ReceiptLedger:
-    def __init__(self, store: DocumentStore, collection: str = COLLECTION):
+    def __init__(self, store: DocumentStore):
         self.store = store
-        self.collection = collection
 
     def append(self, receipt: Receipt) -> LedgerEntry:
         """Store a receipt: version 1, or an amendment of the current head (which must only add).
         A concurrent writer makes the store raise its `Conflict`: re-read the head and retry."""
         body = receipt.to_json_dict()
-        versions = self.store.document_versions(self.collection, receipt.receipt_id)
+        versions = self.store.document_versions(COLLECTION, receipt.receipt_id)
         previous = versions[-1] if versions else None
         if previous is not None:
             check_amendment(previous.body, body)
@@ -90,13 +89,13 @@ class ReceiptLedger:
                 )
         prev_hash = previous.content_hash if previous is not None else None
         digest = version_hash(body, prev_hash)
-        version = self.store.append_document(self.collection, receipt.receipt_id, digest, body, prev_hash)
+        version = self.store.append_document(COLLECTION, receipt.receipt_id, digest, body, prev_hash)
         return LedgerEntry(receipt.receipt_id, version, digest, prev_hash)
 
     def verify_chain(self, receipt_id: str, expected_head: str | None = None) -> ChainReport:
         """Recompute every version's hash and link. `expected_head` (e.g. the hash recorded with a pointer
         move) also catches a rewrite of the newest version together with its hash."""
-        versions = sorted(self.store.document_versions(self.collection, receipt_id), key=lambda d: d.version)
+        versions = sorted(self.store.document_versions(COLLECTION, receipt_id), key=lambda d: d.version)
         problems: list[str] = []
         prev_hash: str | None = None
         for i, doc in enumerate(versions, start=1):
@@ -119,7 +118,7 @@ class ReceiptLedger:
             report = self.verify_chain(receipt_id)
             if not report.ok:
                 raise TamperedReceipt(f"receipt {receipt_id}: " + "; ".join(report.problems))
-        versions = self.store.document_versions(self.collection, receipt_id)
+        versions = self.store.document_versions(COLLECTION, receipt_id)
         if not versions:
             raise InvalidInput("receipt", [("receipt_id", f"no receipt {receipt_id!r} in the ledger")])
         return parse_receipt(versions[-1].body)
@@ -127,5 +126,5 @@ class ReceiptLedger:
     def history(self, receipt_id: str) -> list[LedgerEntry]:
         return [
             LedgerEntry(receipt_id, d.version, d.content_hash, d.previous_hash)
-            for d in self.store.document_versions(self.collection, receipt_id)
+            for d in self.store.document_versions(COLLECTION, receipt_id)
         ]

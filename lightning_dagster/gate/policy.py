@@ -14,14 +14,14 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.errors import InvalidInput, from_validation_error
 from lightning_dagster.gate.hashing import content_hash
+from lightning_dagster.gate.receipt_models import Count, Share
 
 POLICY_SCHEMA_VERSION = 1
 DEFAULT_POLICY = "default-v1"
 
-Count = Annotated[int, Field(ge=0)]
-Share = Annotated[float, Field(ge=0.0, le=1.0)]
 FingerprintName = Literal[
     "evaluator",
     "tool_contract",
@@ -73,15 +73,15 @@ class ApprovalPolicy(_Model):
 
 
 class ChecksPolicy(_Model):
-    """Keyed by check id 1..7; an unknown id is rejected."""
+    """One section per check: attributes are the checks' machine names, file keys their numbers 1..7."""
 
-    pinned: PinnedPolicy = Field(alias="1")
-    coverage: CoveragePolicy = Field(alias="2")
-    retries: RetryDebtPolicy = Field(alias="3")
-    holdout: HoldoutPolicy = Field(alias="4")
-    protected: ProtectedPolicy = Field(alias="5")
-    canary: CanaryPolicy = Field(alias="6")
-    approval: ApprovalPolicy = Field(alias="7")
+    pinned: PinnedPolicy = Field(alias=Check.pinned.section)
+    span_coverage: CoveragePolicy = Field(alias=Check.span_coverage.section)
+    retry_debt: RetryDebtPolicy = Field(alias=Check.retry_debt.section)
+    heldout_margin: HoldoutPolicy = Field(alias=Check.heldout_margin.section)
+    protected_cases: ProtectedPolicy = Field(alias=Check.protected_cases.section)
+    canary_verified: CanaryPolicy = Field(alias=Check.canary_verified.section)
+    rollback_and_approval: ApprovalPolicy = Field(alias=Check.rollback_and_approval.section)
 
 
 class StalenessPolicy(_Model):
@@ -119,7 +119,7 @@ def parse_policy(data: Any) -> Policy:
     if isinstance(checks, dict):
         # YAML reads `1:` as an int key; check ids are matched as strings.
         data = {**data, "checks": {str(k): v for k, v in checks.items()}}
-        unknown = sorted(k for k in data["checks"] if k not in {str(i) for i in range(1, 8)})
+        unknown = sorted(k for k in data["checks"] if k not in {c.section for c in Check})
         if unknown:
             raise InvalidInput(
                 "policy", [(f"checks.{k}", "unknown check id (known ids are 1 to 7)") for k in unknown]

@@ -1,522 +1,86 @@
-"""The update receipt: one machine-readable document, assembled in three phases, that binds a candidate to
-its exact parent, data, evaluator, attempts, span coverage, held-out and protected results, canary,
-rollback drill and approvals.
-
-Phase 1 (`Plan`) is frozen before training. Phase 2 (`RolloutEvidence`) is columnar so that 100k rollouts
-and 1M spans stay small and fast. Phase 3 holds the comparisons against the exact parent, the canary, the
-rollback drill and the approvals. Evidence that does not exist is `None` (or an empty list), never a
-healthy default; the checks report it as unavailable.
-
-Builders are pure: each takes a receipt and returns a new one (`from_plan`, `add_rollout_evidence`,
-`add_candidate`, `add_holdout`, `add_protected`, `add_canary`, `add_rollback_drill`, `add_approval`,
-`set_fingerprints`, `with_gate_record`).
+"""The update receipt, in one namespace: its schema (`receipt_models`) and its pure builders
+(`receipt_builders`). Callers write `from lightning_dagster.gate import receipt as R` and use `R.Plan`,
+`R.from_plan`, `R.add_candidate`, ...
 """
 
-from __future__ import annotations
-
-import json
-import math
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
-from statistics import fmean
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-from lightning_dagster.gate.errors import InvalidInput, from_validation_error, subfield_error
-from lightning_dagster.gate.hashing import content_hash
-from lightning_dagster.types import (
-    Attempt,
-    AttemptState,
-    RetryKind,
-    Rollout,
-    RolloutKind,
-    RolloutStatus,
-    Span,
+from lightning_dagster.gate.receipt_builders import (
+    add_approval,
+    add_canary,
+    add_candidate,
+    add_evaluation,
+    add_rollback_drill,
+    add_rollout_evidence,
+    family_scores,
+    from_plan,
+    rollout_evidence,
+    set_fingerprints,
+    with_gate_record,
 )
-from lightning_dagster.types import span_family as _span_family
-
-RECEIPT_SCHEMA_VERSION = 1
-
-NonEmpty = Annotated[str, Field(min_length=1)]
-Count = Annotated[int, Field(ge=0)]
-Share = Annotated[float, Field(ge=0.0, le=1.0)]
-CheckId = Annotated[int, Field(ge=1, le=7)]
-
-
-class _Model(BaseModel):
-    # frozen: builders return new receipts; forbid: a misspelt field is an error, not silently dropped;
-    # no NaN/inf anywhere: a NaN reward compares false with everything and would pass or fail by accident.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-def _check_json_finite(value: Any, path: str = "") -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise subfield_error(path, f"non-finite number {value!r}")
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            _check_json_finite(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            _check_json_finite(v, f"{path}.{i}" if path else str(i))
-
-
-# ---------------------------------------------------------------- phase 1: the plan
-
-
-class SnapshotRef(_Model):
-    snapshot_id: NonEmpty
-    content_hash: NonEmpty
-    n_tasks: Count | None = None
-
-
-class ParentRef(_Model):
-    """The exact parent. `resolves`/`loads` are what was observed when the plan was made (None: not tried)."""
-
-    resource_id: NonEmpty
-    uri: NonEmpty
-    weights_hash: str | None = None
-    resolves: bool | None = None
-    loads: bool | None = None
-    model_version: str | None = None  # the registry's version of the parent, when it is registered
-
-
-class EvaluatorRef(_Model):
-    name: NonEmpty
-    version: NonEmpty
-
-
-class ApproverRoles(_Model):
-    """Roles allowed to approve each step; the policy names which of them are required."""
-
-    canary: list[NonEmpty]
-    default: list[NonEmpty]
-
-
-class RetryBudget(_Model):
-    """Retries declared up front: sample retries are part of the agent's method, infrastructure retries pay
-    for broken workers or timeouts. Anything beyond these is unexpected retry debt."""
-
-    expected_sample_retries: Count
-    infrastructure_retries: Count
-
-
-class Plan(_Model):
-    candidate_id: NonEmpty
-    parent: ParentRef
-    train_snapshot: SnapshotRef
-    holdout_snapshot: SnapshotRef
-    protected_snapshot: SnapshotRef | None = None
-    canary_snapshot: SnapshotRef | None = None
-    evaluator: EvaluatorRef
-    algorithm: dict[str, Any]
-    code_revision: NonEmpty
-    scope: NonEmpty
-    approvers: ApproverRoles
-    # rollout kind (train, holdout, protected, canary) -> span families each such rollout must produce
-    expected_span_families: dict[RolloutKind, list[NonEmpty]]
-    # rollout kind -> how many rollouts the plan asks for (tasks x group size); None: not declared
-    expected_rollouts: dict[RolloutKind, Count] | None = None
-    retry_budget: RetryBudget
-    created_at: float | None = None
-
-    @field_validator("algorithm")
-    @classmethod
-    def _algorithm_finite(cls, v: dict[str, Any]) -> dict[str, Any]:
-        _check_json_finite(v)
-        return v
-
-
-# ---------------------------------------------------------------- phase 2: rollouts, attempts, spans
-
-
-class RolloutEvidence(_Model):
-    """Columnar: rollout i is (`rollout_ids[i]`, `kinds[i]`, `statuses[i]`, `span_counts[i]`), where
-    `span_counts[i][j]` counts the rollout's spans of family `families[j]` and `None` means its spans could
-    not be read (unavailable, not zero). Attempt k belongs to rollout `attempt_rollout[k]`."""
-
-    rollout_ids: list[str]
-    kinds: list[RolloutKind]
-    statuses: list[RolloutStatus]
-    families: list[NonEmpty]
-    span_counts: list[list[Count] | None]
-    attempt_rollout: list[Count]
-    attempt_endings: list[AttemptState]
-    attempt_retry_kinds: list[RetryKind]
-    attempt_reasons: list[str | None]
-
-    @model_validator(mode="after")
-    def _aligned(self) -> RolloutEvidence:
-        n = len(self.rollout_ids)
-        for name in ("kinds", "statuses", "span_counts"):
-            if len(getattr(self, name)) != n:
-                raise subfield_error(name, f"has {len(getattr(self, name))} entries for {n} rollouts")
-        m = len(self.attempt_rollout)
-        for name in ("attempt_endings", "attempt_retry_kinds", "attempt_reasons"):
-            if len(getattr(self, name)) != m:
-                raise subfield_error(name, f"has {len(getattr(self, name))} entries for {m} attempts")
-        width = len(self.families)
-        for i, row in enumerate(self.span_counts):
-            if row is not None and len(row) != width:
-                raise subfield_error(f"span_counts.{i}", f"has {len(row)} counts for {width} families")
-        if m and max(self.attempt_rollout) >= n:
-            bad = next(k for k, i in enumerate(self.attempt_rollout) if i >= n)
-            raise subfield_error(
-                f"attempt_rollout.{bad}", f"refers to rollout {self.attempt_rollout[bad]} of {n}"
-            )
-        return self
-
-    @property
-    def total_spans(self) -> int:
-        return sum(sum(row) for row in self.span_counts if row is not None)
-
-
-# ---------------------------------------------------------------- phase 3: after training
-
-
-class CandidateArtifact(_Model):
-    resource_id: NonEmpty
-    uri: NonEmpty
-    weights_hash: str | None = None
-    parent_id: NonEmpty
-    model_version: str | None = None  # the registry's version (e.g. "3"), when registered
-
-
-class FamilyScore(_Model):
-    """Mean reward of candidate and parent on one task family; None: that side was not evaluated."""
-
-    family: NonEmpty
-    n: Count
-    candidate_mean: float | None
-    parent_mean: float | None
-
-
-class HoldoutComparison(_Model):
-    snapshot_id: NonEmpty
-    parent_id: NonEmpty
-    candidate_id: NonEmpty
-    evaluator: EvaluatorRef
-    seed: int | None = None
-    families: list[FamilyScore]
-
-
-class ProtectedFamily(_Model):
-    """Protected cases of one family: `regressed` are cases the parent passed and the candidate failed;
-    `missing` counts cases with no result on either side."""
-
-    family: NonEmpty
-    n: Count
-    # both required: an omitted list must not read as "no regressions"
-    regressed: list[NonEmpty]
-    missing: Count
-
-    @model_validator(mode="after")
-    def _fits(self) -> ProtectedFamily:
-        if len(self.regressed) + self.missing > self.n:
-            raise subfield_error(
-                "n", f"{len(self.regressed)} regressed + {self.missing} missing exceed n={self.n}"
-            )
-        return self
-
-
-class ProtectedResults(_Model):
-    snapshot_id: str | None = None
-    parent_id: NonEmpty
-    candidate_id: NonEmpty
-    families: list[ProtectedFamily]
-
-
-class CanaryLimits(_Model):
-    max_tasks: Count
-    max_seconds: Annotated[float, Field(ge=0)]
-    allowed_tools: list[str]
-    max_cost: Annotated[float, Field(ge=0)]
-    allowed_side_effects: list[str]  # destinations the canary may write to
-
-
-class CanaryUsage(_Model):
-    tasks: Count
-    seconds: Annotated[float, Field(ge=0)]
-    tools_used: list[str]
-    cost: Annotated[float, Field(ge=0)]
-    side_effects: list[str]
-
-
-class CanaryTask(_Model):
-    """One canary task. `verified`: the destination was re-read and matched (not just the command run).
-    Otherwise `evidence` says what weaker evidence exists and `uncertainty` how unsure it is.
-    `harmful_effect` None means no record either way."""
-
-    task_id: NonEmpty
-    destination: str | None = None
-    verified: bool
-    evidence: str = ""
-    uncertainty: Share | None = None
-    harmful_effect: bool | None
-
-
-class CanaryReport(_Model):
-    serving_resource_id: NonEmpty
-    limits: CanaryLimits
-    usage: CanaryUsage | None
-    tasks: list[CanaryTask]
-
-
-class RollbackDrill(_Model):
-    """The exact parent loaded in the same environment and routing returned to it; None: not tried."""
-
-    parent_id: NonEmpty
-    environment: str = ""
-    resolved: bool | None
-    loaded: bool | None
-    routed_back: bool | None
-    at: float | None = None
-
-
-class Approval(_Model):
-    actor: NonEmpty
-    role: NonEmpty
-    step: Literal["canary", "default"]
-    at: float
-
-
-class Fingerprints(_Model):
-    """Fingerprints (see `hashing.fingerprint`) of what the evidence depended on, for staleness."""
-
-    evaluator: str | None = None
-    tool_contract: str | None = None
-    task_distribution: str | None = None
-    parent: str | None = None
-    serving_model: str | None = None
-    retry_policy: str | None = None
-    permissions: str | None = None
-    destinations: str | None = None
-
-
-class GateRecord(_Model):
-    """The gate's verdict as written into the receipt: which policy judged which evidence."""
-
-    verdict: Literal["PROMOTE TO BOUNDED CANARY", "HOLD"]
-    policy_version: NonEmpty
-    policy_hash: NonEmpty
-    receipt_hash: NonEmpty
-    failed_checks: list[CheckId]
-    unavailable_checks: list[CheckId]
-    stale_checks: list[CheckId]
-
-
-class Receipt(_Model):
-    schema_version: Literal[1] = RECEIPT_SCHEMA_VERSION
-    receipt_id: NonEmpty
-    plan: Plan
-    fingerprints: Fingerprints = Fingerprints()
-    rollouts: RolloutEvidence | None = None
-    candidate: CandidateArtifact | None = None
-    holdout: HoldoutComparison | None = None
-    protected: ProtectedResults | None = None
-    canary: CanaryReport | None = None
-    rollback_drill: RollbackDrill | None = None
-    approvals: list[Approval] = []
-    gate: GateRecord | None = None
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
-
-
-def receipt_hash(receipt: Receipt) -> str:
-    """Content hash of the evidence: the whole receipt except the gate's own record of its verdict."""
-    return content_hash(receipt.model_dump(mode="json", exclude={"gate"}))
-
-
-# ---------------------------------------------------------------- parsing
-
-
-def parse_receipt(data: Any) -> Receipt:
-    """Validate a JSON-shaped receipt; raises `InvalidInput` naming each bad field."""
-    if not isinstance(data, dict):
-        raise InvalidInput("receipt", [("", f"expected a JSON object, got {type(data).__name__}")])
-    version = data.get("schema_version", RECEIPT_SCHEMA_VERSION)
-    if version != RECEIPT_SCHEMA_VERSION:
-        raise InvalidInput(
-            "receipt",
-            [("schema_version", f"receipt schema {version!r} is not supported (this gate reads 1)")],
-        )
-    try:
-        return Receipt.model_validate(data)
-    except ValidationError as err:
-        raise from_validation_error("receipt", err) from None
-
-
-def read_json(path: str | Path, what: str) -> Any:
-    """Read a JSON file; unreadable or malformed JSON is `InvalidInput` (NaN/Infinity parse, then fail
-    validation with their field named)."""
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise InvalidInput(what, [("", f"cannot read {path}: {err.strerror}")]) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InvalidInput(what, [("", f"not JSON: {err.msg} at line {err.lineno}")]) from None
-
-
-def load_receipt(path: str | Path) -> Receipt:
-    return parse_receipt(read_json(path, "receipt"))
-
-
-# ---------------------------------------------------------------- builders (pure)
-
-
-def from_plan(
-    plan: Plan, *, receipt_id: str | None = None, fingerprints: Fingerprints | None = None
-) -> Receipt:
-    """Phase 1: a receipt holding only the frozen plan. The id defaults to the candidate id."""
-    return Receipt(
-        receipt_id=receipt_id or plan.candidate_id, plan=plan, fingerprints=fingerprints or Fingerprints()
-    )
-
-
-def span_family(span: Span) -> str:
-    """The family a span counts toward (see `lightning_dagster.types.span_family`)."""
-    return _span_family(span.kind.value, span.name, span.attributes)
-
-
-def rollout_evidence(
-    rollouts: Sequence[Rollout],
-    attempts: Sequence[Attempt],
-    spans: Iterable[Span | tuple[str, str]] | None,
-    *,
-    families: Sequence[str] = (),
-    unavailable_rollouts: Iterable[str] = (),
-) -> RolloutEvidence:
-    """Build the columnar phase-2 evidence.
-
-    `spans` yields `Span`s or cheap `(rollout_id, family)` pairs; `None` means the spans could not be read
-    at all (every row unavailable). Rollouts in `unavailable_rollouts` get an unavailable row; any other
-    rollout with no spans gets zeros (it produced nothing, which is evidence). `families` fixes the column
-    order; families seen in `spans` are added after them.
-    """
-    index = {r.rollout_id: i for i, r in enumerate(rollouts)}
-    columns: dict[str, int] = {f: j for j, f in enumerate(families)}
-    counts: list[list[int]] = [[0] * len(columns) for _ in rollouts]
-    if spans is not None:
-        # Count (rollout, family) pairs first (Counter runs in C), then place the distinct pairs.
-        pairs = Counter(s if isinstance(s, tuple) else (s.rollout_id, span_family(s)) for s in spans)
-        for (rid, fam), n in pairs.items():
-            i = index.get(rid)
-            if i is None:
-                continue  # a span of a rollout outside this receipt
-            j = columns.get(fam)
-            if j is None:
-                j = columns[fam] = len(columns)
-                for row in counts:
-                    row.append(0)
-            counts[i][j] += n
-    missing = set(unavailable_rollouts)
-    rows: list[list[int] | None] = [
-        None if spans is None or r.rollout_id in missing else counts[i] for i, r in enumerate(rollouts)
-    ]
-    ordered = sorted(attempts, key=lambda a: (index.get(a.rollout_id, -1), a.sequence_id))
-    unknown = [a.attempt_id for a in ordered if a.rollout_id not in index]
-    if unknown:
-        raise InvalidInput("rollout evidence", [("attempts", f"attempts of unknown rollouts: {unknown[:5]}")])
-    return RolloutEvidence(
-        rollout_ids=[r.rollout_id for r in rollouts],
-        kinds=[r.kind for r in rollouts],
-        statuses=[r.status for r in rollouts],
-        families=list(columns),
-        span_counts=rows,
-        attempt_rollout=[index[a.rollout_id] for a in ordered],
-        attempt_endings=[a.state for a in ordered],
-        attempt_retry_kinds=[a.retry_kind for a in ordered],
-        attempt_reasons=[a.reason_code for a in ordered],
-    )
-
-
-def _with(receipt: Receipt, **update: Any) -> Receipt:
-    """A new receipt with `update` applied and type-checked. Model instances already validated are taken
-    as they are (pydantic does not revalidate instances), so large phase-2 evidence costs nothing here."""
-    try:
-        return Receipt.model_validate({**dict(receipt), **update})
-    except ValidationError as err:
-        raise from_validation_error("receipt", err) from None
-
-
-def add_rollout_evidence(
-    receipt: Receipt,
-    rollouts: Sequence[Rollout],
-    attempts: Sequence[Attempt],
-    spans: Iterable[Span | tuple[str, str]] | None,
-    *,
-    unavailable_rollouts: Iterable[str] = (),
-) -> Receipt:
-    """Phase 2: rollouts with every attempt (ending, reason, retry kind) and span counts per family.
-    Columns start with the plan's expected families so that a family never seen still shows as zero."""
-    expected = [f for fams in receipt.plan.expected_span_families.values() for f in fams]
-    families = list(dict.fromkeys(expected))
-    evidence = rollout_evidence(
-        rollouts, attempts, spans, families=families, unavailable_rollouts=unavailable_rollouts
-    )
-    return _with(receipt, rollouts=evidence)
-
-
-def add_candidate(receipt: Receipt, candidate: CandidateArtifact) -> Receipt:
-    return _with(receipt, candidate=candidate)
-
-
-def family_scores(
-    candidate: Mapping[str, Sequence[float]], parent: Mapping[str, Sequence[float]]
-) -> list[FamilyScore]:
-    """Per-family means from per-task rewards; a family one side lacks gets None on that side (unavailable).
-    `n` is the number of tasks both sides were scored on (the smaller count)."""
-    scores = []
-    for family in sorted(set(candidate) | set(parent)):
-        c, p = candidate.get(family) or [], parent.get(family) or []
-        scores.append(
-            FamilyScore(
-                family=family,
-                n=min(len(c), len(p)) if c and p else max(len(c), len(p)),
-                candidate_mean=fmean(c) if c else None,
-                parent_mean=fmean(p) if p else None,
-            )
-        )
-    return scores
-
-
-def add_holdout(receipt: Receipt, holdout: HoldoutComparison) -> Receipt:
-    return _with(receipt, holdout=holdout)
-
-
-def add_protected(receipt: Receipt, protected: ProtectedResults) -> Receipt:
-    return _with(receipt, protected=protected)
-
-
-def add_evaluation(receipt: Receipt, holdout: HoldoutComparison, protected: ProtectedResults) -> Receipt:
-    """Phase 3a: held-out comparison and protected cases, both against the exact parent."""
-    return _with(receipt, holdout=holdout, protected=protected)
-
-
-def add_canary(receipt: Receipt, canary: CanaryReport) -> Receipt:
-    return _with(receipt, canary=canary)
-
-
-def add_rollback_drill(receipt: Receipt, drill: RollbackDrill) -> Receipt:
-    return _with(receipt, rollback_drill=drill)
-
-
-def add_approval(receipt: Receipt, approval: Approval) -> Receipt:
-    return _with(receipt, approvals=[*receipt.approvals, approval])
-
-
-def set_fingerprints(receipt: Receipt, **values: str | None) -> Receipt:
-    """Fill fingerprints (`evaluator=...`, `parent=...`); unknown names are an error."""
-    merged = {**receipt.fingerprints.model_dump(), **values}
-    try:
-        return _with(receipt, fingerprints=Fingerprints.model_validate(merged))
-    except ValidationError as err:
-        raise from_validation_error("fingerprints", err, "fingerprints") from None
-
-
-def with_gate_record(receipt: Receipt, record: GateRecord) -> Receipt:
-    return _with(receipt, gate=record)
+from lightning_dagster.gate.receipt_models import (
+    RECEIPT_SCHEMA_VERSION,
+    Approval,
+    ApproverRoles,
+    CanaryLimits,
+    CanaryReport,
+    CanaryTask,
+    CanaryUsage,
+    CandidateArtifact,
+    EvaluatorRef,
+    FamilyScore,
+    Fingerprints,
+    GateRecord,
+    HoldoutComparison,
+    ParentRef,
+    Plan,
+    ProtectedFamily,
+    ProtectedResults,
+    Receipt,
+    RetryBudget,
+    RollbackDrill,
+    RolloutEvidence,
+    SnapshotRef,
+    load_receipt,
+    parse_receipt,
+    read_json,
+    receipt_hash,
+)
+
+__all__ = [
+    "Approval",
+    "ApproverRoles",
+    "CanaryLimits",
+    "CanaryReport",
+    "CanaryTask",
+    "CanaryUsage",
+    "CandidateArtifact",
+    "EvaluatorRef",
+    "FamilyScore",
+    "Fingerprints",
+    "GateRecord",
+    "HoldoutComparison",
+    "ParentRef",
+    "Plan",
+    "ProtectedFamily",
+    "ProtectedResults",
+    "RECEIPT_SCHEMA_VERSION",
+    "Receipt",
+    "RetryBudget",
+    "RollbackDrill",
+    "RolloutEvidence",
+    "SnapshotRef",
+    "add_approval",
+    "add_canary",
+    "add_candidate",
+    "add_evaluation",
+    "add_rollback_drill",
+    "add_rollout_evidence",
+    "family_scores",
+    "from_plan",
+    "load_receipt",
+    "parse_receipt",
+    "read_json",
+    "receipt_hash",
+    "rollout_evidence",
+    "set_fingerprints",
+    "with_gate_record",
+]

@@ -20,18 +20,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.errors import InvalidInput
-from lightning_dagster.gate.receipt import Fingerprints
+from lightning_dagster.gate.receipt_models import Fingerprints
 
-VOIDS: dict[str, tuple[int, ...]] = {
-    "evaluator": (4, 5),
-    "tool_contract": (2, 4, 5, 6),
-    "task_distribution": (2, 4, 5),
-    "parent": (1, 4, 7),
-    "serving_model": (6,),
-    "retry_policy": (3, 6),
-    "permissions": (6,),
-    "destinations": (6,),
+VOIDS: dict[str, tuple[Check, ...]] = {
+    "evaluator": (Check.heldout_margin, Check.protected_cases),
+    "tool_contract": (
+        Check.span_coverage,
+        Check.heldout_margin,
+        Check.protected_cases,
+        Check.canary_verified,
+    ),
+    "task_distribution": (Check.span_coverage, Check.heldout_margin, Check.protected_cases),
+    "parent": (Check.pinned, Check.heldout_margin, Check.rollback_and_approval),
+    "serving_model": (Check.canary_verified,),
+    "retry_policy": (Check.retry_debt, Check.canary_verified),
+    "permissions": (Check.canary_verified,),
+    "destinations": (Check.canary_verified,),
 }
 
 
@@ -40,18 +46,19 @@ def void_checks(
     current: Fingerprints | Mapping[str, str | None] | None = None,
     *,
     required: Iterable[str] = (),
-) -> dict[int, list[str]]:
-    """Map each void check id to the reasons it is void (empty mapping: nothing stale)."""
+) -> dict[Check, list[str]]:
+    """Map each void check to the reasons it is void (empty mapping: nothing stale). A `Check` is an int,
+    so the keys also match plain check numbers."""
     cur = current.model_dump() if isinstance(current, Fingerprints) else dict(current or {})
     unknown = sorted(set(cur) - set(VOIDS))
     if unknown:
         raise InvalidInput("fingerprints", [(name, "unknown fingerprint") for name in unknown])
     rec = recorded.model_dump()
-    reasons: dict[int, list[str]] = {}
+    reasons: dict[Check, list[str]] = {}
 
     def void(name: str, why: str) -> None:
-        for check_id in VOIDS[name]:
-            reasons.setdefault(check_id, []).append(f"{name} {why}")
+        for check in VOIDS[name]:
+            reasons.setdefault(check, []).append(f"{name} {why}")
 
     for name in VOIDS:
         was, now = rec.get(name), cur.get(name)

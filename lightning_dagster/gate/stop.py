@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from lightning_dagster.gate.checks import check_canary, check_coverage, check_protected, check_retries
+from lightning_dagster.gate.check_ids import Check
+from lightning_dagster.gate.checks import run_check
 from lightning_dagster.gate.policy import Policy
-from lightning_dagster.gate.receipt import Receipt
+from lightning_dagster.gate.receipt_models import Receipt
 
 
 class StopDecision(BaseModel):
@@ -26,24 +27,24 @@ def stop_decision(latest: Receipt, policy: Policy, previous: Receipt | None = No
     reasons: list[str] = []
     unavailable: list[str] = []
 
-    coverage = check_coverage(latest, policy)
+    coverage = run_check(Check.span_coverage, latest, policy)
     share = coverage.figures.get("complete_share")
     if share is None:
         unavailable.append(f"span coverage: {coverage.reason}")
     elif coverage.status == "fail":
         reasons.append(f"span coverage dropped: {coverage.reason}")
     elif previous is not None:
-        before = check_coverage(previous, policy).figures.get("complete_share")
+        before = run_check(Check.span_coverage, previous, policy).figures.get("complete_share")
         if before is not None and share < before - policy.stop.max_coverage_drop:
             reasons.append(f"span coverage dropped from {before} to {share}")
 
-    retries = check_retries(latest, policy)
+    retries = run_check(Check.retry_debt, latest, policy)
     if retries.status == "fail":
         reasons.append(f"retry debt over its limit: {retries.reason}")
     elif retries.status == "unavailable":
         unavailable.append(f"retry debt: {retries.reason}")
 
-    protected = check_protected(latest, policy)
+    protected = run_check(Check.protected_cases, latest, policy)
     if protected.status == "fail":
         reasons.append(f"protected set regressed: {protected.reason}")
     elif protected.status == "unavailable":
@@ -59,7 +60,7 @@ def stop_decision(latest: Receipt, policy: Policy, previous: Receipt | None = No
     elif drill is not None and (drill.resolved is False or drill.loaded is False):
         reasons.append(f"parent {parent.resource_id} unavailable in the rollback drill")
 
-    canary = check_canary(latest, policy)
+    canary = run_check(Check.canary_verified, latest, policy)
     weaker = canary.figures.get("weaker_evidence") or []
     if weaker:
         ids = ", ".join(t["task_id"] for t in weaker[:10])

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.policy import Policy, load_policy
 from lightning_dagster.gate.receipt import Receipt, parse_receipt
 
@@ -41,10 +42,10 @@ def get_path(data: Any, path: str) -> Any:
     return node
 
 
-def with_threshold(policy: Policy, section: str, **values: Any) -> Policy:
-    """A copy of `policy` with thresholds of one check section (`holdout`, `coverage`, ...) replaced."""
-    changed = getattr(policy.checks, section).model_copy(update=values)
-    return policy.model_copy(update={"checks": policy.checks.model_copy(update={section: changed})})
+def with_threshold(policy: Policy, check: Check, **values: Any) -> Policy:
+    """A copy of `policy` with thresholds of one check's section replaced."""
+    changed = getattr(policy.checks, check.name).model_copy(update=values)
+    return policy.model_copy(update={"checks": policy.checks.model_copy(update={check.name: changed})})
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.checks import HOLD, PROMOTE, evaluate
 from lightning_dagster.gate.policy import load_policy
 from lightning_dagster.gate.receipt import parse_receipt
@@ -103,7 +104,7 @@ def test_changing_one_field_of_a_flips_exactly_the_check_it_feeds(policy, path, 
 
 
 def test_policy_threshold_change_flips_exactly_its_check(receipt_a, policy):
-    stricter = with_threshold(policy, "holdout", min_margin=0.05)
+    stricter = with_threshold(policy, Check.heldout_margin, min_margin=0.05)
     ev = evaluate(receipt_a, stricter)
     assert not_passing(ev) == {4: "fail"}
     assert ev.policy_hash != policy.hash

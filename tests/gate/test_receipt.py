@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from lightning_dagster.gate import receipt as R
-from lightning_dagster.gate.checks import check_coverage, check_retries
+from lightning_dagster.gate.check_ids import Check
+from lightning_dagster.gate.checks import run_check
 from lightning_dagster.gate.errors import InvalidInput
 from lightning_dagster.types import (
     Attempt,
@@ -78,10 +79,10 @@ def test_rollout_evidence_is_columnar_and_counts_span_families(receipt_a):
     assert [k.value for k in ev.attempt_retry_kinds] == ["first", "infrastructure", "first", "first"]
     assert ev.attempt_reasons == ["timeout", None, None, "exit_nonzero"]
     assert ev.total_spans == 4
-    coverage = check_coverage(r, _policy())
+    coverage = run_check(Check.span_coverage, r, _policy())
     # train rollouts must produce a tool span too: none does
     assert coverage.status == "fail" and coverage.figures["missing_by_family"] == {"tool": 2}
-    assert check_retries(r, _policy()).figures["infrastructure_retries"] == 1
+    assert run_check(Check.retry_debt, r, _policy()).figures["infrastructure_retries"] == 1
 
 
 def test_unreadable_spans_are_unavailable_not_zero(receipt_a):
@@ -90,11 +91,9 @@ def test_unreadable_spans_are_unavailable_not_zero(receipt_a):
     ok = [r.model_copy(update={"status": RolloutStatus.succeeded}) for r in rollouts]
     r = R.add_rollout_evidence(R.from_plan(plan), ok, attempts, None)
     assert r.rollouts.span_counts == [None, None, None]
-    assert check_coverage(r, _policy()).status == "unavailable"
-    partial = R.add_rollout_evidence(
-        R.from_plan(plan), ok, attempts, [("r1", "llm")], unavailable_rollouts=["r2"]
-    )
-    assert partial.rollouts.span_counts[1] is None and partial.rollouts.span_counts[2] == [0, 0, 0]
+    assert run_check(Check.span_coverage, r, _policy()).status == "unavailable"
+    read = R.add_rollout_evidence(R.from_plan(plan), ok, attempts, [("r1", "llm")])
+    assert read.rollouts.span_counts[1:] == [[0, 0, 0], [0, 0, 0]]  # read and empty: zero, not unknown
 
 
 def test_attempts_of_unknown_rollouts_are_invalid(receipt_a):

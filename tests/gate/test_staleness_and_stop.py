@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.checks import HOLD, evaluate
 from lightning_dagster.gate.errors import InvalidInput
 from lightning_dagster.gate.receipt import Fingerprints, parse_receipt
@@ -68,7 +69,7 @@ def test_each_stop_condition_pauses_with_its_reason(policy, name, fragment):
 
 
 def test_coverage_drop_against_the_previous_receipt_pauses(receipt_a, policy):
-    lenient = with_threshold(policy, "coverage", min_complete_share=0.5)
+    lenient = with_threshold(policy, Check.span_coverage, min_complete_share=0.5)
     latest = parse_receipt(set_path(raw("a"), "rollouts.statuses.0", "failed"))
     assert evaluate(latest, lenient).checks[1].status == "pass"  # above the gate's floor...
     decision = stop_decision(latest, lenient, previous=receipt_a)

@@ -1,0 +1,166 @@
+"""Pure builders of the update receipt: each takes a receipt and returns a new, validated one.
+
+`from_plan` (phase 1), `add_rollout_evidence` (phase 2), then `add_candidate`, `add_evaluation`,
+`add_canary`, `add_rollback_drill`, `add_approval`, `set_fingerprints` and `with_gate_record` (phase 3).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from statistics import fmean
+from typing import Any
+
+from pydantic import ValidationError
+
+from lightning_dagster.gate.errors import InvalidInput, from_validation_error
+from lightning_dagster.gate.receipt_models import (
+    Approval,
+    CanaryReport,
+    CandidateArtifact,
+    FamilyScore,
+    Fingerprints,
+    GateRecord,
+    HoldoutComparison,
+    Plan,
+    ProtectedResults,
+    Receipt,
+    RollbackDrill,
+    RolloutEvidence,
+)
+from lightning_dagster.types import Attempt, Rollout, Span, span_family
+
+
+def from_plan(
+    plan: Plan, *, receipt_id: str | None = None, fingerprints: Fingerprints | None = None
+) -> Receipt:
+    """Phase 1: a receipt holding only the frozen plan. The id defaults to the candidate id."""
+    return Receipt(
+        receipt_id=receipt_id or plan.candidate_id, plan=plan, fingerprints=fingerprints or Fingerprints()
+    )
+
+
+def rollout_evidence(
+    rollouts: Sequence[Rollout],
+    attempts: Sequence[Attempt],
+    spans: Iterable[Span | tuple[str, str]] | None,
+    *,
+    families: Sequence[str] = (),
+) -> RolloutEvidence:
+    """Build the columnar phase-2 evidence.
+
+    `spans` yields `Span`s or cheap `(rollout_id, family)` pairs; `None` means the spans could not be read
+    at all (every row unavailable). A rollout with no spans gets zeros (it produced nothing, which is
+    evidence). `families` fixes the column order; families seen in `spans` are added after them.
+    """
+    index = {r.rollout_id: i for i, r in enumerate(rollouts)}
+    columns: dict[str, int] = {f: j for j, f in enumerate(families)}
+    counts: list[list[int]] = [[0] * len(columns) for _ in rollouts]
+    if spans is not None:
+        # Count (rollout, family) pairs first (Counter runs in C), then place the distinct pairs.
+        pairs = Counter(
+            s if isinstance(s, tuple) else (s.rollout_id, span_family(s.kind.value, s.name, s.attributes))
+            for s in spans
+        )
+        for (rid, fam), n in pairs.items():
+            i = index.get(rid)
+            if i is None:
+                continue  # a span of a rollout outside this receipt
+            j = columns.get(fam)
+            if j is None:
+                j = columns[fam] = len(columns)
+                for row in counts:
+                    row.append(0)
+            counts[i][j] += n
+    rows: list[list[int] | None] = [None] * len(rollouts) if spans is None else list(counts)
+    ordered = sorted(attempts, key=lambda a: (index.get(a.rollout_id, -1), a.sequence_id))
+    unknown = [a.attempt_id for a in ordered if a.rollout_id not in index]
+    if unknown:
+        raise InvalidInput("rollout evidence", [("attempts", f"attempts of unknown rollouts: {unknown[:5]}")])
+    return RolloutEvidence(
+        rollout_ids=[r.rollout_id for r in rollouts],
+        kinds=[r.kind for r in rollouts],
+        statuses=[r.status for r in rollouts],
+        families=list(columns),
+        span_counts=rows,
+        attempt_rollout=[index[a.rollout_id] for a in ordered],
+        attempt_endings=[a.state for a in ordered],
+        attempt_retry_kinds=[a.retry_kind for a in ordered],
+        attempt_reasons=[a.reason_code for a in ordered],
+    )
+
+
+def _with(receipt: Receipt, **update: Any) -> Receipt:
+    """A new receipt with `update` applied and type-checked. Model instances already validated are taken
+    as they are (pydantic does not revalidate instances), so large phase-2 evidence costs nothing here."""
+    try:
+        return Receipt.model_validate({**dict(receipt), **update})
+    except ValidationError as err:
+        raise from_validation_error("receipt", err) from None
+
+
+def add_rollout_evidence(
+    receipt: Receipt,
+    rollouts: Sequence[Rollout],
+    attempts: Sequence[Attempt],
+    spans: Iterable[Span | tuple[str, str]] | None,
+) -> Receipt:
+    """Phase 2: rollouts with every attempt (ending, reason, retry kind) and span counts per family.
+    Columns start with the plan's expected families so that a family never seen still shows as zero."""
+    expected = [f for fams in receipt.plan.expected_span_families.values() for f in fams]
+    families = list(dict.fromkeys(expected))
+    evidence = rollout_evidence(rollouts, attempts, spans, families=families)
+    return _with(receipt, rollouts=evidence)
+
+
+def add_candidate(receipt: Receipt, candidate: CandidateArtifact) -> Receipt:
+    return _with(receipt, candidate=candidate)
+
+
+def family_scores(
+    candidate: Mapping[str, Sequence[float]], parent: Mapping[str, Sequence[float]]
+) -> list[FamilyScore]:
+    """Per-family means from per-task rewards; a family one side lacks gets None on that side (unavailable).
+    `n` is the number of tasks both sides were scored on (the smaller count)."""
+    scores = []
+    for family in sorted(set(candidate) | set(parent)):
+        c, p = candidate.get(family) or [], parent.get(family) or []
+        scores.append(
+            FamilyScore(
+                family=family,
+                n=min(len(c), len(p)) if c and p else max(len(c), len(p)),
+                candidate_mean=fmean(c) if c else None,
+                parent_mean=fmean(p) if p else None,
+            )
+        )
+    return scores
+
+
+def add_evaluation(receipt: Receipt, holdout: HoldoutComparison, protected: ProtectedResults) -> Receipt:
+    """Phase 3a: held-out comparison and protected cases, both against the exact parent."""
+    return _with(receipt, holdout=holdout, protected=protected)
+
+
+def add_canary(receipt: Receipt, canary: CanaryReport) -> Receipt:
+    return _with(receipt, canary=canary)
+
+
+def add_rollback_drill(receipt: Receipt, drill: RollbackDrill) -> Receipt:
+    return _with(receipt, rollback_drill=drill)
+
+
+def add_approval(receipt: Receipt, approval: Approval) -> Receipt:
+    return _with(receipt, approvals=[*receipt.approvals, approval])
+
+
+def set_fingerprints(receipt: Receipt, **values: str | None) -> Receipt:
+    """Fill fingerprints (`evaluator=...`, `parent=...`); unknown names are an error."""
+    merged = {**receipt.fingerprints.model_dump(), **values}
+    try:
+        return _with(receipt, fingerprints=Fingerprints.model_validate(merged))
+    except ValidationError as err:
+        raise from_validation_error("fingerprints", err, "fingerprints") from None
+
+
+def with_gate_record(receipt: Receipt, record: GateRecord) -> Receipt:
+    return _with(receipt, gate=record)

@@ -1,0 +1,349 @@
+"""The update receipt's schema: one machine-readable document that binds a candidate to its exact parent,
+data, evaluator, attempts, span coverage, held-out and protected results, canary, rollback drill, approvals.
+
+Phase 1 (`Plan`) is frozen before training. Phase 2 (`RolloutEvidence`) is columnar so that large runs stay
+small on disk. Phase 3 holds the comparisons against the exact parent, the canary, the rollback drill and
+the approvals. Evidence that does not exist is `None` (or an empty list), never a healthy default; the
+checks report it as unavailable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lightning_dagster.gate.check_ids import Check
+from lightning_dagster.gate.errors import InvalidInput, from_validation_error, subfield_error
+from lightning_dagster.gate.hashing import content_hash
+from lightning_dagster.types import AttemptState, RetryKind, RolloutKind, RolloutStatus
+
+RECEIPT_SCHEMA_VERSION = 1
+
+NonEmpty = Annotated[str, Field(min_length=1)]
+Count = Annotated[int, Field(ge=0)]
+Share = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class _Model(BaseModel):
+    # frozen: builders return new receipts; forbid: a misspelt field is an error, not silently dropped;
+    # no NaN/inf anywhere: a NaN reward compares false with everything and would pass or fail by accident.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _check_json_finite(value: Any, path: str = "") -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise subfield_error(path, f"non-finite number {value!r}")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _check_json_finite(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_json_finite(v, f"{path}.{i}" if path else str(i))
+
+
+# ---------------------------------------------------------------- phase 1: the plan
+
+
+class SnapshotRef(_Model):
+    snapshot_id: NonEmpty
+    content_hash: NonEmpty
+    n_tasks: Count | None = None
+
+
+class ParentRef(_Model):
+    """The exact parent. `resolves`/`loads` are what was observed when the plan was made (None: not tried)."""
+
+    resource_id: NonEmpty
+    uri: NonEmpty
+    weights_hash: str | None = None
+    resolves: bool | None = None
+    loads: bool | None = None
+    model_version: str | None = None  # the registry's version of the parent, when it is registered
+
+
+class EvaluatorRef(_Model):
+    name: NonEmpty
+    version: NonEmpty
+
+
+class ApproverRoles(_Model):
+    """Roles allowed to approve each step; the policy names which of them are required."""
+
+    canary: list[NonEmpty]
+    default: list[NonEmpty]
+
+
+class RetryBudget(_Model):
+    """Retries declared up front: sample retries are part of the agent's method, infrastructure retries pay
+    for broken workers or timeouts. Anything beyond these is unexpected retry debt."""
+
+    expected_sample_retries: Count
+    infrastructure_retries: Count
+
+
+class Plan(_Model):
+    candidate_id: NonEmpty
+    parent: ParentRef
+    train_snapshot: SnapshotRef
+    holdout_snapshot: SnapshotRef
+    protected_snapshot: SnapshotRef | None = None
+    canary_snapshot: SnapshotRef | None = None
+    evaluator: EvaluatorRef
+    algorithm: dict[str, Any]
+    code_revision: NonEmpty
+    scope: NonEmpty
+    approvers: ApproverRoles
+    # rollout kind (train, holdout, protected, canary) -> span families each such rollout must produce
+    expected_span_families: dict[RolloutKind, list[NonEmpty]]
+    # rollout kind -> how many rollouts the plan asks for (tasks x group size); None: not declared
+    expected_rollouts: dict[RolloutKind, Count] | None = None
+    retry_budget: RetryBudget
+    created_at: float | None = None
+
+    @field_validator("algorithm")
+    @classmethod
+    def _algorithm_finite(cls, v: dict[str, Any]) -> dict[str, Any]:
+        _check_json_finite(v)
+        return v
+
+
+# ---------------------------------------------------------------- phase 2: rollouts, attempts, spans
+
+
+class RolloutEvidence(_Model):
+    """Columnar: rollout i is (`rollout_ids[i]`, `kinds[i]`, `statuses[i]`, `span_counts[i]`), where
+    `span_counts[i][j]` counts the rollout's spans of family `families[j]` and `None` means its spans could
+    not be read (unavailable, not zero). Attempt k belongs to rollout `attempt_rollout[k]`."""
+
+    rollout_ids: list[str]
+    kinds: list[RolloutKind]
+    statuses: list[RolloutStatus]
+    families: list[NonEmpty]
+    span_counts: list[list[Count] | None]
+    attempt_rollout: list[Count]
+    attempt_endings: list[AttemptState]
+    attempt_retry_kinds: list[RetryKind]
+    attempt_reasons: list[str | None]
+
+    @model_validator(mode="after")
+    def _aligned(self) -> RolloutEvidence:
+        n = len(self.rollout_ids)
+        for name in ("kinds", "statuses", "span_counts"):
+            if len(getattr(self, name)) != n:
+                raise subfield_error(name, f"has {len(getattr(self, name))} entries for {n} rollouts")
+        m = len(self.attempt_rollout)
+        for name in ("attempt_endings", "attempt_retry_kinds", "attempt_reasons"):
+            if len(getattr(self, name)) != m:
+                raise subfield_error(name, f"has {len(getattr(self, name))} entries for {m} attempts")
+        width = len(self.families)
+        for i, row in enumerate(self.span_counts):
+            if row is not None and len(row) != width:
+                raise subfield_error(f"span_counts.{i}", f"has {len(row)} counts for {width} families")
+        if m and max(self.attempt_rollout) >= n:
+            bad = next(k for k, i in enumerate(self.attempt_rollout) if i >= n)
+            raise subfield_error(
+                f"attempt_rollout.{bad}", f"refers to rollout {self.attempt_rollout[bad]} of {n}"
+            )
+        return self
+
+    @property
+    def total_spans(self) -> int:
+        return sum(sum(row) for row in self.span_counts if row is not None)
+
+
+# ---------------------------------------------------------------- phase 3: after training
+
+
+class CandidateArtifact(_Model):
+    resource_id: NonEmpty
+    uri: NonEmpty
+    weights_hash: str | None = None
+    parent_id: NonEmpty
+    model_version: str | None = None  # the registry's version (e.g. "3"), when registered
+
+
+class FamilyScore(_Model):
+    """Mean reward of candidate and parent on one task family; None: that side was not evaluated."""
+
+    family: NonEmpty
+    n: Count
+    candidate_mean: float | None
+    parent_mean: float | None
+
+
+class HoldoutComparison(_Model):
+    snapshot_id: NonEmpty
+    parent_id: NonEmpty
+    candidate_id: NonEmpty
+    evaluator: EvaluatorRef
+    seed: int | None = None
+    families: list[FamilyScore]
+
+
+class ProtectedFamily(_Model):
+    """Protected cases of one family: `regressed` are cases the parent passed and the candidate failed;
+    `missing` counts cases with no result on either side."""
+
+    family: NonEmpty
+    n: Count
+    # both required: an omitted list must not read as "no regressions"
+    regressed: list[NonEmpty]
+    missing: Count
+
+    @model_validator(mode="after")
+    def _fits(self) -> ProtectedFamily:
+        if len(self.regressed) + self.missing > self.n:
+            raise subfield_error(
+                "n", f"{len(self.regressed)} regressed + {self.missing} missing exceed n={self.n}"
+            )
+        return self
+
+
+class ProtectedResults(_Model):
+    snapshot_id: str | None = None
+    parent_id: NonEmpty
+    candidate_id: NonEmpty
+    families: list[ProtectedFamily]
+
+
+class CanaryLimits(_Model):
+    max_tasks: Count
+    max_seconds: Annotated[float, Field(ge=0)]
+    allowed_tools: list[str]
+    max_cost: Annotated[float, Field(ge=0)]
+    allowed_side_effects: list[str]  # destinations the canary may write to
+
+
+class CanaryUsage(_Model):
+    tasks: Count
+    seconds: Annotated[float, Field(ge=0)]
+    tools_used: list[str]
+    cost: Annotated[float, Field(ge=0)]
+    side_effects: list[str]
+
+
+class CanaryTask(_Model):
+    """One canary task. `verified`: the destination was re-read and matched (not just the command run).
+    Otherwise `evidence` says what weaker evidence exists and `uncertainty` how unsure it is.
+    `harmful_effect` None means no record either way."""
+
+    task_id: NonEmpty
+    destination: str | None = None
+    verified: bool
+    evidence: str = ""
+    uncertainty: Share | None = None
+    harmful_effect: bool | None
+
+
+class CanaryReport(_Model):
+    serving_resource_id: NonEmpty
+    limits: CanaryLimits
+    usage: CanaryUsage | None
+    tasks: list[CanaryTask]
+
+
+class RollbackDrill(_Model):
+    """The exact parent loaded in the same environment and routing returned to it; None: not tried."""
+
+    parent_id: NonEmpty
+    environment: str = ""
+    resolved: bool | None
+    loaded: bool | None
+    routed_back: bool | None
+    at: float | None = None
+
+
+class Approval(_Model):
+    actor: NonEmpty
+    role: NonEmpty
+    step: Literal["canary", "default"]
+    at: float
+
+
+class Fingerprints(_Model):
+    """Fingerprints (see `hashing.fingerprint`) of what the evidence depended on, for staleness."""
+
+    evaluator: str | None = None
+    tool_contract: str | None = None
+    task_distribution: str | None = None
+    parent: str | None = None
+    serving_model: str | None = None
+    retry_policy: str | None = None
+    permissions: str | None = None
+    destinations: str | None = None
+
+
+class GateRecord(_Model):
+    """The gate's verdict as written into the receipt: which policy judged which evidence."""
+
+    verdict: Literal["PROMOTE TO BOUNDED CANARY", "HOLD"]
+    policy_version: NonEmpty
+    policy_hash: NonEmpty
+    receipt_hash: NonEmpty
+    failed_checks: list[Check]
+    unavailable_checks: list[Check]
+    stale_checks: list[Check]
+
+
+class Receipt(_Model):
+    schema_version: Literal[1] = RECEIPT_SCHEMA_VERSION
+    receipt_id: NonEmpty
+    plan: Plan
+    fingerprints: Fingerprints = Fingerprints()
+    rollouts: RolloutEvidence | None = None
+    candidate: CandidateArtifact | None = None
+    holdout: HoldoutComparison | None = None
+    protected: ProtectedResults | None = None
+    canary: CanaryReport | None = None
+    rollback_drill: RollbackDrill | None = None
+    approvals: list[Approval] = []
+    gate: GateRecord | None = None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def receipt_hash(receipt: Receipt) -> str:
+    """Content hash of the evidence: the whole receipt except the gate's own record of its verdict."""
+    return content_hash(receipt.model_dump(mode="json", exclude={"gate"}))
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def parse_receipt(data: Any) -> Receipt:
+    """Validate a JSON-shaped receipt; raises `InvalidInput` naming each bad field."""
+    if not isinstance(data, dict):
+        raise InvalidInput("receipt", [("", f"expected a JSON object, got {type(data).__name__}")])
+    version = data.get("schema_version", RECEIPT_SCHEMA_VERSION)
+    if version != RECEIPT_SCHEMA_VERSION:
+        raise InvalidInput(
+            "receipt",
+            [("schema_version", f"receipt schema {version!r} is not supported (this gate reads 1)")],
+        )
+    try:
+        return Receipt.model_validate(data)
+    except ValidationError as err:
+        raise from_validation_error("receipt", err) from None
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """Read a JSON file; unreadable or malformed JSON is `InvalidInput` (NaN/Infinity parse, then fail
+    validation with their field named)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise InvalidInput(what, [("", f"cannot read {path}: {err.strerror}")]) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidInput(what, [("", f"not JSON: {err.msg} at line {err.lineno}")]) from None
+
+
+def load_receipt(path: str | Path) -> Receipt:
+    return parse_receipt(read_json(path, "receipt"))
