@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
             {*receipt.gate.failed_checks, *receipt.gate.unavailable_checks, *receipt.gate.stale_checks}
         )
         if failed:
-            print(f"  checks not passed: {failed}")
+            print(f"  checks not passed: {', '.join(f'{c} {c.name}' for c in failed)}")
     print(f"seconds: {time.perf_counter() - started:.0f}")
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     print("\nwhere to look next:")

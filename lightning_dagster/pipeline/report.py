@@ -24,7 +24,7 @@ def markdown_checks(evaluation: Any) -> str:
     for c in evaluation.checks:
         status = c.status + (" (void)" if c.void else "")
         reason = (c.reason + ("; void: " + "; ".join(c.void) if c.void else "")).replace("|", "/")
-        lines.append(f"| {c.id} | {c.name} | {status} | {reason} |")
+        lines.append(f"| {c.id:d} | {c.title} | {status} | {reason} |")
     return "\n".join(lines)
 
 
