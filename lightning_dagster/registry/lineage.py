@@ -1,9 +1,7 @@
-"""One MLflow run per model version: parameters, the training curve, snapshot inputs, checkpoint, receipt, plot.
+"""Registering a version: one MLflow run with its whole lineage (parameters, curve, snapshots, checkpoint,
+receipt, plot) written before the version exists, whose tags repeat the identifiers consumers filter on.
 
-Everything here is written before the version is registered, so a registered version always has its whole
-lineage; the tags on the version repeat the identifiers a consumer filters on (parent, snapshot, receipt,
-weights hash). Version numbers restart if the registered model is re-created, so the weights hash (a
-content hash) is the key that survives; the parent is tagged by both version and weights hash.
+Version numbers restart if the registered model is re-created, so the weights hash is the key that survives.
 """
 
 from __future__ import annotations
