@@ -101,7 +101,7 @@ def main() -> int:
         registry = Registry(tracking_uri, Store(store_url), "bench-policy", tmp / "artifacts")
         registry.reconcile()
         # Versions point into one run's artifact directory: a server refuses sources outside a run.
-        run = registry.client.create_run(registry._experiment_id, run_name="bench-versions")
+        run = registry.client.create_run(registry.experiment_id, run_name="bench-versions")
         print(f"backend: {backend}; p50 of {args.reps} calls each, milliseconds")
         print(
             f"{'versions':>8} {'resolve':>9} {'history':>9} {'mlflow alias':>13} {'resolve/alias':>14} {'grow s':>7}"

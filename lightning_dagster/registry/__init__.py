@@ -5,17 +5,8 @@ store, mirrored to MLflow), with approvals, rollback to the exact parent and the
 Core package: imports nothing from Dagster.
 """
 
-from lightning_dagster.registry.core import (
-    APPROVED,
-    DEFAULT_APPROVER,
-    DEFAULT_MODEL_NAME,
-    LATEST,
-    DrillResult,
-    PromotionResult,
-    ReconcileResult,
-    Registry,
-    ResolvedVersion,
-)
+from lightning_dagster.registry.core import DEFAULT_MODEL_NAME, Registry
+from lightning_dagster.registry.drill import DrillResult
 from lightning_dagster.registry.errors import (
     NotAuthorized,
     PointerConflict,
@@ -28,6 +19,8 @@ from lightning_dagster.registry.errors import (
     WeightsMismatch,
 )
 from lightning_dagster.registry.lineage import CandidateVersion, SnapshotRef
+from lightning_dagster.registry.pointers import APPROVED, LATEST, ReconcileResult, ResolvedVersion
+from lightning_dagster.registry.promotion import DEFAULT_APPROVER, PromotionResult
 from lightning_dagster.registry.tracking import ensure_tracking_store
 
 __all__ = [

@@ -1,9 +1,7 @@
-"""One MLflow run per model version: parameters, the training curve, snapshot inputs, checkpoint, receipt, plot.
+"""Registering a version: one MLflow run with its whole lineage (parameters, curve, snapshots, checkpoint,
+receipt, plot) written before the version exists, whose tags repeat the identifiers consumers filter on.
 
-Everything here is written before the version is registered, so a registered version always has its whole
-lineage; the tags on the version repeat the identifiers a consumer filters on (parent, snapshot, receipt,
-weights hash). Version numbers restart if the registered model is re-created, so the weights hash (a
-content hash) is the key that survives; the parent is tagged by both version and weights hash.
+Version numbers restart if the registered model is re-created, so the weights hash is the key that survives.
 """
 
 from __future__ import annotations
@@ -15,10 +13,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlflow import MlflowClient
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunTag
+
+from lightning_dagster.registry.errors import RegistryError
+
+if TYPE_CHECKING:
+    from lightning_dagster.registry.core import Registry
 
 # MLflow rejects dataset digests longer than this (mlflow.utils.validation.MAX_DATASET_DIGEST_SIZE).
 DIGEST_CHARS = 36
@@ -48,10 +51,26 @@ class SnapshotRef:
 
 @dataclass(frozen=True)
 class CandidateVersion:
+    """A registered version's identities, typed where MLflow hands them out (never parsed back from a URI)."""
+
     version: str
     run_id: str
-    weights_hash: str
-    model_uri: str
+    weights_hash: str  # "" for a version this registry did not register
+    model_uri: str  # `models:/<model>/<version>`
+
+    @classmethod
+    def of(cls, mv: Any, model_name: str) -> CandidateVersion:
+        """From an MLflow `ModelVersion`; the weights hash is the tag `register_version` wrote."""
+        return cls(
+            version=str(mv.version),
+            run_id=mv.run_id,
+            weights_hash=mv.tags.get("weights_hash", ""),
+            model_uri=model_uri(model_name, mv.version),
+        )
+
+
+def model_uri(model_name: str, version: str | int) -> str:
+    return f"models:/{model_name}/{version}"
 
 
 def flatten_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -171,3 +190,48 @@ def _log_bytes(client: MlflowClient, run_id: str, data: bytes, artifact_file: st
         path = Path(tmp) / Path(artifact_file).name
         path.write_bytes(data)
         client.log_artifact(run_id, str(path), str(Path(artifact_file).parent))
+
+
+def register_version(
+    reg: Registry,
+    checkpoint_dir: Path,
+    *,
+    run_name: str,
+    tags: Mapping[str, str],
+    params: Mapping[str, Any],
+    metrics_per_step: Sequence[Mapping[str, float]] = (),
+    snapshots: Sequence[tuple[SnapshotRef, str]] = (),
+    receipt: Mapping[str, Any] | None = None,
+) -> CandidateVersion:
+    """One function for every kind of version: hash the weights, log the run with its lineage, then register
+    the version with the same tags (the weights hash among them)."""
+    from lightning_dagster.registry.checkpoints import weights_hash as hash_weights
+
+    if not checkpoint_dir.is_dir():
+        raise RegistryError(f"checkpoint directory {checkpoint_dir} does not exist")
+    reg.connect()
+    weights_hash = hash_weights(checkpoint_dir)
+    all_tags = {k: str(v) for k, v in tags.items() if v not in (None, "")} | {"weights_hash": weights_hash}
+    run_id, source = reg.call_mlflow(
+        "log lineage run",
+        log_lineage_run,
+        reg.client,
+        reg.experiment_id,
+        run_name=run_name,
+        checkpoint_dir=checkpoint_dir,
+        params=params,
+        tags=all_tags,
+        metrics_per_step=metrics_per_step,
+        snapshots=snapshots,
+        receipt=receipt,
+    )
+    mv = reg.call_mlflow(
+        "create model version",
+        reg.client.create_model_version,
+        reg.model_name,
+        source,
+        run_id=run_id,
+        tags=all_tags,
+    )
+    # Built from what was just written: a server's reply need not echo the tags.
+    return CandidateVersion(str(mv.version), run_id, weights_hash, model_uri(reg.model_name, mv.version))

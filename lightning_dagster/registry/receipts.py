@@ -1,8 +1,7 @@
 """The registry's view of the gate's update receipt: the facts promotion needs, approvals as new versions.
 
 The receipt's schema, hashing, ledger and verdict belong to `lightning_dagster.gate`; this module reads the
-fields the pointer rules depend on. Versions are named in receipts by model URI
-(`models:/<model>/<version>`, as `CandidateVersion.model_uri` gives them) or by bare version number.
+typed fields the pointer rules depend on (`plan.parent.model_version`, `candidate.model_version`).
 """
 
 from __future__ import annotations
@@ -36,28 +35,28 @@ class ReceiptFacts:
     default_approver_roles: tuple[str, ...]
 
 
-def version_of(ref: str | None, model_name: str) -> str | None:
-    """`models:/<model>/<version>` or a bare version number -> the version string; anything else None."""
-    if not ref:
-        return None
-    prefix = f"models:/{model_name}/"
-    if ref.startswith(prefix):
-        ref = ref[len(prefix) :]
-    return ref if ref.isdigit() else None
-
-
 def same_hash(a: str | None, b: str | None) -> bool:
-    """Weights hashes compare without their optional `sha256:` prefix (the engine writes bare hex)."""
+    """Weights hashes compare without their optional `sha256:` prefix: the engine writes bare hex while a
+    receipt may carry the prefixed form, and `gate.hashing` defines no weights-hash format to share."""
     return bool(a) and bool(b) and a.removeprefix("sha256:") == b.removeprefix("sha256:")
+
+
+def _registered(value: str | None, field: str, receipt: Receipt, model_name: str) -> str | None:
+    """A receipt's typed version field, checked to be a version number (never recovered from a URI)."""
+    if value is not None and not value.isdigit():
+        raise PromotionRefused(
+            f"receipt {receipt.receipt_id}: {field} {value!r} is not a version number of {model_name}"
+        )
+    return value
 
 
 def facts(receipt: Receipt, model_name: str) -> ReceiptFacts:
     """The identities promotion checks; a receipt that does not name them is refused, naming the field.
 
-    The parent is named by version (`plan.parent.uri` = `models:/<model>/<version>`, or a numeric
-    `resource_id`) and/or by `plan.parent.weights_hash`; at least one is required."""
+    The parent is named by `plan.parent.model_version` and/or `plan.parent.weights_hash` (at least one);
+    the candidate by `candidate.model_version`."""
     plan = receipt.plan
-    parent = version_of(plan.parent.uri, model_name) or version_of(plan.parent.resource_id, model_name)
+    parent = _registered(plan.parent.model_version, "plan.parent.model_version", receipt, model_name)
     if parent is None and not plan.parent.weights_hash:
         raise PromotionRefused(
             f"receipt {receipt.receipt_id}: plan.parent names neither a version of {model_name} nor weights"
@@ -65,11 +64,9 @@ def facts(receipt: Receipt, model_name: str) -> ReceiptFacts:
     cand = receipt.candidate
     if cand is None:
         raise PromotionRefused(f"receipt {receipt.receipt_id}: no candidate recorded")
-    candidate = version_of(cand.model_version, model_name) or version_of(cand.uri, model_name)
+    candidate = _registered(cand.model_version, "candidate.model_version", receipt, model_name)
     if candidate is None:
-        raise PromotionRefused(
-            f"receipt {receipt.receipt_id}: candidate.model_version is not a version of {model_name}"
-        )
+        raise PromotionRefused(f"receipt {receipt.receipt_id}: candidate.model_version is not recorded")
     return ReceiptFacts(
         receipt_id=receipt.receipt_id,
         candidate_version=candidate,

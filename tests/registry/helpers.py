@@ -33,6 +33,7 @@ def passing_receipt(registry, parent, candidate, receipt_id: str):
     data = json.loads(EXAMPLE_RECEIPT.read_text())
     data["receipt_id"] = receipt_id
     data["plan"]["parent"]["uri"] = parent.model_uri
+    data["plan"]["parent"]["model_version"] = parent.version
     data["plan"]["parent"]["weights_hash"] = parent.weights_hash
     data["candidate"]["model_version"] = candidate.version
     data["candidate"]["uri"] = candidate.model_uri

@@ -20,7 +20,7 @@ from lightning_dagster.registry import (
     Registry,
     WeightsMismatch,
 )
-from lightning_dagster.registry.lineage import DIGEST_CHARS
+from lightning_dagster.registry.lineage import DIGEST_CHARS, register_version
 from lightning_dagster.store import Store
 from tests.registry.helpers import candidate_kwargs, passing_receipt
 
@@ -205,7 +205,7 @@ def test_rollback_restores_the_exact_parent(registry, variant):
 
     drill = registry.rollback_drill(parent.version)
     assert drill.ok and drill.hash_ok and drill.loaded and drill.served, drill
-    evidence = drill.as_receipt_drill("res-parent")
+    evidence = drill.to_receipt_drill("res-parent")
     assert (evidence.resolved, evidence.loaded, evidence.routed_back) == (True, True, True)
     (recorded,) = registry.store.document_versions(
         "rollback_drills", f"{registry.model_name}/{parent.version}"
@@ -261,8 +261,7 @@ def test_reused_version_number_is_caught_by_the_weights_hash(registry, variant, 
         tracking.artifact_root,
         cache_dir=registry.cache_dir,
     )
-    recreated._ready()
-    impostor = recreated._register(variant(1), run_name="impostor", tags={}, params={})
+    impostor = register_version(recreated, variant(1), run_name="impostor", tags={}, params={})
     assert impostor.version == parent.version and impostor.weights_hash != parent.weights_hash
     with pytest.raises(WeightsMismatch):
         recreated.resolve(APPROVED)

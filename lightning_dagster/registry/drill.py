@@ -1,0 +1,88 @@
+"""The rollback drill: prove a version still resolves, verifies, loads and serves, without moving a pointer.
+
+`DrillResult.to_receipt_drill` is the one mapping of a drill into the gate receipt's `RollbackDrill`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lightning_dagster.registry import receipts
+from lightning_dagster.registry.errors import RegistryUnavailable
+
+if TYPE_CHECKING:
+    from lightning_dagster.gate.receipt import RollbackDrill
+    from lightning_dagster.registry.core import Registry
+
+DRILL_ENVIRONMENT = "separate gateway on 127.0.0.1 (registry.rollback_drill)"
+
+
+@dataclass
+class DrillResult:
+    """What a rollback drill proved, step by step; `error` says why the first failed step failed."""
+
+    version: str
+    resolved: bool = False
+    hash_ok: bool = False
+    loaded: bool = False
+    served: bool = False
+    seconds: float = 0.0
+    weights_hash: str | None = None
+    reply: str | None = None
+    error: str | None = None
+    unavailable: bool = False  # MLflow could not be reached: evidence missing, not a failed parent
+    at: float = field(default_factory=time.time)
+
+    @property
+    def ok(self) -> bool:
+        return self.resolved and self.hash_ok and self.loaded and self.served
+
+    def to_receipt_drill(self, parent_id: str, environment: str = DRILL_ENVIRONMENT) -> RollbackDrill:
+        """The receipt's `RollbackDrill`. A step is None (unavailable) when the drill never reached it or
+        could not because MLflow was unreachable; False only when it was tried and failed."""
+        from lightning_dagster.gate.receipt import RollbackDrill
+
+        def step(done: bool, tried: bool) -> bool | None:
+            return True if done else (False if tried and not self.unavailable else None)
+
+        verified = self.resolved and self.hash_ok
+        return RollbackDrill(
+            parent_id=parent_id,
+            environment=environment,
+            resolved=step(verified, True),
+            loaded=step(self.loaded, verified),
+            routed_back=step(self.served, self.loaded),
+            at=self.at,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def rollback_drill(reg: Registry, parent_version: str, *, record: bool = True) -> DrillResult:
+    """Resolve, verify, load and serve `parent_version` in a temporary gateway; the pointer stays put.
+
+    Every failure is captured in the result, never raised: an unreachable MLflow is `unavailable`, with the
+    error, never a healthy-looking result."""
+    from lightning_dagster.registry.serving import serve_once
+
+    result = DrillResult(version=str(parent_version))
+    start = time.perf_counter()
+    try:
+        reg.connect()
+        version = reg.model_version(str(parent_version))
+        result.resolved = True
+        result.weights_hash = version.weights_hash
+        path = reg.fetch(version)
+        result.hash_ok = True
+        result.reply = serve_once(path, on_loaded=lambda: setattr(result, "loaded", True))
+        result.served = True
+    except Exception as exc:  # the drill reports; it does not raise
+        result.error = f"{type(exc).__name__}: {exc}"
+        result.unavailable = isinstance(exc, RegistryUnavailable)
+    result.seconds = round(time.perf_counter() - start, 3)
+    if record:
+        receipts.record_drill(reg.store, reg.model_name, result.to_dict())
+    return result

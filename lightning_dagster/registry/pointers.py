@@ -1,0 +1,208 @@
+"""The two pointers: `latest-candidate` (an MLflow alias) and `approved-default` (the store's, mirrored).
+
+`approved-default` lives in the store (compare-and-set, append-only history) and is mirrored to MLflow as an
+alias plus tags, because MLflow aliases have neither history nor compare-and-set. `reconcile` makes the
+mirror agree with the store at the start of every operation, so a mirror write lost to an outage heals.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mlflow.exceptions import MlflowException
+
+from lightning_dagster.registry.errors import PointerNotSet, RegistryUnavailable, WeightsMismatch
+from lightning_dagster.registry.lineage import CandidateVersion
+
+if TYPE_CHECKING:
+    from lightning_dagster.registry.core import Registry
+
+log = logging.getLogger(__name__)
+
+APPROVED = "approved-default"
+LATEST = "latest-candidate"
+ALIASES = (APPROVED, LATEST)
+HISTORY_TAG_ENTRIES = 20  # the MLflow mirror keeps the newest moves; the store keeps all of them
+
+
+@dataclass(frozen=True)
+class ResolvedVersion:
+    version: str
+    weights_hash: str
+    local_path: Path | None
+    model_uri: str  # `models:/<model>/<version>`, for receipts that name the parent by URI
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    pointer: str | None
+    changed: bool
+    last_move: Any = None  # the store's newest PointerMove of approved-default, None if never set
+    model_version: Any = None  # MLflow's version behind the alias, when the mirror was already current
+
+
+def check_alias(alias: str) -> None:
+    if alias not in ALIASES:
+        raise ValueError(
+            f"unknown alias {alias!r}; expected one of {ALIASES} ('latest' is reserved by MLflow)"
+        )
+
+
+def approved_hash(move: Any) -> str | None:
+    """The weights hash recorded when `move` was made: version numbers can be reused, this cannot."""
+    if move is None:
+        return None
+    try:
+        return json.loads(move.note or "{}").get("weights_hash")
+    except (ValueError, AttributeError):  # a note written by hand, not by this registry
+        return None
+
+
+def move_dict(move: Any) -> dict[str, Any]:
+    """One pointer move as the mirror's history tag and the command's JSON show it."""
+    return {
+        "seq": move.seq,
+        "from": move.from_value,
+        "to": move.to_value,
+        "actor": move.actor,
+        "receipt_id": move.receipt_id,
+        "at": _iso(move.moved_at),
+    }
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(ts)))
+
+
+def _seq(mv: Any) -> str:
+    return "" if mv is None else mv.tags.get(f"{APPROVED}.seq", "")
+
+
+def reconcile(reg: Registry) -> ReconcileResult:
+    """Make MLflow's `approved-default` alias and tags agree with the store's pointer and history.
+
+    The mirror is current when the alias names the store's version and that version's `approved-default.seq`
+    tag is the store's newest move (one MLflow call). Idempotent; re-reads the store after writing so that a
+    move made meanwhile is mirrored too."""
+    reg.connect()
+    name = reg.pointer_name()
+    for _ in range(3):
+        history = reg.store.pointer_history(name)
+        last = history[-1] if history else None
+        pointer = last.to_value if last else None
+        mv = reg.alias_version(APPROVED)
+        alias = None if mv is None else str(mv.version)
+        if alias == pointer and _seq(mv) == (str(last.seq) if last else ""):
+            return ReconcileResult(pointer, changed=False, last_move=last, model_version=mv)
+        _write_mirror(reg, history, alias)
+        if reg.store.current_pointer(name) == pointer:
+            break
+    return ReconcileResult(pointer, changed=True, last_move=last)
+
+
+def _write_mirror(reg: Registry, history: list, alias: str | None) -> None:
+    # Tags first, alias last, and the alias's version carries the move's seq: an interrupted write leaves
+    # the alias or its seq behind the store, so the next reconcile redoes all of it.
+    c, m, call = reg.client, reg.model_name, reg.call_mlflow
+    if not history:
+        if alias is not None:
+            call("delete alias", c.delete_registered_model_alias, m, APPROVED)
+        return
+    last = history[-1]
+    # Never mirror the pointer onto other weights than were approved (a re-created registered model reuses
+    # version numbers): MLflow would then advertise a model nobody approved.
+    expected, actual = approved_hash(last), reg.model_version(last.to_value).weights_hash
+    if expected and expected != actual:
+        raise WeightsMismatch(last.to_value, expected, actual)
+    for key, value in {
+        f"{APPROVED}.approved_by": last.actor,
+        f"{APPROVED}.approved_at": _iso(last.moved_at),
+        f"{APPROVED}.receipt_id": last.receipt_id or "",
+        f"{APPROVED}.seq": str(last.seq),
+    }.items():
+        call("set version tag", c.set_model_version_tag, m, last.to_value, key, value)
+    entries = [move_dict(mv) for mv in history[-HISTORY_TAG_ENTRIES:]]
+    call("set tag", c.set_registered_model_tag, m, f"{APPROVED}.history", json.dumps(entries))
+    call("set tag", c.set_registered_model_tag, m, f"{APPROVED}.moves", str(len(history)))
+    call("set alias", c.set_registered_model_alias, m, APPROVED, last.to_value)
+
+
+def mirror_after_move(reg: Registry) -> str | None:
+    """Mirror a move the store already made; an MLflow failure is reported, not raised (the move stands and
+    the next operation's reconcile repairs the mirror)."""
+    try:
+        reconcile(reg)
+        return None
+    except (RegistryUnavailable, MlflowException, OSError) as exc:
+        log.warning("approved-default moved in the store but not yet mirrored to MLflow: %s", exc)
+        return str(exc)
+
+
+def move(
+    reg: Registry, *, expected: str | None, to: str, weights_hash: str, actor: str, note: str = "", **extra
+) -> Any:
+    """Compare-and-set `approved-default` in the store; the note records the approved weights hash."""
+    body = {"weights_hash": weights_hash, "model": reg.model_name, "note": note, **extra}
+    return reg.store.move_pointer(
+        reg.pointer_name(),
+        expected=expected,
+        to=str(to),
+        actor=actor,
+        receipt_id=extra.get("receipt_id"),
+        note=json.dumps(body, sort_keys=True),
+    )
+
+
+def current(reg: Registry, alias: str = APPROVED) -> str | None:
+    """The version an alias points at, or None; `approved-default` is read from the store."""
+    check_alias(alias)
+    if alias == APPROVED:
+        return reg.store.current_pointer(reg.pointer_name())
+    mv = reg.alias_version(alias)
+    return None if mv is None else str(mv.version)
+
+
+def resolve(reg: Registry, alias: str = APPROVED, *, download: bool = True) -> ResolvedVersion:
+    """The version behind `alias`, with its verified local checkpoint when `download`.
+
+    `approved-default` comes only from the store's pointer: if it was never set this raises `PointerNotSet`;
+    it never falls back to `latest-candidate` or to the newest version."""
+    check_alias(alias)
+    reg.connect()
+    # Only the newest move is read; the full history is read (by `reconcile`) only when the MLflow mirror
+    # is behind the store and must be rewritten.
+    moves = reg.store.pointer_history(reg.pointer_name(), last=1)
+    last = moves[-1] if moves else None
+    pointer = last.to_value if last else None
+    approved = reg.alias_version(APPROVED)
+    if (None if approved is None else str(approved.version)) != pointer or _seq(approved) != (
+        str(last.seq) if last else ""
+    ):
+        rec = reconcile(reg)
+        last, pointer, approved = rec.last_move, rec.pointer, rec.model_version
+    mv = approved if alias == APPROVED else reg.alias_version(alias)
+    version = pointer if alias == APPROVED else (None if mv is None else str(mv.version))
+    if version is None:
+        raise PointerNotSet(alias)
+    typed = (
+        CandidateVersion.of(mv, reg.model_name)
+        if mv is not None and str(mv.version) == version
+        else reg.model_version(version)
+    )
+    if alias == APPROVED:
+        # Version numbers restart when a registered model is re-created; the content hash recorded at
+        # approval time is what the pointer really means.
+        expected = approved_hash(last)
+        if expected and expected != typed.weights_hash:
+            raise WeightsMismatch(version, expected, typed.weights_hash)
+    return ResolvedVersion(
+        version=typed.version,
+        weights_hash=typed.weights_hash,
+        local_path=reg.fetch(typed) if download else None,
+        model_uri=typed.model_uri,
+    )

@@ -1,0 +1,128 @@
+"""Moving `approved-default`: promotion to a passing receipt's candidate, and rollback to an earlier value.
+
+Both are a compare-and-set in the store (`PointerConflict` if another move came first), mirrored to MLflow
+afterwards; a failed mirror leaves the move standing and is repaired by the next operation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lightning_dagster.registry import pointers, receipts
+from lightning_dagster.registry.errors import (
+    NotAuthorized,
+    PointerConflict,
+    PromotionRefused,
+    WeightsMismatch,
+)
+
+if TYPE_CHECKING:
+    from lightning_dagster.registry.core import Registry
+
+DEFAULT_APPROVER = "default-approver"
+
+
+@dataclass(frozen=True)
+class PromotionResult:
+    move: Any  # store.PointerMove
+    mirrored: bool
+    mirror_error: str | None = None
+
+
+def _require_any(reg: Registry, actor: str, roles: Sequence[str]) -> None:
+    """`actor` must hold at least one of `roles` (the roles a receipt lets approve the default)."""
+    table = reg.roles()
+    if not any(r in table.actors.get(actor, ()) for r in roles):
+        raise NotAuthorized(actor, " or ".join(roles) or "<none named>", f"per {table.path}")
+
+
+def promote(
+    reg: Registry,
+    receipt: Any,
+    actor: str,
+    *,
+    policy: Any = None,
+    current_fingerprints: Mapping[str, str | None] | None = None,
+) -> PromotionResult:
+    """Move `approved-default` from the receipt's parent to its candidate, or refuse with the reason.
+
+    Requires: the gate, run now on the ledger's head version under `policy` (default: the packaged one) with
+    `current_fingerprints`, says promote and voids no check; `actor` holds a default-approver role the
+    receipt names; the candidate is registered with the receipt's weights; and `approved-default` is exactly
+    the receipt's parent (version and weights)."""
+    from lightning_dagster.gate import PROMOTE, Policy, evaluate, load_policy
+
+    pointers.reconcile(reg)
+    stored = receipts.load(reg.store, receipt)
+    facts = receipts.facts(stored.receipt, reg.model_name)
+    policy = policy if isinstance(policy, Policy) else load_policy(policy)
+    evaluation = evaluate(stored.receipt, policy, current_fingerprints)
+    if evaluation.verdict != PROMOTE or evaluation.stale_checks:
+        raise PromotionRefused(
+            f"receipt {facts.receipt_id} (version {stored.version}) is {evaluation.verdict} under "
+            f"{policy.version}: " + "; ".join(evaluation.hold_reasons)
+        )
+    _require_any(reg, actor, facts.default_approver_roles)
+    candidate = reg.model_version(facts.candidate_version)
+    if facts.candidate_weights_hash and not receipts.same_hash(
+        facts.candidate_weights_hash, candidate.weights_hash
+    ):
+        raise PromotionRefused(
+            f"candidate version {candidate.version} has weights {candidate.weights_hash}, "
+            f"the receipt names {facts.candidate_weights_hash}"
+        )
+    # The exact parent: the pointer must hold the receipt's parent version, and the weights recorded when it
+    # was approved must be the receipt's parent weights (version numbers can be reused).
+    last = (reg.history() or [None])[-1]
+    current = last.to_value if last else None
+    approved_hash = pointers.approved_hash(last)
+    if facts.parent_version is not None and current != facts.parent_version:
+        raise PointerConflict(reg.pointer_name(), facts.parent_version, current)
+    if facts.parent_weights_hash and not receipts.same_hash(approved_hash, facts.parent_weights_hash):
+        raise PointerConflict(
+            reg.pointer_name(), f"weights {facts.parent_weights_hash}", f"{current} ({approved_hash})"
+        )
+    move = pointers.move(
+        reg,
+        expected=current,
+        to=candidate.version,
+        weights_hash=candidate.weights_hash,
+        actor=actor,
+        note="promotion",
+        receipt_id=facts.receipt_id,
+        receipt_hash=stored.content_hash,
+        receipt_version=stored.version,
+        policy=f"{policy.version} {policy.hash}",
+    )
+    error = pointers.mirror_after_move(reg)
+    return PromotionResult(move=move, mirrored=error is None, mirror_error=error)
+
+
+def rollback(reg: Registry, to_version: str, actor: str, *, role: str = DEFAULT_APPROVER) -> PromotionResult:
+    """Move `approved-default` back to a version it held before, after proving that version serves.
+
+    The target must appear in the pointer history as an earlier approved value (never "the newest
+    version"); its bytes are verified, it is loaded and answers one chat completion through a gateway, and
+    only then does the pointer move, with a history entry."""
+    from lightning_dagster.registry.serving import serve_once
+
+    pointers.reconcile(reg)
+    reg.roles().require(actor, role)
+    to_version = str(to_version)
+    history = reg.history()
+    current = history[-1].to_value if history else None
+    if to_version == current:
+        raise PromotionRefused(f"version {to_version} is already approved-default")
+    if to_version not in {m.to_value for m in history[:-1]}:
+        raise PromotionRefused(f"version {to_version} was never approved-default; rollback only goes back")
+    target = reg.model_version(to_version)
+    approved = {pointers.approved_hash(m) for m in history if m.to_value == to_version}
+    if target.weights_hash not in approved:
+        raise WeightsMismatch(to_version, ",".join(sorted(h for h in approved if h)), target.weights_hash)
+    serve_once(reg.fetch(target))
+    move = pointers.move(
+        reg, expected=current, to=to_version, weights_hash=target.weights_hash, actor=actor, note="rollback"
+    )
+    error = pointers.mirror_after_move(reg)
+    return PromotionResult(move=move, mirrored=error is None, mirror_error=error)
