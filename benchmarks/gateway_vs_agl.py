@@ -272,7 +272,7 @@ def main() -> int:
             Path(str(db) + suffix).unlink(missing_ok=True)
 
     stub_port = free_port()
-    stub_args = [PY, "-m", "lightning_dagster.gateway.stub", "--port", str(stub_port)]
+    stub_args = [PY, "-m", "tests.support.stub_upstream", "--port", str(stub_port)]
     stub = Server("stub", stub_args, f"http://127.0.0.1:{stub_port}/v1/models", {"PYTHONPATH": str(ROOT)})
     upstream = f"http://127.0.0.1:{stub_port}/v1"
     targets: dict = {}

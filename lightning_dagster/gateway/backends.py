@@ -42,8 +42,9 @@ class Completion:
 
 
 @dataclass
-class Sampling:
-    """The sampling part of a request, after defaults and the rollout's seed are applied."""
+class CallSampling:
+    """The sampling of one call, as applied: the request's, with defaults, the rollout's seed and (when the
+    rollout decides it) the rollout's temperature, top_p and max_tokens."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -70,13 +71,13 @@ class Backend(abc.ABC):
         messages: list[dict],
         tools: list[dict] | None,
         tool_choice: Any,
-        sampling: Sampling,
+        sampling: CallSampling,
         previous: LastCall | None,
         body: dict,
     ) -> Completion: ...
 
     @abc.abstractmethod
-    async def complete(self, prompt: str | list[int], sampling: Sampling, body: dict) -> Completion: ...
+    async def complete(self, prompt: str | list[int], sampling: CallSampling, body: dict) -> Completion: ...
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         pass
@@ -142,7 +143,7 @@ class EngineBackend(Backend):
             raise GatewayError(400, f"the weights in {path!r} do not fit the served model: {exc}") from exc
         self.resource_id = resource_id
 
-    async def _generate(self, prompt_ids: list[int], sampling: Sampling) -> Any:
+    async def _generate(self, prompt_ids: list[int], sampling: CallSampling) -> Any:
         from lightning_dagster.engine import EngineClosed, EngineError, SamplingParams
 
         params = SamplingParams(
@@ -159,7 +160,7 @@ class EngineBackend(Backend):
         except EngineClosed as exc:
             raise GatewayError(503, "the engine is shutting down") from exc
 
-    def _texts(self, ids: list[int], sampling: Sampling) -> list[str] | None:
+    def _texts(self, ids: list[int], sampling: CallSampling) -> list[str] | None:
         return [self.engine.decode([i]) for i in ids] if sampling.logprobs else None
 
     def _chat_prompt(
@@ -207,8 +208,8 @@ class EngineBackend(Backend):
         )
 
 
-class _HttpxClient:
-    """TLS (or any non-plain-http) upstreams: one shared httpx client with keep-alive."""
+class HttpxClient:
+    """TLS (or any non-plain-http) upstreams: one shared httpx client with a keep-alive pool."""
 
     def __init__(self, base_url: str, headers: dict[str, str], *, timeout: float):
         self._base = base_url
@@ -243,14 +244,14 @@ class UpstreamBackend(Backend):
         self._api_key = api_key
         self._model = model
         self._timeout = timeout
-        self._client: Http1Client | _HttpxClient | None = None
+        self._client: Http1Client | HttpxClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def model(self) -> str:
         return self._model or "upstream"
 
-    def _http(self) -> Http1Client | _HttpxClient:
+    def _http(self) -> Http1Client | HttpxClient:
         # One keep-alive client per event loop (a GatewayServer runs one loop; tests may start several).
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
@@ -258,7 +259,7 @@ class UpstreamBackend(Backend):
             if self.base_url.startswith("http://"):
                 self._client = Http1Client(self.base_url, headers, timeout=self._timeout)
             else:
-                self._client = _HttpxClient(self.base_url, headers, timeout=self._timeout)
+                self._client = HttpxClient(self.base_url, headers, timeout=self._timeout)
             self._loop = loop
         return self._client
 
@@ -285,11 +286,15 @@ class UpstreamBackend(Backend):
             raise GatewayError(502, "upstream response has no choices")
         return data
 
-    def _payload(self, body: dict, sampling: Sampling) -> dict:
-        payload = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    def _payload(self, body: dict, sampling: CallSampling) -> dict:
+        drop = ("stream", "stream_options", "max_completion_tokens")  # max_tokens carries the applied limit
+        payload = {k: v for k, v in body.items() if k not in drop}
         if self._model:
             payload["model"] = self._model
         payload["return_token_ids"] = True
+        payload["temperature"], payload["top_p"] = sampling.temperature, sampling.top_p
+        if sampling.max_tokens is not None:
+            payload["max_tokens"] = sampling.max_tokens
         if sampling.seed is not None:
             payload["seed"] = sampling.seed
         return payload

@@ -1,8 +1,7 @@
-"""A lean keep-alive HTTP/1.1 client for plain-http upstreams (the hot path of upstream mode).
-
-Profiling the gateway's event loop showed httpx's request machinery at ~3/4 of the loop's CPU per proxied
-call; this writes each request with one `write` and parses responses with httptools (uvicorn's parser).
-TLS upstreams keep using httpx (see `UpstreamBackend`).
+"""A lean keep-alive HTTP/1.1 client for plain-http upstreams (the hot path of upstream mode): one `write`
+per request, responses parsed with httptools (uvicorn's parser). Kept instead of httpx because httpx costs
+several times the CPU per call on this path: `benchmarks/upstream_client.py`, results in
+`benchmarks/README.md` (gateway). TLS upstreams use httpx (`backends.HttpxClient`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A key is `ld1.<rollout id>.<attempt id>.<signature>`, the ids base64url-encoded so that any id survives
 the dots; the signature is HMAC-SHA256(secret, rollout id + NUL + attempt id). Keys are compared in
-constant time and never logged (see `redact`).
+constant time and never logged.
 """
 
 from __future__ import annotations
@@ -51,8 +51,3 @@ def parse_attempt_key(secret: str, key: str) -> tuple[str, str] | None:
 def same_key(given: str, expected: str) -> bool:
     """Constant-time comparison of two secrets."""
     return hmac.compare_digest(given.encode(), expected.encode())
-
-
-def redact(key: str) -> str:
-    """What may appear in a log line or an error message instead of a key."""
-    return f"<key len={len(key)}>"

@@ -1,5 +1,5 @@
 """Fixtures: the real tiny model (built once per session), a scripted copy of it, a real Store per test,
-and a real GatewayServer over HTTP."""
+a real GatewayServer over HTTP, and the stub upstream for upstream mode."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import openai
 import pytest
 
 from lightning_dagster.engine import BatchingEngine, Engine, build_base_model
-from lightning_dagster.gateway import EngineBackend, GatewayServer, attempt_key, create_app
+from lightning_dagster.gateway import EngineBackend, GatewayServer, UpstreamBackend, attempt_key, create_app
 from lightning_dagster.store import Store
 from lightning_dagster.types import Rollout, RolloutKind
 from tests.gateway.scripted import script_weights, spell
+from tests.support.stub_upstream import create_stub_app
 
 SECRET = "test-secret-0123456789"
 ADMIN = "admin-key-abcdefghijkl"
@@ -120,4 +121,17 @@ def scripted_gateway(store, scripted):
 def small_gateway(store, batching):
     """Same as `gateway`, with a 2 KB body limit."""
     with _serve(store, EngineBackend(batching, resource_id="res-base"), max_body_bytes=2048) as server:
+        yield Gateway(server, store, server.url)
+
+
+@pytest.fixture(scope="session")
+def stub():
+    with GatewayServer(create_stub_app(reply_tokens=50)) as server:
+        yield server
+
+
+@pytest.fixture
+def upstream_gateway(store, stub):
+    app = create_app(store, UpstreamBackend(stub.url, model="stub-model"), secret=SECRET, admin_key=ADMIN)
+    with GatewayServer(app) as server:
         yield Gateway(server, store, server.url)

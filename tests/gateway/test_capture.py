@@ -120,15 +120,17 @@ def test_completions_take_token_ids_verbatim(gateway, engine):
 
 
 def test_rollout_sampling_seed_gives_common_random_numbers(gateway):
-    ids = []
+    ids, seeds = [], []
     for _ in range(2):
         _, aid, key = gateway.attempt(metadata={"sampling_seed": 42})
         client = gateway.client(key)
         for _ in range(2):
             client.chat.completions.create(model="m", messages=QUESTION, temperature=1.0, max_tokens=12)
         ids.append([s.response_token_ids for s in gateway.spans(aid)])
-    assert ids[0] == ids[1]
-    assert ids[0][0] != ids[0][1] or len(ids[0][0]) <= 1  # call 1 and call 2 get different seeds
+        seeds.append([s.attributes["seed"] for s in gateway.spans(aid)])
+    assert ids[0] == ids[1] and seeds[0] == seeds[1]
+    assert seeds[0][0] != seeds[0][1]  # call 1 and call 2 get different seeds ...
+    assert ids[0][0] != ids[0][1]  # ... so they sample different responses to the same prompt
 
 
 def test_continue_prompt_invariant_on_the_real_template(engine):

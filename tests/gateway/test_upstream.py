@@ -9,21 +9,8 @@ import openai
 import pytest
 
 from lightning_dagster.gateway import GatewayServer, UpstreamBackend, create_app
-from lightning_dagster.gateway.stub import _ids, create_stub_app, render, reply
 from tests.gateway.conftest import ADMIN, SECRET, Gateway
-
-
-@pytest.fixture(scope="module")
-def stub():
-    with GatewayServer(create_stub_app(reply_tokens=50)) as server:
-        yield server
-
-
-@pytest.fixture
-def upstream_gateway(store, stub):
-    app = create_app(store, UpstreamBackend(stub.url, model="stub-model"), secret=SECRET, admin_key=ADMIN)
-    with GatewayServer(app) as server:
-        yield Gateway(server, store, server.url)
+from tests.support.stub_upstream import _ids, render, reply
 
 
 def test_upstream_mode_records_the_upstream_ids_and_logprobs(upstream_gateway):

@@ -152,7 +152,7 @@ def post_reward(event_url: str, api_key: str, value: float) -> None:
     response.raise_for_status()
 
 
-def run_episode(client: OpenAI, question: str, *, temperature: float = 1.0) -> float | None:
+def run_episode(client: OpenAI, question: str) -> float | None:
     """The tool loop; returns the model's final answer, or None if it never gave one."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
@@ -163,7 +163,7 @@ def run_episode(client: OpenAI, question: str, *, temperature: float = 1.0) -> f
             model="policy",
             messages=messages,
             tools=TOOLS,
-            temperature=temperature,
+            temperature=1.0,  # a rollout's own sampling, when it has one, is applied by the gateway
             max_tokens=MAX_TOKENS,
         )
         message = response.choices[0].message
@@ -195,8 +195,7 @@ def run_task(task: dict[str, Any], *, base_url: str, api_key: str, event_url: st
     client = OpenAI(
         base_url=base_url, api_key=api_key, max_retries=1, timeout=60.0, http_client=http_client()
     )
-    temperature = float(os.environ.get("CALC_TEMPERATURE", "1.0"))
-    answer = run_episode(client, task["question"], temperature=temperature)
+    answer = run_episode(client, task["question"])
     reward = score(answer, task["answer"])
     post_reward(event_url, api_key, reward)
     return reward

@@ -145,14 +145,14 @@ def post_reward(event_url: str, api_key: str, value: float) -> None:
     response.raise_for_status()
 
 
-def run_episode(client: OpenAI, task: dict[str, Any], *, temperature: float = 1.0) -> None:
+def run_episode(client: OpenAI, task: dict[str, Any]) -> None:
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": task["question"]},
     ]
     for _ in range(MAX_TURNS):
         response = client.chat.completions.create(
-            model="policy", messages=messages, tools=TOOLS, temperature=temperature, max_tokens=MAX_TOKENS
+            model="policy", messages=messages, tools=TOOLS, temperature=1.0, max_tokens=MAX_TOKENS
         )
         message = response.choices[0].message
         if not message.tool_calls:
@@ -181,7 +181,7 @@ def run_task(task: dict[str, Any], *, base_url: str, api_key: str, event_url: st
     client = OpenAI(
         base_url=base_url, api_key=api_key, max_retries=1, timeout=60.0, http_client=http_client()
     )
-    run_episode(client, task, temperature=float(os.environ.get("LEDGER_TEMPERATURE", "1.0")))
+    run_episode(client, task)  # the gateway applies the rollout's sampling to every call
     reward = 1.0 if check_effect(task)["effect_ok"] else 0.0
     post_reward(event_url, api_key, reward)
     return reward

@@ -1,8 +1,9 @@
 """A stub of vLLM's OpenAI server for tests and benchmarks: deterministic, no model, vLLM-shaped JSON.
 
 One token per character (id = code point), so a conversation's prompt ids extend the previous call's
-prompt + response exactly, as a real prefix-preserving template would. Each reply is `reply_tokens`
-characters long with float32-exact logprobs. Run `python -m lightning_dagster.gateway.stub --port P`.
+prompt + response exactly, as a real prefix-preserving template would. Each reply is `max_tokens` (default
+`reply_tokens`) characters long with float32-exact logprobs. Run `python -m tests.support.stub_upstream --port P`
+from the repository root.
 """
 
 from __future__ import annotations

@@ -1,0 +1,226 @@
+"""Attribution: which attempt a request writes to (per-attempt key, path, or serve session), and the state the
+gateway keeps per attempt (last call for token-in, span sequence, the rollout's seed and sampling)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from cachetools import LRUCache
+from fastapi import Request
+from pydantic import ValidationError
+
+from lightning_dagster.gateway.errors import GatewayError
+from lightning_dagster.gateway.keys import parse_attempt_key, same_key
+from lightning_dagster.gateway.tokenin import LastCall
+from lightning_dagster.store.errors import NotFound
+from lightning_dagster.types import AttemptState, RolloutKind, Sampling
+
+
+@dataclass
+class Caller:
+    kind: str  # attempt | serve | admin
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+
+
+@dataclass
+class TokenInStats:
+    calls: int = 0
+    continuations: int = 0  # calls that had a previous LLM call in the same attempt
+    token_in: int = 0  # ... whose prompt extended that call's prompt + response exactly
+
+    def count(self, had_previous: bool, extended: bool) -> None:
+        self.calls += 1
+        self.continuations += had_previous
+        self.token_in += extended
+
+    def as_dict(self) -> dict[str, Any]:
+        share = self.token_in / self.continuations if self.continuations else None
+        return {**self.__dict__, "token_in_share": share}
+
+
+@dataclass
+class AttemptContext:
+    """Per-attempt state kept in memory: last call (for token-in), span sequence, rollout facts."""
+
+    rollout_id: str
+    attempt_id: str
+    kind: RolloutKind
+    sampling_seed: int | None
+    sampling: Sampling | None  # the rollout's decided sampling; None: each call's own request decides
+    state: AttemptState
+    checked_at: float
+    next_sequence: int
+    last: LastCall | None = None
+    last_ids: array | None = None
+    stats: TokenInStats = field(default_factory=TokenInStats)
+
+    def take_sequence(self) -> int:
+        self.next_sequence += 1
+        return self.next_sequence - 1
+
+    def call_seed(self) -> int | None:
+        """Common random numbers: call k of any rollout with the same `sampling_seed` gets the same seed."""
+        if self.sampling_seed is None:
+            return None
+        digest = hashlib.sha256(f"{self.sampling_seed}:{self.stats.calls}".encode()).digest()
+        return int.from_bytes(digest[:4], "big") >> 1
+
+
+class Attempts:
+    """Keys -> callers, callers + paths -> attempt contexts; bounded LRU caches of contexts, serve sessions
+    and verified keys (a forgotten entry is read again from the store)."""
+
+    def __init__(
+        self,
+        store,
+        backend,
+        *,
+        secret: str,
+        admin_key: str,
+        serve_keys: Sequence[str],
+        state_ttl_s: float,
+        max_contexts: int,
+    ):
+        if not secret or not admin_key:
+            raise ValueError("the gateway needs a non-empty secret and admin key")
+        self.store = store
+        self.backend = backend
+        self.secret = secret
+        self.admin_key = admin_key
+        self.serve_keys = tuple(k for k in serve_keys if k)
+        self.state_ttl_s = state_ttl_s
+        self.contexts: LRUCache[str, AttemptContext] = LRUCache(max_contexts)
+        self.sessions: LRUCache[str, tuple[str, str]] = LRUCache(max_contexts)  # serve session -> attempt
+        # attempt key -> (rollout id, attempt id) of keys whose signature already checked out, so the HMAC
+        # is computed once per attempt, not per call; only genuine keys enter.
+        self.verified: LRUCache[str, tuple[str, str]] = LRUCache(max_contexts)
+
+    def caller(self, request: Request) -> Caller:
+        auth = request.headers.get("authorization", "")
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+        if not key:
+            raise GatewayError(401, "missing API key (Authorization: Bearer <key>)")
+        if same_key(key, self.admin_key):
+            return Caller("admin")
+        if any(same_key(key, k) for k in self.serve_keys):
+            return Caller("serve")
+        ids = self.verified.get(key)
+        if ids is None:
+            ids = parse_attempt_key(self.secret, key)
+            if ids is None:
+                raise GatewayError(401, "invalid API key")
+            self.verified[key] = ids
+        return Caller("attempt", *ids)
+
+    def require_admin(self, request: Request) -> None:
+        if self.caller(request).kind != "admin":
+            raise GatewayError(403, "this route needs the admin key")
+
+    async def _load(self, rollout_id: str, attempt_id: str) -> AttemptContext:
+        def load() -> AttemptContext:
+            try:  # one read: the attempt, its rollout's kind and metadata, and its highest span sequence
+                owner, state, kind, metadata, highest = self.store.attempt_facts(attempt_id)
+            except NotFound as exc:
+                raise GatewayError(404, f"unknown attempt {attempt_id}", code="attempt_not_found") from exc
+            if owner != rollout_id:
+                raise GatewayError(404, f"attempt {attempt_id} is not an attempt of rollout {rollout_id}")
+            seed, sampling = metadata.get("sampling_seed"), metadata.get("sampling")
+            try:
+                decided = Sampling.model_validate(sampling) if sampling is not None else None
+            except ValidationError as exc:
+                raise GatewayError(
+                    500, f"rollout {rollout_id} has an invalid metadata.sampling: {exc}"
+                ) from exc
+            return AttemptContext(
+                rollout_id=rollout_id,
+                attempt_id=attempt_id,
+                kind=kind,
+                sampling_seed=int(seed) if seed is not None else None,
+                sampling=decided,
+                state=state,
+                checked_at=time.monotonic(),
+                next_sequence=0 if highest is None else highest + 1,
+            )
+
+        return await anyio.to_thread.run_sync(load)
+
+    async def context(
+        self, rollout_id: str, attempt_id: str, *, require_running: bool = True
+    ) -> AttemptContext:
+        ctx = self.contexts.get(attempt_id)  # a hit also marks the context recently used
+        if ctx is None or ctx.rollout_id != rollout_id:
+            loaded = await self._load(rollout_id, attempt_id)
+            ctx = self.contexts.setdefault(attempt_id, loaded)  # a racing request may have loaded it first
+        elif time.monotonic() - ctx.checked_at > self.state_ttl_s:
+            attempt = await anyio.to_thread.run_sync(self.store.get_attempt, attempt_id)
+            ctx.state, ctx.checked_at = attempt.state, time.monotonic()
+        if require_running and ctx.state != AttemptState.running:
+            raise GatewayError(
+                409, f"attempt {attempt_id} is {ctx.state.value}, not running", code="not_running"
+            )
+        return ctx
+
+    async def serve_context(self, request: Request, first_user: str) -> AttemptContext:
+        session = request.headers.get("x-session-id") or hashlib.sha256(first_user.encode()).hexdigest()[:24]
+        ids = self.sessions.get(session)
+        if ids is not None:
+            try:
+                return await self.context(*ids)
+            except GatewayError as exc:
+                if exc.status != 409:
+                    raise
+        rollout, attempt = await anyio.to_thread.run_sync(
+            self.store.get_or_create_serve_rollout, session, self.backend.resource_id
+        )
+        self.sessions[session] = (rollout.rollout_id, attempt.attempt_id)
+        return await self.context(rollout.rollout_id, attempt.attempt_id)
+
+    async def target(
+        self, request: Request, caller: Caller, path: dict[str, str], *, first_user: str | None = None
+    ) -> AttemptContext:
+        """The attempt a call writes to; a key may only write to its own attempt."""
+        rid, aid = path.get("rollout_id"), path.get("attempt_id")
+        if rid is not None:
+            if caller.kind == "attempt" and (caller.rollout_id, caller.attempt_id) != (rid, aid):
+                raise GatewayError(403, "this key belongs to another attempt", code="wrong_attempt")
+            if caller.kind == "serve":
+                raise GatewayError(403, "a serve key cannot write to a rollout attempt")
+            return await self.context(rid, aid)
+        if caller.kind == "attempt":
+            return await self.context(caller.rollout_id, caller.attempt_id)
+        if caller.kind == "serve" and first_user is not None:
+            return await self.serve_context(request, first_user)
+        raise GatewayError(
+            400, "name the attempt: use an attempt key or /rollouts/{rid}/attempts/{aid}/v1/..."
+        )
+
+    async def reward_target(
+        self, request: Request, caller: Caller, path: dict, rid: str | None, aid: str | None
+    ) -> AttemptContext:
+        """The attempt a reward or event is for: the key's own, the path's, or (serve and admin keys) the
+        named rollout's latest attempt."""
+        if caller.kind == "attempt" and not path:
+            if rid not in (None, caller.rollout_id) or aid not in (None, caller.attempt_id):
+                raise GatewayError(403, "this key belongs to another attempt", code="wrong_attempt")
+            return await self.context(caller.rollout_id, caller.attempt_id)
+        if path or caller.kind == "attempt":
+            return await self.target(request, caller, path)
+        if rid is None:
+            raise GatewayError(422, "rollout_id: required with a serve or admin key", param="rollout_id")
+        if aid is None:
+            attempts = await anyio.to_thread.run_sync(lambda: self.store.list_attempts(rollout_id=rid))
+            if not attempts:
+                raise GatewayError(404, f"unknown rollout {rid}", code="rollout_not_found")
+            aid = attempts[-1].attempt_id
+        # Serve traffic is judged later: its rewards land whatever the attempt's state.
+        ctx = await self.context(rid, aid, require_running=caller.kind == "admin")
+        if caller.kind == "serve" and ctx.kind != RolloutKind.serve:
+            raise GatewayError(403, "a serve key can reward serve rollouts only")
+        return ctx

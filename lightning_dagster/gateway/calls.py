@@ -1,0 +1,146 @@
+"""The LLM routes (chat and completions, streamed or not): the rollout's sampling applied over the request's,
+one backend call, one LLM span with the exact ids, then the OpenAI-shaped response."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from array import array
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from lightning_dagster.gateway import schemas
+from lightning_dagster.gateway.attempts import AttemptContext
+from lightning_dagster.gateway.backends import CallSampling, Completion
+from lightning_dagster.gateway.errors import GatewayError
+from lightning_dagster.gateway.tokenin import LastCall, extends
+from lightning_dagster.types import Sampling, Span, SpanKind
+
+if TYPE_CHECKING:
+    from lightning_dagster.gateway.app import Gateway
+
+
+def apply_rollout_sampling(requested: CallSampling, decided: Sampling | None) -> CallSampling:
+    """The sampling a call runs with: the rollout's temperature and top_p, and its max_tokens when it sets
+    one, over whatever the harness asked; the request's own values when the rollout decides nothing."""
+    if decided is None:
+        return requested
+    return dataclasses.replace(
+        requested,
+        temperature=decided.temperature,
+        top_p=decided.top_p,
+        max_tokens=decided.max_tokens if decided.max_tokens is not None else requested.max_tokens,
+    )
+
+
+async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bool) -> Response:
+    raw = await gw.body(request)
+    caller = gw.attempts.caller(request)
+    body = schemas.parse(raw)  # forwarded (upstream mode) with the applied sampling, after validation
+    req = schemas.check(schemas.ChatRequest if chat else schemas.CompletionRequest, body)
+    messages = [m.plain() for m in req.messages] if chat else []
+    first_user = next((m["content"] or "" for m in messages if m["role"] == "user"), "")
+    ctx = await gw.attempts.target(
+        request, caller, path, first_user=first_user if chat else str(req.prompt)[:4096]
+    )
+    previous, previous_ids = ctx.last, ctx.last_ids
+    if chat:
+        want_logprobs = bool(req.logprobs)
+        max_tokens = req.max_completion_tokens or req.max_tokens
+    else:
+        want_logprobs = req.logprobs is not None and req.logprobs > 0
+        max_tokens = req.max_tokens
+    requested = {"temperature": req.temperature, "top_p": req.top_p, "max_tokens": max_tokens}
+    sampling = apply_rollout_sampling(req.sampling(ctx.call_seed(), want_logprobs, max_tokens), ctx.sampling)
+    started, t0 = time.time(), time.perf_counter()
+    backend = gw.backend
+    try:
+        if chat:
+            c = await backend.chat(messages, req.tools, req.tool_choice, sampling, previous, body)
+        else:
+            c = await backend.complete(req.single_prompt(), sampling, body)
+    except GatewayError as exc:
+        if exc.status >= 500:  # the backend failed, not the request: keep the failure on record
+            await gw.record(ctx, _error_span(gw, ctx, chat, started, exc))
+        raise
+    latency = time.perf_counter() - t0
+    extended = extends(c.prompt_ids, previous_ids)
+    ctx.stats.count(previous_ids is not None, extended)
+    gw.stats.count(previous_ids is not None, extended)
+    attributes = {
+        "model": c.model,
+        "backend": backend.kind,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_tokens": sampling.max_tokens,
+        "requested": requested,  # what the harness asked (None: not sent)
+        "seed": sampling.seed,
+        "stream": bool(req.stream),
+        "token_in": extended,
+        "token_source": c.token_source,
+        "token_in_share": ctx.stats.as_dict()["token_in_share"],
+        "tool_calls": len(c.tool_calls),
+        "latency_s": round(latency, 6),
+    }
+    span = _llm_span(gw, ctx, chat, c, started, latency, attributes)
+    await gw.record(ctx, span, wait=gw.durable, sync=gw.fsync_spans)
+    ctx.last_ids = array("i", c.prompt_ids)
+    ctx.last_ids.extend(c.response_ids)
+    ctx.last = (
+        LastCall.of(messages, schemas.assistant_message(c), req.tools, c.prompt_ids, c.response_ids)
+        if chat and backend.token_in
+        else None
+    )
+    response = (schemas.chat_response if chat else schemas.completion_response)(c, want_logprobs)
+    headers = {
+        "x-ld-rollout-id": ctx.rollout_id,
+        "x-ld-attempt-id": ctx.attempt_id,
+        "x-ld-span-id": span.span_id,
+    }
+    if req.stream:
+        stream = schemas.sse(response, include_usage=req.include_usage)
+        return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+    return Response(schemas.dumps(response), media_type="application/json", headers=headers)
+
+
+def _llm_span(
+    gw: Gateway,
+    ctx: AttemptContext,
+    chat: bool,
+    c: Completion,
+    started: float,
+    latency: float,
+    attributes: dict[str, Any],
+) -> Span:
+    return Span(
+        trace_id=ctx.attempt_id,
+        rollout_id=ctx.rollout_id,
+        attempt_id=ctx.attempt_id,
+        name="chat.completions" if chat else "completions",
+        kind=SpanKind.llm,
+        start_time=started,
+        end_time=started + latency,
+        attributes=attributes,
+        prompt_token_ids=c.prompt_ids,
+        response_token_ids=c.response_ids,
+        response_logprobs=c.logprobs,
+        finish_reason=c.finish_reason,
+        resource_id=gw.backend.resource_id,
+    )
+
+
+def _error_span(gw: Gateway, ctx: AttemptContext, chat: bool, started: float, exc: GatewayError) -> Span:
+    return Span(
+        trace_id=ctx.attempt_id,
+        rollout_id=ctx.rollout_id,
+        attempt_id=ctx.attempt_id,
+        name="chat.completions" if chat else "completions",
+        kind=SpanKind.llm,
+        start_time=started,
+        end_time=time.time(),
+        status="error",
+        attributes={"backend": gw.backend.kind, "error": exc.message[:500], "http_status": exc.status},
+        resource_id=gw.backend.resource_id,
+    )
