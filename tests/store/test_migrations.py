@@ -70,7 +70,7 @@ def test_default_url_is_a_sqlite_file_in_the_home(tmp_path, monkeypatch):
 def test_tables_hold_every_field_of_the_data_model():
     # A field added to lightning_dagster/types.py needs a column and a migration; this names the gap.
     from lightning_dagster.store import schema
-    from lightning_dagster.store.store import _SPAN_COLUMNS, _TOKEN_FIELDS
+    from lightning_dagster.store.spans import _SPAN_COLUMNS, _TOKEN_FIELDS
     from lightning_dagster.types import Attempt, Resource, Reward, Rollout, Span
 
     for model, table in [

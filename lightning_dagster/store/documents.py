@@ -1,0 +1,141 @@
+"""Append-only documents (hash-chained versions), compare-and-set pointers with their full move history,
+and flags."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from lightning_dagster.store import schema
+from lightning_dagster.store.connection import Connection, nonempty_text
+from lightning_dagster.store.errors import Conflict, InvalidInput, PointerConflict
+from lightning_dagster.store.records import PointerMove, StoredDocument
+from lightning_dagster.types import now
+
+
+class DocumentStore(Connection):
+    """Documents, pointers and flags (part of `Store`)."""
+
+    # -- append-only documents ---------------------------------------------------------------------------
+
+    def append_document(
+        self, collection: str, doc_id: str, content_hash: str, body: dict, previous_hash: str | None
+    ) -> int:
+        """Append version n+1 whose `previous_hash` must equal version n's content hash (None for the
+        first version); otherwise Conflict. Returns the new version number."""
+        d = schema.documents.c
+        for name, value in (("collection", collection), ("doc_id", doc_id), ("content_hash", content_hash)):
+            nonempty_text(name, value)
+        if not isinstance(body, dict):
+            raise InvalidInput(f"document body must be a dict, got {type(body).__name__}")
+        with self._write() as c:
+            head = c.execute(
+                sa.select(d.version, d.content_hash)
+                .where(d.collection == collection, d.doc_id == doc_id)
+                .order_by(d.version.desc())
+                .limit(1)
+                .with_for_update(key_share=True)
+            ).first()
+            head_hash = head.content_hash if head else None
+            if previous_hash != head_hash:
+                raise Conflict(
+                    f"document {collection}/{doc_id}: previous_hash {previous_hash!r} is not the head {head_hash!r}"
+                )
+            version = head.version + 1 if head else 1
+            row = {
+                "collection": collection,
+                "doc_id": doc_id,
+                "version": version,
+                "content_hash": content_hash,
+            }
+            c.execute(
+                schema.documents.insert(),
+                {**row, "previous_hash": previous_hash, "body": body, "created_at": now()},
+            )
+        return version
+
+    def document_versions(self, collection: str, doc_id: str) -> list[StoredDocument]:
+        d = schema.documents.c
+        query = sa.select(schema.documents).where(d.collection == collection, d.doc_id == doc_id)
+        return self._all(StoredDocument, query.order_by(d.version))
+
+    # -- pointers ----------------------------------------------------------------------------------------
+
+    def move_pointer(
+        self,
+        name: str,
+        *,
+        expected: str | None,
+        to: str,
+        actor: str,
+        receipt_id: str | None = None,
+        note: str = "",
+    ) -> PointerMove:
+        """Compare-and-set under a row lock: moves only if the current value equals `expected` (None: the
+        pointer was never set), else PointerConflict(name, expected, actual). Every move is kept."""
+        for field, value in (("name", name), ("to", to), ("actor", actor)):
+            nonempty_text(field, value)
+        p = schema.pointers.c
+        try:
+            with self._write() as c:
+                row = c.execute(
+                    sa.select(schema.pointers).where(p.name == name).with_for_update(key_share=True)
+                ).first()
+                actual = row.value if row else None
+                if actual != expected:
+                    raise PointerConflict(name, expected, actual)
+                move = PointerMove(
+                    name=name,
+                    from_value=actual,
+                    to_value=to,
+                    actor=actor,
+                    receipt_id=receipt_id,
+                    note=note,
+                    moved_at=now(),
+                    seq=row.seq + 1 if row else 1,
+                )
+                state = {"value": to, "seq": move.seq, "updated_at": move.moved_at}
+                if row:
+                    c.execute(sa.update(schema.pointers).where(p.name == name).values(state))
+                else:  # a concurrent first move fails on the primary key and becomes a PointerConflict
+                    c.execute(schema.pointers.insert(), {"name": name, **state})
+                c.execute(schema.pointer_moves.insert(), move.model_dump())
+        except PointerConflict:
+            raise
+        except Conflict as exc:
+            raise PointerConflict(name, expected, self.current_pointer(name)) from exc
+        return move
+
+    def current_pointer(self, name: str) -> str | None:
+        """One primary-key read of the pointer row (the history is not touched)."""
+        with self.engine.connect() as c:
+            return c.execute(
+                sa.select(schema.pointers.c.value).where(schema.pointers.c.name == name)
+            ).scalar()
+
+    def pointer_history(self, name: str, *, last: int | None = None) -> list[PointerMove]:
+        """Every move, oldest first; with `last`, only the newest `last` moves (still oldest first), read
+        backwards through the (name, seq) unique index."""
+        m = schema.pointer_moves.c
+        query = sa.select(schema.pointer_moves).where(m.name == name)
+        if last is None:
+            return self._all(PointerMove, query.order_by(m.seq))
+        if isinstance(last, bool) or not isinstance(last, int) or last < 0:
+            raise InvalidInput(f"last must be a non-negative integer, got {last!r}")
+        return self._all(PointerMove, query.order_by(m.seq.desc()).limit(last))[::-1]
+
+    # -- flags -------------------------------------------------------------------------------------------
+
+    def set_flag(self, key: str, value: dict) -> None:
+        nonempty_text("key", key)
+        if not isinstance(value, dict):
+            raise InvalidInput(f"flag value must be a dict, got {type(value).__name__}")
+        with self._write() as c:
+            dialect = postgresql if c.dialect.name == "postgresql" else sqlite
+            insert = dialect.insert(schema.flags).values(key=key, value=value, updated_at=now())
+            fresh = {"value": insert.excluded.value, "updated_at": insert.excluded.updated_at}
+            c.execute(insert.on_conflict_do_update(index_elements=["key"], set_=fresh))
+
+    def get_flag(self, key: str) -> dict | None:
+        with self.engine.connect() as c:
+            return c.execute(sa.select(schema.flags.c.value).where(schema.flags.c.key == key)).scalar()

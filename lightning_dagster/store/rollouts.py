@@ -1,0 +1,307 @@
+"""The rollout queue and the attempt state machine: resources, rollouts, claims, retries, attempt
+transitions and heartbeats, and the `serve` rollouts of client sessions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import sqlalchemy as sa
+
+from lightning_dagster.store import schema
+from lightning_dagster.store.connection import (
+    Connection,
+    as_record,
+    enum_values,
+    from_row,
+    nonempty_text,
+    to_row,
+)
+from lightning_dagster.store.errors import Conflict, InvalidInput, NotFound
+from lightning_dagster.types import (
+    TERMINAL_ATTEMPT_STATES,
+    Attempt,
+    AttemptState,
+    Resource,
+    RetryKind,
+    Rollout,
+    RolloutKind,
+    RolloutStatus,
+    check_transition,
+    now,
+)
+
+R, A = schema.rollouts.c, schema.attempts.c
+
+# A rollout's status follows its latest attempt; whether a failure is final is the runner's call
+# (it either retries, which re-queues the rollout, or leaves it failed).
+ROLLOUT_STATUS_OF: dict[AttemptState, RolloutStatus] = {
+    AttemptState.queued: RolloutStatus.queued,
+    AttemptState.running: RolloutStatus.running,
+    AttemptState.succeeded: RolloutStatus.succeeded,
+    AttemptState.failed: RolloutStatus.failed,
+    AttemptState.timeout: RolloutStatus.failed,
+    AttemptState.unresponsive: RolloutStatus.failed,
+    AttemptState.cancelled: RolloutStatus.cancelled,
+}
+FINAL_ROLLOUT_STATUSES = frozenset({RolloutStatus.succeeded, RolloutStatus.failed, RolloutStatus.cancelled})
+
+
+class RolloutQueue(Connection):
+    """Resources, rollouts and attempts (part of `Store`)."""
+
+    # -- resources ---------------------------------------------------------------------------------------
+
+    def add_resource(self, r: Resource) -> Resource:
+        r = as_record(Resource, r)
+        with self._write() as c:
+            c.execute(schema.resources.insert(), to_row(r))
+        return r
+
+    def get_resource(self, resource_id: str) -> Resource:
+        return self._one(Resource, schema.resources, schema.resources.c.resource_id, resource_id)
+
+    def list_resources(self) -> list[Resource]:
+        return self._all(Resource, sa.select(schema.resources).order_by(schema.resources.c.id))
+
+    # -- rollouts and attempts ---------------------------------------------------------------------------
+
+    def enqueue_rollouts(self, rollouts: list[Rollout]) -> list[Rollout]:
+        items = [as_record(Rollout, r).model_copy(update={"status": RolloutStatus.queued}) for r in rollouts]
+        if items:
+            with self._write() as c:
+                c.execute(schema.rollouts.insert(), [to_row(r) for r in items])
+        return items
+
+    def get_rollout(self, rollout_id: str) -> Rollout:
+        return self._one(Rollout, schema.rollouts, R.rollout_id, rollout_id)
+
+    @staticmethod
+    def _rollout_filters(
+        snapshot_key=None, kind=None, status=None, created_after=None, rollout_ids=None
+    ) -> list[sa.ColumnElement[bool]]:
+        where = []
+        if snapshot_key is not None:
+            where.append(R.snapshot_key == snapshot_key)
+        if kind is not None:
+            where.append(R.kind.in_(enum_values(RolloutKind, kind)))
+        if status is not None:
+            where.append(R.status.in_(enum_values(RolloutStatus, status)))
+        if created_after is not None:
+            where.append(R.created_at > float(created_after))
+        if rollout_ids is not None:
+            where.append(R.rollout_id.in_(list(rollout_ids)))
+        return where
+
+    def query_rollouts(
+        self,
+        *,
+        snapshot_key: str | None = None,
+        kind: RolloutKind | str | Iterable[RolloutKind | str] | None = None,
+        status: RolloutStatus | str | Iterable[RolloutStatus | str] | None = None,
+        created_after: float | None = None,
+        rollout_ids: Iterable[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Rollout]:
+        """Oldest first. `kind` and `status` take one value or several."""
+        where = self._rollout_filters(snapshot_key, kind, status, created_after, rollout_ids)
+        query = sa.select(schema.rollouts).where(*where).order_by(R.id)
+        return self._all(Rollout, query if limit is None else query.limit(int(limit)))
+
+    def claim_rollout(
+        self,
+        worker_id: str,
+        *,
+        kinds: RolloutKind | str | Iterable[RolloutKind | str] | None = None,
+        snapshot_key: str | None = None,
+        rollout_ids: Iterable[str] | None = None,
+    ) -> tuple[Rollout, Attempt] | None:
+        """The oldest queued rollout, with its queued retry attempt (or a new first attempt) now running."""
+        where = self._rollout_filters(snapshot_key, kinds, RolloutStatus.queued, None, rollout_ids)
+        query = (
+            sa.select(schema.rollouts)
+            .where(*where)
+            .order_by(R.id)
+            .limit(1)
+            .with_for_update(skip_locked=True, key_share=True)  # PostgreSQL; SQLite: BEGIN IMMEDIATE
+        )
+        with self._write() as c:
+            row = c.execute(query).first()
+            if row is None:
+                return None
+            latest = self._latest_attempt(c, row.rollout_id)
+            if latest is not None and latest.state == AttemptState.queued.value:
+                attempt = self._move(c, latest, AttemptState.running, {"worker_id": worker_id})
+            else:
+                t = now()
+                attempt = Attempt(
+                    rollout_id=row.rollout_id,
+                    sequence_id=latest.sequence_id + 1 if latest else 1,
+                    state=AttemptState.running,
+                    retry_kind=RetryKind.infrastructure if latest else RetryKind.first,
+                    worker_id=worker_id,
+                    started_at=t,
+                    heartbeat_at=t,
+                )
+                self._add_attempt(c, attempt)
+        return from_row(Rollout, row).model_copy(update={"status": RolloutStatus.running}), attempt
+
+    def retry_rollout(self, rollout_id: str, retry_kind: RetryKind) -> Attempt:
+        """A new queued attempt (sequence + 1) after a finished one; the rollout is queued again."""
+        kind = RetryKind(retry_kind)
+        if kind is RetryKind.first:
+            raise InvalidInput("retry_kind 'first' belongs to a rollout's first attempt")
+        with self._write() as c:
+            self._lock_rollout(c, rollout_id)
+            latest = self._latest_attempt(c, rollout_id)
+            if latest is None or AttemptState(latest.state) not in TERMINAL_ATTEMPT_STATES:
+                state = latest.state if latest else "no attempt"
+                raise Conflict(f"rollout {rollout_id!r}: cannot retry while its latest attempt is {state}")
+            attempt = Attempt(rollout_id=rollout_id, sequence_id=latest.sequence_id + 1, retry_kind=kind)
+            self._add_attempt(c, attempt)
+        return attempt
+
+    def start_attempt(self, attempt_id: str, worker_id: str) -> Attempt:
+        with self._write() as c:
+            row = self._lock_attempt(c, attempt_id)
+            return self._move(c, row, AttemptState.running, {"worker_id": worker_id})
+
+    def transition_attempt(
+        self,
+        attempt_id: str,
+        target: AttemptState,
+        *,
+        reason_code: str | None = None,
+        reason_message: str | None = None,
+    ) -> Attempt:
+        """Move along the state machine or raise IllegalTransition with nothing changed."""
+        target = AttemptState(target)
+        values = {"reason_code": reason_code, "reason_message": reason_message}
+        with self._write() as c:
+            row = self._lock_attempt(c, attempt_id)
+            return self._move(c, row, target, {k: v for k, v in values.items() if v is not None})
+
+    def finish_rollout(self, rollout_id: str, status: RolloutStatus) -> None:
+        """Set a final status directly (e.g. cancelled, or failed once the runner stops retrying)."""
+        status = RolloutStatus(status)
+        if status not in FINAL_ROLLOUT_STATUSES:
+            raise InvalidInput(f"finish_rollout takes a final status, not {status.value!r}")
+        with self._write() as c:
+            done = c.execute(
+                sa.update(schema.rollouts).where(R.rollout_id == rollout_id).values(status=status.value)
+            )
+            if done.rowcount == 0:
+                raise NotFound(f"rollout {rollout_id!r} not found")
+
+    def heartbeat(self, attempt_id: str) -> None:
+        with self._write() as c:
+            done = c.execute(
+                sa.update(schema.attempts).where(A.attempt_id == attempt_id).values(heartbeat_at=now())
+            )
+            if done.rowcount == 0:
+                raise NotFound(f"attempt {attempt_id!r} not found")
+
+    def get_attempt(self, attempt_id: str) -> Attempt:
+        return self._one(Attempt, schema.attempts, A.attempt_id, attempt_id)
+
+    def list_attempts(
+        self,
+        *,
+        rollout_id: str | None = None,
+        rollout_ids: Iterable[str] | None = None,
+        state: AttemptState | str | Iterable[AttemptState | str] | None = None,
+    ) -> list[Attempt]:
+        """In creation order. `state` (an addition to the contract) takes one state or several."""
+        query = sa.select(schema.attempts).order_by(A.id)
+        if rollout_id is not None:
+            query = query.where(A.rollout_id == rollout_id)
+        if rollout_ids is not None:
+            query = query.where(A.rollout_id.in_(list(rollout_ids)))
+        if state is not None:
+            query = query.where(A.state.in_(enum_values(AttemptState, state)))
+        return self._all(Attempt, query)
+
+    def get_or_create_serve_rollout(self, session: str, resource_id: str | None) -> tuple[Rollout, Attempt]:
+        """One `serve` rollout per client session with a running attempt; concurrent first calls agree."""
+        session = nonempty_text("session", session)
+        found = self._serve_rollout(session)
+        if found is not None:
+            return found
+        t = now()
+        rollout = Rollout(
+            kind=RolloutKind.serve,
+            resource_id=resource_id,
+            status=RolloutStatus.running,
+            metadata={"session": session},
+        )
+        attempt = Attempt(
+            rollout_id=rollout.rollout_id,
+            state=AttemptState.running,
+            worker_id="serve",
+            started_at=t,
+            heartbeat_at=t,
+        )
+        try:
+            with self._write() as c:
+                c.execute(schema.rollouts.insert(), {**to_row(rollout), "session": session})
+                c.execute(schema.attempts.insert(), to_row(attempt))
+            return rollout, attempt
+        except Conflict:
+            found = self._serve_rollout(session)  # another caller created it first
+            if found is None:
+                raise
+            return found
+
+    def _serve_rollout(self, session: str) -> tuple[Rollout, Attempt] | None:
+        with self.engine.connect() as c:
+            row = c.execute(sa.select(schema.rollouts).where(R.session == session)).first()
+            if row is None:
+                return None
+            return from_row(Rollout, row), from_row(Attempt, self._latest_attempt(c, row.rollout_id))
+
+    # attempt helpers: locks are always taken rollout first, then attempt, so no two transactions wait on
+    # each other in opposite orders (PostgreSQL would abort one as a deadlock).
+
+    @staticmethod
+    def _lock_rollout(c: sa.Connection, rollout_id: str) -> None:
+        query = sa.select(R.id).where(R.rollout_id == rollout_id).with_for_update(key_share=True)
+        if c.execute(query).first() is None:
+            raise NotFound(f"rollout {rollout_id!r} not found")
+
+    def _lock_attempt(self, c: sa.Connection, attempt_id: str) -> sa.Row:
+        rollout_id = c.execute(sa.select(A.rollout_id).where(A.attempt_id == attempt_id)).scalar()
+        if rollout_id is None:
+            raise NotFound(f"attempt {attempt_id!r} not found")
+        self._lock_rollout(c, rollout_id)
+        query = sa.select(schema.attempts).where(A.attempt_id == attempt_id)
+        return c.execute(query.with_for_update(key_share=True)).one()
+
+    @staticmethod
+    def _latest_attempt(c: sa.Connection, rollout_id: str, *, lock: bool = True) -> sa.Row | None:
+        query = sa.select(schema.attempts).where(A.rollout_id == rollout_id).order_by(A.sequence_id.desc())
+        query = query.limit(1)
+        return c.execute(query.with_for_update(key_share=True) if lock else query).first()
+
+    @staticmethod
+    def _follow(c: sa.Connection, rollout_id: str, sequence_id: int, state: AttemptState) -> None:
+        """The rollout's status follows its latest attempt; a late move of an older attempt does not."""
+        latest = c.execute(sa.select(sa.func.max(A.sequence_id)).where(A.rollout_id == rollout_id)).scalar()
+        if latest == sequence_id:
+            status = ROLLOUT_STATUS_OF[state].value
+            c.execute(sa.update(schema.rollouts).where(R.rollout_id == rollout_id).values(status=status))
+
+    def _add_attempt(self, c: sa.Connection, attempt: Attempt) -> None:
+        c.execute(schema.attempts.insert(), to_row(attempt))
+        self._follow(c, attempt.rollout_id, attempt.sequence_id, attempt.state)
+
+    def _move(self, c: sa.Connection, row: sa.Row, target: AttemptState, values: dict[str, Any]) -> Attempt:
+        check_transition(row.attempt_id, AttemptState(row.state), target)
+        t = now()
+        values = {**values, "state": target.value}
+        if target is AttemptState.running:
+            values.update(started_at=t, heartbeat_at=t)
+        if target in TERMINAL_ATTEMPT_STATES:
+            values["ended_at"] = t
+        c.execute(sa.update(schema.attempts).where(A.id == row.id).values(values))
+        self._follow(c, row.rollout_id, row.sequence_id, target)
+        return Attempt.model_validate({**{k: row._mapping[k] for k in Attempt.model_fields}, **values})
