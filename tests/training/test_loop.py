@@ -17,7 +17,6 @@ from lightning_dagster.store import Store
 from lightning_dagster.training.loop import (
     RLConfig,
     StepSettings,
-    evaluate,
     rl_step,
     rows_and_rewards,
     step_seed,
