@@ -20,9 +20,9 @@ import urllib.request
 from pathlib import Path
 
 from lightning_dagster.engine import build_base_model
+from lightning_dagster.gateway.local import LocalGateway
 from lightning_dagster.harnesses.registry import get_harness
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
-from lightning_dagster.runner.embedded import embedded_gateway
 from lightning_dagster.store import Store
 
 POST_REWARD = """
@@ -85,7 +85,7 @@ def main() -> int:
             "calc": {"subprocess": calc, "inprocess": calc},
         }
         print(f"n={args.n} parallel={args.parallel} load={os.getloadavg()[0]:.1f}")
-        with embedded_gateway(store, model) as gateway:
+        with LocalGateway(store, model) as gateway:
             measure(store, gateway, harnesses["reward-only"]["inprocess"], "inprocess", 4, 2, 99, tmp / "w")
             for name, by_mode in harnesses.items():
                 row = {

@@ -19,7 +19,7 @@ import torch
 
 from lightning_dagster.engine.build import build_base_model
 from lightning_dagster.store import Store
-from lightning_dagster.training.loop import RLConfig, train_rl
+from lightning_dagster.training.loop import RLConfig, StepSettings, train_rl
 from lightning_dagster.training.trainer import TrainerConfig
 from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
 
@@ -53,7 +53,7 @@ def main() -> int:
         steps=args.steps,
         eval_every=args.eval_every,
         tasks_per_step=args.tasks_per_step,
-        group_size=args.group,
+        step=StepSettings(group_size=args.group),
         heldout_tasks=args.heldout,
         seed=args.seed,
         trainer=TrainerConfig(lr=args.lr),

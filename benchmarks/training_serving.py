@@ -20,13 +20,14 @@ from pathlib import Path
 
 from lightning_dagster.engine.build import build_base_model
 from lightning_dagster.harnesses.registry import get_harness
+from lightning_dagster.runner.service import RolloutService
 from lightning_dagster.store import Store
 from lightning_dagster.training.advantages import compute_advantages
-from lightning_dagster.training.loop import RolloutService, rows_and_rewards
+from lightning_dagster.training.loop import rows_and_rewards
 from lightning_dagster.training.trainer import Trainer, TrainerConfig
 from lightning_dagster.training.transitions import TransitionConfig
 from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
-from lightning_dagster.types import RolloutKind
+from lightning_dagster.types import RolloutKind, Sampling
 
 MODES = ("thread", "process")
 
@@ -35,7 +36,14 @@ def one_round(store: Store, parent: Path, mode: str, tasks: list[dict], group: i
     trainer = Trainer(parent, TrainerConfig())
     with RolloutService(store, parent, harness="calc", resource_id=None, parallel=64, serving=mode) as svc:
         t0, c0 = time.perf_counter(), time.process_time()
-        batch = svc.run(tasks, group=group, kind=RolloutKind.train, temperature=1.0, seed=seed, tag=mode)
+        batch = svc.run(
+            tasks,
+            group=group,
+            kind=RolloutKind.train,
+            sampling=Sampling(temperature=1.0),
+            seed=seed,
+            tag=mode,
+        )
         t1 = time.perf_counter()
         rows, rewards, _ = rows_and_rewards(batch, TransitionConfig())
         trainer.step(rows, compute_advantages(rewards, "grpo"))

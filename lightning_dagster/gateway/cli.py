@@ -26,46 +26,37 @@ def _from_env(name: str, what: str) -> str:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from lightning_dagster.gateway.app import create_app
-    from lightning_dagster.gateway.backends import EngineBackend, UpstreamBackend
+    from lightning_dagster.gateway.local import LocalGateway
     from lightning_dagster.store import Store
 
-    store = Store(args.store)
-    if args.upstream:
-        backend = UpstreamBackend(
-            args.upstream, os.environ.get("LD_UPSTREAM_API_KEY", ""), args.upstream_model
-        )
-    else:
-        from lightning_dagster.engine import BatchingEngine, Engine
-
-        engine = Engine(args.model, threads=args.threads)
-        backend = EngineBackend(BatchingEngine(engine, max_batch=args.max_batch), args.resource_id)
-    serve_keys = [k for k in os.environ.get("LD_SERVE_KEYS", "").split(",") if k]
-    app = create_app(
-        store,
-        backend,
+    stopping = threading.Event()
+    # Ctrl-C, a SIGTERM from whoever started us, or `_exit_with_parent`: stop serving and shut down cleanly.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    gateway = LocalGateway(
+        Store(args.store),
+        args.model,
+        serving="thread",
+        upstream_url=args.upstream,
+        upstream_model=args.upstream_model,
+        upstream_api_key=os.environ.get("LD_UPSTREAM_API_KEY", ""),
+        host=args.host,
+        port=args.port,
         secret=_from_env("LD_GATEWAY_SECRET", "a key-signing secret"),
         admin_key=_from_env("LD_ADMIN_KEY", "an admin key"),
-        serve_keys=serve_keys,
+        max_batch=args.max_batch,
+        threads=args.threads,
+        resource_id=args.resource_id,
+        serve_keys=[k for k in os.environ.get("LD_SERVE_KEYS", "").split(",") if k],
         max_body_bytes=args.max_body_bytes,
         write_behind_ms=args.write_behind_ms,
         fsync_spans=args.fsync_spans,
     )
-    print(f"gateway on http://{args.host}:{args.port}/v1 ({backend.kind}: {backend.model})", flush=True)
-    if args.exit_with_parent:
-        _exit_with_parent()
-    # uvloop and httptools: uvicorn's fastest loop and parser (both dependencies)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
-    )
+    with gateway:
+        print(f"gateway on {gateway.url}/v1 ({gateway.backend_kind})", flush=True)
+        if args.exit_with_parent:
+            _exit_with_parent()
+        stopping.wait()
     return 0
 
 
@@ -97,12 +88,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="gateway_command", metavar="COMMAND")
     p = sub.add_parser("serve", help="serve the OpenAI-compatible gateway")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a Hugging Face causal LM directory served by the embedded engine")
     source.add_argument("--upstream", help="base URL of an OpenAI-compatible server (e.g. vLLM)")
     p.add_argument("--upstream-model", default=None, help="model name to send upstream")
-    p.add_argument("--resource-id", default=None, help="resource id recorded on spans (engine mode)")
+    p.add_argument("--resource-id", default=None, help="resource id recorded on spans")
     p.add_argument("--store", default=None, help="store URL (default: $LD_STORE_URL or the embedded SQLite)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the engine")
     p.add_argument("--max-batch", type=int, default=64, help="rows the engine samples at once")

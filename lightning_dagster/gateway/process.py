@@ -23,7 +23,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -42,26 +42,35 @@ def _free_port(host: str) -> int:
 
 
 class GatewayProcess:
-    """`lightning-dagster gateway serve --model DIR` as a child process on a free loopback port.
+    """`lightning-dagster gateway serve` as a child process, serving `model_dir` with the embedded engine or
+    forwarding to `upstream_url`; built by `gateway.local.LocalGateway(serving="process")`.
 
     `secret` signs the attempt keys the runner hands to harnesses; the admin key stays with this object.
-    The child exits with its parent (`--exit-with-parent`), so a killed trainer leaves no server behind.
+    `port=0` picks a free port. The child exits with its parent (`--exit-with-parent`), so a killed trainer
+    leaves no server behind.
     """
 
     def __init__(
         self,
         store_url: str,
-        model_dir: Path | str,
+        model_dir: Path | str | None,
         *,
         secret: str,
+        upstream_url: str | None = None,
+        upstream_model: str | None = None,
+        upstream_api_key: str = "",
         resource_id: str | None = None,
         max_batch: int = 64,
         threads: int | None = None,
         host: str = "127.0.0.1",
+        port: int = 0,
+        serve_keys: Sequence[str] = (),
+        max_body_bytes: int = 4 << 20,
+        write_behind_ms: float = 0.0,
+        fsync_spans: bool = False,
         start_timeout_s: float = 120.0,
     ) -> None:
         self.store_url = store_url
-        self.model_dir = Path(model_dir)
         self.secret = secret
         self.admin_key = secrets.token_hex(16)
         self.resource_id = resource_id
@@ -69,19 +78,36 @@ class GatewayProcess:
         self.workdir = Path(tempfile.mkdtemp(prefix="ld-gateway-"))
         self.log_path = self.workdir / "gateway.log"
         self._pushes = 0
-        options = ["--max-batch", str(max_batch), "--exit-with-parent"]
+        if upstream_url:
+            source = ["--upstream", upstream_url] + (
+                ["--upstream-model", upstream_model] if upstream_model else []
+            )
+        elif model_dir is not None:
+            source = ["--model", str(model_dir)]
+        else:
+            raise ValueError("a gateway process needs a model directory or an upstream URL")
+        options = ["--max-batch", str(max_batch), "--exit-with-parent", "--max-body-bytes", str(max_body_bytes),
+                   "--write-behind-ms", str(write_behind_ms)]  # fmt: skip
+        if fsync_spans:
+            options.append("--fsync-spans")
         if resource_id:
             options += ["--resource-id", resource_id]
         if threads:
             options += ["--threads", str(threads)]
-        env = {**os.environ, "LD_GATEWAY_SECRET": secret, "LD_ADMIN_KEY": self.admin_key}
-        # The free port is picked here and bound by the child: another process may take it in between.
+        env = {
+            **os.environ,
+            "LD_GATEWAY_SECRET": secret,
+            "LD_ADMIN_KEY": self.admin_key,
+            "LD_SERVE_KEYS": ",".join(serve_keys),
+            "LD_UPSTREAM_API_KEY": upstream_api_key,
+        }
+        # A free port is picked here and bound by the child: another process may take it in between.
         # That start fails with "address already in use" in the log, and is retried on a new port.
-        for attempt in range(1, PORT_ATTEMPTS + 1):
-            self.port = _free_port(host)
+        attempts = PORT_ATTEMPTS if port == 0 else 1
+        for attempt in range(1, attempts + 1):
+            self.port = port or _free_port(host)
             argv = [
-                sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve",
-                "--model", str(self.model_dir), "--store", store_url,
+                sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", *source, "--store", store_url,
                 "--host", host, "--port", str(self.port), *options,
             ]  # fmt: skip
             with self.log_path.open("wb") as log:
@@ -90,7 +116,7 @@ class GatewayProcess:
                 self._wait_ready(start_timeout_s)
                 return
             except GatewayProcessError:
-                if attempt == PORT_ATTEMPTS or "address already in use" not in self._tail().lower():
+                if attempt == attempts or "address already in use" not in self._tail().lower():
                     shutil.rmtree(self.workdir, ignore_errors=True)
                     raise
 

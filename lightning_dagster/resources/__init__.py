@@ -54,44 +54,64 @@ class MLflowResource(dg.ConfigurableResource):
 
 
 class PolicyModelResource(dg.ConfigurableResource):
-    """The policy being trained: harness, embedded engine settings, or an upstream OpenAI-compatible server."""
+    """The policy being trained and what serves it: the embedded engine, or an upstream OpenAI-compatible
+    server (then nothing can push trained weights to it: RL needs the embedded engine)."""
 
+    # the harness whose tasks the pipeline samples, trains and evaluates on (`harnesses.registry`)
     harness: str = "calc"
+    # torch threads of the embedded engine that serves rollouts (`LocalGateway(threads=)`)
     engine_threads: int = 2
+    # the most sequences the embedded engine decodes at once (`LocalGateway(max_batch=)`)
     max_batch: int = 64
-    upstream_url: str = ""  # e.g. a vLLM server; empty: the embedded engine serves the parent
+    # e.g. a vLLM server: the gateway forwards every call there instead of to the embedded engine; empty:
+    # the embedded engine serves (`LocalGateway(upstream_url=)`)
+    upstream_url: str = ""
+    # seed of the base model built from scratch and of the first parent's warm start (pipeline.bootstrap)
     seed: int = 0
 
 
 class GatewayResource(dg.ConfigurableResource):
-    """The OpenAI-compatible gateway the harnesses call. Port 0: a free port per run, on 127.0.0.1."""
+    """The OpenAI-compatible gateway the harnesses call, and the runner that starts them."""
 
+    # address the local gateway binds (loopback by default: attempt keys travel in clear HTTP)
     host: str = "127.0.0.1"
+    # its port; 0: a free port per run
     port: int = 0
-    secret: str = ""  # empty: a fresh random secret per run (attempt keys then die with the run)
-    runner_mode: str = "inprocess"  # "inprocess" or "subprocess"
+    # the attempt-key signing secret ($LD_GATEWAY_SECRET); empty: a fresh random secret per run (attempt
+    # keys then die with the run)
+    secret: str = ""
+    # "inprocess": harness attempts run as threads of the asset's process; "subprocess": each attempt is a
+    # child process (the harness's command line), killed on timeout or cancel
+    runner_mode: str = "inprocess"
+    # harness attempts the runner runs at once
     parallel: int = 16
 
 
 class TrainingResource(dg.ConfigurableResource):
     """RL settings. Defaults are the demo's: small enough for 2 CPU cores, large enough to carry signal."""
 
-    group_size: int = 8
-    steps: int = 8
-    tasks_per_step: int = 8
+    group_size: int = 8  # rollouts per task (one GRPO group)
+    steps: int = 8  # RL steps, one optimizer update each
+    tasks_per_step: int = 8  # train tasks sampled per step (x group_size rollouts)
     learning_rate: float = 1e-4
-    temperature: float = 1.0
-    holdout_tasks: int = 64
-    protected_tasks: int = 16
-    canary_tasks: int = 8
-    eval_seed: int = 1234
-    max_attempts: int = 3
-    advantage: str = "grpo"
+    temperature: float = 1.0  # sampling temperature of every call of a train rollout (Rollout.sampling)
+    holdout_tasks: int = 64  # held-out tasks the parent and the candidate are compared on
+    protected_tasks: int = 16  # cases decoded greedily that must not regress
+    canary_tasks: int = 8  # tasks of the bounded canary
+    eval_seed: int = 1234  # one sampling seed for parent and candidate (common random numbers)
+    # attempts per rollout (the runner's RetryPolicy): 1 keeps a failed sample a failed sample, as RL needs
+    max_attempts: int = 1
+    attempt_timeout_s: float = 120.0  # a harness attempt still running after this ends in `timeout`
+    advantage: str = "grpo"  # rollout-level advantage mode (training.advantages)
+    # how per-token losses are weighted (training.loss): token_mean, seq_mean_token_mean, rollout_mean, or
+    # constant (Dr. GRPO's fixed denominator, `loss_constant`, e.g. the token budget of a step)
+    loss_normalization: str = "token_mean"
+    loss_constant: float | None = None
     # The first parent's supervised warm start (training.warmstart): stops once sampled success enters
     # the window (at its target), or after `warm_start_max_steps`.
     warm_start_max_steps: int = 300
-    warm_start_probe_tasks: int = 64
-    warm_start_demos: int = 2000
+    warm_start_probe_tasks: int = 64  # tasks of the sampled probe that decides when to stop
+    warm_start_demos: int = 2000  # demonstrations the warm start trains on
     min_serve_rollouts: int = 32  # new rewarded serve rollouts that justify a new snapshot
     success_threshold: float = 0.5  # a task counts as solved (protected cases) at or above this reward
 

@@ -1,16 +1,21 @@
 """The runner: claims rollouts, runs harness attempts (subprocess or in-process) with timeouts, heartbeats
-and a declared retry policy, and keeps every attempt's ending and reason."""
+and a declared retry policy, and keeps every attempt's ending and reason; `RolloutService` runs them
+through a local gateway and collects each rollout's final successful attempt."""
 
 from lightning_dagster.runner.policy import InvalidPolicy, RetryPolicy
 from lightning_dagster.runner.rollouts import enqueue_tasks, sampling_seed
 from lightning_dagster.runner.runner import Runner, WrongHarness
+from lightning_dagster.runner.service import RolloutBatch, RolloutService, collect_batch
 from lightning_dagster.runner.summary import RunSummary, summarize
 
 __all__ = [
     "InvalidPolicy",
     "RetryPolicy",
+    "RolloutBatch",
+    "RolloutService",
     "RunSummary",
     "Runner",
+    "collect_batch",
     "enqueue_tasks",
     "sampling_seed",
     "summarize",

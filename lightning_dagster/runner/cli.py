@@ -20,10 +20,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--n", type=int, required=True, help="number of tasks")
     run.add_argument("--group", type=int, default=1, help="rollouts per task (a GRPO group); N x G rollouts")
     run.add_argument("--seed", type=int, default=0, help="task and sampling seed")
-    run.add_argument("--gateway", help="URL of a running gateway (default: an embedded one)")
+    run.add_argument("--gateway", help="URL of a running gateway (default: a local one, see --serving)")
     run.add_argument("--secret", help="that gateway's attempt-key secret (default: $LD_GATEWAY_SECRET)")
-    run.add_argument("--model", type=Path, help="model directory for the embedded gateway "
+    run.add_argument("--model", type=Path, help="model directory for the local gateway "
                      "(default: <home>/models/base, built if absent)")  # fmt: skip
+    run.add_argument("--serving", choices=("thread", "process"), default="thread",
+                     help="the local gateway in this process or in a child process")  # fmt: skip
+    run.add_argument("--upstream-url", help="the local gateway forwards every call to this OpenAI-compatible "
+                     "server instead of the embedded engine")  # fmt: skip
     run.add_argument("--store", help="store URL (default: config.store_url())")
     run.add_argument("--parallel", type=int, default=8)
     run.add_argument("--mode", choices=("subprocess", "inprocess"), default="subprocess")
@@ -34,7 +38,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from lightning_dagster.runner.embedded import embedded_gateway
+    from lightning_dagster.gateway.local import LocalGateway
     from lightning_dagster.runner.policy import RetryPolicy
     from lightning_dagster.runner.rollouts import enqueue_tasks
     from lightning_dagster.runner.runner import Runner
@@ -71,8 +75,20 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.gateway:
         return execute(args.gateway.rstrip("/"), secret, None)
-    with embedded_gateway(store, args.model or config.models_dir() / "base") as gateway:
-        return execute(gateway.url, gateway.secret, gateway.resource_id)
+    from lightning_dagster.runner.service import model_resource
+
+    model_dir, resource_id = None, None
+    if not args.upstream_url:
+        model_dir = args.model or config.models_dir() / "base"
+        if not (model_dir / "config.json").exists():
+            from lightning_dagster.engine import build_base_model
+
+            build_base_model(model_dir)
+        resource_id = model_resource(store, model_dir).resource_id
+    with LocalGateway(
+        store, model_dir, serving=args.serving, upstream_url=args.upstream_url, resource_id=resource_id
+    ) as gateway:
+        return execute(gateway.url, gateway.secret, resource_id)
 
 
 def _text(summary: dict) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 from lightning_dagster.harnesses.registry import HarnessSpec
 from lightning_dagster.store import Store
-from lightning_dagster.types import Rollout, RolloutKind, new_id
+from lightning_dagster.types import Rollout, RolloutKind, Sampling, new_id
 
 
 def sampling_seed(seed: int, task_id: str, index: int) -> int:
@@ -24,24 +24,36 @@ def enqueue_tasks(
     *,
     kind: str | RolloutKind,
     group_size: int = 1,
-    seed: int = 0,
+    seed: int | None = 0,
     resource_id: str | None = None,
     snapshot_key: str | None = None,
+    sampling: Sampling | None = None,
+    tag: str | None = None,
 ) -> list[Rollout]:
+    """Queue `group_size` rollouts of every task (one group each), in task order.
+
+    `seed`: member i of a task samples with `sampling_seed(seed, task_id, i)` (None: no fixed seed).
+    `sampling`: stored as `metadata["sampling"]`, which the gateway applies to every LLM call of the
+    rollout (None: the harness decides). `tag`: group ids `<tag>-g<task index>` instead of random ones."""
     rollouts = []
-    for task in tasks:
-        group_id = new_id("grp")
-        rollouts += [
-            Rollout(
-                kind=RolloutKind(kind),
-                task_id=task["task_id"],
-                task=task,
-                snapshot_key=snapshot_key,
-                group_id=group_id,
-                resource_id=resource_id,
-                harness=spec.name,
-                metadata={"sampling_seed": sampling_seed(seed, task["task_id"], i), "family": task["family"]},
+    for t, task in enumerate(tasks):
+        group_id = f"{tag}-g{t}" if tag else new_id("grp")
+        for i in range(group_size):
+            metadata: dict[str, Any] = {"family": task["family"]}
+            if seed is not None:
+                metadata["sampling_seed"] = sampling_seed(seed, task["task_id"], i)
+            if sampling is not None:
+                metadata["sampling"] = sampling.model_dump()
+            rollouts.append(
+                Rollout(
+                    kind=RolloutKind(kind),
+                    task_id=task["task_id"],
+                    task=task,
+                    snapshot_key=snapshot_key,
+                    group_id=group_id,
+                    resource_id=resource_id,
+                    harness=spec.name,
+                    metadata=metadata,
+                )
             )
-            for i in range(group_size)
-        ]
     return store.enqueue_rollouts(rollouts)

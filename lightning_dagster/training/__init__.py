@@ -3,5 +3,6 @@ trainer, the supervised warm start of the first parent, and the RL loop through 
 
 Modules: `transitions` (spans -> rows), `advantages` (rewards -> one value per rollout), `loss` (PPO clip,
 truncated IS, KL, normalizations), `trainer` (one optimizer step), `warmstart` (the first parent), `loop`
-(RL through runner + gateway, held-out evaluation), `cli` (`lightning-dagster train`).
+(one RL step, `train_rl`, held-out evaluation; rollouts run by `runner.service.RolloutService`),
+`cli` (`lightning-dagster train`).
 """

@@ -21,6 +21,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heldout", type=int, default=300, help="held-out tasks per evaluation")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loss-normalization", default="token_mean",
+                        help="how per-token losses are weighted: token_mean, seq_mean_token_mean, rollout_mean or "
+                        "constant (Dr. GRPO, needs --loss-constant); see training.loss")  # fmt: skip
+    parser.add_argument("--loss-constant", type=float, default=None,
+                        help="the fixed denominator of --loss-normalization constant")  # fmt: skip
+    parser.add_argument("--serving", choices=("thread", "process"), default="process",
+                        help="the gateway + engine in this process or in a child process")  # fmt: skip
+    parser.add_argument("--runner-mode", choices=("inprocess", "subprocess"), default="inprocess",
+                        help="harness attempts in this process or as subprocesses")  # fmt: skip
     parser.add_argument("--parent", type=Path, help="parent checkpoint (default: the store's warm start, "
                         "built from <home>/models/base if absent)")  # fmt: skip
     parser.add_argument("--out", type=Path, help="candidate checkpoint directory")
@@ -57,12 +66,18 @@ def _train(args: argparse.Namespace) -> int:
 
     from lightning_dagster.engine.build import checkpoint_hash
     from lightning_dagster.store import Store
-    from lightning_dagster.training.loop import RLConfig, train_rl
+    from lightning_dagster.training.loop import RLConfig, StepSettings, train_rl
+    from lightning_dagster.training.loss import LossConfig, LossConfigError
     from lightning_dagster.training.trainer import TrainerConfig
     from lightning_dagster.types import Resource
 
     if args.steps < 1 or args.group < 2 or args.tasks_per_step < 1 or args.heldout < 1:
         print("error: --steps, --tasks-per-step, --heldout must be >= 1 and --group >= 2", file=sys.stderr)
+        return 2
+    try:
+        loss = LossConfig(normalization=args.loss_normalization, constant=args.loss_constant)
+    except LossConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     torch.manual_seed(args.seed)
     started = time.perf_counter()
@@ -84,11 +99,13 @@ def _train(args: argparse.Namespace) -> int:
         harness=args.harness,
         steps=args.steps,
         tasks_per_step=args.tasks_per_step,
-        group_size=args.group,
+        step=StepSettings(group_size=args.group),
         heldout_tasks=args.heldout,
         eval_every=args.eval_every,
         seed=args.seed,
-        trainer=TrainerConfig(lr=args.lr),
+        serving=args.serving,
+        runner_mode=args.runner_mode,
+        trainer=TrainerConfig(lr=args.lr, loss=loss),
     )
     out = args.out or config.models_dir() / f"{args.harness}-candidate-{time.strftime('%Y%m%dT%H%M%S')}"
     result = train_rl(store, parent_dir, rl, parent_resource_id=parent_id, out_dir=out, log=log)

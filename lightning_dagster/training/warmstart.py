@@ -25,11 +25,11 @@ from lightning_dagster.engine.build import checkpoint_hash
 from lightning_dagster.harnesses.registry import get_harness
 from lightning_dagster.training.trainer import MicroBatch, Trainer, TrainerConfig, collate, response_logprobs
 from lightning_dagster.training.transitions import Row
-from lightning_dagster.types import Resource, RolloutKind
+from lightning_dagster.types import Resource, RolloutKind, Sampling
 
 if TYPE_CHECKING:
+    from lightning_dagster.gateway.local import Serving
     from lightning_dagster.store import Store
-    from lightning_dagster.training.loop import Serving
 
 
 class DemoRenderError(ValueError):
@@ -116,7 +116,7 @@ def warm_start(
     store: Store, base_dir: Path | str, out_dir: Path | str, config: WarmStartConfig, *, log: Any = None
 ) -> WarmStartResult:
     """SFT from `base_dir` until the probe's sampled success enters the window; save and register it."""
-    from lightning_dagster.training.loop import RolloutService  # the serving stack, only needed here
+    from lightning_dagster.runner.service import RolloutService  # the serving stack, only needed here
 
     started = time.perf_counter()
     trainer = Trainer(base_dir, TrainerConfig(lr=config.lr, betas=(0.9, 0.99), grad_clip=1.0))
@@ -147,7 +147,7 @@ def warm_start(
                     probe,
                     group=1,
                     kind=RolloutKind.train,
-                    temperature=1.0,
+                    sampling=Sampling(temperature=1.0),
                     seed=config.probe_seed,
                     tag=f"warm{step}",
                 )

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from lightning_dagster.engine import build_base_model
-from lightning_dagster.runner.embedded import embedded_gateway
+from lightning_dagster.gateway.local import LocalGateway
+from lightning_dagster.runner.service import model_resource
 from lightning_dagster.store import Store
 
 
@@ -24,5 +25,6 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def gateway(store, model_dir):
-    with embedded_gateway(store, model_dir, build_if_missing=False) as gw:
+    resource = model_resource(store, model_dir)
+    with LocalGateway(store, model_dir, resource_id=resource.resource_id) as gw:
         yield gw

@@ -8,7 +8,7 @@ import pytest
 
 from lightning_dagster.cli import main
 from lightning_dagster.runner import InvalidPolicy, RetryPolicy
-from lightning_dagster.types import Attempt, AttemptState, RetryKind
+from lightning_dagster.types import Attempt, AttemptState, RetryKind, SpanKind
 
 
 def ended(state: str, reason: str | None = None, seq: int = 1) -> Attempt:
@@ -41,11 +41,29 @@ def test_cli_runs_rollouts_through_a_gateway_and_prints_the_summary(store, gatew
     out = capsys.readouterr().out
     summary = json.loads(out)
     assert summary["rollouts"] == 2 and summary["attempts_by_ending"] == {"succeeded": 2}, out
-    assert summary["llm_spans"] >= 2 and summary["rewards"] == 2, out
-    assert 0.0 <= summary["reward_mean"] <= 1.0
-    rollouts = [store.get_rollout(rid) for rid in summary["rollout_ids"]]
+    assert summary["rewards"] == 2, out
+    ids = summary["rollout_ids"]
+    assert summary["llm_spans"] == len(store.list_spans(rollout_ids=ids, kind=SpanKind.llm)) >= 2
+    assert summary["reward_mean"] == pytest.approx(
+        sum(r.value for r in store.list_rewards(rollout_ids=ids)) / 2
+    )
+    rollouts = [store.get_rollout(rid) for rid in ids]
     assert {r.kind.value for r in rollouts} == {"holdout"} and len({r.group_id for r in rollouts}) == 1
     assert len({r.metadata["sampling_seed"] for r in rollouts}) == 2  # group members sample differently
+
+
+def test_cli_without_a_gateway_serves_a_local_one_that_forwards_upstream(store, capsys):
+    from lightning_dagster.gateway.server import GatewayServer
+    from lightning_dagster.gateway.stub import create_stub_app
+
+    argv = ["rollouts", "run", "--harness", "calc", "--n", "2", "--store", store.url, "--mode", "inprocess"]
+    with GatewayServer(create_stub_app()) as upstream:
+        assert main(argv + ["--upstream-url", upstream.url, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["rollouts_by_status"] == {"succeeded": 2}
+    llm = store.list_spans(rollout_ids=summary["rollout_ids"], kind=SpanKind.llm)
+    assert len(llm) == summary["llm_spans"] >= 2
+    assert {s.attributes["backend"] for s in llm} == {"upstream"}
 
 
 def test_cli_refuses_a_gateway_without_its_secret(monkeypatch, capsys):

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
+
+import pytest
 
 from lightning_dagster.cli import main
 from lightning_dagster.store import Store
+from lightning_dagster.types import RolloutKind
 
 KEYS = {"parent_success", "candidate_success", "parent_greedy", "candidate_greedy", "heldout_tasks", "steps",
         "seconds"}  # fmt: skip
@@ -15,15 +19,29 @@ def test_train_json_prints_parent_and_candidate_success(tmp_path, base_model_dir
     monkeypatch.setenv("LIGHTNING_DAGSTER_HOME", str(tmp_path / "home"))
     url = f"sqlite:///{tmp_path / 'store.db'}"
     argv = ["train", "--harness", "calc", "--parent", str(base_model_dir), "--steps", "1", "--group", "2",
-            "--tasks-per-step", "2", "--heldout", "4", "--store", url, "--json"]  # fmt: skip
+            "--tasks-per-step", "2", "--heldout", "4", "--store", url, "--json", "--serving", "thread",
+            "--loss-normalization", "constant", "--loss-constant", "64"]  # fmt: skip
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert KEYS <= out.keys() and out["heldout_tasks"] == 4 and out["steps"] == 1
-    assert 0.0 <= out["candidate_success"] <= 1.0 and out["seconds"] > 0
-    (candidate,) = [r for r in Store(url).list_resources() if r.metadata.get("role") == "rl_candidate"]
+    assert KEYS <= out.keys() and out["heldout_tasks"] == 4 and out["steps"] == 1 and out["seconds"] > 0
+    store = Store(url)
+    # each printed success is the mean reward of that evaluation's 4 sampled held-out rollouts
+    for key, tag in (("parent_success", "eval0"), ("candidate_success", "eval1")):
+        ids = [r.rollout_id for r in store.query_rollouts(kind=RolloutKind.holdout)
+               if re.fullmatch(rf"{tag}-g\d", r.group_id)]  # fmt: skip
+        assert len(ids) == 4
+        assert out[key] == pytest.approx(sum(r.value for r in store.list_rewards(rollout_ids=ids)) / 4)
+    (candidate,) = [r for r in store.list_resources() if r.metadata.get("role") == "rl_candidate"]
     assert candidate.resource_id == out["candidate_resource_id"] and candidate.weights_hash
+    rl = candidate.metadata["rl"]
+    assert rl["serving"] == "thread" and rl["step"]["group_size"] == 2
+    assert (rl["trainer"]["loss"]["normalization"], rl["trainer"]["loss"]["constant"]) == ("constant", 64.0)
 
 
 def test_train_rejects_bad_arguments(capsys):
     assert main(["train", "--steps", "0"]) == 2
-    assert "error" in capsys.readouterr().err
+    assert "--steps" in capsys.readouterr().err
+    assert main(["train", "--loss-normalization", "constant"]) == 2  # Dr. GRPO needs its constant
+    assert "needs a positive `constant`" in capsys.readouterr().err
+    assert main(["train", "--loss-normalization", "sum"]) == 2
+    assert "unknown normalization 'sum'" in capsys.readouterr().err

@@ -1,53 +1,123 @@
 """The RL loop through the real runner and gateway (embedded engine, SQLite store): rows come from the
-recorded spans, token-in makes every attempt one row, evaluation seeds give common random numbers, and the
-trainer's new weights reach the engine that serves the next step."""
+recorded spans, token-in makes every attempt one row, evaluation seeds give common random numbers, one RL
+step samples with its seed and temperature, and the trainer's new weights reach the engine that serves the
+next step."""
 
 from __future__ import annotations
 
+import math
+import re
+
+import pytest
 import torch
 
+from lightning_dagster.runner import sampling_seed
+from lightning_dagster.runner.service import RolloutService
 from lightning_dagster.store import Store
-from lightning_dagster.training.loop import RLConfig, RolloutService, evaluate, rows_and_rewards, train_rl
-from lightning_dagster.training.trainer import TrainerConfig
-from lightning_dagster.types import RolloutKind
+from lightning_dagster.training.loop import (
+    RLConfig,
+    StepSettings,
+    rl_step,
+    rows_and_rewards,
+    step_seed,
+    train_rl,
+)
+from lightning_dagster.training.trainer import Trainer, TrainerConfig
+from lightning_dagster.types import RolloutKind, Sampling, SpanKind
+
+T1 = Sampling(temperature=1.0)
 
 
 def test_rollouts_through_gateway_merge_into_one_row_each(tmp_path, base_model_dir):
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
     with RolloutService(store, base_model_dir, harness="calc", resource_id=None, parallel=8) as svc:
         tasks = svc.harness.make_tasks("train", 3, 0)
-        batch = svc.run(tasks, group=2, kind=RolloutKind.train, temperature=1.0, seed=5, tag="t")
+        batch = svc.run(tasks, group=2, kind=RolloutKind.train, sampling=T1, seed=5, tag="t")
         assert len(batch.rollouts) == 6 and len(batch.rewards) == 6
-        rows, rewards, merge = rows_and_rewards(batch, RLConfig().transitions)
+        assert all(store.get_rollout(r.rollout_id).sampling() == T1 for r in batch.rollouts)
+        rows, rewards, merge = rows_and_rewards(batch, StepSettings().transitions)
         assert len(rewards) == 6 and {r.group_id for r in rewards} == {"t-g0", "t-g1", "t-g2"}
         assert merge["merge_attempts"] == 6 and merge["merge_mismatches"] == 0
-        assert merge["merge_rows"] == 6 - merge["merge_length_splits"]  # token-in: one row per attempt
+        # token-in: one row per attempt, plus one for each call after a response cut off at `length`
+        assert merge["merge_rows"] == 6 + merge["merge_length_splits"]
         for row in rows:
             assert row.trained_tokens > 0 and len(row.behaviour_logprobs) == len(row.response_ids)
 
         # common random numbers: the same weights and the same evaluation seed give the same outcomes
         heldout = svc.harness.make_tasks("holdout", 8, 0)
-        first = svc.run(heldout, group=1, kind=RolloutKind.holdout, temperature=1.0, seed=9, tag="e1")
-        again = svc.run(heldout, group=1, kind=RolloutKind.holdout, temperature=1.0, seed=9, tag="e2")
+        first = svc.run(heldout, group=1, kind=RolloutKind.holdout, sampling=T1, seed=9, tag="e1")
+        again = svc.run(heldout, group=1, kind=RolloutKind.holdout, sampling=T1, seed=9, tag="e2")
         tokens = [[s.response_token_ids for s in first.spans[r.rollout_id]] for r in first.rollouts]
         tokens2 = [[s.response_token_ids for s in again.spans[r.rollout_id]] for r in again.rollouts]
         assert tokens == tokens2
 
-        # new weights reach the serving engine
-        before = evaluate(svc, heldout, seed=9, tag="e3", greedy=False)
-        zeroed = {k: torch.zeros_like(v) for k, v in svc.engine.model.state_dict().items()}
-        svc.load_weights(zeroed)
-        assert all(float(v.abs().sum()) == 0 for v in svc.engine.model.state_dict().values())
-        assert before["tasks"] == 8
+        # new weights reach the serving engine: all-zero weights make every next token equally likely
+        zeroed = {k: torch.zeros_like(v) for k, v in svc.codec.model.state_dict().items()}
+        svc.load_weights(zeroed, "res-zero")
+        after = svc.run(heldout[:2], group=1, kind=RolloutKind.holdout, sampling=T1, seed=9, tag="e3")
+        llm = [s for spans in after.spans.values() for s in spans if s.kind == SpanKind.llm]
+        assert llm and {s.resource_id for s in llm} == {"res-zero"}
+        assert {r.resource_id for r in after.rollouts} == {"res-zero"}
+        uniform = -math.log(svc.codec.vocab_size)
+        assert all(lp == pytest.approx(uniform, abs=1e-4) for s in llm for lp in s.response_logprobs)
+
+
+def test_one_rl_step_samples_with_its_seed_and_temperature_and_serves_the_update(tmp_path, base_model_dir):
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    settings = StepSettings(group_size=3, temperature=0.7)
+    trainer = Trainer(base_model_dir, TrainerConfig(lr=1e-3))
+    with RolloutService(store, base_model_dir, harness="calc", parallel=8) as svc:
+        tasks = svc.harness.make_tasks("train", 2, 0)
+        batch, metrics = rl_step(
+            svc, trainer, tasks, step=3, settings=settings, base_seed=7, tag="s3", resource_id="cand@3"
+        )
+        assert len(batch.rollouts) == 6 and {r.group_id for r in batch.rollouts} == {"s3-g0", "s3-g1"}
+        for r in batch.rollouts:
+            stored = store.get_rollout(r.rollout_id)
+            assert stored.sampling() == Sampling(temperature=0.7)
+            assert stored.kind == RolloutKind.train
+        seeds = [store.get_rollout(r.rollout_id).metadata["sampling_seed"] for r in batch.rollouts]
+        assert seeds == [sampling_seed(step_seed(7, 3), t["task_id"], i) for t in tasks for i in range(3)]
+        assert len(set(seeds)) == 6
+        assert metrics["success"] == batch.success() and metrics["merge_attempts"] == len(
+            batch.rewards.keys() & batch.spans.keys()
+        )
+        # the trainer's update is what serves now, under the new resource id
+        served = svc.codec.model.state_dict()
+        assert all(torch.equal(served[k], v) for k, v in trainer.state_dict().items())
+        assert svc.resource_id == "cand@3"
+
+
+def test_greedy_evaluation_ignores_the_sampling_seed(tmp_path, base_model_dir):
+    """Needs the gateway to apply each rollout's `Sampling` (temperature 0 here) to every call."""
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    greedy = Sampling(temperature=0.0)
+    with RolloutService(store, base_model_dir, harness="calc", parallel=8) as svc:
+        heldout = svc.harness.make_tasks("holdout", 4, 0)
+        a = svc.run(heldout, group=1, kind=RolloutKind.holdout, sampling=greedy, seed=1, tag="g1")
+        b = svc.run(heldout, group=1, kind=RolloutKind.holdout, sampling=greedy, seed=2, tag="g2")
+    tokens = [[s.response_token_ids for s in a.spans[r.rollout_id]] for r in a.rollouts]
+    tokens2 = [[s.response_token_ids for s in b.spans[r.rollout_id]] for r in b.rollouts]
+    assert tokens == tokens2
 
 
 def test_train_rl_runs_steps_and_reports_metrics(tmp_path, base_model_dir):
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
-    config = RLConfig(steps=2, tasks_per_step=2, group_size=4, heldout_tasks=6, eval_every=2, parallel=8,
-                      trainer=TrainerConfig(lr=1e-4))  # fmt: skip
+    config = RLConfig(steps=2, tasks_per_step=2, step=StepSettings(group_size=4), heldout_tasks=6,
+                      eval_every=2, parallel=8, trainer=TrainerConfig(lr=1e-4))  # fmt: skip
     result = train_rl(store, base_model_dir, config, out_dir=tmp_path / "cand")
     assert [p["step"] for p in result.curve] == [0, 2]
     assert "greedy" in result.parent and "greedy" in result.candidate
     assert len(result.steps) == 2 and all("merge_mismatch_rate" in m for m in result.steps)
     assert (result.checkpoint / "config.json").exists() and (result.checkpoint / "tokenizer.json").exists()
-    assert len(store.query_rollouts(kind=RolloutKind.train)) == 2 * 2 * 4
+    train = store.query_rollouts(kind=RolloutKind.train)
+    assert len(train) == 2 * 2 * 4
+    assert {r.group_id for r in train} == {f"s{s}-g{t}" for s in (1, 2) for t in (0, 1)}
+    # the final evaluation's sampled success is the mean reward of its held-out rollouts
+    final = [
+        r for r in store.query_rollouts(kind=RolloutKind.holdout) if re.fullmatch(r"eval2-g\d+", r.group_id)
+    ]
+    rewards = {
+        rw.rollout_id: rw.value for rw in store.list_rewards(rollout_ids=[r.rollout_id for r in final])
+    }
+    assert len(final) == 6 and result.candidate["success"] == pytest.approx(sum(rewards.values()) / 6)

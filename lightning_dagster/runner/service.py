@@ -1,0 +1,176 @@
+"""Harness rollouts through a local gateway: queue tasks, run them with the `Runner`, collect each rollout's
+final successful attempt. The one serving path of the RL loop, the warm start's probe and the pipeline."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from lightning_dagster.gateway.local import LocalGateway, Serving
+from lightning_dagster.harnesses.registry import HarnessSpec, get_harness
+from lightning_dagster.runner.policy import RetryPolicy
+from lightning_dagster.runner.rollouts import enqueue_tasks
+from lightning_dagster.runner.runner import Runner
+from lightning_dagster.store import Store
+from lightning_dagster.types import AttemptState, Resource, Rollout, RolloutKind, Sampling, Span
+
+if TYPE_CHECKING:
+    import torch
+
+# A training or evaluation sample is one attempt: a retried failure would over-represent the samples that
+# succeed on a second try. The limit is generous: a calc episode takes about a second.
+SINGLE_ATTEMPT = RetryPolicy(max_attempts=1, timeout_s=120.0)
+
+
+@dataclass
+class RolloutBatch:
+    """Finished rollouts with the spans and reward of each one's final successful attempt."""
+
+    rollouts: list[Rollout]
+    rewards: dict[str, float]  # rollout_id -> reward; rollouts without a successful attempt are absent
+    spans: dict[str, list[Span]]  # rollout_id -> spans of the rewarded attempt
+    seconds: float
+
+    def success(self) -> float:
+        """Mean reward counting rollouts that never finished as 0."""
+        return sum(self.rewards.values()) / len(self.rollouts) if self.rollouts else 0.0
+
+
+def collect_batch(store: Store, rollouts: list[Rollout], seconds: float = 0.0) -> RolloutBatch:
+    """Each rollout's final successful attempt (highest sequence), with its spans and its last reward."""
+    ids = [r.rollout_id for r in rollouts]
+    final: dict[str, str] = {}
+    for a in sorted(store.list_attempts(rollout_ids=ids), key=lambda a: a.sequence_id):
+        if a.state == AttemptState.succeeded:
+            final[a.rollout_id] = a.attempt_id
+    rewards: dict[str, float] = {}
+    for rw in store.list_rewards(rollout_ids=ids):
+        if rw.rollout_id in final and rw.attempt_id in (None, final[rw.rollout_id]):
+            rewards[rw.rollout_id] = rw.value  # the last reward of the final attempt wins
+    spans: dict[str, list[Span]] = {}
+    for s in store.list_spans(rollout_ids=ids):
+        if final.get(s.rollout_id) == s.attempt_id:
+            spans.setdefault(s.rollout_id, []).append(s)
+    return RolloutBatch(rollouts=rollouts, rewards=rewards, spans=spans, seconds=seconds)
+
+
+def model_resource(store: Store, model_dir: Path) -> Resource:
+    """The store's resource for `model_dir` with these exact weights, registered on first use."""
+    from lightning_dagster.engine import checkpoint_hash
+
+    weights = checkpoint_hash(model_dir)
+    uri = str(model_dir.resolve())
+    for resource in store.list_resources():
+        if resource.uri == uri and resource.weights_hash == weights:
+            return resource
+    return store.add_resource(Resource(kind="model", uri=uri, weights_hash=weights))
+
+
+class RolloutService:
+    """Runs harness rollouts through a `LocalGateway` with a `Runner`. The trainer pushes new weights with
+    `load_weights`; the resource id recorded on spans and rollouts follows it.
+
+    `serving`, `upstream_url`, `host`, `port`, `secret`, `max_batch`, `threads`: the gateway's settings
+    (see `LocalGateway`). `runner_mode`: harness attempts as subprocesses or in this process. `retry_policy`:
+    what the runner applies to every attempt (`self.retry_policy`). `codec`: the checkpoint's text side."""
+
+    def __init__(
+        self,
+        store: Store,
+        model_dir: Path | str | None,
+        *,
+        harness: str | HarnessSpec,
+        resource_id: str | None = None,
+        parallel: int = 16,
+        serving: Serving = "thread",
+        runner_mode: Literal["inprocess", "subprocess"] = "inprocess",
+        retry_policy: RetryPolicy = SINGLE_ATTEMPT,
+        upstream_url: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        secret: str | None = None,
+        max_batch: int = 64,
+        threads: int | None = None,
+    ) -> None:
+        self.store = store
+        self.harness = harness if isinstance(harness, HarnessSpec) else get_harness(harness)
+        self.retry_policy = retry_policy
+        self.gateway = LocalGateway(
+            store,
+            model_dir,
+            serving=serving,
+            upstream_url=upstream_url,
+            host=host,
+            port=port,
+            secret=secret,
+            max_batch=max_batch,
+            threads=threads,
+            resource_id=resource_id,
+        )
+        try:
+            self.runner = Runner(
+                store,
+                self.gateway.url,
+                secret=self.gateway.secret,
+                harness=self.harness,
+                parallel=parallel,
+                policy=retry_policy,
+                mode=runner_mode,
+            )
+        except BaseException:
+            self.gateway.close()
+            raise
+
+    @property
+    def codec(self) -> Any:
+        """An `Engine` or a `ChatCodec` (see `LocalGateway`)."""
+        return self.gateway.codec
+
+    @property
+    def resource_id(self) -> str | None:
+        return self.gateway.resource_id
+
+    def close(self) -> None:
+        self.gateway.close()
+
+    def __enter__(self) -> RolloutService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], resource_id: str | None = None) -> None:
+        """Serve `state_dict` from the next call on; spans record `resource_id`."""
+        self.gateway.load_weights(state_dict, resource_id)
+
+    def run(
+        self,
+        tasks: list[dict],
+        *,
+        group: int,
+        kind: RolloutKind,
+        sampling: Sampling,
+        seed: int | None,
+        tag: str,
+        snapshot_key: str | None = None,
+    ) -> RolloutBatch:
+        """Run every task `group` times with `sampling` applied to every call. With `seed`, member g of task
+        t samples with `sampling_seed(seed, task_id, g)`: the same seed gives parent and candidate common
+        random numbers. Group ids are `<tag>-g<t>`."""
+        started = time.perf_counter()
+        rollouts = enqueue_tasks(
+            self.store,
+            self.harness,
+            tasks,
+            kind=kind,
+            group_size=group,
+            seed=seed,
+            resource_id=self.resource_id,
+            snapshot_key=snapshot_key,
+            sampling=sampling,
+            tag=tag,
+        )
+        self.runner.run([r.rollout_id for r in rollouts])
+        return collect_batch(self.store, rollouts, time.perf_counter() - started)
