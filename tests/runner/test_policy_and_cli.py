@@ -54,7 +54,7 @@ def test_cli_runs_rollouts_through_a_gateway_and_prints_the_summary(store, gatew
 
 def test_cli_without_a_gateway_serves_a_local_one_that_forwards_upstream(store, capsys):
     from lightning_dagster.gateway.server import GatewayServer
-    from lightning_dagster.gateway.stub import create_stub_app
+    from tests.support.stub_upstream import create_stub_app
 
     argv = ["rollouts", "run", "--harness", "calc", "--n", "2", "--store", store.url, "--mode", "inprocess"]
     with GatewayServer(create_stub_app()) as upstream:

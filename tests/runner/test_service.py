@@ -15,12 +15,12 @@ import pytest
 from lightning_dagster.gateway.keys import attempt_key
 from lightning_dagster.gateway.local import LocalGateway, WeightsNotServed
 from lightning_dagster.gateway.server import GatewayServer
-from lightning_dagster.gateway.stub import create_stub_app
 from lightning_dagster.harnesses.calc.agent import MAX_TOKENS
 from lightning_dagster.harnesses.registry import get_harness
 from lightning_dagster.runner import RetryPolicy, enqueue_tasks
 from lightning_dagster.runner.service import RolloutService, collect_batch
 from lightning_dagster.types import AttemptState, RetryKind, Reward, RolloutKind, Sampling, Span, SpanKind
+from tests.support.stub_upstream import create_stub_app
 
 T1 = Sampling(temperature=1.0)
 # As a subprocess: print the pid, post reward 1.0. In process (`run_task`): post reward 0.25.
