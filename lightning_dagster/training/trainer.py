@@ -118,7 +118,8 @@ def response_logprobs(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
 
 def load_model(model_dir: Path | str) -> torch.nn.Module:
     hf_logging.disable_progress_bar()
-    # dtype pinned: from_pretrained keeps a checkpoint's dtype, and bf16 logprobs are off by ~5e-2.
+    # dtype pinned: from_pretrained keeps a checkpoint's dtype, and the engine samples in float32: the
+    # ratio to its logprobs is 1 only if the trainer scores in float32 too.
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model.eval()  # no dropout: the ratio to the behaviour policy must be exactly 1 before the first step
     return model
