@@ -28,6 +28,7 @@ from pathlib import Path
 
 from lightning_dagster.engine import BatchingEngine, Engine, SamplingParams, build_base_model
 from lightning_dagster.engine.build import CALCULATOR_TOOL
+from lightning_dagster.harnesses.registry import training_corpus
 
 
 @dataclass
@@ -126,7 +127,7 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model or build_base_model(Path(tmp) / "model", seed=0)
+        model = args.model or build_base_model(Path(tmp) / "model", corpus=training_corpus(), seed=0)
         engine = Engine(model, threads=args.threads)
         print(
             f"model {model}; {args.workers} workers x {args.rollouts} episodes x 2 calls, max_batch {args.max_batch}"

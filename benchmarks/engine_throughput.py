@@ -23,6 +23,7 @@ import torch
 
 from lightning_dagster.engine import BatchingEngine, Engine, SamplingParams, build_base_model
 from lightning_dagster.engine.build import CALCULATOR_TOOL
+from lightning_dagster.harnesses.registry import training_corpus
 
 
 def _prompts(engine: Engine, n: int) -> list[list[int]]:
@@ -144,7 +145,9 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="model dir (default: build the base model)")
     ap.add_argument("--tokens", type=int, default=48, help="generated tokens per request")
     args = ap.parse_args()
-    model = args.model or build_base_model(Path(tempfile.mkdtemp()) / "model", seed=0)
+    model = args.model or build_base_model(
+        Path(tempfile.mkdtemp()) / "model", corpus=training_corpus(), seed=0
+    )
     engine = Engine(model, threads=1)
     cold = Engine(model, threads=1, prefix_cache_mb=0)
     prompts = _prompts(engine, 64)

@@ -14,6 +14,7 @@ import tempfile
 from lightning_dagster.engine.build import build_base_model
 from lightning_dagster.engine.engine import Engine
 from lightning_dagster.harnesses.calc.agent import SYSTEM_PROMPT, TOOLS
+from lightning_dagster.harnesses.registry import training_corpus
 from lightning_dagster.training.transitions import TransitionConfig, merge_calls
 from lightning_dagster.types import Span, SpanKind
 
@@ -34,7 +35,8 @@ def trace(engine: Engine, turns: int) -> list[Span]:
         end = full.index(engine.tokenizer.convert_tokens_to_ids("<|im_end|>"), len(prompt)) + 1
         response = full[len(prompt) : end]
         spans.append(Span(rollout_id="ro", attempt_id="at", sequence=k, kind=SpanKind.llm, prompt_token_ids=prompt,
-                          response_token_ids=response, response_logprobs=[-0.5] * len(response)))  # fmt: skip
+                          response_token_ids=response, response_logprobs=[-0.5] * len(response),
+                          attributes={"temperature": 1.0}))  # fmt: skip
         messages.append(reply)
         if k < turns - 1:
             messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": str(k + 12)})
@@ -43,7 +45,7 @@ def trace(engine: Engine, turns: int) -> list[Span]:
 
 def main() -> int:
     with tempfile.TemporaryDirectory() as d:
-        engine = Engine(build_base_model(d))
+        engine = Engine(build_base_model(d, corpus=training_corpus()))
         print(f"{'turns':>5} {'per-call tokens':>16} {'merged tokens':>14} {'ratio':>6} {'rows':>5}")
         ok = True
         for turns, need in ((3, 2.0), (5, None), (10, 5.0)):

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from lightning_dagster.engine.build import build_base_model
+from lightning_dagster.harnesses.registry import training_corpus
 from lightning_dagster.store import Store
 from lightning_dagster.training.loop import RolloutService
 from lightning_dagster.training.transitions import build_rows
@@ -43,7 +44,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=64)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ld-merge-share-"))
-    model = args.model or build_base_model(work / "base")
+    model = args.model or build_base_model(work / "base", corpus=training_corpus())
     store = Store(f"sqlite:///{work / 'store.db'}")
     print(f"{'harness':>8} {'attempts':>8} {'bridges':>8} {'token-in share':>15} {'re-tokenized share':>19} "
           f"{'mismatches':>10}")  # fmt: skip

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # noqa: E402 - run
 from benchmarks.training_merge import trace  # noqa: E402
 from lightning_dagster.engine.build import build_base_model
 from lightning_dagster.engine.engine import Engine
+from lightning_dagster.harnesses.registry import training_corpus
 from lightning_dagster.training.advantages import RolloutReward, compute_advantages
 from lightning_dagster.training.trainer import Trainer, TrainerConfig
 from lightning_dagster.training.transitions import TransitionConfig, merge_calls
@@ -32,7 +33,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as d:
-        base = build_base_model(d)
+        base = build_base_model(d, corpus=training_corpus())
         engine = Engine(base)
         spans = trace(engine, 3)
         rewards = [RolloutReward(f"r{i}", f"g{i // 8}", float(i % 3 == 0)) for i in range(args.trajectories)]

@@ -1,6 +1,7 @@
 """The embedded policy model: build a tiny HF causal LM from scratch (no download), render chats with tool
 calls through its template, and sample batches with the exact logprob of every token."""
 
+from lightning_dagster.engine.batch import NonFiniteLogits
 from lightning_dagster.engine.batching import BatchingEngine, EngineClosed
 from lightning_dagster.engine.build import build_base_model, checkpoint_hash
 from lightning_dagster.engine.chat import (
@@ -10,14 +11,8 @@ from lightning_dagster.engine.chat import (
     find_retokenization_drift,
     parse_assistant,
 )
-from lightning_dagster.engine.engine import (
-    Engine,
-    EngineError,
-    Generation,
-    NonFiniteLogits,
-    SamplingParams,
-    StateDictMismatch,
-)
+from lightning_dagster.engine.engine import Engine, StateDictMismatch
+from lightning_dagster.engine.sampling import EngineError, Generation, SamplingParams
 
 __all__ = [
     "CHAT_TEMPLATE",

@@ -15,14 +15,9 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from lightning_dagster.engine.engine import (
-    Engine,
-    EngineError,
-    Generation,
-    Outcome,
-    RunningBatch,
-    SamplingParams,
-)
+from lightning_dagster.engine.batch import Outcome, RunningBatch
+from lightning_dagster.engine.engine import Engine
+from lightning_dagster.engine.sampling import EngineError, Generation, SamplingParams
 
 
 class EngineClosed(RuntimeError):

@@ -1,13 +1,11 @@
-"""Build the embedded base model from scratch (no download): a byte-level BPE trained on generated task text,
+"""Build the embedded base model from scratch (no download): a byte-level BPE trained on the caller's corpus,
 a tiny Qwen2-shaped causal LM instantiated from config, both saved in Hugging Face format."""
 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
-import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -22,6 +20,11 @@ from lightning_dagster.engine.chat import (
     SPECIAL_TOKENS,
 )
 
+
+class EmptyCorpus(ValueError):
+    """`build_base_model` was given no texts (or one string) to train its tokenizer on."""
+
+
 VOCAB_SIZE = 768
 MODEL_SHAPE = dict(
     hidden_size=128,
@@ -33,7 +36,7 @@ MODEL_SHAPE = dict(
     tie_word_embeddings=True,
 )
 
-# A calculator tool in the OpenAI shape, used to make the built-in corpus look like rendered tool turns.
+# A calculator tool in the OpenAI shape: its schema line is always among the rendered fragments.
 CALCULATOR_TOOL = {
     "type": "function",
     "function": {
@@ -46,42 +49,6 @@ CALCULATOR_TOOL = {
         },
     },
 }
-
-_NAMES = ["Ann", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Ida", "Jon", "Kim", "Lea", "Max"]
-_THINGS = ["apples", "books", "coins", "eggs", "pens", "shells", "stamps", "cards", "boxes", "cups"]
-_OPS = [
-    ("+", "buys {b} more", lambda a, b: a + b),
-    ("-", "gives away {b}", lambda a, b: a - b),
-    ("*", "has {b} bags with that many", lambda a, b: a * b),
-]
-
-
-def builtin_corpus(seed: int = 0, n: int = 1500) -> list[str]:
-    """Arithmetic word problems, calculator tool calls, tool results and answers (deterministic per seed)."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        a, b = rng.randint(2, 99), rng.randint(2, 30)
-        name, thing = rng.choice(_NAMES), rng.choice(_THINGS)
-        op, phrase, apply = rng.choice(_OPS)
-        expr, value = f"{a} {op} {b}", apply(a, b)
-        out.append(f"{name} has {a} {thing} and {phrase.format(b=b)}. How many {thing} now?")
-        out.append(json.dumps({"name": "calculator", "arguments": {"expression": expr}}))
-        out.append(str(value))
-        out.append(f"The answer is {value}.")
-        out.append(f"ANSWER: {value}")
-    return out
-
-
-def default_corpus(seed: int = 0) -> list[str]:
-    """The harnesses' training corpus when that package provides one, else the built-in generator."""
-    try:
-        from lightning_dagster.harnesses.registry import training_corpus
-    except ImportError:
-        return builtin_corpus(seed)
-    kwargs = {"seed": seed} if "seed" in inspect.signature(training_corpus).parameters else {}
-    corpus = list(training_corpus(**kwargs))
-    return corpus or builtin_corpus(seed)
 
 
 def _rendered_fragments(corpus: list[str]) -> list[str]:
@@ -139,18 +106,21 @@ def train_tokenizer(corpus: Iterable[str], *, vocab_size: int = VOCAB_SIZE):
     return fast
 
 
-def build_base_model(out_dir: Path | str, *, seed: int = 0, corpus: list[str] | None = None) -> Path:
-    """Train the tokenizer, instantiate the tiny Qwen2 causal LM (seeded init), save both to `out_dir`.
+def build_base_model(out_dir: Path | str, *, corpus: Sequence[str], seed: int = 0) -> Path:
+    """Train the tokenizer on `corpus` (the text the model will see: the caller's, e.g. the harness
+    registry's `training_corpus()`), instantiate the tiny Qwen2 causal LM (seeded init), save both to `out_dir`.
 
     Deterministic for a seed and corpus: the same call gives the same `checkpoint_hash`.
     """
+    if isinstance(corpus, str) or not corpus:
+        raise EmptyCorpus("the tokenizer needs a non-empty sequence of texts to train on")
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(default_corpus(seed) if corpus is None else corpus)
+    tokenizer = train_tokenizer(corpus)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     config = Qwen2Config(

@@ -1,4 +1,7 @@
-"""`lightning-dagster engine build --out DIR [--seed N]` and `lightning-dagster engine info DIR`."""
+"""`lightning-dagster engine build --out DIR [--seed N]` and `lightning-dagster engine info DIR`.
+
+The CLI is the one place of the engine that knows the harnesses: `build` trains the tokenizer on their
+`training_corpus()`, which it hands to `build_base_model`."""
 
 from __future__ import annotations
 
@@ -9,9 +12,11 @@ from pathlib import Path
 
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="engine_command", metavar="COMMAND")
-    build = sub.add_parser("build", help="build the tiny base model and tokenizer from scratch (no download)")
+    build = sub.add_parser(
+        "build", help="build the tiny base model and a tokenizer trained on the harnesses' text (no download)"
+    )
     build.add_argument("--out", required=True, type=Path, help="directory to save the model into")
-    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--seed", type=int, default=0, help="seeds the weights and the corpus's tasks")
     build.set_defaults(handler=_build)
     info = sub.add_parser("info", help="describe a model directory as JSON")
     info.add_argument("dir", type=Path)
@@ -20,8 +25,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _build(args: argparse.Namespace) -> int:
     from lightning_dagster.engine.build import build_base_model
+    from lightning_dagster.harnesses.registry import training_corpus
 
-    out = build_base_model(args.out, seed=args.seed)
+    out = build_base_model(args.out, corpus=training_corpus(seed=args.seed), seed=args.seed)
     print(json.dumps(describe(out), indent=2))
     return 0
 

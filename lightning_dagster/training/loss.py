@@ -1,11 +1,11 @@
 """The policy loss: PPO clip with separate lower/upper epsilons, truncated importance sampling against the
-recorded behaviour logprobs, an optional k3 KL to the parent, and four normalizations.
+recorded behaviour logprobs, an optional k3 KL to the parent, and three normalizations.
 
 Per trained token t of row b (A_b is the rollout's advantage, broadcast):
 
     ratio  = exp(logp - old)                         old: the trainer's own logprobs before this update
     pg     = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))
-    w_is   = min(exp(old - behaviour), C)            detached; per token, or one product per row
+    w_is   = min(exp(old - behaviour), tis_cap)      detached; per token, or one product per row
     kl     = exp(ref - logp) - (ref - logp) - 1      k3 estimator of KL(policy || parent)
     loss   = sum_b weight_b * sum_t mask * (w_is * pg + kl_coef * kl)
 
@@ -13,25 +13,35 @@ Per trained token t of row b (A_b is the rollout's advantage, broadcast):
 of k micro-batches adds up to exactly the loss of one pass over the step (and so do the gradients):
 
     token_mean            1 / (trained tokens in the step)
-    seq_mean_token_mean   1 / (rows in the step * trained tokens in the row)
-    constant              1 / C                     (Dr. GRPO: a fixed denominator, e.g. the token budget)
-    rollout_mean          1 / (rollouts in the step * trained tokens of the rollout, all its rows)
+    seq_mean_token_mean   1 / (rollouts in the step * trained tokens of the rollout, over all its rows)
+    constant              1 / C
+
+The sequence of `seq_mean_token_mean` is the rollout, not the row: a rollout the merge split into several
+rows (a prefix break, a `length` cut, a temperature change) still weighs 1 / rollouts, shared by its tokens,
+exactly as if it had stayed one row. Weighing rows instead would give a rollout more say the more often its
+merge broke. `token_mean` and `constant` weigh tokens, so splitting changes nothing there either.
+
+`constant` is Dr. GRPO's fixed denominator: each trained token weighs 1 / C whatever the step holds, so a
+response's weight does not shrink with its length nor with its batch mates'. Dr. GRPO's "sum over a
+sequence / max response tokens, mean over sequences" is C = rollouts per step * max response tokens. Rows
+of zero-variance groups are dropped before weighing, so under `constant` they just add nothing.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-Normalization = Literal["token_mean", "seq_mean_token_mean", "constant", "rollout_mean"]
-NORMALIZATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "constant", "rollout_mean")
+Normalization = Literal["token_mean", "seq_mean_token_mean", "constant"]
+NORMALIZATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "constant")
 
 
 class LossConfigError(ValueError):
-    """A loss setting that cannot be used (unknown mode, missing constant, bad cap)."""
+    """A loss setting that cannot be used (unknown mode, missing or unread constant, bad cap)."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +50,7 @@ class LossConfig:
     clip_high: float = 0.28
     kl_coef: float = 0.0
     normalization: Normalization = "token_mean"
-    constant: float | None = None  # the denominator of `constant` normalization
+    constant: float | None = None  # C of `constant` normalization: required there, refused elsewhere
     tis: Literal["none", "token", "sequence"] = "token"
     tis_cap: float = 2.0
 
@@ -49,8 +59,16 @@ class LossConfig:
             raise LossConfigError(
                 f"unknown normalization {self.normalization!r}; expected one of {NORMALIZATIONS}"
             )
-        if self.normalization == "constant" and not (self.constant and self.constant > 0):
-            raise LossConfigError("normalization 'constant' needs a positive `constant`")
+        if self.normalization == "constant":
+            if self.constant is None or not math.isfinite(self.constant) or self.constant <= 0:
+                raise LossConfigError(
+                    f"normalization 'constant' needs a positive finite `constant`, got {self.constant!r}"
+                )
+        elif self.constant is not None:
+            raise LossConfigError(
+                f"`constant` ({self.constant}) is only read by normalization 'constant', "
+                f"not {self.normalization!r}"
+            )
         if self.tis not in ("none", "token", "sequence"):
             raise LossConfigError(f"unknown truncated importance sampling level {self.tis!r}")
         if self.tis_cap <= 0:
@@ -63,11 +81,8 @@ def row_weights(trained_tokens: Sequence[int], rollout_ids: Sequence[str], confi
     if mode == "token_mean":
         total = sum(trained_tokens)
         return [1.0 / total if total else 0.0 for _ in trained_tokens]
-    if mode == "seq_mean_token_mean":
-        n = len(trained_tokens)
-        return [1.0 / (n * t) if t else 0.0 for t in trained_tokens]
     if mode == "constant":
-        assert config.constant is not None
+        assert config.constant is not None  # LossConfig refuses `constant` without one
         return [1.0 / config.constant for _ in trained_tokens]
     per_rollout: dict[str, int] = {}
     for rid, t in zip(rollout_ids, trained_tokens, strict=True):

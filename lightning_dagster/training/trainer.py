@@ -4,7 +4,7 @@ rows + rollout advantages
   -> drop rows of rollouts without an advantage (zero-variance groups)
   -> per-row token weights for the whole step (loss.row_weights)
   -> micro-batches (right-padded, attention mask)
-  -> fp32 teacher-forced logprobs of the policy at the sampling temperature: log_softmax(logits / T)
+  -> fp32 teacher-forced logprobs of the policy at each row's sampling temperature: log_softmax(logits / T_row)
   -> policy_loss, backward (gradients accumulate to exactly one pass), clip, Adam step
   -> one metrics dict per step
 """
@@ -37,12 +37,10 @@ class TrainerConfig:
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = 0.0  # 0 -> plain Adam behaviour (AdamW with no decay)
     grad_clip: float = 1.0
-    temperature: float = 1.0  # the sampling temperature the rows were generated at
     micro_batch_tokens: int = 8192  # padded tokens per forward pass
     epochs: int = 1  # optimizer steps over the same rows; > 1 recomputes the "old" logprobs first
     # torch threads during a step (None: one per core). torch has one process-wide setting, and an engine
-    # in the same process sets it to 1 for sampling; a step sets its own and restores it (measured on 2
-    # cores: 4.0 s -> 2.5 s per 256-rollout calc step).
+    # in the same process sets it to 1 for sampling; a step sets its own and restores it.
     threads: int | None = None
     loss: LossConfig = field(default_factory=LossConfig)
 
@@ -62,6 +60,7 @@ class MicroBatch:
     targets: torch.Tensor  # [B, R] response ids
     mask: torch.Tensor  # [B, R] loss mask (0 on padding)
     behaviour: torch.Tensor  # [B, R] recorded logprobs
+    temperatures: torch.Tensor  # [B] the temperature each row is scored at
     index: list[int]  # which rows of the step these are
 
 
@@ -76,6 +75,12 @@ def micro_batches(rows: Sequence[Row], max_tokens: int) -> Iterator[MicroBatch]:
         chunk.append(i)
     if chunk:
         yield collate([rows[j] for j in chunk], chunk)
+
+
+def scoring_temperature(row: Row) -> float:
+    """The temperature of the distribution the row's behaviour logprobs are under."""
+    # greedy (T=0) rows: the engine reports their logprobs under T=1, the model's own distribution
+    return row.temperature if row.temperature > 0 else 1.0
 
 
 def collate(rows: Sequence[Row], index: list[int]) -> MicroBatch:
@@ -97,22 +102,24 @@ def collate(rows: Sequence[Row], index: list[int]) -> MicroBatch:
         targets[i, :n] = torch.tensor(r.response_ids)
         mask[i, :n] = torch.tensor(r.loss_mask, dtype=torch.float32)
         behaviour[i, :n] = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
-    return MicroBatch(ids, attn, positions, targets, mask, behaviour, list(index))
+    temperatures = torch.tensor([scoring_temperature(r) for r in rows], dtype=torch.float32)
+    return MicroBatch(ids, attn, positions, targets, mask, behaviour, temperatures, list(index))
 
 
-def response_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float) -> torch.Tensor:
-    """fp32 log_softmax(logits / T) of each response token, teacher-forced: the trainer's view of exactly
-    the distribution the engine sampled from."""
+def response_logprobs(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """fp32 log_softmax(logits / T_row) of each response token, teacher-forced: the trainer's view of
+    exactly the distribution the engine sampled each row from."""
     logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
     vocab = logits.shape[-1]
     picked = logits.gather(1, mb.positions[..., None].expand(-1, -1, vocab)).float()
-    logp = torch.log_softmax(picked / temperature, dim=-1)
+    logp = torch.log_softmax(picked / mb.temperatures[:, None, None], dim=-1)
     return logp.gather(-1, mb.targets[..., None]).squeeze(-1)
 
 
 def load_model(model_dir: Path | str) -> torch.nn.Module:
     hf_logging.disable_progress_bar()
-    # dtype pinned: from_pretrained keeps a checkpoint's dtype, and bf16 logprobs are off by ~5e-2.
+    # dtype pinned: from_pretrained keeps a checkpoint's dtype, and the engine samples in float32: the
+    # ratio to its logprobs is 1 only if the trainer scores in float32 too.
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model.eval()  # no dropout: the ratio to the behaviour policy must be exactly 1 before the first step
     return model
@@ -157,7 +164,7 @@ class Trainer:
 
     def _no_grad_logprobs(self, model: torch.nn.Module, batches: list[MicroBatch]) -> list[torch.Tensor]:
         with torch.no_grad():
-            return [response_logprobs(model, mb, self.config.temperature) for mb in batches]
+            return [response_logprobs(model, mb) for mb in batches]
 
     def prepare(self, rows: Sequence[Row], advantages: Advantages) -> Prepared | None:
         """Fix everything the step's micro-batches share: kept rows, weights, reference and old logprobs.
@@ -185,7 +192,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         total: LossParts | None = None
         for k, mb in enumerate(prep.batches):
-            logp = response_logprobs(self.model, mb, self.config.temperature)
+            logp = response_logprobs(self.model, mb)
             # One update per batch: the "old" policy is the current one, so ratio == 1 with a live gradient.
             old = prep.olds[k] if prep.olds is not None else logp.detach()
             ref = prep.refs[k] if prep.refs is not None else None
@@ -234,7 +241,8 @@ class Trainer:
         return metrics
 
     def supervised_step(self, rows: Sequence[Row]) -> dict:
-        """One cross-entropy step on the masked tokens (the warm start): T=1, token mean over the step."""
+        """One cross-entropy step on the masked tokens (the warm start), each row at its own temperature
+        (demonstrations: 1), token mean over the step."""
         with self._threads():
             return self._supervised_step(rows)
 
@@ -244,7 +252,7 @@ class Trainer:
         total_tokens = sum(r.trained_tokens for r in rows)
         loss_sum = 0.0
         for mb in micro_batches(rows, self.config.micro_batch_tokens):
-            logp = response_logprobs(self.model, mb, 1.0)
+            logp = response_logprobs(self.model, mb)
             loss = -(logp * mb.mask).sum() / total_tokens
             loss.backward()
             loss_sum += float(loss.detach())

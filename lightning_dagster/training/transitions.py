@@ -8,9 +8,12 @@
     exactly the logprob the engine recorded for them; every other response token (tool output, template
     tokens between turns) carries mask 0 and logprob 0.
 
-Calls are bridged only when `prompt[k+1]` starts with `prompt[k] + response[k]`. Anything else (an edited
-history, a re-rendered prompt that drifted, a call cut off by `finish_reason == "length"`) starts a new row;
-a prefix break is counted as a `PrefixMismatch` with the first differing position and the ids around it.
+Calls are bridged only when `prompt[k+1]` starts with `prompt[k] + response[k]` and both were sampled at
+the same temperature. Anything else (an edited history, a re-rendered prompt that drifted, a call cut off by
+`finish_reason == "length"`, a call sampled at another temperature) starts a new row, counted in
+`MergeStats`; a prefix break is counted as a `PrefixMismatch` with the first differing position and the ids
+around it. Every row carries the one temperature its response tokens were sampled at (the gateway records it
+on each LLM span as `attributes["temperature"]`), so the trainer scores them under that distribution.
 """
 
 from __future__ import annotations
@@ -26,6 +29,11 @@ MergeMode = Literal["merged", "per_call"]
 
 class TransitionError(ValueError):
     """An LLM span lacks the token fields a training row needs."""
+
+
+class MissingTemperature(TransitionError):
+    """An LLM span does not record the temperature it was sampled at (spans from before the gateway recorded
+    it): its logprobs cannot be matched by the trainer, and guessing 1.0 would train on a wrong ratio."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class Row:
     response_ids: list[int]
     loss_mask: list[int]
     behaviour_logprobs: list[float]
+    temperature: float  # what every sampled token of the row was sampled at (0: greedy)
     span_ids: list[str]  # the calls merged into this row, in order
     truncated: bool = False
 
@@ -85,6 +94,7 @@ class MergeStats:
     rows: int = 0
     bridges: int = 0  # calls appended to the previous call's row
     length_splits: int = 0  # calls not bridged because the previous call ended on `length`
+    temperature_splits: int = 0  # calls not bridged because they were sampled at another temperature
     dropped_long_prompt: int = 0
     truncated_rows: int = 0
     single_row_attempts: int = 0  # attempts whose every call landed in one row
@@ -104,6 +114,7 @@ class MergeStats:
             "rows",
             "bridges",
             "length_splits",
+            "temperature_splits",
             "dropped_long_prompt",
             "truncated_rows",
             "single_row_attempts",
@@ -121,6 +132,7 @@ class MergeStats:
             "mismatches": len(self.mismatches),
             "mismatch_rate": self.mismatch_rate,
             "length_splits": self.length_splits,
+            "temperature_splits": self.temperature_splits,
             "dropped_long_prompt": self.dropped_long_prompt,
             "truncated_rows": self.truncated_rows,
             "single_row_attempts": self.single_row_attempts,
@@ -135,6 +147,11 @@ def _llm_calls(spans: Sequence[Span]) -> list[Span]:
         if len(s.response_logprobs) != len(s.response_token_ids):
             raise TransitionError(
                 f"span {s.span_id}: {len(s.response_logprobs)} logprobs for {len(s.response_token_ids)} tokens"
+            )
+        temperature = s.attributes.get("temperature")
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
+            raise MissingTemperature(
+                f"span {s.span_id}: LLM span without a recorded sampling temperature (got {temperature!r})"
             )
     return sorted(calls, key=lambda s: s.sequence)
 
@@ -165,6 +182,7 @@ def _new_row(call: Span) -> Row:
         response_ids=list(call.response_token_ids),
         loss_mask=[1] * len(call.response_token_ids),
         behaviour_logprobs=[float(x) for x in call.response_logprobs],
+        temperature=float(call.attributes["temperature"]),
         span_ids=[call.span_id],
     )
 
@@ -213,6 +231,10 @@ def merge_calls(
             # The cut-off response has no end-of-turn token; bridging would teach the template's
             # closing tokens as if the model had emitted them.
             stats.length_splits += 1
+            rows.append(_new_row(call))
+        elif float(call.attributes["temperature"]) != row.temperature:
+            # one row is scored at one temperature; the other call's logprobs are of another distribution
+            stats.temperature_splits += 1
             rows.append(_new_row(call))
         else:
             assert call.prompt_token_ids is not None

@@ -4,10 +4,10 @@ Demonstrations come from `lightning_dagster.harnesses.<name>.demos` (OpenAI mess
 rendered through the engine's own chat template, so the tokens learned are the tokens the gateway will
 render and the engine will sample. Only assistant tokens (through each turn's end-of-turn token) are trained.
 
-Stopping rule (FIELD_NOTES, "RL on a tiny model"): RL needs groups with reward variance, so training stops
-as soon as the sampled success at T=1.0 on a small probe set reaches about 0.2-0.4. A fully trained parent
-(sampled success near 1) leaves GRPO nothing to learn; one stopped at ~2% collapses under GRPO. The window
-passes in ~10 SFT steps, so the probe runs often, through the same runner + gateway as RL.
+Stopping rule: GRPO learns only from groups whose rewards differ, so training stops as soon as the sampled
+success at T=1.0 on a small probe set reaches about 0.2-0.4. A parent near 0 or near 1 sampled success gives
+nearly every group equal rewards, hence no advantage and nothing to learn. The window is only a few SFT steps
+wide, so the probe runs often, through the same runner + gateway as RL.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ class WarmStartConfig:
     probe_tasks: int = 64
     probe_seed: int = 7
     window: tuple[float, float] = (0.2, 0.4)
-    # Stop once the probe reaches this. Measured on calc (benchmarks/README.md, training): a parent stopped
-    # at a 0.31 probe gained +0.15 held-out sampled success in 25 RL steps; one stopped at 0.25 needed 30+.
+    # Stop once the probe reaches this: a later stop inside the window learned faster under RL on calc
+    # (benchmarks/README.md, training, learning curve).
     target: float | None = 0.3  # None: the window's lower edge
     seed: int = 0
     demos: int = 2000
@@ -83,6 +83,7 @@ def demo_row(engine: Any, messages: list[dict], tools: list[dict] | None, eos_id
         response_ids=full[first:last],
         loss_mask=mask[first:last],
         behaviour_logprobs=[0.0] * (last - first),
+        temperature=1.0,  # a demonstration is learned (and probed) under the model's own distribution
         span_ids=[],
     )
 
@@ -98,7 +99,7 @@ def demo_probability(model: Any, held: MicroBatch) -> float:
     """Mean probability of sampling a held-out demonstration's assistant tokens exactly at T=1: a cheap,
     teacher-forced lower estimate of sampled success (one forward pass, no sampling, no harness)."""
     with torch.no_grad():
-        logp = response_logprobs(model, held, 1.0)
+        logp = response_logprobs(model, held)
     return float(torch.exp((logp * held.mask).sum(dim=1)).mean())
 
 

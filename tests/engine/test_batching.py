@@ -18,7 +18,7 @@ from lightning_dagster.engine import (
     NonFiniteLogits,
     SamplingParams,
 )
-from lightning_dagster.engine.engine import RunningBatch
+from lightning_dagster.engine.batch import RunningBatch
 
 
 def _request(engine, i: int) -> tuple[list[int], SamplingParams]:

@@ -4,22 +4,32 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from lightning_dagster.cli import main
 from lightning_dagster.engine import Engine, SamplingParams, build_base_model, checkpoint_hash
-from lightning_dagster.engine.build import builtin_corpus
+from lightning_dagster.engine.build import EmptyCorpus
+from lightning_dagster.harnesses.registry import training_corpus
 
 
 def test_build_is_deterministic_for_a_seed_and_corpus(tmp_path):
-    corpus = builtin_corpus(seed=3, n=150)
-    a = build_base_model(tmp_path / "a", seed=1, corpus=corpus)
-    b = build_base_model(tmp_path / "b", seed=1, corpus=corpus)
-    c = build_base_model(tmp_path / "c", seed=2, corpus=corpus)
+    corpus = training_corpus(n_per_split=20, seed=3)
+    a = build_base_model(tmp_path / "a", corpus=corpus, seed=1)
+    b = build_base_model(tmp_path / "b", corpus=corpus, seed=1)
+    c = build_base_model(tmp_path / "c", corpus=corpus, seed=2)
     assert checkpoint_hash(a) == checkpoint_hash(b) != checkpoint_hash(c)
     assert (a / "tokenizer.json").read_text() == (b / "tokenizer.json").read_text()
     assert (a / "chat_template.jinja").is_file()
+    other = build_base_model(tmp_path / "d", corpus=training_corpus(n_per_split=20, seed=4), seed=1)
+    assert (other / "tokenizer.json").read_text() != (a / "tokenizer.json").read_text()
+
+
+def test_build_without_a_corpus_is_a_named_error(tmp_path):
+    for corpus in ([], "one string is not a corpus"):
+        with pytest.raises(EmptyCorpus):
+            build_base_model(tmp_path / "m", corpus=corpus)
 
 
 def test_base_model_shape_and_special_tokens(engine):

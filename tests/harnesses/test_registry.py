@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import sqlite3
 import sys
 
 import pytest
@@ -11,15 +13,45 @@ from lightning_dagster.harnesses.calc.tasks import make_tasks
 from lightning_dagster.harnesses.registry import UnknownHarness, get_harness, training_corpus
 
 
-def test_get_harness_returns_runnable_specs():
-    calc = get_harness("calc")
-    assert calc.command() == [sys.executable, "-m", "lightning_dagster.harnesses.calc.agent"]
-    assert calc.make_tasks("train", 2, 0) == make_tasks("train", 2, 0)
-    assert set(calc.expected_span_families) == {"llm", "reward"}
-    ledger = get_harness("ledger")
-    assert ledger.verify is not None and ledger.prepare is not None
-    assert "effect" in ledger.expected_span_families
-    with pytest.raises(UnknownHarness, match="calc"):
+@pytest.mark.parametrize("name", ["calc", "ledger"])
+def test_each_spec_runs_its_own_module_and_makes_tasks_of_the_asked_split(name):
+    spec = get_harness(name)
+    argv = spec.command()
+    assert argv[:2] == [sys.executable, "-m"]
+    # the subprocess command and the in-process entry point run the same code
+    assert importlib.import_module(argv[2]).run_task is spec.run_task
+    tasks = spec.make_tasks("holdout", 5, 1)
+    assert len(tasks) == 5 and len({t["task_id"] for t in tasks}) == 5
+    assert {t["split"] for t in tasks} == {"holdout"}
+    assert "llm" in spec.expected_span_families and "reward" in spec.expected_span_families
+
+
+def test_ledger_spec_prepares_a_destination_that_verify_reads_back(tmp_path):
+    spec = get_harness("ledger")
+    assert spec.prepare is not None and spec.verify is not None
+    assert "effect" in spec.expected_span_families  # the runner records verify() as an `effect` span
+    (task,) = spec.make_tasks("train", 1, 0)
+    prepared = spec.prepare(task, tmp_path)
+    untouched = spec.verify(prepared)
+    assert (untouched["verified"], untouched["effect_ok"], untouched["harmful_effect"]) == (
+        True,
+        False,
+        False,
+    )
+    with sqlite3.connect(prepared["db_path"]) as conn:
+        conn.execute("UPDATE accounts SET balance = ? WHERE name = ?", (task["target"], task["account"]))
+    done = spec.verify(prepared)
+    assert (done["verified"], done["effect_ok"], done["reason"]) == (True, True, "ok")
+    unreadable = spec.verify({**prepared, "db_path": str(tmp_path / "missing" / "accounts.db")})
+    assert (unreadable["verified"], unreadable["effect_ok"], unreadable["harmful_effect"]) == (
+        False,
+        False,
+        None,
+    )
+
+
+def test_unknown_harness_is_a_named_error_listing_the_known_ones():
+    with pytest.raises(UnknownHarness, match="calc, ledger"):
         get_harness("nope")
 
 

@@ -47,6 +47,7 @@ def random_rows(seed: int, rollouts: dict[str, int]) -> list[Row]:
                     response_ids=[rng.randrange(64) for _ in range(r)],
                     loss_mask=mask,
                     behaviour_logprobs=[-rng.uniform(3.5, 4.8) * m for m in mask],
+                    temperature=1.0,
                     span_ids=[],
                 )
             )
@@ -57,5 +58,6 @@ def random_rows(seed: int, rollouts: dict[str, int]) -> list[Row]:
 def base_model_dir(tmp_path_factory) -> Path:
     """The embedded engine's real base model (tokenizer + chat template + tiny Qwen2), built once."""
     from lightning_dagster.engine.build import build_base_model
+    from lightning_dagster.harnesses.registry import training_corpus
 
-    return build_base_model(tmp_path_factory.mktemp("base"), seed=0)
+    return build_base_model(tmp_path_factory.mktemp("base"), corpus=training_corpus(seed=0), seed=0)

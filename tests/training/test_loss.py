@@ -25,6 +25,10 @@ def advantages(extra: dict[str, float] | None = None):
     return compute_advantages([RolloutReward(r, r[0], v) for r, v in rewards.items()], "grpo")
 
 
+def constant(mode: str) -> float | None:
+    return 200.0 if mode == "constant" else None
+
+
 def loss_and_grads(model_dir, rows, adv, loss_cfg: LossConfig, micro_batch_tokens: int):
     trainer = Trainer(model_dir, TrainerConfig(loss=loss_cfg, micro_batch_tokens=micro_batch_tokens))
     prep = trainer.prepare(rows, adv)
@@ -36,7 +40,7 @@ def loss_and_grads(model_dir, rows, adv, loss_cfg: LossConfig, micro_batch_token
 @pytest.mark.parametrize("mode", NORMALIZATIONS)
 @pytest.mark.parametrize("tis", ["token", "sequence"])
 def test_one_pass_equals_k_micro_batches_in_loss_and_gradients(tiny_model_dir, mode, tis):
-    cfg = LossConfig(normalization=mode, constant=200.0, tis=tis, tis_cap=2.0, kl_coef=0.0)
+    cfg = LossConfig(normalization=mode, constant=constant(mode), tis=tis, tis_cap=2.0, kl_coef=0.0)
     rows = random_rows(1, ROLLOUTS)
     one_loss, one_grads, one_k = loss_and_grads(tiny_model_dir, rows, advantages(), cfg, 10_000)
     k_loss, k_grads, k = loss_and_grads(tiny_model_dir, rows, advantages(), cfg, 24)
@@ -49,7 +53,7 @@ def test_one_pass_equals_k_micro_batches_in_loss_and_gradients(tiny_model_dir, m
 
 @pytest.mark.parametrize("mode", NORMALIZATIONS)
 def test_zero_variance_groups_contribute_nothing(tiny_model_dir, mode):
-    cfg = LossConfig(normalization=mode, constant=200.0)
+    cfg = LossConfig(normalization=mode, constant=constant(mode))
     rows = random_rows(2, ROLLOUTS)
     base_loss, base_grads, _ = loss_and_grads(tiny_model_dir, rows, advantages(), cfg, 10_000)
     flat = random_rows(3, {"z0": 2, "z1": 1, "z2": 1})  # group "z": all rewards equal
@@ -61,12 +65,39 @@ def test_zero_variance_groups_contribute_nothing(tiny_model_dir, mode):
         torch.testing.assert_close(grads[name], g, rtol=1e-6, atol=1e-9)
 
 
-def test_row_weights_give_each_rollout_equal_weight_in_rollout_mean():
-    cfg = LossConfig(normalization="rollout_mean")
-    w = row_weights([10, 30, 5], ["r1", "r1", "r2"], cfg)
-    assert w[0] * 10 + w[1] * 30 == pytest.approx(0.5) and w[2] * 5 == pytest.approx(0.5)
-    tm = row_weights([10, 30, 5], ["r1", "r1", "r2"], LossConfig())
-    assert sum(x * t for x, t in zip(tm, [10, 30, 5], strict=True)) == pytest.approx(1.0)
+# rollout r1 was split into two rows (10 and 30 trained tokens); r2 and r3 stayed one row each
+SPLIT_TOKENS, SPLIT_IDS = [10, 30, 5, 15], ["r1", "r1", "r2", "r3"]
+
+
+def test_seq_mean_token_mean_weighs_a_split_rollout_as_one_rollout():
+    w = row_weights(SPLIT_TOKENS, SPLIT_IDS, LossConfig(normalization="seq_mean_token_mean"))
+    # 3 rollouts; r1 has 40 tokens over its two rows: 1/(3*40); r2: 1/(3*5); r3: 1/(3*15)
+    assert w == pytest.approx([1 / 120, 1 / 120, 1 / 15, 1 / 45], rel=1e-12)
+    # each rollout's tokens carry 1/3 in all, and r1 weighs exactly what it would have as one row
+    assert w[0] * 10 + w[1] * 30 == pytest.approx(1 / 3) and w[2] * 5 == pytest.approx(1 / 3)
+    unsplit = row_weights([40, 5, 15], ["r1", "r2", "r3"], LossConfig(normalization="seq_mean_token_mean"))
+    assert unsplit == pytest.approx([1 / 120, 1 / 15, 1 / 45], rel=1e-12)
+
+
+def test_constant_weighs_every_token_one_over_c_split_or_not():
+    cfg = LossConfig(normalization="constant", constant=100.0)
+    assert row_weights(SPLIT_TOKENS, SPLIT_IDS, cfg) == [0.01, 0.01, 0.01, 0.01]
+    # r1's 40 tokens carry 0.4 in all, as one row or two; the step's total is 60/100, not 1
+    assert row_weights([40, 5, 15], ["r1", "r2", "r3"], cfg) == [0.01, 0.01, 0.01]
+    token_mean = row_weights(SPLIT_TOKENS, SPLIT_IDS, LossConfig())
+    assert token_mean == pytest.approx([1 / 60] * 4, rel=1e-12)
+
+
+def test_trainer_weighs_the_rows_of_a_split_rollout_as_one_rollout(tiny_model_dir):
+    trainer = Trainer(tiny_model_dir, TrainerConfig(loss=LossConfig(normalization="seq_mean_token_mean")))
+    prep = trainer.prepare(random_rows(1, ROLLOUTS), advantages())
+    mass: dict[str, float] = {}
+    for mb, weights in zip(prep.batches, prep.weights, strict=True):
+        for i, w in zip(mb.index, weights.tolist(), strict=True):
+            row = prep.rows[i]
+            mass[row.rollout_id] = mass.get(row.rollout_id, 0.0) + w * row.trained_tokens
+    # a1 (3 rows), a3 and b0 (2 rows each) weigh as much as the one-row rollouts: 1/6 each
+    assert mass == pytest.approx(dict.fromkeys(ROLLOUTS, 1 / 6), rel=1e-6)
 
 
 def test_ppo_clip_uses_separate_low_and_high_epsilons():
@@ -109,7 +140,10 @@ def test_k3_kl_is_zero_at_the_parent_and_positive_away_from_it():
 
 
 def test_bad_loss_settings_are_named_errors():
-    with pytest.raises(LossConfigError):
+    with pytest.raises(LossConfigError, match="unknown normalization"):
         LossConfig(normalization="sum")  # type: ignore[arg-type]
-    with pytest.raises(LossConfigError):
-        LossConfig(normalization="constant")
+    for bad in (None, 0.0, -5.0, float("inf")):
+        with pytest.raises(LossConfigError, match="positive finite"):
+            LossConfig(normalization="constant", constant=bad)
+    with pytest.raises(LossConfigError, match="only read by"):
+        LossConfig(normalization="token_mean", constant=100.0)

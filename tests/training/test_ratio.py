@@ -1,8 +1,10 @@
 """On the first update the trainer's probability of every trained token equals the engine's (ratio 1 within
-1e-4), at T=1.0 and T=0.7, for a multi-turn merged row: the trainer's logprobs are the sampler's."""
+1e-4) for multi-turn merged rows sampled at T=1.0, T=0.7 and greedily, scored together in one micro-batch
+at each row's own recorded temperature: the trainer's logprobs are the sampler's."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -40,6 +42,7 @@ def sampled_trace(engine: Engine, temperature: float, seed: int) -> list[Span]:
                 response_token_ids=gen.token_ids,
                 response_logprobs=gen.logprobs,
                 finish_reason="stop",  # bridge even a cut-off turn: the test is about the ratio
+                attributes={"temperature": temperature},  # as the gateway records it
             )
         )
         tool = engine.encode("<|im_end|>\n<|im_start|>tool\n19<|im_end|>\n<|im_start|>assistant\n")
@@ -47,22 +50,27 @@ def sampled_trace(engine: Engine, temperature: float, seed: int) -> list[Span]:
     return spans
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_first_update_ratio_is_one_on_every_trained_token(engine, base_model_dir, temperature):
+TEMPERATURES = [1.0, 0.7, 0.0]
+
+
+def test_first_update_ratio_is_one_on_every_trained_token_at_each_rows_temperature(engine, base_model_dir):
     rows = []
-    for seed in range(4):
+    for seed, temperature in enumerate(TEMPERATURES * 2):
         r, stats = merge_calls(sampled_trace(engine, temperature, seed))
-        assert len(r) == 1 and stats.bridges == 1
+        assert len(r) == 1 and stats.bridges == 1 and r[0].temperature == temperature
         rows += r
     model = load_model(base_model_dir)
     mb = collate(rows, list(range(len(rows))))  # rows of different lengths: padding and attention mask
+    assert mb.temperatures.tolist() == pytest.approx([1.0, 0.7, 1.0] * 2)  # greedy rows: scored at T=1
     with torch.no_grad():
-        logp = response_logprobs(model, mb, temperature)
+        logp = response_logprobs(model, mb)
     on = mb.mask > 0
-    assert int(on.sum()) >= 4 * 2
+    assert int(on.sum()) >= len(rows) * 2
     log_ratio = (logp - mb.behaviour)[on]
     assert float(log_ratio.abs().max()) < math.log1p(1e-4), float(log_ratio.abs().max())
-    # and the check can fail: the wrong temperature is far off
-    with torch.no_grad():
-        wrong = response_logprobs(model, mb, 1.0 if temperature != 1.0 else 0.5)
-    assert float((wrong - mb.behaviour)[on].abs().max()) > 1e-2
+    # and the check can fail: one temperature for every row is far off on the rows sampled at another
+    for wrong in (1.0, 0.7):
+        uniform = dataclasses.replace(mb, temperatures=torch.full_like(mb.temperatures, wrong))
+        with torch.no_grad():
+            off = response_logprobs(model, uniform)
+        assert float((off - mb.behaviour)[on].abs().max()) > 1e-2

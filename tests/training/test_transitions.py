@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_dagster.training.transitions import (
+    MissingTemperature,
     Row,
     TransitionConfig,
     TransitionError,
@@ -15,7 +16,13 @@ from lightning_dagster.types import Span, SpanKind
 
 
 def llm(
-    seq: int, prompt: list[int], response: list[int], *, finish: str = "stop", attempt: str = "at-1"
+    seq: int,
+    prompt: list[int],
+    response: list[int],
+    *,
+    finish: str = "stop",
+    attempt: str = "at-1",
+    temperature: float = 1.0,
 ) -> Span:
     return Span(
         rollout_id="ro-1",
@@ -26,6 +33,7 @@ def llm(
         response_token_ids=response,
         response_logprobs=[-0.1 * (seq + 1) - 0.01 * i for i in range(len(response))],
         finish_reason=finish,
+        attributes={"temperature": temperature},
     )
 
 
@@ -138,3 +146,35 @@ def test_llm_span_without_tokens_is_a_named_error():
     bad = Span(rollout_id="ro-1", attempt_id="at-1", kind=SpanKind.llm, prompt_token_ids=[1])
     with pytest.raises(TransitionError):
         merge_calls([bad])
+
+
+def test_rows_carry_the_temperature_their_calls_were_sampled_at():
+    spans = agent_trace(3)
+    for s in spans:
+        s.attributes["temperature"] = 0.7
+    (row,), _ = merge_calls(spans)
+    assert row.temperature == 0.7
+
+
+def test_a_call_at_another_temperature_starts_a_counted_new_row():
+    spans = agent_trace(4)
+    spans[2].attributes["temperature"] = 0.0  # e.g. a greedy call in the middle of a sampled attempt
+    spans[3].attributes["temperature"] = 0.0
+    rows, stats = merge_calls(spans)
+    assert [r.temperature for r in rows] == [1.0, 0.0]
+    assert [r.span_ids for r in rows] == [
+        [spans[0].span_id, spans[1].span_id],
+        [spans[2].span_id, spans[3].span_id],
+    ]
+    assert stats.temperature_splits == 1 and stats.bridges == 2 and not stats.mismatches
+    assert stats.to_dict()["temperature_splits"] == 1
+    assert_invariant(rows[0], spans[:2])
+    assert_invariant(rows[1], spans[2:])
+
+
+@pytest.mark.parametrize("attributes", [{}, {"temperature": None}, {"temperature": "1.0"}])
+def test_llm_span_without_a_recorded_temperature_is_a_named_error(attributes):
+    spans = agent_trace(2)
+    spans[1].attributes = attributes
+    with pytest.raises(MissingTemperature, match=spans[1].span_id):
+        merge_calls(spans)
