@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lightning_dagster.engine import build_base_model
 from lightning_dagster.gateway.local import LocalGateway
-from lightning_dagster.harnesses.registry import get_harness
+from lightning_dagster.harnesses.registry import get_harness, training_corpus
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
 from lightning_dagster.store import Store
 
@@ -74,7 +74,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ld-bench-runner-") as tmp:
         tmp = Path(tmp)
-        model = args.model or build_base_model(tmp / "model")
+        model = args.model or build_base_model(tmp / "model", corpus=training_corpus())
         store = Store(f"sqlite:///{tmp / 'store.db'}")
         calc = get_harness("calc")
         harnesses = {

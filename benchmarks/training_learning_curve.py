@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from lightning_dagster.engine.build import build_base_model
+from lightning_dagster.harnesses.registry import training_corpus
 from lightning_dagster.store import Store
 from lightning_dagster.training.loop import RLConfig, StepSettings, train_rl
 from lightning_dagster.training.trainer import TrainerConfig
@@ -43,7 +44,7 @@ def main() -> int:
     if parent is None:
         t = time.perf_counter()
         ws = warm_start(
-            store, build_base_model(work / "base", seed=args.seed), work / "warm", WarmStartConfig()
+            store, build_base_model(work / "base", corpus=training_corpus(seed=args.seed), seed=args.seed), work / "warm", WarmStartConfig()
         )
         parent = ws.model_dir
         print(

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from lightning_dagster.engine.build import build_base_model
-from lightning_dagster.harnesses.registry import get_harness
+from lightning_dagster.harnesses.registry import get_harness, training_corpus
 from lightning_dagster.runner.service import RolloutService
 from lightning_dagster.store import Store
 from lightning_dagster.training.advantages import compute_advantages
@@ -73,7 +73,7 @@ def main() -> int:
     parent = (
         args.parent
         or warm_start(
-            store, build_base_model(work / "base", seed=0), work / "warm", WarmStartConfig()
+            store, build_base_model(work / "base", corpus=training_corpus(seed=0), seed=0), work / "warm", WarmStartConfig()
         ).model_dir
     )
     tasks = get_harness("calc").make_tasks("train", args.tasks * args.rounds, 0)

@@ -12,6 +12,7 @@ from lightning_dagster.pipeline.results import StageResult
 
 def bootstrap_parent(p: Any, *, actor: str = "bootstrap") -> StageResult:
     from lightning_dagster.engine import build_base_model
+    from lightning_dagster.harnesses.registry import training_corpus
     from lightning_dagster.registry.core import APPROVED
     from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
 
@@ -21,7 +22,7 @@ def bootstrap_parent(p: Any, *, actor: str = "bootstrap") -> StageResult:
         return StageResult(metadata={"approved_default": current, "bootstrapped": False})
     base = config.models_dir() / "base"
     if not (base / "config.json").is_file():
-        build_base_model(base, seed=p.model.seed)
+        build_base_model(base, corpus=training_corpus(seed=p.model.seed), seed=p.model.seed)
     t = p.training
     result = warm_start(
         p.get_store(),

@@ -103,7 +103,7 @@ class TrainingResource(dg.ConfigurableResource):
     max_attempts: int = 1
     attempt_timeout_s: float = 120.0  # a harness attempt still running after this ends in `timeout`
     advantage: str = "grpo"  # rollout-level advantage mode (training.advantages)
-    # how per-token losses are weighted (training.loss): token_mean, seq_mean_token_mean, rollout_mean, or
+    # how per-token losses are weighted (training.loss): token_mean, seq_mean_token_mean (per rollout), or
     # constant (Dr. GRPO's fixed denominator, `loss_constant`, e.g. the token budget of a step)
     loss_normalization: str = "token_mean"
     loss_constant: float | None = None

@@ -82,8 +82,9 @@ def _run(args: argparse.Namespace) -> int:
         model_dir = args.model or config.models_dir() / "base"
         if not (model_dir / "config.json").exists():
             from lightning_dagster.engine import build_base_model
+            from lightning_dagster.harnesses.registry import training_corpus
 
-            build_base_model(model_dir)
+            build_base_model(model_dir, corpus=training_corpus())
         resource_id = model_resource(store, model_dir).resource_id
     with LocalGateway(
         store, model_dir, serving=args.serving, upstream_url=args.upstream_url, resource_id=resource_id

@@ -22,8 +22,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--loss-normalization", default="token_mean",
-                        help="how per-token losses are weighted: token_mean, seq_mean_token_mean, rollout_mean or "
-                        "constant (Dr. GRPO, needs --loss-constant); see training.loss")  # fmt: skip
+                        help="how per-token losses are weighted: token_mean, seq_mean_token_mean (each rollout "
+                        "weighs one) or constant (Dr. GRPO, needs --loss-constant); see training.loss")  # fmt: skip
     parser.add_argument("--loss-constant", type=float, default=None,
                         help="the fixed denominator of --loss-normalization constant")  # fmt: skip
     parser.add_argument("--serving", choices=("thread", "process"), default="process",
@@ -42,6 +42,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def find_or_build_parent(store, harness: str, *, seed: int, log) -> tuple[Path, str]:
     """The store's warm-started parent for `harness` (its checkpoint still on disk), else build one."""
     from lightning_dagster.engine.build import build_base_model
+    from lightning_dagster.harnesses.registry import training_corpus
     from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
 
     for r in reversed(store.list_resources()):
@@ -50,7 +51,7 @@ def find_or_build_parent(store, harness: str, *, seed: int, log) -> tuple[Path, 
                 return Path(r.uri), r.resource_id
     base = config.models_dir() / "base"
     if not (base / "config.json").exists():
-        build_base_model(base, seed=seed)
+        build_base_model(base, corpus=training_corpus(seed=seed), seed=seed)
     result = warm_start(
         store,
         base,

@@ -11,6 +11,7 @@ import pytest
 
 from lightning_dagster.engine import BatchingEngine, Engine, build_base_model
 from lightning_dagster.gateway import EngineBackend, GatewayServer, UpstreamBackend, attempt_key, create_app
+from lightning_dagster.harnesses.registry import training_corpus
 from lightning_dagster.store import Store
 from lightning_dagster.types import Rollout, RolloutKind
 from tests.gateway.scripted import script_weights, spell
@@ -24,7 +25,9 @@ TOOL_CALL_TEXT = '<tool_call>{"name": "now"}</tool_call>'
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
-    return build_base_model(tmp_path_factory.mktemp("gateway-model") / "base", seed=0)
+    return build_base_model(
+        tmp_path_factory.mktemp("gateway-model") / "base", corpus=training_corpus(seed=0), seed=0
+    )
 
 
 @pytest.fixture(scope="session")

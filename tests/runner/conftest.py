@@ -7,13 +7,14 @@ import pytest
 
 from lightning_dagster.engine import build_base_model
 from lightning_dagster.gateway.local import LocalGateway
+from lightning_dagster.harnesses.registry import training_corpus
 from lightning_dagster.runner.service import model_resource
 from lightning_dagster.store import Store
 
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
-    return build_base_model(tmp_path_factory.mktemp("model") / "base")
+    return build_base_model(tmp_path_factory.mktemp("model") / "base", corpus=training_corpus())
 
 
 @pytest.fixture(scope="session")

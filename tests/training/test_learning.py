@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lightning_dagster.engine.build import build_base_model
+from lightning_dagster.harnesses.registry import training_corpus
 from lightning_dagster.store import Store
 from lightning_dagster.training.loop import RLConfig, train_rl
 from lightning_dagster.training.trainer import TrainerConfig
@@ -37,7 +38,7 @@ def test_candidate_beats_warm_started_parent_in_sampled_success():
 
 def run(work: Path) -> None:
     store = Store(f"sqlite:///{work / 'store.db'}")
-    base = build_base_model(work / "base", seed=0)
+    base = build_base_model(work / "base", corpus=training_corpus(seed=0), seed=0)
     ws = warm_start(store, base, work / "warm", WarmStartConfig(seed=0))
     assert 0.1 <= ws.probe_success <= 0.5, ws.history[-3:]
     config = RLConfig(steps=RL_STEPS, eval_every=LAST_TWO[0], heldout_tasks=300, seed=0,
