@@ -1,7 +1,7 @@
 """The seven gate checks as blocking asset checks, each on the asset whose evidence it judges.
 
 ERROR severity and `blocking=True`: a failing check stops every downstream asset in the same run. The
-judgement itself is the gate's (`lightning_dagster.gate`), reached through `stages.judge`.
+judgement itself is the gate's (`lightning_dagster.gate`), reached through `pipeline.stages.release.judge`.
 """
 
 import warnings
@@ -18,7 +18,7 @@ from lightning_dagster.assets import (
 )
 from lightning_dagster.assets.metadata import check_result
 from lightning_dagster.partitions import snapshots
-from lightning_dagster.pipeline import stages
+from lightning_dagster.pipeline.stages import release
 from lightning_dagster.resources import PipelineResource
 
 
@@ -35,7 +35,7 @@ def gate_check(
             asset=asset, name=name, description=description, blocking=True, partitions_def=snapshots
         )
         def _check(context: dg.AssetCheckExecutionContext, pipeline: PipelineResource) -> dg.AssetCheckResult:
-            return check_result(stages.judge(pipeline, context.partition_key, check_id))
+            return check_result(release.judge(pipeline, context.partition_key, check_id))
 
     return _check
 

@@ -93,7 +93,7 @@ class DrillResult:
     def ok(self) -> bool:
         return self.resolved and self.hash_ok and self.loaded and self.served
 
-    def as_receipt_drill(self, parent_id: str, environment: str = "registry drill gateway") -> Any:
+    def to_receipt_drill(self, parent_id: str, environment: str = "registry drill gateway") -> Any:
         """The gate receipt's `RollbackDrill`: a step after the first failure was not tried (None), and an
         unreachable MLflow leaves resolution unavailable (None) rather than failed."""
         from lightning_dagster.gate.receipt import RollbackDrill

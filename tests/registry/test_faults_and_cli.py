@@ -69,7 +69,7 @@ def test_mlflow_outage_fails_clearly_and_heals(registry, variant, tracking):
     assert [m.to_value for m in registry.history()] == [parent.version, first.version]
     drill = registry.rollback_drill(parent.version, record=False)
     assert not drill.resolved and not drill.ok and drill.unavailable and "unavailable" in drill.error
-    evidence = drill.as_receipt_drill("res-parent")
+    evidence = drill.to_receipt_drill("res-parent")
     assert (evidence.resolved, evidence.loaded, evidence.routed_back) == (None, None, None)
 
     # 3. The server comes back on the same backend store: the mirror is still behind until the next

@@ -205,7 +205,7 @@ def test_rollback_restores_the_exact_parent(registry, variant):
 
     drill = registry.rollback_drill(parent.version)
     assert drill.ok and drill.hash_ok and drill.loaded and drill.served, drill
-    evidence = drill.as_receipt_drill("res-parent")
+    evidence = drill.to_receipt_drill("res-parent")
     assert (evidence.resolved, evidence.loaded, evidence.routed_back) == (True, True, True)
     (recorded,) = registry.store.document_versions(
         "rollback_drills", f"{registry.model_name}/{parent.version}"
