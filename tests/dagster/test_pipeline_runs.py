@@ -70,6 +70,14 @@ def test_one_partition_materializes_end_to_end_on_sqlite(sqlite_snapshot):
     receipt = ctx.find_receipt(p.get_store(), key)
     assert receipt.gate.verdict == PROMOTE
     assert [a.actor for a in receipt.approvals] == ["alice"]
+    # Every rollout the stages enqueued carries the snapshot key: the plan's count of each kind, found by it.
+    by_kind: dict = {}
+    for r in p.get_store().query_rollouts(snapshot_key=key):
+        by_kind[r.kind] = by_kind.get(r.kind, 0) + 1
+    assert by_kind == receipt.plan.expected_rollouts
+    assert (
+        receipt.candidate.model_version == ctx.load_stage(p.get_store(), key, "candidate_resource")["version"]
+    )
     # The lineage the UI shows: candidate metadata names its snapshot, parent, evaluator and checkpoint URI.
     (candidate,) = [
         e
