@@ -5,7 +5,7 @@ import dagster as dg
 from lightning_dagster.assets import snapshot_assets
 from lightning_dagster.assets.metadata import to_metadata
 from lightning_dagster.partitions import snapshots
-from lightning_dagster.pipeline import stages
+from lightning_dagster.pipeline.stages import release
 from lightning_dagster.resources import PipelineResource
 
 continual_learning = dg.define_asset_job(
@@ -45,7 +45,7 @@ def approve_receipt(config: ApproveConfig, pipeline: PipelineResource) -> dg.Out
     return dg.Output(
         None,
         metadata=to_metadata(
-            stages.approve(pipeline, config.snapshot_key, config.actor, config.role).metadata
+            release.approve(pipeline, config.snapshot_key, config.actor, config.role).metadata
         ),
     )
 
@@ -53,14 +53,14 @@ def approve_receipt(config: ApproveConfig, pipeline: PipelineResource) -> dg.Out
 @dg.op(description="Promote by compare-and-set; refuses a HOLD or stale receipt and an unauthorized actor.")
 def promote_candidate(config: PromoteConfig, pipeline: PipelineResource) -> dg.Output:
     return dg.Output(
-        None, metadata=to_metadata(stages.promote(pipeline, config.receipt_id, config.actor).metadata)
+        None, metadata=to_metadata(release.promote(pipeline, config.receipt_id, config.actor).metadata)
     )
 
 
 @dg.op(description="Roll `approved-default` back to an exact earlier version after verifying its bytes.")
 def rollback_default(config: RollbackConfig, pipeline: PipelineResource) -> dg.Output:
     return dg.Output(
-        None, metadata=to_metadata(stages.rollback(pipeline, config.target_version, config.actor).metadata)
+        None, metadata=to_metadata(release.rollback(pipeline, config.target_version, config.actor).metadata)
     )
 
 

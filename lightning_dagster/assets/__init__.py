@@ -1,7 +1,7 @@
 """The snapshot-partitioned asset graph: one partition per data snapshot, one thin call per asset.
 
-Every asset body is wiring: it calls one function of `lightning_dagster.pipeline.stages` (which calls the
-store, runner, trainer, gate and registry) and turns its result into metadata. Big artifacts (checkpoints,
+Every asset body is wiring: it calls one function of its group's module in `lightning_dagster.pipeline.stages`
+(which calls the store, runner, trainer, gate and registry) and turns its result into metadata. Big artifacts (checkpoints,
 transition files) are written by the stage and referenced by URI, never pickled through an IO manager.
 """
 
@@ -9,7 +9,8 @@ import dagster as dg
 
 from lightning_dagster.assets.metadata import materialized
 from lightning_dagster.partitions import snapshots
-from lightning_dagster.pipeline import stages
+from lightning_dagster.pipeline.stages import evaluation, release, snapshot, training
+from lightning_dagster.pipeline.stages import rollouts as rollout_stages
 from lightning_dagster.pipeline.versions import code_version
 from lightning_dagster.resources import PipelineResource
 
@@ -24,7 +25,7 @@ TRAINER_POOL = "trainer"
 )
 def tasks(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The snapshot's train / holdout / protected / canary task sets, frozen by content hash."""
-    return materialized(stages.tasks(pipeline, context.partition_key))
+    return materialized(snapshot.tasks(pipeline, context.partition_key))
 
 
 @dg.asset(
@@ -37,7 +38,7 @@ def tasks(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.M
 def update_plan(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Receipt phase 1: candidate id, exact parent, snapshots, evaluator, algorithm, scope, approvers, expected
     span families and retry budget, frozen before any rollout runs."""
-    return materialized(stages.update_plan(pipeline, context.partition_key))
+    return materialized(snapshot.update_plan(pipeline, context.partition_key))
 
 
 @dg.asset(
@@ -50,7 +51,7 @@ def update_plan(context: dg.AssetExecutionContext, pipeline: PipelineResource) -
 def rollouts(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The harness run on every train task x group size through the gateway serving the exact parent; every
     attempt kept with its ending and reason."""
-    return materialized(stages.rollouts(pipeline, context.partition_key))
+    return materialized(rollout_stages.rollouts(pipeline, context.partition_key))
 
 
 @dg.asset(
@@ -62,7 +63,7 @@ def rollouts(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> d
 )
 def spans(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """LLM, tool and reward spans of the snapshot's rollouts, with coverage against the expected families."""
-    return materialized(stages.spans(pipeline, context.partition_key))
+    return materialized(rollout_stages.spans(pipeline, context.partition_key))
 
 
 @dg.asset(
@@ -76,7 +77,7 @@ def training_transitions(
     context: dg.AssetExecutionContext, pipeline: PipelineResource
 ) -> dg.MaterializeResult:
     """Merged token rows with loss masks, behaviour logprobs and rollout-level advantages, stored as a file."""
-    return materialized(stages.training_transitions(pipeline, context.partition_key))
+    return materialized(training.training_transitions(pipeline, context.partition_key))
 
 
 @dg.asset(
@@ -89,7 +90,7 @@ def training_transitions(
 )
 def candidate_resource(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The parent updated by the trainer: checkpoint, MLflow model version with lineage, `latest-candidate`."""
-    return materialized(stages.candidate_resource(pipeline, context.partition_key, run_id=context.run_id))
+    return materialized(training.candidate_resource(pipeline, context.partition_key, run_id=context.run_id))
 
 
 @dg.asset(
@@ -101,7 +102,7 @@ def candidate_resource(context: dg.AssetExecutionContext, pipeline: PipelineReso
 )
 def holdout_evaluation(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Candidate against its exact parent on the closed held-out set and the protected cases, same seeds."""
-    return materialized(stages.holdout_evaluation(pipeline, context.partition_key))
+    return materialized(evaluation.holdout_evaluation(pipeline, context.partition_key))
 
 
 @dg.asset(
@@ -113,7 +114,7 @@ def holdout_evaluation(context: dg.AssetExecutionContext, pipeline: PipelineReso
 )
 def canary_results(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The bounded canary under its limits, each outcome verified at its destination."""
-    return materialized(stages.canary_results(pipeline, context.partition_key))
+    return materialized(evaluation.canary_results(pipeline, context.partition_key))
 
 
 @dg.asset(
@@ -125,7 +126,7 @@ def canary_results(context: dg.AssetExecutionContext, pipeline: PipelineResource
 )
 def rollback_drill(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The exact parent loaded and served in a separate gateway, routing returned to it, its bytes verified."""
-    return materialized(stages.rollback_drill(pipeline, context.partition_key))
+    return materialized(release.rollback_drill(pipeline, context.partition_key))
 
 
 @dg.asset(
@@ -146,7 +147,7 @@ def rollback_drill(context: dg.AssetExecutionContext, pipeline: PipelineResource
 def release_receipt(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Receipt phases 2 and 3 and the verdict under the versioned policy. Re-judges all seven checks itself,
     so a run that selects only this asset bypasses nothing."""
-    return materialized(stages.release_receipt(pipeline, context.partition_key, run_id=context.run_id))
+    return materialized(release.release_receipt(pipeline, context.partition_key, run_id=context.run_id))
 
 
 snapshot_assets = [

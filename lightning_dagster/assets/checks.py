@@ -2,7 +2,7 @@
 and descriptions are the gate's (`lightning_dagster.gate.check_ids.Check`).
 
 ERROR severity and `blocking=True`: a failing check stops every downstream asset in the same run. The
-judgement itself is the gate's (`lightning_dagster.gate`), reached through `stages.judge`.
+judgement itself is the gate's (`lightning_dagster.gate`), reached through `pipeline.stages.release.judge`.
 """
 
 import warnings
@@ -20,7 +20,7 @@ from lightning_dagster.assets import (
 from lightning_dagster.assets.metadata import check_result
 from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.partitions import snapshots
-from lightning_dagster.pipeline import stages
+from lightning_dagster.pipeline.stages import release
 from lightning_dagster.resources import PipelineResource
 
 # The asset whose materialization brings the evidence each check judges.
@@ -50,7 +50,7 @@ def gate_check(check: Check) -> dg.AssetChecksDefinition:
             partitions_def=snapshots,
         )
         def _check(context: dg.AssetCheckExecutionContext, pipeline: PipelineResource) -> dg.AssetCheckResult:
-            return check_result(stages.judge(pipeline, context.partition_key, check))
+            return check_result(release.judge(pipeline, context.partition_key, check))
 
     return _check
 

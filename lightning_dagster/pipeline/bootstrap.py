@@ -3,14 +3,17 @@ and made `approved-default` by a recorded pointer move. Runs once; later calls r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lightning_dagster import config
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.results import StageResult
 
+if TYPE_CHECKING:
+    from lightning_dagster.pipeline.settings import Pipeline
 
-def bootstrap_parent(p: Any, *, actor: str = "bootstrap") -> StageResult:
+
+def bootstrap_parent(p: Pipeline, *, actor: str = "bootstrap") -> StageResult:
     from lightning_dagster.engine import build_base_model
     from lightning_dagster.harnesses.registry import training_corpus
     from lightning_dagster.registry.core import APPROVED

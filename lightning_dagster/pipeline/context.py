@@ -6,14 +6,24 @@ from __future__ import annotations
 import importlib
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lightning_dagster import config
 from lightning_dagster.pipeline.versions import code_version
 
+if TYPE_CHECKING:
+    from lightning_dagster.gate.ledger import LedgerEntry
+    from lightning_dagster.gate.policy import Policy
+    from lightning_dagster.gate.receipt import CandidateArtifact, ParentRef, Receipt
+    from lightning_dagster.harnesses.registry import HarnessSpec
+    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.registry.core import Registry
+    from lightning_dagster.store import Store
+
 # Store document collections written by the pipeline (append-only, like receipts).
 SNAPSHOTS = "snapshots"  # the frozen task sets of one snapshot
-STAGES = "pipeline"  # what each stage produced for a snapshot: rollout ids, file URIs, model versions
+STAGES = "pipeline"  # what each stage produced for a snapshot: file URIs, checkpoints, scores
+RECEIPT_SNAPSHOTS = "receipt-snapshots"  # receipt id -> the snapshot key it was planned for
 
 
 class StageMissing(LookupError):
@@ -25,7 +35,11 @@ class StageMissing(LookupError):
         self.stage = stage
 
 
-def registry(p: Any):
+class NotRegistered(LookupError):
+    """A receipt names a model the registry has no version of (planned before versions were recorded)."""
+
+
+def registry(p: Pipeline) -> Registry:
     from lightning_dagster.registry.core import Registry
 
     return Registry(
@@ -36,13 +50,13 @@ def registry(p: Any):
     )
 
 
-def policy(p: Any):
+def policy(p: Pipeline) -> Policy:
     from lightning_dagster.gate.policy import load_policy
 
     return load_policy(p.gate.policy_path or None)
 
 
-def harness(name: str):
+def harness(name: str) -> HarnessSpec:
     from lightning_dagster.harnesses.registry import get_harness
 
     return get_harness(name)
@@ -54,6 +68,7 @@ def harness_tools(name: str) -> list[dict]:
 
 
 def receipt_id(key: str) -> str:
+    """The one way from a snapshot key to its receipt id; the way back is `receipt_snapshot`."""
     return f"rcpt-{key}"
 
 
@@ -74,7 +89,7 @@ def candidate_dir(key: str) -> Path:
 # ---------------------------------------------------------------- append-only stage documents
 
 
-def save_doc(store: Any, collection: str, doc_id: str, body: dict) -> int:
+def save_doc(store: Store, collection: str, doc_id: str, body: dict) -> int:
     from lightning_dagster.gate.hashing import content_hash
 
     versions = store.document_versions(collection, doc_id)
@@ -82,23 +97,23 @@ def save_doc(store: Any, collection: str, doc_id: str, body: dict) -> int:
     return store.append_document(collection, doc_id, content_hash(body), body, previous)
 
 
-def load_doc(store: Any, collection: str, doc_id: str) -> dict | None:
+def load_doc(store: Store, collection: str, doc_id: str) -> dict | None:
     versions = store.document_versions(collection, doc_id)
     return versions[-1].body if versions else None
 
 
-def save_stage(store: Any, key: str, stage: str, body: dict) -> None:
+def save_stage(store: Store, key: str, stage: str, body: dict) -> None:
     save_doc(store, STAGES, f"{key}/{stage}", body)
 
 
-def load_stage(store: Any, key: str, stage: str) -> dict:
+def load_stage(store: Store, key: str, stage: str) -> dict:
     body = load_doc(store, STAGES, f"{key}/{stage}")
     if body is None:
         raise StageMissing(key, stage)
     return body
 
 
-def find_receipt(store: Any, key: str):
+def find_receipt(store: Store, key: str) -> Receipt | None:
     """The verified head of the snapshot's receipt (a broken chain raises `TamperedReceipt`), or None."""
     from lightning_dagster.gate import ReceiptLedger
 
@@ -106,18 +121,36 @@ def find_receipt(store: Any, key: str):
     return ledger.head(receipt_id(key)) if ledger.history(receipt_id(key)) else None
 
 
-def head_receipt(store: Any, key: str):
+def head_receipt(store: Store, key: str) -> Receipt:
     receipt = find_receipt(store, key)
     if receipt is None:
         raise StageMissing(key, "update_plan")
     return receipt
 
 
-def append_receipt(store: Any, receipt: Any):
-    """A new receipt version (amendments may only add); returns the ledger entry (version, content_hash)."""
+def append_receipt(store: Store, key: str, receipt: Receipt) -> LedgerEntry:
+    """A new version of the snapshot's receipt (amendments may only add); returns the ledger entry (version,
+    content_hash). The first one also records which snapshot the receipt belongs to."""
     from lightning_dagster.gate import ReceiptLedger
 
+    if receipt.receipt_id != receipt_id(key):
+        raise ValueError(f"receipt {receipt.receipt_id!r} is not the receipt of snapshot {key!r}")
+    if load_doc(store, RECEIPT_SNAPSHOTS, receipt.receipt_id) is None:
+        save_doc(store, RECEIPT_SNAPSHOTS, receipt.receipt_id, {"snapshot_key": key})
     return ReceiptLedger(store).append(receipt)
+
+
+def receipt_snapshot(store: Store, receipt_id: str) -> str | None:
+    """The snapshot key a receipt was planned for, as recorded with its first version; None: unknown."""
+    doc = load_doc(store, RECEIPT_SNAPSHOTS, receipt_id)
+    return None if doc is None else str(doc["snapshot_key"])
+
+
+def registered_version(ref: ParentRef | CandidateArtifact) -> str:
+    """The registry version a receipt records for its parent or candidate."""
+    if ref.model_version is None:
+        raise NotRegistered(f"{ref.resource_id}: the receipt records no registry version")
+    return ref.model_version
 
 
 # ---------------------------------------------------------------- fingerprints for staleness
@@ -128,10 +161,10 @@ def _source_fingerprint(*packages: str) -> str:
     return code_version(*packages)
 
 
-def global_fingerprints(p: Any, parent_weights_hash: str | None) -> dict[str, str | None]:
+def global_fingerprints(p: Pipeline, parent_weights_hash: str | None) -> dict[str, str | None]:
     """What the evidence of any receipt depends on right now, except the model it served (per receipt)."""
     from lightning_dagster.gate.hashing import fingerprint
-    from lightning_dagster.runner import RetryPolicy
+    from lightning_dagster.pipeline.serving import retry_policy
 
     train = p.model.harness
     canary = canary_harness(p)
@@ -149,29 +182,49 @@ def global_fingerprints(p: Any, parent_weights_hash: str | None) -> dict[str, st
         "tool_contract": fingerprint({train: harness_tools(train), canary: harness_tools(canary)}),
         "task_distribution": global_fingerprints_pool(p),
         "parent": parent_weights_hash,
-        "retry_policy": fingerprint(RetryPolicy(max_attempts=1, timeout_s=120.0).to_dict()),
+        "retry_policy": fingerprint(retry_policy(p).to_dict()),
         "permissions": fingerprint(sorted(canary_allowed_tools(p))),
         "destinations": fingerprint(sorted(canary_destinations(p))),
     }
 
 
-def global_fingerprints_pool(p: Any) -> str:
+def global_fingerprints_pool(p: Pipeline) -> str:
     """The task distribution: the harness and the code of its task generators."""
     from lightning_dagster.gate.hashing import fingerprint
 
     return fingerprint({"generator": _source_fingerprint("harnesses"), "harness": p.model.harness})
 
 
-def canary_harness(p: Any) -> str:
+def canary_harness(p: Pipeline) -> str:
     """The canary runs a harness whose effect can be re-read at its destination; the training harness
     when it can (`verify`), else the gate's configured canary harness."""
     return p.model.harness if harness(p.model.harness).verify is not None else p.gate.canary_harness
 
 
-def canary_allowed_tools(p: Any) -> list[str]:
+def canary_allowed_tools(p: Pipeline) -> list[str]:
     names = [t["function"]["name"] for t in harness_tools(canary_harness(p)) if "function" in t]
     return [n for n in names if n not in p.gate.canary_denied_tools]
 
 
-def canary_destinations(p: Any) -> list[str]:
+def canary_destinations(p: Pipeline) -> list[str]:
     return [f"{canary_harness(p)}:destination"]
+
+
+def current_fingerprints(p: Pipeline, key: str) -> dict[str, str | None]:
+    """Fingerprints now: a moved `approved-default`, a changed evaluator or tool contract, or candidate bytes
+    that no longer hash to what the canary served, each void the checks that depended on them."""
+    from lightning_dagster.engine import checkpoint_hash
+    from lightning_dagster.registry.core import APPROVED
+    from lightning_dagster.registry.errors import RegistryError
+
+    try:
+        parent_hash = registry(p).resolve(APPROVED, download=False).weights_hash
+    except RegistryError:
+        parent_hash = None  # unavailable: compared as "not given", so the receipt's own record stands
+    current = global_fingerprints(p, parent_hash)
+    try:
+        checkpoint = Path(load_stage(p.get_store(), key, "candidate_resource")["checkpoint"])
+        current["serving_model"] = checkpoint_hash(checkpoint) if checkpoint.is_dir() else "missing"
+    except StageMissing:
+        current["serving_model"] = None
+    return current

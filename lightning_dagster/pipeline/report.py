@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_dagster.pipeline.results import Link
+
+if TYPE_CHECKING:
+    from lightning_dagster.gate.checks import Evaluation
+    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.registry.core import Registry
 
 
 def family_table(splits: dict[str, list[dict]]) -> str:
@@ -19,7 +24,7 @@ def family_table(splits: dict[str, list[dict]]) -> str:
     return header + "\n".join(rows)
 
 
-def markdown_checks(evaluation: Any) -> str:
+def markdown_checks(evaluation: Evaluation) -> str:
     lines = [f"**{evaluation.verdict}**", "", "| # | check | status | reason |", "|---|---|---|---|"]
     for c in evaluation.checks:
         status = c.status + (" (void)" if c.void else "")
@@ -28,7 +33,7 @@ def markdown_checks(evaluation: Any) -> str:
     return "\n".join(lines)
 
 
-def mlflow_links(p: Any, reg: Any, run_id: str, version: str) -> dict[str, Any]:
+def mlflow_links(p: Pipeline, reg: Registry, run_id: str, version: str) -> dict[str, Any]:
     """Links into the MLflow UI when its URL is configured; the ids otherwise."""
     out: dict[str, Any] = {"mlflow_run_id": run_id, "mlflow_model_version": version}
     ui = p.mlflow.ui_url.rstrip("/")

@@ -1,4 +1,4 @@
-"""Snapshots: the task sets of one partition, frozen by content hash in the store.
+"""Snapshots: the task sets of one partition, frozen by content hash in the store, and their keys.
 
 Train tasks (and the serve rollouts a sensor saw) change from snapshot to snapshot; the held-out and
 protected sets are closed: drawn with the evaluation seed, identical for every snapshot, so candidates of
@@ -7,87 +7,168 @@ different snapshots are judged on the same cases.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
-from typing import Any
+import re
+from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic import BaseModel, ValidationError
+
+from lightning_dagster.gate.hashing import canonical_json, content_hash
 from lightning_dagster.pipeline import context as ctx
+
+if TYPE_CHECKING:
+    from lightning_dagster.gate.receipt import SnapshotRef
+    from lightning_dagster.pipeline.settings import Pipeline
+
+Split = Literal["train", "holdout", "protected", "canary"]
+CLOSED_SPLITS: tuple[Split, ...] = ("holdout", "protected")  # the same cases for every snapshot
+
+# Letters, digits, `.`, `_` and `-` only: the UI and backfills misbehave on commas, pipes and brackets.
+SNAPSHOT_KEY_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_HEX = re.compile(r"[0-9a-f]{8,}")
+
+
+class InvalidSnapshotKey(ValueError):
+    """A snapshot key the `snapshots` partitions refuse."""
 
 
 class SnapshotTampered(ValueError):
-    """A stored snapshot no longer hashes to the content hash it was frozen with."""
+    """A stored snapshot is not a manifest, or no longer hashes to the digest it was frozen with."""
 
 
-def build_manifest(p: Any, *, train_seed: int, serve_rollout_ids: list[str] | None = None) -> dict:
-    """The task sets a snapshot freezes, with a content hash over all of them."""
-    from lightning_dagster.gate.hashing import content_hash
+def validate_snapshot_key(key: str) -> str:
+    if not isinstance(key, str) or not SNAPSHOT_KEY_PATTERN.match(key):
+        raise InvalidSnapshotKey(
+            f"snapshot key {key!r} must be 1-128 characters of letters, digits, '.', '_' or '-'"
+        )
+    return key
 
+
+def snapshot_key(digest: str, at: dt.datetime) -> str:
+    """`snap-20261130T0800Z-1a2b3c4d`: minute of the cut (UTC) and the first 8 hex digits of the digest."""
+    if not _HEX.fullmatch(digest):
+        raise InvalidSnapshotKey(f"digest {digest!r} is not lowercase hex")
+    stamp = at.astimezone(dt.UTC).strftime("%Y%m%dT%H%MZ")
+    return validate_snapshot_key(f"snap-{stamp}-{digest[:8]}")
+
+
+def _digest(obj: Any) -> str:
+    """Hex sha256 over the canonical JSON: the part of a content hash that names and seeds things."""
+    return hashlib.sha256(canonical_json(obj)).hexdigest()
+
+
+class Splits(BaseModel):
+    model_config = {"extra": "forbid", "frozen": True}
+
+    train: list[dict[str, Any]]
+    holdout: list[dict[str, Any]]
+    protected: list[dict[str, Any]]
+    canary: list[dict[str, Any]]
+
+
+class Manifest(BaseModel):
+    """What a snapshot froze: its task sets, the serve rollouts it drew on, and hex digests over them."""
+
+    model_config = {"extra": "forbid", "frozen": True}
+
+    harness: str
+    canary_harness: str
+    train_seed: int
+    splits: Splits
+    serve_rollout_ids: list[str]
+    split_digests: dict[Split, str]
+    digest: str  # over every field above except `split_digests`
+
+    def body(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"digest", "split_digests"})
+
+    @property
+    def content_hash(self) -> str:
+        return f"sha256:{self.digest}"
+
+    def split_hash(self, split: Split) -> str:
+        return f"sha256:{self.split_digests[split]}"
+
+    def verified(self) -> Manifest:
+        body = self.body()
+        if content_hash(body) != self.content_hash or any(
+            _digest(items) != self.split_digests[split] for split, items in body["splits"].items()
+        ):
+            raise SnapshotTampered(f"snapshot content no longer hashes to {self.content_hash}")
+        return self
+
+    @property
+    def base_seed(self) -> int:
+        """The snapshot's base sampling seed (its RL steps sample with `training.loop.step_seed(base_seed,
+        step)`): a re-materialization re-samples exactly the same rollouts."""
+        return int(self.digest[:6], 16)
+
+
+def build_manifest(p: Pipeline, *, train_seed: int, serve_rollout_ids: list[str] | None = None) -> Manifest:
+    """The task sets a snapshot freezes, with digests over all of them."""
     t, spec = p.training, ctx.harness(p.model.harness)
     canary_name = ctx.canary_harness(p)
-    splits = {
-        "train": spec.make_tasks("train", t.steps * t.tasks_per_step, train_seed),
-        "holdout": spec.make_tasks("holdout", t.holdout_tasks, t.eval_seed),
-        "protected": spec.make_tasks("protected", t.protected_tasks, t.eval_seed),
-        "canary": ctx.harness(canary_name).make_tasks("canary", t.canary_tasks, train_seed),
-    }
+    splits = Splits(
+        train=spec.make_tasks("train", t.steps * t.tasks_per_step, train_seed),
+        holdout=spec.make_tasks("holdout", t.holdout_tasks, t.eval_seed),
+        protected=spec.make_tasks("protected", t.protected_tasks, t.eval_seed),
+        canary=ctx.harness(canary_name).make_tasks("canary", t.canary_tasks, train_seed),
+    )
     body = {
         "harness": p.model.harness,
         "canary_harness": canary_name,
         "train_seed": train_seed,
-        "splits": splits,
+        "splits": splits.model_dump(),
         "serve_rollout_ids": sorted(serve_rollout_ids or []),
     }
-    return {
+    return Manifest(
         **body,
-        "split_hashes": {k: content_hash(v) for k, v in splits.items()},
-        "content_hash": content_hash(body),
-    }
+        split_digests={split: _digest(items) for split, items in body["splits"].items()},
+        digest=_digest(body),
+    )
 
 
-def _verified(manifest: dict) -> dict:
-    from lightning_dagster.gate.hashing import content_hash
-
-    body = {
-        k: manifest[k] for k in ("harness", "canary_harness", "train_seed", "splits", "serve_rollout_ids")
-    }
-    if content_hash(body) != manifest["content_hash"]:
-        raise SnapshotTampered(f"snapshot content no longer hashes to {manifest['content_hash']}")
-    return manifest
+def save_manifest(p: Pipeline, key: str, manifest: Manifest) -> None:
+    ctx.save_doc(p.get_store(), ctx.SNAPSHOTS, key, manifest.model_dump())
 
 
-def save_manifest(p: Any, key: str, manifest: dict) -> None:
-    ctx.save_doc(p.get_store(), ctx.SNAPSHOTS, key, manifest)
+def _stored(p: Pipeline, key: str) -> Manifest | None:
+    body = ctx.load_doc(p.get_store(), ctx.SNAPSHOTS, key)
+    if body is None:
+        return None
+    try:
+        return Manifest.model_validate(body).verified()
+    except ValidationError as exc:
+        raise SnapshotTampered(f"snapshot {key}: the stored document is not a manifest: {exc}") from exc
 
 
-def freeze_tasks(p: Any, key: str) -> dict:
+def freeze_tasks(p: Pipeline, key: str) -> Manifest:
     """The snapshot's manifest: the one a sensor froze when it cut the key, or (for a partition added by
     hand in the UI) one frozen now from the key's own seed."""
-    store = p.get_store()
-    manifest = ctx.load_doc(store, ctx.SNAPSHOTS, key)
+    manifest = _stored(p, key)
     if manifest is None:
         seed = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 1_000_000
         manifest = build_manifest(p, train_seed=seed)
         save_manifest(p, key, manifest)
-    return _verified(manifest)
+    return manifest
 
 
-def load_manifest(p: Any, key: str) -> dict:
-    manifest = ctx.load_doc(p.get_store(), ctx.SNAPSHOTS, key)
+def load_manifest(p: Pipeline, key: str) -> Manifest:
+    manifest = _stored(p, key)
     if manifest is None:
         raise ctx.StageMissing(key, "tasks")
-    return _verified(manifest)
+    return manifest
 
 
-def snapshot_refs(manifest: dict) -> dict[str, Any]:
+def snapshot_refs(manifest: Manifest) -> dict[Split, SnapshotRef]:
     from lightning_dagster.gate.receipt import SnapshotRef
 
-    refs = {}
-    for split, items in manifest["splits"].items():
-        digest = manifest["split_hashes"][split]
+    refs: dict[Split, SnapshotRef] = {}
+    for split, items in manifest.splits:
         # Closed sets are named by content (the same for every snapshot); train sets by the snapshot.
-        name = (
-            f"{split}-{digest.split(':')[-1][:12]}"
-            if split in ("holdout", "protected")
-            else f"{split}-{manifest['content_hash'].split(':')[-1][:12]}"
+        digest = manifest.split_digests[split] if split in CLOSED_SPLITS else manifest.digest
+        refs[split] = SnapshotRef(
+            snapshot_id=f"{split}-{digest[:12]}", content_hash=manifest.split_hash(split), n_tasks=len(items)
         )
-        refs[split] = SnapshotRef(snapshot_id=name, content_hash=digest, n_tasks=len(items))
     return refs

@@ -10,11 +10,15 @@ import datetime as dt
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-from lightning_dagster.partitions import snapshot_key
 from lightning_dagster.pipeline import context as ctx
-from lightning_dagster.pipeline.snapshots import build_manifest, save_manifest
+from lightning_dagster.pipeline.snapshots import build_manifest, save_manifest, snapshot_key
+
+if TYPE_CHECKING:
+    from lightning_dagster.gate.receipt import Receipt
+    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.store import Store
 
 PAUSE_FLAG = "continual_learning"
 
@@ -50,7 +54,7 @@ class Stop:
     receipt_id: str | None = None
 
 
-def new_evidence(p: Any, watermark: Watermark, *, force: bool = False) -> NewEvidence:
+def new_evidence(p: Pipeline, watermark: Watermark, *, force: bool = False) -> NewEvidence:
     """Enough finished, rewarded serve rollouts since the watermark, or a changed task pool (or `force`)."""
     from lightning_dagster.types import RolloutKind, RolloutStatus
 
@@ -78,16 +82,16 @@ def new_evidence(p: Any, watermark: Watermark, *, force: bool = False) -> NewEvi
     )
 
 
-def cut_snapshot(p: Any, evidence: NewEvidence, now: dt.datetime) -> str:
+def cut_snapshot(p: Pipeline, evidence: NewEvidence, now: dt.datetime) -> str:
     """Freeze the snapshot's tasks in the store and return its content-hashed partition key."""
     seed = int(now.timestamp()) % 1_000_000
     manifest = build_manifest(p, train_seed=seed, serve_rollout_ids=evidence.serve_rollout_ids)
-    key = snapshot_key(manifest["content_hash"].split(":")[-1], now)
+    key = snapshot_key(manifest.digest, now)
     save_manifest(p, key, manifest)
     return key
 
 
-def _gated(store: Any, keys: list[str]) -> list[Any]:
+def _gated(store: Store, keys: list[str]) -> list[tuple[str, Receipt]]:
     """Receipts of the given snapshots that the gate has judged, oldest first."""
     out = []
     for key in keys:
@@ -97,7 +101,7 @@ def _gated(store: Any, keys: list[str]) -> list[Any]:
     return out
 
 
-def stop_decision(p: Any, keys: list[str]) -> Stop:
+def stop_decision(p: Pipeline, keys: list[str]) -> Stop:
     """Pause on the gate's stop conditions for the latest judged receipt, or when the parent is unavailable;
     the decision and its reason are kept in the store (flag `continual_learning`)."""
     from lightning_dagster.gate.stop import stop_decision as gate_stop
@@ -139,21 +143,20 @@ class StaleMark:
     changed: list[str]
 
 
-def stale_receipts(p: Any, keys: list[str], cursor: str | None) -> tuple[str, list[StaleMark]]:
+def stale_receipts(p: Pipeline, keys: list[str], cursor: str | None) -> tuple[str, list[StaleMark]]:
     """Receipts whose evidence a changed evaluator, tool contract, task distribution or parent voids.
 
     Each receipt is marked once (flag `stale/<receipt_id>`); the cursor is the hash of the fingerprints
     and snapshot count last examined, so an unchanged world costs one hash per tick."""
     from lightning_dagster.gate.hashing import content_hash
     from lightning_dagster.gate.staleness import void_checks
-    from lightning_dagster.pipeline.stages import current_fingerprints
 
     store, pol = p.get_store(), ctx.policy(p)
     marks: list[StaleMark] = []
     gated = _gated(store, keys[-200:])
     world = {"n": len(keys)}
     for key, receipt in gated:
-        current = current_fingerprints(p, key, receipt)
+        current = ctx.current_fingerprints(p, key)
         world[receipt.receipt_id] = current
         if store.get_flag(f"stale/{receipt.receipt_id}") is not None:
             continue
@@ -164,7 +167,5 @@ def stale_receipts(p: Any, keys: list[str], cursor: str | None) -> tuple[str, li
                 f"stale/{receipt.receipt_id}",
                 {"void_checks": {str(k): v for k, v in void.items()}, "at": time.time()},
             )
-            marks.append(
-                StaleMark(receipt.receipt_id.removeprefix("rcpt-"), receipt.receipt_id, void, changed)
-            )
+            marks.append(StaleMark(key, receipt.receipt_id, void, changed))
     return content_hash(world), marks

@@ -11,7 +11,8 @@ import yaml
 
 from lightning_dagster.assets.checks import GATE_CHECKS
 from lightning_dagster.definitions import defs
-from lightning_dagster.partitions import InvalidSnapshotKey, snapshot_key, snapshots, validate_snapshot_key
+from lightning_dagster.partitions import snapshots
+from lightning_dagster.pipeline.snapshots import InvalidSnapshotKey, snapshot_key, validate_snapshot_key
 from lightning_dagster.pipeline.triggers import Watermark
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -70,6 +70,14 @@ def test_one_partition_materializes_end_to_end_on_sqlite(sqlite_snapshot):
     receipt = ctx.find_receipt(p.get_store(), key)
     assert receipt.gate.verdict == PROMOTE
     assert [a.actor for a in receipt.approvals] == ["alice"]
+    # Every rollout the stages enqueued carries the snapshot key: the plan's count of each kind, found by it.
+    by_kind: dict = {}
+    for r in p.get_store().query_rollouts(snapshot_key=key):
+        by_kind[r.kind] = by_kind.get(r.kind, 0) + 1
+    assert by_kind == receipt.plan.expected_rollouts
+    assert (
+        receipt.candidate.model_version == ctx.load_stage(p.get_store(), key, "candidate_resource")["version"]
+    )
     # The lineage the UI shows: candidate metadata names its snapshot, parent, evaluator and checkpoint URI.
     (candidate,) = [
         e
@@ -155,10 +163,7 @@ def test_postgres_instance_blocks_then_approves_then_promotes(postgres_instance)
     assert _launch(
         defs, instance, "promote", "promote_candidate", receipt_id=receipt.receipt_id, actor="bob"
     ).success
-    assert (
-        registry.current(APPROVED)
-        == ctx.find_receipt(p.get_store(), key).candidate.model_version.rsplit("/", 1)[1]
-    )
+    assert registry.current(APPROVED) == ctx.find_receipt(p.get_store(), key).candidate.model_version
     # The materializations are in PostgreSQL.
     assert instance.get_latest_materialization_event(dg.AssetKey("release_receipt")) is not None
 

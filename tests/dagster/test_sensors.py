@@ -9,8 +9,8 @@ import json
 import dagster as dg
 import pytest
 
-from lightning_dagster.partitions import SNAPSHOT_KEY_PATTERN, snapshots
-from lightning_dagster.pipeline import context as ctx
+from lightning_dagster.partitions import snapshots
+from lightning_dagster.pipeline.snapshots import SNAPSHOT_KEY_PATTERN, load_manifest
 from lightning_dagster.pipeline.triggers import PAUSE_FLAG
 from lightning_dagster.resources import MLflowResource
 from lightning_dagster.sensors import continual_learning_sensor, nightly_snapshot
@@ -49,8 +49,8 @@ def test_new_evidence_cuts_a_partition_and_the_cursor_advances(bootstrapped):
     )
     (request,) = first.run_requests
     assert request.partition_key == key and request.run_key == key
-    manifest = ctx.load_doc(p.get_store(), ctx.SNAPSHOTS, key)
-    assert key.endswith(manifest["content_hash"].split(":")[1][:8])
+    manifest = load_manifest(p, key)
+    assert key.endswith(manifest.digest[:8]) and manifest.content_hash == f"sha256:{manifest.digest}"
     cursor = json.loads(first.cursor)
     assert set(cursor) == {"serve_after", "pool"}
 
@@ -63,7 +63,7 @@ def test_new_evidence_cuts_a_partition_and_the_cursor_advances(bootstrapped):
     _serve_rollouts(p.get_store(), 3, "sensor-test")
     fresh = _tick(p, instance, first.cursor)
     (key2,) = fresh.dynamic_partitions_requests[0].partition_keys
-    assert key2 != key and len(ctx.load_doc(p.get_store(), ctx.SNAPSHOTS, key2)["serve_rollout_ids"]) == 3
+    assert key2 != key and len(load_manifest(p, key2).serve_rollout_ids) == 3
     assert json.loads(fresh.cursor)["serve_after"] > cursor["serve_after"]
     assert p.get_store().get_flag(PAUSE_FLAG)["state"] == "running"
 

@@ -1,0 +1,129 @@
+"""Every call the pipeline makes into the serving layer (gateway, engine, runner), and the settings they
+read: the stages only see `rollout_service`, `collect` and `retry_policy`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lightning_dagster.types import Rollout, RolloutKind, Sampling, Span, SpanKind
+
+if TYPE_CHECKING:
+    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.runner import RetryPolicy
+    from lightning_dagster.runner.service import RolloutBatch, RolloutService
+    from lightning_dagster.store import Store
+    from lightning_dagster.training.loop import StepSettings
+    from lightning_dagster.training.trainer import TrainerConfig
+
+
+def retry_policy(p: Pipeline) -> RetryPolicy:
+    """The retry policy every pipeline rollout runs under; staleness fingerprints this same object."""
+    from lightning_dagster.runner import RetryPolicy
+
+    return RetryPolicy(max_attempts=p.training.max_attempts, timeout_s=p.training.attempt_timeout_s)
+
+
+def step_settings(p: Pipeline) -> StepSettings:
+    """What every RL step of the snapshot samples and how its batch becomes rows (shared with `train`)."""
+    from lightning_dagster.training.loop import StepSettings
+
+    t = p.training
+    return StepSettings(group_size=t.group_size, temperature=t.temperature, advantage=t.advantage)  # type: ignore[arg-type]
+
+
+def trainer_config(p: Pipeline) -> TrainerConfig:
+    """The trainer's optimizer and loss settings from the training resource."""
+    from lightning_dagster.training.loss import LossConfig
+    from lightning_dagster.training.trainer import TrainerConfig
+
+    t = p.training
+    loss = LossConfig(normalization=t.loss_normalization, constant=t.loss_constant)  # type: ignore[arg-type]
+    return TrainerConfig(lr=t.learning_rate, loss=loss)
+
+
+class SnapshotService:
+    """A gateway, engine and runner serving one model for one snapshot's rollouts: every rollout it
+    enqueues carries the snapshot key, so the snapshot's rollouts are found by `Rollout.snapshot_key`."""
+
+    def __init__(self, service: RolloutService, snapshot_key: str) -> None:
+        self.service = service
+        self.snapshot_key = snapshot_key
+
+    def __enter__(self) -> SnapshotService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.service.close()
+
+    def run(
+        self, tasks: list[dict], *, group: int, kind: RolloutKind, sampling: Sampling, seed: int, tag: str
+    ) -> RolloutBatch:
+        """Every task `group` times; member g of task t samples with seed (seed, task, g) (common random
+        numbers across the models a snapshot compares)."""
+        return self.service.run(
+            tasks,
+            group=group,
+            kind=kind,
+            sampling=sampling,
+            seed=seed,
+            tag=tag,
+            snapshot_key=self.snapshot_key,
+        )
+
+    def load_weights(self, state_dict: dict, resource_id: str) -> None:
+        """Serve `state_dict` from the next call on; spans record `resource_id`."""
+        self.service.load_weights(state_dict, resource_id)
+
+    def tools_called(self, spans: list[Span]) -> set[str]:
+        """Names of the tools the model called in the responses of these LLM spans."""
+        codec = self.service.codec
+        return {
+            call["function"]["name"]
+            for s in spans
+            if s.kind == SpanKind.llm and s.response_token_ids
+            for call in codec.parse_assistant(codec.decode(s.response_token_ids))[1]
+        }
+
+
+def rollout_service(
+    p: Pipeline,
+    model_dir: Path,
+    *,
+    snapshot_key: str,
+    harness: str,
+    resource_id: str,
+    serves_parent: bool,
+) -> SnapshotService:
+    """The service for one stage, built from the pipeline's settings. A stage that only serves the parent
+    may use the configured upstream (`model.upstream_url`) and runs the gateway in this process; one that
+    serves weights this process trains or loads runs the gateway and engine in a child process, so the
+    harness workers, the HTTP server and the decode loop do not share the trainer's interpreter lock."""
+    from lightning_dagster.runner.service import RolloutService
+
+    upstream = p.model.upstream_url or None
+    service = RolloutService(
+        p.get_store(),
+        None if serves_parent and upstream else model_dir,
+        harness=harness,
+        resource_id=resource_id,
+        parallel=p.gateway.parallel,
+        serving="thread" if serves_parent else "process",
+        runner_mode=p.gateway.runner_mode,  # type: ignore[arg-type]
+        retry_policy=retry_policy(p),
+        upstream_url=upstream if serves_parent else None,
+        host=p.gateway.host,
+        port=p.gateway.port,
+        secret=p.gateway.secret or None,
+        max_batch=p.model.max_batch,
+        threads=p.model.engine_threads,
+    )
+    return SnapshotService(service, snapshot_key)
+
+
+def collect(store: Store, rollouts: list[Rollout]) -> RolloutBatch:
+    """Finished rollouts read back from the store: the spans and reward of each one's final successful
+    attempt, by the same rule a live batch uses."""
+    from lightning_dagster.runner.service import collect_batch
+
+    return collect_batch(store, rollouts)

@@ -1,0 +1,228 @@
+"""The `evaluation` asset group: candidate against its exact parent on the closed sets, and the canary."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lightning_dagster.pipeline import context as ctx
+from lightning_dagster.pipeline.context import StageMissing
+from lightning_dagster.pipeline.results import Markdown, StageResult
+from lightning_dagster.pipeline.serving import rollout_service
+from lightning_dagster.pipeline.snapshots import load_manifest
+from lightning_dagster.types import RolloutKind, Sampling, SpanKind
+
+if TYPE_CHECKING:
+    from lightning_dagster.pipeline.settings import Pipeline
+
+# Held-out success is sampled at T=1.0 (RL's effect shows there); protected cases are decoded greedily, so
+# "the parent passed and the candidate failed" is a regression, not sampling noise.
+HOLDOUT_SAMPLING = Sampling(temperature=1.0)
+PROTECTED_SAMPLING = Sampling(temperature=0.0)
+CANARY_SAMPLING = Sampling(temperature=1.0)
+
+
+def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
+    """Parent and candidate on the same held-out and protected tasks with the same sampling seeds."""
+    from lightning_dagster.gate import receipt as R
+    from lightning_dagster.training.trainer import load_model
+
+    store, reg = p.get_store(), ctx.registry(p)
+    receipt, manifest = ctx.head_receipt(store, key), load_manifest(p, key)
+    plan, t = receipt.plan, p.training
+    if receipt.candidate is None:
+        raise StageMissing(key, "candidate_resource")
+    parent_dir = reg.download(ctx.registered_version(plan.parent))
+    candidate_dir = reg.download(ctx.registered_version(receipt.candidate))
+    holdout, protected = manifest.splits.holdout, manifest.splits.protected
+    scores: dict[str, dict[str, dict[str, float | None]]] = {}
+    with rollout_service(
+        p,
+        parent_dir,
+        snapshot_key=key,
+        harness=p.model.harness,
+        resource_id=plan.parent.resource_id,
+        serves_parent=False,  # the candidate's weights are loaded into it next
+    ) as service:
+        for side, model_dir, resource in (
+            ("parent", None, plan.parent.resource_id),
+            ("candidate", candidate_dir, plan.candidate_id),
+        ):
+            if model_dir is not None:
+                service.load_weights(load_model(model_dir).state_dict(), resource)
+            for kind, items, sampling in (
+                (RolloutKind.holdout, holdout, HOLDOUT_SAMPLING),
+                (RolloutKind.protected, protected, PROTECTED_SAMPLING),
+            ):
+                batch = service.run(
+                    items,
+                    group=1,
+                    kind=kind,
+                    sampling=sampling,
+                    seed=t.eval_seed,
+                    tag=f"{key}-{side}-{kind.value}",
+                )
+                by_task = {r.task_id: batch.rewards.get(r.rollout_id) for r in batch.rollouts}
+                scores.setdefault(side, {})[kind.value] = by_task
+    ctx.save_stage(store, key, "holdout_evaluation", {"scores": scores})
+    families = {task["task_id"]: task["family"] for task in holdout + protected}
+
+    def per_family(side: str) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for task_id, reward in scores[side]["holdout"].items():
+            # A rollout that never posted a reward scored nothing: 0, as `RolloutBatch.success` counts it.
+            out.setdefault(families[task_id], []).append(reward or 0.0)
+        return out
+
+    comparison = R.HoldoutComparison(
+        snapshot_id=plan.holdout_snapshot.snapshot_id,
+        parent_id=plan.parent.resource_id,
+        candidate_id=plan.candidate_id,
+        evaluator=plan.evaluator,
+        seed=t.eval_seed,
+        families=R.family_scores(per_family("candidate"), per_family("parent")),
+    )
+    protected_families: dict[str, dict[str, Any]] = {}
+    for task in protected:
+        entry = protected_families.setdefault(task["family"], {"n": 0, "regressed": [], "missing": 0})
+        entry["n"] += 1
+        before, after = (
+            scores["parent"]["protected"].get(task["task_id"]),
+            scores["candidate"]["protected"].get(task["task_id"]),
+        )
+        if before is None and after is None:
+            entry["missing"] += 1
+        elif (before or 0.0) >= t.success_threshold and (after or 0.0) < t.success_threshold:
+            entry["regressed"].append(task["task_id"])
+    protected_results = R.ProtectedResults(
+        snapshot_id=plan.protected_snapshot.snapshot_id if plan.protected_snapshot else None,
+        parent_id=plan.parent.resource_id,
+        candidate_id=plan.candidate_id,
+        families=[R.ProtectedFamily(family=f, **v) for f, v in sorted(protected_families.items())],
+    )
+    stored = ctx.append_receipt(store, key, R.add_evaluation(receipt, comparison, protected_results))
+    overall = {side: _mean(per_family(side)) for side in ("parent", "candidate")}
+    return StageResult(
+        metadata={
+            "heldout_tasks": len(holdout),
+            "parent_success": overall["parent"],
+            "candidate_success": overall["candidate"],
+            "margin": round(overall["candidate"] - overall["parent"], 4),
+            "per_family": Markdown(
+                "| family | n | parent | candidate | margin |\n|---|---|---|---|---|\n"
+                + "\n".join(
+                    f"| {s.family} | {s.n} | {_fmt(s.parent_mean)} | {_fmt(s.candidate_mean)} | "
+                    f"{_fmt(None if s.parent_mean is None or s.candidate_mean is None else s.candidate_mean - s.parent_mean)} |"
+                    for s in comparison.families
+                )
+            ),
+            "protected_cases": len(protected),
+            "protected_regressions": sum(len(f.regressed) for f in protected_results.families),
+            "receipt_version": stored.version,
+        }
+    )
+
+
+def _mean(groups: dict[str, list[float]]) -> float:
+    values = [v for vs in groups.values() for v in vs]
+    return round(sum(values) / len(values), 4) if values else 0.0
+
+
+def _fmt(x: float | None) -> str:
+    return "unavailable" if x is None else f"{x:+.3f}" if x < 0 else f"{x:.3f}"
+
+
+def canary_results(p: Pipeline, key: str) -> StageResult:
+    """The candidate on the canary tasks under limits; each outcome re-read at its destination (the runner
+    records the harness's `verify` as an `effect` span)."""
+    from lightning_dagster.gate import receipt as R
+
+    store, reg = p.get_store(), ctx.registry(p)
+    receipt, manifest = ctx.head_receipt(store, key), load_manifest(p, key)
+    if receipt.candidate is None:
+        raise StageMissing(key, "candidate_resource")
+    candidate_dir = reg.download(ctx.registered_version(receipt.candidate))
+    name = ctx.canary_harness(p)
+    limits = R.CanaryLimits(
+        max_tasks=p.training.canary_tasks,
+        max_seconds=p.gate.canary_max_seconds,
+        allowed_tools=ctx.canary_allowed_tools(p),
+        max_cost=p.gate.canary_max_cost,
+        allowed_side_effects=ctx.canary_destinations(p),
+    )
+    items = manifest.splits.canary[: limits.max_tasks]
+    with rollout_service(
+        p,
+        candidate_dir,
+        snapshot_key=key,
+        harness=name,
+        resource_id=receipt.plan.candidate_id,
+        serves_parent=False,
+    ) as service:
+        batch = service.run(
+            items,
+            group=1,
+            kind=RolloutKind.canary,
+            sampling=CANARY_SAMPLING,
+            seed=p.training.eval_seed,
+            tag=f"{key}-canary",
+        )
+        all_spans = store.list_spans(rollout_ids=[r.rollout_id for r in batch.rollouts])
+        # A tool counts as used when the model called one the harness offers (only those can act); a call
+        # to a tool that does not exist is answered with an error and has no effect.
+        offered = {t["function"]["name"] for t in ctx.harness_tools(name) if "function" in t}
+        tools_used = sorted(service.tools_called(all_spans) & offered)
+    effects = {
+        s.rollout_id: s.attributes for s in all_spans if s.kind == SpanKind.custom and s.name == "effect"
+    }
+    destination = ctx.canary_destinations(p)[0]
+    canary_tasks = []
+    for r in batch.rollouts:
+        effect = effects.get(r.rollout_id)
+        if effect is None:
+            canary_tasks.append(
+                R.CanaryTask(
+                    task_id=r.task_id,
+                    verified=False,
+                    evidence="reward posted by the harness only"
+                    if r.rollout_id in batch.rewards
+                    else "no outcome",
+                    uncertainty=1.0,
+                    harmful_effect=None,
+                )
+            )
+        else:
+            canary_tasks.append(
+                R.CanaryTask(
+                    task_id=r.task_id,
+                    destination=destination,
+                    verified=bool(effect.get("verified")),
+                    evidence=str(effect.get("reason", "")),
+                    harmful_effect=effect.get("harmful_effect"),
+                )
+            )
+    report = R.CanaryReport(
+        serving_resource_id=receipt.plan.candidate_id,
+        limits=limits,
+        usage=R.CanaryUsage(
+            tasks=len(items),
+            seconds=batch.seconds,
+            tools_used=tools_used,
+            cost=0.0,
+            side_effects=sorted({t.destination for t in canary_tasks if t.destination}),
+        ),
+        tasks=canary_tasks,
+    )
+    stored = ctx.append_receipt(store, key, R.add_canary(receipt, report))
+    verified = sum(t.verified for t in canary_tasks)
+    return StageResult(
+        metadata={
+            "canary_harness": name,
+            "verified": f"{verified} of {len(canary_tasks)}",
+            "verified_share": round(verified / len(canary_tasks), 4) if canary_tasks else None,
+            "harmful_effects": sum(1 for t in canary_tasks if t.harmful_effect),
+            "tools_used": tools_used,
+            "seconds": round(batch.seconds, 2),
+            "limits": limits.model_dump(),
+            "receipt_version": stored.version,
+        }
+    )

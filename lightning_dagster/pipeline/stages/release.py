@@ -1,0 +1,154 @@
+"""The `release` stages: the rollback drill, the gate's checks and verdict, and the pointer operations an
+authorized actor runs (approve, promote, roll back)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lightning_dagster.pipeline import context as ctx
+from lightning_dagster.pipeline.evidence import first_batch, snapshot_rollouts, with_rollout_evidence
+from lightning_dagster.pipeline.report import markdown_checks
+from lightning_dagster.pipeline.results import CheckOutcome, Markdown, StageResult
+from lightning_dagster.types import RolloutKind
+
+if TYPE_CHECKING:
+    from lightning_dagster.gate.receipt import Receipt
+    from lightning_dagster.pipeline.settings import Pipeline
+
+# Checks judged on the first batch alone, where their asset sits: coverage and retry debt of the rollouts
+# sampled from the parent. `release_receipt` judges them again over every rollout against the full plan.
+FIRST_BATCH_CHECKS = frozenset({2, 3})
+
+
+def rollback_drill(p: Pipeline, key: str) -> StageResult:
+    """The registry's drill: resolve, verify bytes, load and serve the exact parent; the pointer stays."""
+    from lightning_dagster.gate import receipt as R
+
+    store, reg = p.get_store(), ctx.registry(p)
+    receipt = ctx.head_receipt(store, key)
+    parent = receipt.plan.parent
+    result = reg.rollback_drill(ctx.registered_version(parent))
+    drill = result.to_receipt_drill(parent.resource_id)
+    stored = ctx.append_receipt(store, key, R.add_rollback_drill(receipt, drill))
+    return StageResult(
+        metadata={
+            "parent": parent.uri,
+            "resolved": drill.resolved,
+            "bytes_verified": result.hash_ok,
+            "loaded": drill.loaded,
+            "served": drill.routed_back,
+            "seconds": result.seconds,
+            "error": result.error,
+            "approvals": [a.model_dump() for a in receipt.approvals],
+            "receipt_version": stored.version,
+        }
+    )
+
+
+def reverified_receipt(p: Pipeline, key: str) -> Receipt:
+    """The receipt as the gate must see it: the ledger head with phase 2 rebuilt from the store over every
+    rollout of the snapshot, every attempt and every span (not copied from an earlier asset)."""
+    store = p.get_store()
+    return with_rollout_evidence(store, ctx.head_receipt(store, key), snapshot_rollouts(store, key))
+
+
+def first_batch_receipt(p: Pipeline, key: str) -> Receipt:
+    """The receipt restricted to the first batch: its rollouts, and the plan's expectation for them."""
+    store = p.get_store()
+    receipt = ctx.head_receipt(store, key)
+    algorithm = receipt.plan.algorithm
+    planned = {RolloutKind.train: int(algorithm["tasks_per_step"]) * int(algorithm["group_size"])}
+    plan = receipt.plan.model_copy(update={"expected_rollouts": planned})
+    restricted = receipt.model_copy(update={"plan": plan})
+    return with_rollout_evidence(store, restricted, first_batch(store, key, receipt))
+
+
+def judge(p: Pipeline, key: str, check_id: int) -> CheckOutcome:
+    """One of the seven checks on the evidence recorded so far (the same function the verdict uses)."""
+    from lightning_dagster.gate.checks import CHECKS
+    from lightning_dagster.gate.staleness import void_checks
+
+    receipt = first_batch_receipt(p, key) if check_id in FIRST_BATCH_CHECKS else reverified_receipt(p, key)
+    pol = ctx.policy(p)
+    result = CHECKS[check_id][1](receipt, pol)
+    void = void_checks(
+        receipt.fingerprints, ctx.current_fingerprints(p, key), required=pol.staleness.required_fingerprints
+    )
+    status, reason = result.status, result.reason
+    if status == "pass" and check_id in void:
+        status, reason = "fail", f"void: {'; '.join(void[check_id])}"
+    return CheckOutcome(
+        check_id, result.name, status, reason, {"figures": result.figures, "policy": pol.version}
+    )
+
+
+def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
+    """Phases 2 and 3 re-verified, all seven checks under the policy, the verdict; appended immutably."""
+    from lightning_dagster.gate import receipt as R
+    from lightning_dagster.gate.checks import evaluate
+
+    store = p.get_store()
+    receipt = reverified_receipt(p, key)
+    pol = ctx.policy(p)
+    evaluation = evaluate(receipt, pol, ctx.current_fingerprints(p, key))
+    final = R.with_gate_record(receipt, evaluation.to_record())
+    stored = ctx.append_receipt(store, key, final)
+    return StageResult(
+        metadata={
+            "verdict": evaluation.verdict,
+            "receipt_id": final.receipt_id,
+            "receipt_version": stored.version,
+            "receipt_hash": stored.content_hash,
+            "policy": f"{pol.version} ({pol.hash[:19]})",
+            "checks": Markdown(markdown_checks(evaluation)),
+            "hold_reasons": evaluation.hold_reasons,
+            "stale_checks": evaluation.stale_checks,
+            "orchestrator_run_id": run_id,
+        },
+        data_version=stored.content_hash,
+    )
+
+
+def approve(p: Pipeline, key: str, actor: str, role: str) -> StageResult:
+    stored = ctx.registry(p).approve(ctx.receipt_id(key), actor, role)
+    return StageResult(
+        metadata={
+            "receipt_id": stored.receipt.receipt_id,
+            "receipt_version": stored.version,
+            "actor": actor,
+            "role": role,
+        }
+    )
+
+
+def promote(p: Pipeline, receipt_id: str, actor: str) -> StageResult:
+    """The registry re-runs the gate on the ledger head with today's fingerprints and refuses HOLD, stale
+    evidence, an unauthorized actor or a moved parent; a receipt `release_receipt` never judged is refused."""
+    from lightning_dagster.registry.errors import PromotionRefused
+
+    store = p.get_store()
+    key = ctx.receipt_snapshot(store, receipt_id)
+    receipt = None if key is None else ctx.find_receipt(store, key)
+    if key is None or receipt is None or receipt.gate is None:
+        raise PromotionRefused(
+            f"receipt {receipt_id!r} has no gate verdict: materialize release_receipt first"
+        )
+    result = ctx.registry(p).promote(
+        receipt_id, actor, policy=ctx.policy(p), current_fingerprints=ctx.current_fingerprints(p, key)
+    )
+    return StageResult(
+        metadata={
+            "approved_default": result.move.to_value,
+            "from": result.move.from_value,
+            "actor": actor,
+            "receipt_id": receipt_id,
+            "mirrored_to_mlflow": result.mirrored,
+        }
+    )
+
+
+def rollback(p: Pipeline, target_version: str, actor: str) -> StageResult:
+    result = ctx.registry(p).rollback(target_version, actor)
+    return StageResult(
+        metadata={"approved_default": result.move.to_value, "from": result.move.from_value, "actor": actor}
+    )

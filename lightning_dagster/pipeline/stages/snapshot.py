@@ -1,0 +1,128 @@
+"""The `snapshot` asset group: the frozen task sets, and receipt phase 1 (the update plan)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from lightning_dagster.pipeline import context as ctx
+from lightning_dagster.pipeline.report import family_table
+from lightning_dagster.pipeline.results import Markdown, StageResult
+from lightning_dagster.pipeline.snapshots import freeze_tasks, load_manifest, snapshot_refs
+from lightning_dagster.types import RolloutKind
+
+if TYPE_CHECKING:
+    from lightning_dagster.gate.ledger import LedgerEntry
+    from lightning_dagster.gate.receipt import Receipt
+    from lightning_dagster.pipeline.settings import Pipeline
+
+
+def tasks(p: Pipeline, key: str) -> StageResult:
+    manifest = freeze_tasks(p, key)
+    splits = dict(manifest.splits)
+    return StageResult(
+        metadata={
+            "snapshot": key,
+            "content_hash": manifest.content_hash,
+            "harness": manifest.harness,
+            **{f"{split}_tasks": len(items) for split, items in splits.items()},
+            "serve_rollouts": len(manifest.serve_rollout_ids),
+            "families": Markdown(family_table(splits)),
+        },
+        data_version=manifest.content_hash,
+    )
+
+
+def update_plan(p: Pipeline, key: str) -> StageResult:
+    """Receipt phase 1, with the parent resolved (bytes verified) and loaded right now."""
+    from lightning_dagster.engine import Engine
+    from lightning_dagster.gate import receipt as R
+    from lightning_dagster.registry.core import APPROVED
+
+    store, reg, manifest = p.get_store(), ctx.registry(p), load_manifest(p, key)
+    existing = ctx.find_receipt(store, key)
+    if existing is not None:
+        # Phase 1 is frozen: re-materializing reports the plan already in the ledger, it never re-plans.
+        return _plan_result(existing, ctx.append_receipt(store, key, existing))
+    parent = reg.resolve(APPROVED)  # raises PointerNotSet: never "whatever is latest"
+    Engine(parent.local_path, threads=p.model.engine_threads)  # loadable, not just resolvable
+    parent_uri = f"models:/{p.mlflow.model_name}/{parent.version}"
+    refs = snapshot_refs(manifest)
+    spec = ctx.harness(p.model.harness)
+    canary_spec = ctx.harness(ctx.canary_harness(p))
+    t = p.training
+    plan = R.Plan(
+        candidate_id=ctx.candidate_id(key),
+        parent=R.ParentRef(
+            resource_id=parent_uri,
+            uri=parent_uri,
+            weights_hash=parent.weights_hash,
+            resolves=True,
+            loads=True,
+            model_version=parent.version,
+        ),
+        train_snapshot=refs["train"],
+        holdout_snapshot=refs["holdout"],
+        protected_snapshot=refs["protected"],
+        canary_snapshot=refs["canary"],
+        evaluator=R.EvaluatorRef(name=p.gate.evaluator, version=p.gate.evaluator_version),
+        algorithm=algorithm(p),
+        code_revision=ctx.code_version("training", "runner", "gateway", "engine"),
+        scope=p.gate.scope,
+        approvers=R.ApproverRoles(canary=p.gate.canary_approver_roles, default=p.gate.default_approver_roles),
+        expected_span_families={
+            RolloutKind.train: list(spec.expected_span_families),
+            RolloutKind.holdout: list(spec.expected_span_families),
+            RolloutKind.protected: list(spec.expected_span_families),
+            RolloutKind.canary: list(canary_spec.expected_span_families),
+        },
+        expected_rollouts={
+            RolloutKind.train: t.steps * t.tasks_per_step * t.group_size,
+            RolloutKind.holdout: 2 * t.holdout_tasks,
+            RolloutKind.protected: 2 * t.protected_tasks,
+            RolloutKind.canary: t.canary_tasks,
+        },
+        retry_budget=R.RetryBudget(
+            expected_sample_retries=0, infrastructure_retries=p.gate.infrastructure_retry_budget
+        ),
+        created_at=time.time(),
+    )
+    fingerprints = ctx.global_fingerprints(p, parent.weights_hash)
+    receipt = R.from_plan(plan, receipt_id=ctx.receipt_id(key), fingerprints=R.Fingerprints(**fingerprints))
+    return _plan_result(receipt, ctx.append_receipt(store, key, receipt))
+
+
+def _plan_result(receipt: Receipt, stored: LedgerEntry) -> StageResult:
+    plan = receipt.plan
+    return StageResult(
+        metadata={
+            "receipt_id": receipt.receipt_id,
+            "receipt_version": stored.version,
+            "candidate_id": plan.candidate_id,
+            "parent": plan.parent.uri,
+            "parent_weights_hash": plan.parent.weights_hash,
+            "evaluator": f"{plan.evaluator.name}@{plan.evaluator.version}",
+            "train_snapshot": plan.train_snapshot.content_hash,
+            "holdout_snapshot": plan.holdout_snapshot.content_hash,
+            "scope": plan.scope,
+            "approvers": plan.approvers.model_dump(),
+            "expected_rollouts": {k.value: v for k, v in (plan.expected_rollouts or {}).items()},
+            "algorithm": plan.algorithm,
+        },
+        data_version=stored.content_hash,
+    )
+
+
+def algorithm(p: Pipeline) -> dict[str, Any]:
+    t = p.training
+    return {
+        "name": t.advantage,
+        "steps": t.steps,
+        "tasks_per_step": t.tasks_per_step,
+        "group_size": t.group_size,
+        "learning_rate": t.learning_rate,
+        "temperature": t.temperature,
+        "loss_normalization": t.loss_normalization,
+        "loss_constant": t.loss_constant,
+        "harness": p.model.harness,
+    }
