@@ -71,3 +71,67 @@ def test_retry_policy_fingerprint_is_the_policy_the_runner_uses(embedded_home):
 def test_promote_refuses_a_receipt_no_snapshot_planned(embedded_home):
     with pytest.raises(PromotionRefused, match="rcpt-unknown"):
         release.promote(pipeline_for(), "rcpt-unknown", "bob")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home, tmp_path):
+    """Runner mode, upstream URL, gateway port and secret, and attempts, set on the resources, are what a
+    stage's service runs with."""
+    from lightning_dagster.engine import build_base_model
+    from lightning_dagster.gateway.server import GatewayServer
+    from lightning_dagster.harnesses.registry import get_harness, training_corpus
+    from lightning_dagster.pipeline.serving import rollout_service
+    from lightning_dagster.resources import GatewayResource, PolicyModelResource
+    from lightning_dagster.types import RolloutKind, Sampling, SpanKind
+    from tests.support.stub_upstream import create_stub_app
+
+    model_dir = build_base_model(tmp_path / "model", corpus=training_corpus(n_per_split=20), seed=0)
+    tasks = get_harness("calc").make_tasks("train", 2, 0)
+    port = free_port()
+    with GatewayServer(create_stub_app()) as upstream:
+        p = pipeline_for().model_copy(
+            update={
+                "model": PolicyModelResource(upstream_url=upstream.url, max_batch=4, engine_threads=1),
+                "gateway": GatewayResource(runner_mode="subprocess", port=port, secret="s3cret", parallel=2),
+                "training": tiny_training(max_attempts=2),
+            }
+        )
+        with rollout_service(
+            p,
+            model_dir,
+            snapshot_key="snap-settings",
+            harness="calc",
+            resource_id="res-p",
+            serves_parent=True,
+        ) as parent:
+            service = parent.service
+            assert service.runner.mode == "subprocess"
+            assert service.retry_policy == retry_policy(p) and service.retry_policy.max_attempts == 2
+            assert service.gateway.url.endswith(f":{port}") and service.gateway.secret == "s3cret"
+            batch = parent.run(tasks, group=1, kind=RolloutKind.train, sampling=Sampling(), seed=1, tag="set")
+        llm = [s for spans in batch.spans.values() for s in spans if s.kind == SpanKind.llm]
+        assert len(batch.spans) == 2 and {s.attributes["backend"] for s in llm} == {"upstream"}
+        assert {r.snapshot_key for r in batch.rollouts} == {"snap-settings"}
+        # A stage that serves weights it trains cannot use an upstream with fixed weights: the embedded
+        # engine serves them, in a child process, under the same runner settings.
+        with rollout_service(
+            p,
+            model_dir,
+            snapshot_key="snap-settings",
+            harness="calc",
+            resource_id="res-c",
+            serves_parent=False,
+        ) as candidate:
+            assert candidate.service.runner.mode == "subprocess"
+            batch = candidate.run(
+                tasks[:1], group=1, kind=RolloutKind.train, sampling=Sampling(), seed=1, tag="c"
+            )
+        llm = [s for spans in batch.spans.values() for s in spans if s.kind == SpanKind.llm]
+        assert llm and {s.attributes["backend"] for s in llm} == {"engine"}

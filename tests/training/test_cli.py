@@ -42,6 +42,6 @@ def test_train_rejects_bad_arguments(capsys):
     assert main(["train", "--steps", "0"]) == 2
     assert "--steps" in capsys.readouterr().err
     assert main(["train", "--loss-normalization", "constant"]) == 2  # Dr. GRPO needs its constant
-    assert "needs a positive `constant`" in capsys.readouterr().err
+    assert "needs a positive finite `constant`" in capsys.readouterr().err
     assert main(["train", "--loss-normalization", "sum"]) == 2
     assert "unknown normalization 'sum'" in capsys.readouterr().err
