@@ -63,7 +63,10 @@ def sqlite_snapshot(bootstrapped):
 @pytest.mark.slow
 def test_one_partition_materializes_end_to_end_on_sqlite(sqlite_snapshot):
     key, results, p = sqlite_snapshot
-    assert all(r.success for r in results)
+    failures = [
+        e.event_specific_data.error.to_string() for r in results for e in r.all_events if e.is_step_failure
+    ]
+    assert all(r.success for r in results), "\n".join(failures)
     assert _materialized(results) == ALL_ASSETS
     checks = _checks(results)
     assert len(checks) == 7 and all(checks.values()), checks

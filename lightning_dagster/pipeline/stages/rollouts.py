@@ -32,12 +32,13 @@ def rollouts(p: Pipeline, key: str) -> StageResult:
         serves_parent=True,
     ) as service:
         batch = sample_step(
-            service,
+            service.service,
             manifest.splits.train[: t.tasks_per_step],
             step=1,
             settings=step_settings(p),
             base_seed=manifest.base_seed,
             tag=f"{key}-s1",
+            snapshot_key=key,
         )
     attempts = store.list_attempts(rollout_ids=[r.rollout_id for r in batch.rollouts])
     evidence = R.rollout_evidence(batch.rollouts, attempts, None)  # span counts belong to `spans`
