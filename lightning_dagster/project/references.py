@@ -63,7 +63,7 @@ def resolve_reference(ref: str, root: Path) -> Any:
 def resolve_callable(ref: str, root: Path) -> Any:
     target = resolve_reference(ref, root)
     if not callable(target):
-        raise ValueError(f"{ref!r} is a {type(target).__name__}, not callable")
+        raise ValueError(f"{ref!r} is not callable ({type(target).__name__})")
     return target
 
 
