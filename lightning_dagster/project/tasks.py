@@ -3,7 +3,7 @@
 Every task is a plain JSON-able dict with every column of its row (missing values as None) and three keys
 set by the loader: `task_id` and `family` (as strings, from the configured columns) and `split`. The set's
 `content_hash` covers the tasks sorted by id: row order and column order do not change it, any value, id
-or split assignment does.
+or split assignment does. Messages count rows from 1, header not counted.
 """
 
 from __future__ import annotations
