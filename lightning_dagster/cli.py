@@ -15,6 +15,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("lightning_dagster.training.cli", "warm-start a parent and train a candidate with RL"),
     "gate": ("lightning_dagster.gate.cli", "evaluate an update receipt under a policy"),
     "registry": ("lightning_dagster.registry.cli", "candidate lineage and the two pointers in MLflow"),
+    "init": ("lightning_dagster.project.scaffold", "write a starter project into a new folder"),
+    "project": ("lightning_dagster.project.cli", "validate a project file and summarize its tasks"),
     "demo": ("lightning_dagster.demo", "run the whole pipeline once on the embedded default"),
 }
 

@@ -1,0 +1,27 @@
+"""The user's project: the file `lightning-dagster.yaml` naming their harness, tasks, judge, model and
+policy, and their tasks read through pandas. Core logic: no Dagster imports.
+
+- `config`: `load_project(path=None) -> Project` (`Harness`, `Tasks`, `Model`), `PROJECT_FILE`.
+- `tasks`: `load_tasks(project) -> TaskSet` (tasks per split, `content_hash`, `require_splits`).
+- `references`: `resolve_callable`, `resolve_agent_class`, `resolve_program` for what the file points at.
+- `errors`: `ProjectError` (file, dotted key, problem) and `TaskDataError`.
+- `scaffold`: `lightning-dagster init DIR` writes the starter project in `starter/`.
+- `cli`: `lightning-dagster project check`, and `add_project_option` / `exits_2_on_project_error`.
+"""
+
+from lightning_dagster.project.config import PROJECT_FILE, Harness, Model, Project, Tasks, load_project
+from lightning_dagster.project.errors import ProjectError, TaskDataError
+from lightning_dagster.project.tasks import TaskSet, load_tasks
+
+__all__ = [
+    "PROJECT_FILE",
+    "Harness",
+    "Model",
+    "Project",
+    "ProjectError",
+    "TaskDataError",
+    "TaskSet",
+    "Tasks",
+    "load_project",
+    "load_tasks",
+]

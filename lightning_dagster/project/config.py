@@ -1,0 +1,304 @@
+"""The project file `lightning-dagster.yaml`: the user's harness, tasks, judge, model and release policy.
+
+`load_project(path)` parses and validates it, resolving every path relative to the file's folder and
+importing every `module:function` it names, so that a project that loads can be run. Every problem is a
+`ProjectError` naming the file, the dotted key and what is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from lightning_dagster.project.errors import ProjectError
+from lightning_dagster.project.references import (
+    resolve_agent_class,
+    resolve_callable,
+    resolve_program,
+)
+
+PROJECT_FILE = "lightning-dagster.yaml"
+HARNESS_KINDS = ("command", "python", "agl")
+Split = Literal["train", "holdout", "protected", "canary"]
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+VALUE_ERROR = "Value error, "
+
+
+def _root(info: ValidationInfo) -> Path:
+    return info.context["root"]
+
+
+def _existing(value: Path, info: ValidationInfo, *, directory: bool = False) -> Path:
+    path = (_root(info) / Path(value).expanduser()).resolve()
+    if not path.exists():
+        raise ValueError(f"{path} does not exist")
+    if directory and not path.is_dir():
+        raise ValueError(f"{path} is not a directory")
+    if not directory and not path.is_file():
+        raise ValueError(f"{path} is not a file")
+    return path
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Harness(_Section):
+    """How to run the agent: exactly one of `command` (any program, run as a subprocess with the project
+    folder as its working directory; `python` names the interpreter running lightning-dagster), `python`
+    (`module:function` called in-process with the task and a ready OpenAI client) or `agl` (an Agent
+    Lightning v1.0-style `module:Class` whose `run()` reads the AGL_* variables)."""
+
+    command: tuple[str, ...] | None = None
+    python: str | None = None
+    agl: str | None = None
+    timeout_s: float = Field(60.0, gt=0)
+    max_attempts: int = Field(1, ge=1)
+    expected_spans: tuple[str, ...] = ("llm", "reward")
+    env_map: dict[str, str] = Field(default_factory=dict)
+    prepare: str | None = None
+    verify: str | None = None
+
+    @field_validator("command")
+    @classmethod
+    def _program_exists(cls, value: tuple[str, ...] | None, info: ValidationInfo) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if not value or not value[0].strip():
+            raise ValueError("needs at least the program to run")
+        return (resolve_program(value[0], _root(info)), *value[1:])
+
+    @field_validator("python", "prepare", "verify")
+    @classmethod
+    def _callable(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            resolve_callable(value, _root(info))
+        return value
+
+    @field_validator("agl")
+    @classmethod
+    def _agent_class(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            resolve_agent_class(value, _root(info))
+        return value
+
+    @field_validator("expected_spans")
+    @classmethod
+    def _span_families(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value or any(not family.strip() for family in value):
+            raise ValueError("needs at least one non-empty span family")
+        if len(set(value)) != len(value):
+            raise ValueError(f"lists a span family twice: {list(value)}")
+        return value
+
+    @field_validator("env_map")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in value if not ENV_NAME.match(name)]
+        if bad:
+            raise ValueError(f"not environment variable names: {', '.join(map(repr, bad))}")
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> Harness:
+        given = [kind for kind in HARNESS_KINDS if getattr(self, kind) is not None]
+        if len(given) != 1:
+            got = f" (got {', '.join(given)})" if given else ""
+            raise ValueError(f"give exactly one of {', '.join(HARNESS_KINDS)}{got}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(kind for kind in HARNESS_KINDS if getattr(self, kind) is not None)
+
+
+class Tasks(_Section):
+    """The tasks file and how its columns map; the split is a column, or a hash of the task id
+    (`split_fractions`). With neither given, the split is the column `split`."""
+
+    path: Path
+    id_column: str = "task_id"
+    family_column: str = "family"
+    split_column: str | None = None
+    split_fractions: dict[Split, float] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_split_column(cls, data: Any) -> Any:
+        if (
+            isinstance(data, dict)
+            and data.get("split_column") is None
+            and data.get("split_fractions") is None
+        ):
+            return {**data, "split_column": "split"}
+        return data
+
+    @field_validator("path")
+    @classmethod
+    def _file_exists(cls, value: Path, info: ValidationInfo) -> Path:
+        return _existing(value, info)
+
+    @field_validator("split_fractions")
+    @classmethod
+    def _fractions(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        bad = {name: share for name, share in value.items() if not 0 <= share <= 1}
+        if bad:
+            raise ValueError(f"fractions must be between 0 and 1, got {bad}")
+        total = sum(value.values())
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            raise ValueError(f"fractions must sum to 1, they sum to {total:g}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_split_source(self) -> Tasks:
+        if self.split_column is not None and self.split_fractions is not None:
+            raise ValueError("give split_column or split_fractions, not both")
+        return self
+
+
+class Model(_Section):
+    """The policy model: a Hugging Face causal-LM folder (`path`), or an OpenAI-compatible server
+    (`upstream`) with its `tokenizer` folder; `warm_start` is a JSONL file of demonstrations."""
+
+    path: Path | None = None
+    upstream: str | None = None
+    tokenizer: Path | None = None
+    warm_start: Path | None = None
+
+    @field_validator("path", "tokenizer")
+    @classmethod
+    def _folder_exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        folder = _existing(value, info, directory=True)
+        if info.field_name == "path" and not (folder / "config.json").is_file():
+            raise ValueError(f"{folder} has no config.json (not a Hugging Face model folder)")
+        return folder
+
+    @field_validator("warm_start")
+    @classmethod
+    def _demos_exist(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return None if value is None else _existing(value, info)
+
+    @field_validator("upstream")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError(f"expected an http(s) URL, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Model:
+        if (self.path is None) == (self.upstream is None):
+            raise ValueError("give exactly one of path, upstream")
+        if self.upstream is not None and self.tokenizer is None:
+            raise ValueError("upstream needs tokenizer (the folder of the served model's tokenizer)")
+        if self.path is not None and self.tokenizer is not None:
+            raise ValueError("tokenizer goes with upstream; a model path has its own")
+        return self
+
+
+class Project(_Section):
+    """A validated project. `file` is the project file, `root` its folder (every relative path's base)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    harness: Harness
+    tasks: Tasks
+    reward: str | None = None
+    model: Model | None = None
+    policy: Path | None = None
+    _file: Path = PrivateAttr()
+
+    def model_post_init(self, context: Any) -> None:
+        self._file = context["file"]
+
+    @property
+    def file(self) -> Path:
+        return self._file
+
+    @property
+    def root(self) -> Path:
+        return self._file.parent
+
+    @field_validator("reward")
+    @classmethod
+    def _judge(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            resolve_callable(value, _root(info))
+        return value
+
+    @field_validator("policy")
+    @classmethod
+    def _valid_policy(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        # The gate's loader is pure logic; imported here so loading a project without a policy skips it.
+        from lightning_dagster.gate.errors import InvalidInput
+        from lightning_dagster.gate.policy import load_policy
+
+        path = _existing(value, info)
+        try:
+            load_policy(path)
+        except InvalidInput as err:
+            raise ValueError(str(err)) from None
+        return path
+
+
+def _problems(err: ValidationError) -> list[tuple[str, str]]:
+    problems = []
+    for e in err.errors():
+        key = ".".join(str(part) for part in e["loc"] if part != "[key]")
+        message = e["msg"]
+        if e["type"] == "missing":
+            message = "missing key"
+        elif e["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif message.startswith(VALUE_ERROR):
+            message = message[len(VALUE_ERROR) :]
+        problems.append((key, message))
+    return problems
+
+
+def find_project_file(path: Path | str | None = None) -> Path:
+    """The project file: `path` itself, `path/lightning-dagster.yaml` for a folder, else the one in the
+    working directory."""
+    candidate = Path.cwd() if path is None else Path(path)
+    if candidate.is_dir():
+        candidate = candidate / PROJECT_FILE
+    return candidate.resolve()
+
+
+def load_project(path: Path | str | None = None) -> Project:
+    """Parse and validate a project file (see `find_project_file`); raises ProjectError."""
+    file = find_project_file(path)
+    try:
+        text = file.read_text()
+    except OSError as err:
+        hint = " (create one with `lightning-dagster init DIR`)" if file.name == PROJECT_FILE else ""
+        raise ProjectError(file, [("", f"cannot read the project file: {err.strerror}{hint}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ProjectError(file, [("", f"not valid YAML: {err}")]) from None
+    if not isinstance(data, dict):
+        raise ProjectError(file, [("", "expected a mapping with the keys name, harness and tasks")])
+    try:
+        return Project.model_validate(data, context={"root": file.parent, "file": file})
+    except ValidationError as err:
+        raise ProjectError(file, _problems(err)) from None

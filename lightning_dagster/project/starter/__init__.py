@@ -1,0 +1,1 @@
+"""The files `lightning-dagster init` copies into a new project (see `project.scaffold`)."""

@@ -1,0 +1,207 @@
+"""The project's tasks, read through pandas (`.jsonl`, `.csv`, `.parquet`) and split four ways.
+
+Every task is a plain JSON-able dict with every column of its row (missing values as None) and three keys
+set by the loader: `task_id` and `family` (as strings, from the configured columns) and `split`. The set's
+`content_hash` covers the tasks sorted by id: row order and column order do not change it, any value, id
+or split assignment does. Messages count rows from 1, header not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lightning_dagster.harnesses.splits import SPLITS, UnknownSplit, content_hash, split_of
+from lightning_dagster.project.config import Project
+from lightning_dagster.project.errors import TaskDataError
+
+SHOWN = 3  # offending ids or rows named in one message
+
+
+def _read_jsonl(path: Path, text_columns: list[str]) -> pd.DataFrame:
+    # dtype=False keeps values as JSON typed them (no date guessing, ids stay strings).
+    return pd.read_json(path, lines=True, dtype=False)
+
+
+def _read_csv(path: Path, text_columns: list[str]) -> pd.DataFrame:
+    # Ids such as `007` must not become the number 7.
+    return pd.read_csv(path, dtype={column: str for column in text_columns})
+
+
+def _read_parquet(path: Path, text_columns: list[str]) -> pd.DataFrame:
+    return pd.read_parquet(path)
+
+
+READERS: dict[str, Callable[[Path, list[str]], pd.DataFrame]] = {
+    ".jsonl": _read_jsonl,
+    ".csv": _read_csv,
+    ".parquet": _read_parquet,
+}
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """Tasks per split (every split of SPLITS is a key) and the hash of the whole set."""
+
+    file: Path
+    splits: dict[str, list[dict[str, Any]]]
+    content_hash: str
+    split_key: str  # the project key the split comes from, for messages
+
+    def __len__(self) -> int:
+        return sum(len(tasks) for tasks in self.splits.values())
+
+    def families(self, split: str) -> Counter[str]:
+        return Counter(task["family"] for task in self.splits[split])
+
+    def require_splits(self, needed: Iterable[str]) -> None:
+        """Raise TaskDataError naming every split in `needed` that has no task."""
+        needed = list(needed)
+        unknown = [name for name in needed if name not in SPLITS]
+        if unknown:
+            raise UnknownSplit(f"unknown splits {unknown}; expected some of {', '.join(SPLITS)}")
+        empty = [name for name in needed if not self.splits[name]]
+        if empty:
+            problem = f"no tasks in split {', '.join(empty)} (this run needs {', '.join(needed)})"
+            raise TaskDataError(self.file, [(self.split_key, problem)])
+
+
+def _plain(value: Any) -> Any:
+    """pandas/numpy values as plain Python: arrays as lists, numpy scalars unboxed, NaN/NA/NaT as None."""
+    if isinstance(value, np.ndarray):
+        return [_plain(item) for item in value.tolist()]
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, np.generic):
+        return _plain(value.item())
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _json_problem(row: dict[str, Any], number: int) -> str | None:
+    try:
+        json.dumps(row, allow_nan=False)
+        return None
+    except (TypeError, ValueError):
+        pass
+    for column, value in row.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            return (
+                f"row {number}, column {column!r}: {type(value).__name__} {value!r} is not JSON-serializable"
+            )
+    return f"row {number}: not JSON-serializable"
+
+
+def _rows_text(numbers: list[int]) -> str:
+    shown = ", ".join(map(str, numbers[:SHOWN]))
+    return f"rows {shown}" + (f" and {len(numbers) - SHOWN} more" if len(numbers) > SHOWN else "")
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _read(project: Project) -> pd.DataFrame:
+    spec, path = project.tasks, project.tasks.path
+    reader = READERS.get(path.suffix.lower())
+    if reader is None:
+        problem = f"unsupported file type {path.suffix or '(none)'!r}; use one of {', '.join(READERS)}"
+        raise TaskDataError(path, [("tasks.path", problem)])
+    text_columns = [c for c in (spec.id_column, spec.family_column, spec.split_column) if c]
+    try:
+        return reader(path, text_columns)
+    except Exception as err:  # pandas and pyarrow raise many types for one cause: the file does not parse
+        problem = f"cannot read as {path.suffix[1:]}: {type(err).__name__}: {err}"
+        raise TaskDataError(path, [("tasks.path", problem)]) from None
+
+
+def _check_columns(project: Project, frame: pd.DataFrame) -> None:
+    spec, columns = project.tasks, [str(c) for c in frame.columns]
+    available = f"(columns: {', '.join(columns) or 'none'})"
+    keyed = [("tasks.id_column", spec.id_column), ("tasks.family_column", spec.family_column)]
+    if spec.split_column is not None:
+        keyed.append(("tasks.split_column", spec.split_column))
+    missing = [(key, f"no column {column!r} {available}") for key, column in keyed if column not in columns]
+    if missing:
+        raise TaskDataError(spec.path, missing)
+    unmapped = [
+        (f"harness.env_map.{name}", f"no column {column!r} in {spec.path} {available}")
+        for name, column in project.harness.env_map.items()
+        if column not in columns
+    ]
+    if unmapped:
+        raise TaskDataError(project.file, unmapped)
+
+
+def load_tasks(project: Project) -> TaskSet:
+    """Read, check and split the project's tasks; raises TaskDataError naming the column and rows."""
+    spec = project.tasks
+    frame = _read(project)
+    _check_columns(project, frame)
+    split_key = "tasks.split_column" if spec.split_column else "tasks.split_fractions"
+    weights = {name: share for name, share in (spec.split_fractions or {}).items() if share > 0}
+    problems: list[tuple[str, str]] = []
+    no_id: list[int] = []
+    no_family: list[int] = []
+    bad_split: dict[str, list[int]] = defaultdict(list)
+    rows_of: dict[str, list[int]] = defaultdict(list)
+    tasks: list[dict[str, Any]] = []
+    for number, record in enumerate(frame.to_dict(orient="records"), start=1):
+        row = {str(column): _plain(value) for column, value in record.items()}
+        json_problem = _json_problem(row, number)
+        if json_problem:
+            problems.append(("tasks.path", json_problem))
+            continue
+        task_id, family = _text(row[spec.id_column]), _text(row[spec.family_column])
+        if not task_id:
+            no_id.append(number)
+            continue
+        rows_of[task_id].append(number)
+        if not family:
+            no_family.append(number)
+        split = _text(row[spec.split_column]) if spec.split_column else split_of(task_id, weights)
+        if split not in SPLITS:
+            bad_split[str(split)].append(number)
+        tasks.append({**row, "task_id": task_id, "family": family, "split": split})
+    if no_id:
+        problems.append(("tasks.id_column", f"{spec.id_column!r} is empty in {_rows_text(no_id)}"))
+    duplicates = [(task_id, rows) for task_id, rows in rows_of.items() if len(rows) > 1]
+    if duplicates:
+        shown = ", ".join(f"{task_id!r} ({_rows_text(rows)})" for task_id, rows in duplicates[:SHOWN])
+        more = f" and {len(duplicates) - SHOWN} more" if len(duplicates) > SHOWN else ""
+        problems.append(("tasks.id_column", f"duplicate task ids in {spec.id_column!r}: {shown}{more}"))
+    if no_family:
+        problems.append(
+            ("tasks.family_column", f"{spec.family_column!r} is empty in {_rows_text(no_family)}")
+        )
+    for value, rows in bad_split.items():
+        problem = f"{value!r} in {_rows_text(rows)} is not a split; use {', '.join(SPLITS)}"
+        problems.append((split_key, problem))
+    if problems:
+        raise TaskDataError(spec.path, problems)
+    tasks.sort(key=lambda task: task["task_id"])
+    return TaskSet(
+        file=spec.path,
+        splits={name: [task for task in tasks if task["split"] == name] for name in SPLITS},
+        content_hash=content_hash({"tasks": tasks}),
+        split_key=split_key,
+    )

@@ -1,0 +1,120 @@
+"""`lightning-dagster init` writes a starter project that loads and whose agent works against an
+OpenAI-compatible server; `project check` prints its counts; a bad project exits 2 without a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_dagster.cli import main
+from lightning_dagster.harnesses.splits import SPLITS
+from lightning_dagster.project import PROJECT_FILE, load_project, load_tasks
+from tests.harnesses.scripted_llm import ScriptedLLM, say
+from tests.project.helpers import write_project
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_init_writes_a_starter_project_that_loads_with_every_split(tmp_path, capsys):
+    folder = tmp_path / "new" / "agent"
+    assert main(["init", str(folder)]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["agent.py", PROJECT_FILE, "tasks.jsonl"]
+    project = load_project(folder)
+    assert project.harness.command == (sys.executable, "agent.py")
+    tasks = load_tasks(project)
+    assert len(tasks) == 200
+    assert {split: len(tasks.splits[split]) for split in SPLITS} == {
+        "train": 140,
+        "holdout": 40,
+        "protected": 10,
+        "canary": 10,
+    }
+    assert all(set(tasks.families(split)) == {"add", "subtract", "multiply"} for split in SPLITS)
+    assert f"project check --project {folder}" in capsys.readouterr().out
+
+
+def test_init_writes_the_same_tasks_every_time(tmp_path):
+    main(["init", str(tmp_path / "a")])
+    main(["init", str(tmp_path / "b")])
+    assert (tmp_path / "a" / "tasks.jsonl").read_text() == (tmp_path / "b" / "tasks.jsonl").read_text()
+
+
+def test_init_refuses_a_folder_that_is_not_empty(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["init", str(tmp_path)]) == 2
+    assert "not an empty folder" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize(("reply", "reward"), [("19", 1.0), ("The answer is 20.", 0.0)])
+def test_the_starter_agent_asks_the_model_and_posts_its_reward(tmp_path, reply, reward):
+    main(["init", str(tmp_path)])
+    task = {"task_id": "t1", "family": "add", "split": "train", "question": "What is 12 + 7?", "answer": 19}
+    with ScriptedLLM([say(reply)]) as llm:
+        env = {
+            **os.environ,
+            "LD_TASK": json.dumps(task),
+            "OPENAI_BASE_URL": f"{llm.url}/v1",
+            "OPENAI_API_KEY": "k-1",
+            "AGL_EVENT_URL": f"{llm.url}/v1/events",
+            "AGL_KEY": "k-1",
+        }
+        done = subprocess.run(
+            [sys.executable, "agent.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 0, done.stderr
+    assert llm.requests[0]["messages"][-1] == {"role": "user", "content": task["question"]}
+    assert llm.events == [("Bearer k-1", {"event_type": "reward", "data": {"value": reward}})]
+    assert json.loads(done.stdout) == {"task_id": "t1", "reward": reward}
+
+
+def test_project_check_prints_rows_per_split_and_family(tmp_path, capsys):
+    main(["init", str(tmp_path)])
+    capsys.readouterr()
+    assert main(["project", "check", "--project", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"project my-agent ({tmp_path / PROJECT_FILE})"
+    assert f"harness: command {sys.executable} agent.py" in out
+    table = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
+    assert table["split"] == ["rows", "add", "multiply", "subtract"]
+    assert table["train"] == ["140", "47", "46", "47"]
+    assert table["holdout"] == ["40", "13", "14", "13"]
+    assert table["protected"] == ["10", "4", "3", "3"]
+    assert table["canary"] == ["10", "3", "3", "4"]
+    assert out.splitlines()[-1] == "ok"
+
+
+def test_project_check_fails_when_a_split_is_empty(tmp_path, capsys):
+    rows = [{"task_id": f"t{i}", "family": "f", "split": "train"} for i in range(3)]
+    write_project(tmp_path, rows=rows)
+    assert main(["project", "check", "--project", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert "  train" in captured.out
+    assert "tasks.split_column: no tasks in split holdout, protected, canary" in captured.err
+
+
+def test_a_bad_project_exits_2_with_the_message_and_no_traceback(tmp_path):
+    file = write_project(tmp_path, {"harness.command": ["no-such-program-7f3a"]})
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_dagster.cli", "project", "check", "--project", str(file)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: {file}: harness.command: program 'no-such-program-7f3a' not found")
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_project_check_without_a_project_file_exits_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["project", "check"]) == 2
+    assert f"error: {tmp_path / PROJECT_FILE}: cannot read the project file" in capsys.readouterr().err
