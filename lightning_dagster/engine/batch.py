@@ -50,7 +50,7 @@ class RunningBatch:
         self._mask = torch.zeros((0, 0), dtype=torch.long)
         self._logits = torch.zeros((0, engine.vocab_size))
         self._temps = torch.zeros(0)
-        self._top_ps = torch.zeros(0)
+        self._top_ps = torch.zeros(0, dtype=torch.float64)  # the requested top_p, not its float32 neighbour
 
     def __len__(self) -> int:
         return self._live
@@ -139,7 +139,7 @@ class RunningBatch:
         """Put prefilled rows into dead slots in place when they fit, else append them (compacting first).
         Returns their slot indices."""
         temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)
-        top_ps = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32)
+        top_ps = torch.tensor([r.params.top_p for r in rows], dtype=torch.float64)
         n = len(rows)
         self._live += n
         if not self.slots:

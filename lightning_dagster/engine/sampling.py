@@ -58,9 +58,10 @@ def sample(
     Returns the tokens and their logprobs under the distribution actually sampled from.
     """
     greedy = temps == 0
-    logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
+    scaled = logits / torch.where(greedy, 1.0, temps)[:, None]
+    logp = torch.log_softmax(scaled, dim=-1)
     if bool((top_ps < 1).any()):
-        logp = _top_p(logp, top_ps)
+        logp = torch.log_softmax(logp.masked_fill(_outside_top_p(scaled, top_ps), float("-inf")), dim=-1)
     u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in gens])
     cdf = logp.double().exp().cumsum(-1)
     tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
@@ -73,10 +74,19 @@ def sample(
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 
 
-def _top_p(logp: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
-    """Keep each row's smallest set of most likely tokens whose mass reaches top_p; renormalise over it."""
-    sorted_logp, order = logp.sort(dim=-1, descending=True)
-    mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()
-    drop_sorted = mass_before >= top_ps[:, None]
-    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-    return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+def _outside_top_p(scaled: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    """Each row's tokens outside its smallest set of most likely tokens whose mass reaches top_p.
+
+    Decided in float64. The same row's logits differ in their last bits from one batch shape to another
+    (matmul kernels sum in a different order for a different number of rows), and in float32 the softmax
+    normaliser rounds differently for them, which scales the row's whole mass up or down by about one ulp.
+    A token whose mass before it lies that close to top_p then falls in or out of the set, and the logprobs
+    renormalised over the set shift by its mass: a request's recorded logprobs would depend on its batch
+    mates. In float64 last-bit logit noise moves the mass by orders of magnitude less than float32's
+    rounding of the normaliser would.
+    """
+    probs = torch.softmax(scaled.double(), dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    drop_sorted = mass_before >= top_ps.double()[:, None]
+    return torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)

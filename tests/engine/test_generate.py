@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lightning_dagster.engine import Engine, EngineError, NonFiniteLogits, SamplingParams, StateDictMismatch
+from lightning_dagster.engine.sampling import sample
 
 
 def _prompts(engine) -> list[list[int]]:
@@ -51,6 +52,30 @@ def test_top_p_logprobs_are_renormalised_over_the_kept_set(engine):
     # renormalising over a subset raises every sampled token's logprob (or keeps it, if the set is one token)
     assert all(lp >= f - 1e-5 for lp, f in zip(gen.logprobs, full.tolist(), strict=True))
     assert any(lp > f + 1e-3 for lp, f in zip(gen.logprobs, full.tolist(), strict=True))
+
+
+def test_the_top_p_set_does_not_move_when_the_logits_move_by_their_last_bit():
+    """The same row's logits differ in their last bits between batch shapes. A token whose mass before it lies
+    just under top_p must stay in the set under that noise, or its mass would shift the renormalised logprobs
+    (a request's behaviour logprobs would depend on its batch mates)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(768, generator=g)  # a flat distribution: the top-p set ends in a long tail
+    temperature = 0.7
+    probs = torch.softmax(logits.double() / temperature, dim=-1).sort(descending=True).values
+    mass_before = probs.cumsum(-1) - probs
+    k = int((mass_before < 0.9).sum()) - 1  # the last token a top_p of 0.9 keeps
+    top_p = float(mass_before[k]) + 1e-7  # kept by a margin below float32's rounding of the mass
+    ulp = torch.nextafter(logits.abs(), torch.tensor(float("inf"))) - logits.abs()
+    rows = logits + ulp * torch.randint(-1, 2, (256, 768), generator=g)
+    n = rows.shape[0]
+    tokens, logprobs = sample(
+        rows,
+        torch.full((n,), temperature),
+        torch.full((n,), top_p, dtype=torch.float64),
+        [torch.Generator().manual_seed(5) for _ in range(n)],
+    )
+    assert (tokens == tokens[0]).all()
+    assert float(logprobs.max() - logprobs.min()) < 1e-5
 
 
 def test_temperature_zero_is_greedy_with_logprobs_under_t1(engine):
