@@ -34,6 +34,7 @@ def main() -> None:
 
     import dagster as dg
 
+    from lightning_dagster.assets.checks import JUDGED_ASSET
     from lightning_dagster.definitions import build_definitions
     from lightning_dagster.demo import DEMO_ACTORS, demo_training, prepare_environment, run_snapshot
     from lightning_dagster.partitions import snapshots
@@ -95,8 +96,9 @@ def main() -> None:
         getattr(stage.module, stage.name)(p, key_b)
         if stage.name == "update_plan":
             release.approve(p, key_b, *approver)
-        for check_id in CHECKS_AFTER.get(stage.name, ()):
-            release.judge(p, key_b, check_id)
+        for check, asset in JUDGED_ASSET.items():  # each blocking check after the asset it judges
+            if asset.key.to_user_string() == stage.name:
+                release.judge(p, key_b, check)
     direct_wall = time.perf_counter() - t
 
     orchestration = dagster_wall - dagster_core
@@ -109,16 +111,6 @@ def main() -> None:
     print(f"Dagster / direct wall: {dagster_wall / direct_wall:7.2f}x")
     print(f"Dagster cycle complete (no blocking check failed): {complete}")
 
-
-# Where each blocking check runs in the graph: after the asset it judges.
-CHECKS_AFTER = {
-    "rollouts": (3,),
-    "spans": (2,),
-    "candidate_resource": (1,),
-    "holdout_evaluation": (4, 5),
-    "canary_results": (6,),
-    "rollback_drill": (7,),
-}
 
 if __name__ == "__main__":
     main()

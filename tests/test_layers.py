@@ -9,7 +9,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lightning_dagster"
-CORE = ("store", "gateway", "engine", "runner", "harnesses", "training", "gate", "registry", "pipeline")
+CORE = (
+    "store",
+    "gateway",
+    "engine",
+    "runner",
+    "harnesses",
+    "training",
+    "gate",
+    "registry",
+    "pipeline",
+    "project",
+)
 MAX_LINES = 450
 
 # Imports every module of the given packages (except their CLIs when asked), then prints which of the

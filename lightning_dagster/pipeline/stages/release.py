@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.evidence import first_batch, snapshot_rollouts, with_rollout_evidence
 from lightning_dagster.pipeline.report import markdown_checks
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 # Checks judged on the first batch alone, where their asset sits: coverage and retry debt of the rollouts
 # sampled from the parent. `release_receipt` judges them again over every rollout against the full plan.
-FIRST_BATCH_CHECKS = frozenset({2, 3})
+FIRST_BATCH_CHECKS = frozenset({Check.span_coverage, Check.retry_debt})
 
 
 def rollback_drill(p: Pipeline, key: str) -> StageResult:
@@ -63,22 +64,22 @@ def first_batch_receipt(p: Pipeline, key: str) -> Receipt:
     return with_rollout_evidence(store, restricted, first_batch(store, key, receipt))
 
 
-def judge(p: Pipeline, key: str, check_id: int) -> CheckOutcome:
+def judge(p: Pipeline, key: str, check: Check) -> CheckOutcome:
     """One of the seven checks on the evidence recorded so far (the same function the verdict uses)."""
-    from lightning_dagster.gate.checks import CHECKS
+    from lightning_dagster.gate.checks import run_check
     from lightning_dagster.gate.staleness import void_checks
 
-    receipt = first_batch_receipt(p, key) if check_id in FIRST_BATCH_CHECKS else reverified_receipt(p, key)
+    receipt = first_batch_receipt(p, key) if check in FIRST_BATCH_CHECKS else reverified_receipt(p, key)
     pol = ctx.policy(p)
-    result = CHECKS[check_id][1](receipt, pol)
+    result = run_check(check, receipt, pol)
     void = void_checks(
         receipt.fingerprints, ctx.current_fingerprints(p, key), required=pol.staleness.required_fingerprints
     )
     status, reason = result.status, result.reason
-    if status == "pass" and check_id in void:
-        status, reason = "fail", f"void: {'; '.join(void[check_id])}"
+    if status == "pass" and check in void:
+        status, reason = "fail", f"void: {'; '.join(void[check])}"
     return CheckOutcome(
-        check_id, result.name, status, reason, {"figures": result.figures, "policy": pol.version}
+        int(check), result.title, status, reason, {"figures": result.figures, "policy": pol.version}
     )
 
 
