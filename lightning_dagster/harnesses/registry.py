@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_dagster.harnesses.calc import agent as calc_agent
 from lightning_dagster.harnesses.calc import tasks as calc_tasks
@@ -16,34 +16,83 @@ from lightning_dagster.harnesses.ledger import environment as ledger_env
 from lightning_dagster.harnesses.ledger import tasks as ledger_tasks
 from lightning_dagster.harnesses.splits import SPLITS
 
+if TYPE_CHECKING:
+    from lightning_dagster.runner.policy import RetryPolicy
+
 
 class UnknownHarness(KeyError):
     """No harness registered under that name."""
+
+
+Task = dict[str, Any]
+# A judge scores an attempt that posted no reward: (task, transcript) -> reward; see `runner.rewards`.
+Judge = Callable[[Task, list[dict[str, Any]]], float]
 
 
 @dataclass(frozen=True)
 class HarnessSpec:
     """Everything the runner needs to run a harness, and the gate needs to judge its evidence.
 
-    `argv` (optional) is the subprocess command line; by default `python -m <module>`, but any program in
-    any language that reads the Agent Lightning environment works. `prepare(task, workdir)` (optional) sets
-    up a fresh destination per attempt and returns the task the harness receives; `verify(task)` re-reads
-    that destination afterwards. `expected_span_families` lists the span families (see `span_family`) every
-    finished rollout must have.
+    How it runs: `command()` is the subprocess command line (`argv`, else `python -m <module>`; any program
+    in any language that reads the Agent Lightning environment works), started in `cwd` (None: ours) with
+    `env_map` copying task fields into variables; `run_task(task, *, base_url, api_key, event_url)` is the
+    in-process entry point. A spec with only one of them runs that way whatever mode is asked (`run_mode`).
+    `prepare(task, workdir)` (optional) sets up a fresh destination per attempt and returns the task the
+    harness receives; `verify(task)` re-reads that destination afterwards. `judge` (named `judge_name`)
+    scores an attempt that posted no reward. `expected_span_families` lists the span families (see
+    `span_family`) every finished rollout must have. `timeout_s` and `max_attempts` are the defaults of the
+    retry policy (`retry_policy`). `make_tasks(split, n, seed)` generates tasks (built-in harnesses; a
+    project's tasks come from its tasks file).
     """
 
     name: str
-    module: str
-    run_task: Callable[..., float]
-    make_tasks: Callable[[str, int, int], list[dict[str, Any]]]
     expected_span_families: tuple[str, ...]
-    verify: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    module: str | None = None
     argv: tuple[str, ...] | None = None
-    prepare: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None
+    run_task: Callable[..., float | None] | None = None
+    make_tasks: Callable[[str, int, int], list[Task]] | None = None
+    verify: Callable[[Task], dict[str, Any]] | None = None
+    prepare: Callable[[Task, Path], Task] | None = None
+    cwd: Path | None = None
+    env_map: dict[str, str] = field(default_factory=dict, hash=False)
+    judge: Judge | None = None
+    judge_name: str | None = None
+    timeout_s: float = 120.0
+    max_attempts: int = 1
     splits: tuple[str, ...] = field(default=SPLITS)
 
-    def command(self) -> list[str]:
-        return list(self.argv) if self.argv else [sys.executable, "-m", self.module]
+    def __post_init__(self) -> None:
+        if self.command() is None and self.run_task is None:
+            raise ValueError(f"harness {self.name!r} needs a command (argv or module) or a run_task")
+        if (self.judge is None) != (self.judge_name is None):
+            raise ValueError(f"harness {self.name!r}: a judge and its judge_name go together")
+
+    def command(self) -> list[str] | None:
+        if self.argv:
+            return list(self.argv)
+        return [sys.executable, "-m", self.module] if self.module else None
+
+    def run_mode(self, requested: str) -> str:
+        """The mode an attempt runs in: the requested one when the spec has both entry points."""
+        if self.run_task is None:
+            return "subprocess"
+        if self.command() is None:
+            return "inprocess"
+        return requested
+
+    def task_env(self, task: Task) -> dict[str, str]:
+        """`env_map` applied to a task: strings as they are, any other value JSON-encoded."""
+        return {
+            name: value if isinstance(value, str) else json.dumps(value)
+            for name, value in ((name, task.get(column)) for name, column in self.env_map.items())
+        }
+
+    def retry_policy(self, **overrides: Any) -> RetryPolicy:
+        """The retry policy with this harness's timeout and attempt budget (`overrides` win)."""
+        # Imported here: the runner package imports this module.
+        from lightning_dagster.runner.policy import RetryPolicy
+
+        return RetryPolicy(**{"max_attempts": self.max_attempts, "timeout_s": self.timeout_s, **overrides})
 
 
 _HARNESSES: dict[str, HarnessSpec] = {

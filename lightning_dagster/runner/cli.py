@@ -1,4 +1,7 @@
-"""`lightning-dagster rollouts run`: enqueue N rollouts of a harness and run them through a gateway."""
+"""`lightning-dagster rollouts run`: enqueue N rollouts of a harness and run them through a gateway.
+
+The harness is a built-in one (`--harness calc`) or a project's (`--project PATH`, whose tasks are the
+first N of the split in its tasks file). Exit status: 0 ran, 2 bad arguments or a bad project."""
 
 from __future__ import annotations
 
@@ -6,20 +9,27 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lightning_dagster import config
-from lightning_dagster.harnesses.registry import get_harness, harness_names
+from lightning_dagster.harnesses.registry import HarnessSpec, get_harness, harness_names
 from lightning_dagster.harnesses.splits import SPLITS
+from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
+
+if TYPE_CHECKING:
+    from lightning_dagster.runner.transcript import Decode
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     run = sub.add_parser("run", help="run N rollouts of a harness and print the summary")
-    run.add_argument("--harness", required=True, choices=harness_names())
+    which = run.add_mutually_exclusive_group(required=True)
+    which.add_argument("--harness", choices=harness_names(), help="a built-in harness")
+    add_project_option(which)
     run.add_argument("--split", default="train", choices=SPLITS)
     run.add_argument("--n", type=int, required=True, help="number of tasks")
     run.add_argument("--group", type=int, default=1, help="rollouts per task (a GRPO group); N x G rollouts")
-    run.add_argument("--seed", type=int, default=0, help="task and sampling seed")
+    run.add_argument("--seed", type=int, default=0, help="task seed (built-in harnesses) and sampling seed")
     run.add_argument("--gateway", help="URL of a running gateway (default: a local one, see --serving)")
     run.add_argument("--secret", help="that gateway's attempt-key secret (default: $LD_GATEWAY_SECRET)")
     run.add_argument("--model", type=Path, help="model directory for the local gateway "
@@ -30,16 +40,31 @@ def register(parser: argparse.ArgumentParser) -> None:
                      "server instead of the embedded engine")  # fmt: skip
     run.add_argument("--store", help="store URL (default: config.store_url())")
     run.add_argument("--parallel", type=int, default=8)
-    run.add_argument("--mode", choices=("subprocess", "inprocess"), default="subprocess")
-    run.add_argument("--timeout", type=float, default=60.0, help="seconds per attempt")
-    run.add_argument("--max-attempts", type=int, default=3)
+    run.add_argument("--mode", choices=("subprocess", "inprocess"), default="subprocess",
+                     help="for a harness that can run either way")  # fmt: skip
+    run.add_argument("--timeout", type=float, help="seconds per attempt (default: the harness's)")
+    run.add_argument("--max-attempts", type=int, help="attempts per rollout (default: the harness's)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.set_defaults(handler=_run)
 
 
+def _harness_and_tasks(args: argparse.Namespace) -> tuple[HarnessSpec, list[dict]]:
+    if args.harness is not None:
+        spec = get_harness(args.harness)
+        return spec, spec.make_tasks(args.split, args.n, args.seed)
+    from lightning_dagster.project import load_project, load_tasks
+    from lightning_dagster.project.harness import harness_spec
+
+    project = load_project(args.project)
+    tasks = load_tasks(project)
+    tasks.require_splits([args.split])
+    return harness_spec(project), tasks.splits[args.split][: args.n]
+
+
+@exits_2_on_project_error
 def _run(args: argparse.Namespace) -> int:
     from lightning_dagster.gateway.local import LocalGateway
-    from lightning_dagster.runner.policy import RetryPolicy
+    from lightning_dagster.runner.policy import InvalidPolicy
     from lightning_dagster.runner.rollouts import enqueue_tasks
     from lightning_dagster.runner.runner import Runner
     from lightning_dagster.store import Store
@@ -51,12 +76,16 @@ def _run(args: argparse.Namespace) -> int:
     if args.gateway and not secret:
         print("error: --gateway needs the gateway's secret (--secret or $LD_GATEWAY_SECRET)", file=sys.stderr)
         return 2
-    spec = get_harness(args.harness)
+    spec, tasks = _harness_and_tasks(args)
+    overrides = {"max_attempts": args.max_attempts, "timeout_s": args.timeout}
+    try:
+        policy = spec.retry_policy(**{name: value for name, value in overrides.items() if value is not None})
+    except InvalidPolicy as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     store = Store(args.store)
-    policy = RetryPolicy(max_attempts=args.max_attempts, timeout_s=args.timeout)
-    tasks = spec.make_tasks(args.split, args.n, args.seed)
 
-    def execute(url: str, key: str, resource_id: str | None) -> int:
+    def execute(url: str, key: str, resource_id: str | None, decode: Decode | None) -> int:
         rollouts = enqueue_tasks(
             store,
             spec,
@@ -67,14 +96,15 @@ def _run(args: argparse.Namespace) -> int:
             resource_id=resource_id,
         )
         runner = Runner(
-            store, url, secret=key, harness=spec, parallel=args.parallel, policy=policy, mode=args.mode
-        )
+            store, url, secret=key, harness=spec, parallel=args.parallel, policy=policy, mode=args.mode,
+            decode=decode,
+        )  # fmt: skip
         summary = runner.run([r.rollout_id for r in rollouts])
         print(summary.to_json() if args.json else _text(summary.to_dict()))
         return 0
 
     if args.gateway:
-        return execute(args.gateway.rstrip("/"), secret, None)
+        return execute(args.gateway.rstrip("/"), secret, None, None)
     from lightning_dagster.runner.service import model_resource
 
     model_dir, resource_id = None, None
@@ -89,7 +119,8 @@ def _run(args: argparse.Namespace) -> int:
     with LocalGateway(
         store, model_dir, serving=args.serving, upstream_url=args.upstream_url, resource_id=resource_id
     ) as gateway:
-        return execute(gateway.url, gateway.secret, resource_id)
+        decode = gateway.codec.decode if gateway.codec is not None else None
+        return execute(gateway.url, gateway.secret, resource_id, decode)
 
 
 def _text(summary: dict) -> str:

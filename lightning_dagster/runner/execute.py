@@ -45,7 +45,8 @@ def child_env(env: dict[str, str]) -> dict[str, str]:
 def harness_env(
     gateway_url: str, key: str, rollout_id: str, attempt_id: str, task_json: str
 ) -> dict[str, str]:
-    """The Agent Lightning environment a harness reads (see CONTRACTS.md, runner)."""
+    """The Agent Lightning environment a harness reads (see CONTRACTS.md, runner), and its task as JSON in
+    `LD_TASK` too (the same text a subprocess reads on standard input)."""
     base = f"{gateway_url}/v1"
     return {
         "OPENAI_BASE_URL": base,
@@ -56,6 +57,7 @@ def harness_env(
         "AGL_ROLLOUT_ID": rollout_id,
         "AGL_ATTEMPT_ID": attempt_id,
         "AGL_TASK": task_json,
+        "LD_TASK": task_json,
     }
 
 
@@ -108,18 +110,30 @@ def _tails(workdir: Path) -> str:
 
 
 def run_subprocess(
-    argv: list[str], env: dict[str, str], workdir: Path, supervise_kw: dict[str, Any]
+    argv: list[str],
+    env: dict[str, str],
+    workdir: Path,
+    supervise_kw: dict[str, Any],
+    *,
+    cwd: Path | None = None,
 ) -> tuple[Outcome | None, str | None]:
-    """Run the harness command; returns (failure outcome or None on exit 0, supervision verdict).
+    """Run the harness command in `cwd` (None: ours); returns (failure outcome or None on exit 0,
+    supervision verdict).
 
-    The child gets its own session so a timeout kills the whole process group (a harness may spawn
+    Its standard input is the task (`env["LD_TASK"]`), from a file so a harness that never reads it cannot
+    block us. The child gets its own session so a timeout kills the whole process group (a harness may spawn
     helpers); stdout and stderr go to files in `workdir`, their tails end up in the failure reason.
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    with (workdir / "stdout").open("wb") as out, (workdir / "stderr").open("wb") as err:
+    (workdir / "stdin").write_text(env["LD_TASK"])
+    with (
+        (workdir / "stdin").open("rb") as task_in,
+        (workdir / "stdout").open("wb") as out,
+        (workdir / "stderr").open("wb") as err,
+    ):
         try:
             proc = subprocess.Popen(
-                argv, env=child_env(env), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                argv, env=child_env(env), stdout=out, stderr=err, stdin=task_in, cwd=cwd,
                 start_new_session=True,
             )  # fmt: skip
         except OSError as exc:

@@ -4,7 +4,8 @@ Every attempt's ending is written to the store (`succeeded`/`failed`/`timeout`/`
 code and message); the retry policy, declared up front, decides whether a rollout gets another attempt and
 whether that retry is an expected sample retry or an infrastructure retry. A reaper marks attempts whose
 heartbeat went stale (a crashed worker, here or in another process) `unresponsive` and applies the same
-policy, so no rollout is left `running` forever.
+policy, so no rollout is left `running` forever. An attempt that finished without posting a reward is scored
+by the harness's judge, when it has one, from its transcript (see `runner.transcript`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from typing import Literal
 from lightning_dagster import config
 from lightning_dagster.gateway.keys import attempt_key
 from lightning_dagster.harnesses.registry import HarnessSpec
+from lightning_dagster.project.agl import post_reward, reward_value
 from lightning_dagster.runner.execute import Outcome, harness_env, run_inprocess, run_subprocess
 from lightning_dagster.runner.policy import RetryPolicy
 from lightning_dagster.runner.summary import RunSummary, summarize
+from lightning_dagster.runner.transcript import Decode, transcript
 from lightning_dagster.store import Store
 from lightning_dagster.store.errors import Conflict, NotFound
 from lightning_dagster.types import (
@@ -50,7 +53,11 @@ class WrongHarness(ValueError):
 
 
 class Runner:
-    """Runs the rollouts of one harness through a gateway until each is final (see module docstring)."""
+    """Runs the rollouts of one harness through a gateway until each is final (see module docstring).
+
+    `policy`: default the harness's own (`HarnessSpec.retry_policy`). `mode`: asked of a harness that has
+    both entry points (`self.mode` is the one that runs). `decode`: the served checkpoint's ids -> text, for
+    the judge's transcript."""
 
     def __init__(
         self,
@@ -63,6 +70,7 @@ class Runner:
         policy: RetryPolicy | None = None,
         mode: Literal["subprocess", "inprocess"] = "subprocess",
         workdir: Path | None = None,
+        decode: Decode | None = None,
     ) -> None:
         if mode not in ("subprocess", "inprocess"):
             raise ValueError(f"mode must be 'subprocess' or 'inprocess', got {mode!r}")
@@ -73,9 +81,10 @@ class Runner:
         self.secret = secret
         self.harness = harness
         self.parallel = parallel
-        self.policy = policy or RetryPolicy()
-        self.mode = mode
+        self.policy = policy or harness.retry_policy()
+        self.mode = harness.run_mode(mode)
         self.workdir = workdir or config.home() / "attempts"
+        self.decode = decode
         self.runner_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._lock = threading.Lock()
         self._busy = 0  # rollouts a worker or the reaper is handling right now
@@ -241,14 +250,19 @@ class Runner:
             except Exception as exc:  # noqa: BLE001 - a broken environment is this attempt's failure
                 return Outcome(AttemptState.failed, "prepare_error", f"{type(exc).__name__}: {exc}")
         key = attempt_key(self.secret, rollout_id, attempt_id)
-        env = harness_env(self.gateway_url, key, rollout_id, attempt_id, json.dumps(task))
+        # The attempt's own variables win over a task field mapped onto the same name.
+        env = {
+            **self.harness.task_env(task),
+            **harness_env(self.gateway_url, key, rollout_id, attempt_id, json.dumps(task)),
+        }
         supervise_kw = {
             "timeout_s": self.policy.timeout_s,
             "heartbeat_interval_s": self.policy.heartbeat_interval_s,
             "heartbeat": lambda: self._heartbeat(attempt_id),
         }
         if self.mode == "subprocess":
-            failure, verdict = run_subprocess(self.harness.command(), env, workdir, supervise_kw)
+            argv = self.harness.command()
+            failure, verdict = run_subprocess(argv, env, workdir, supervise_kw, cwd=self.harness.cwd)
         else:
             failure, verdict = run_inprocess(self.harness.run_task, task, env, supervise_kw)
         if self.harness.verify is not None:
@@ -258,8 +272,23 @@ class Runner:
             return None
         if failure is not None:
             return failure
-        if not any(r.attempt_id == attempt_id for r in self.store.list_rewards(rollout_ids=[rollout_id])):
+        if any(r.attempt_id == attempt_id for r in self.store.list_rewards(rollout_ids=[rollout_id])):
+            return Outcome(AttemptState.succeeded, "ok")
+        if self.harness.judge is None:
             return Outcome(AttemptState.succeeded, "no_reward", "harness finished without posting a reward")
+        return self._judge(task, attempt_id, env)
+
+    def _judge(self, task: dict, attempt_id: str, env: dict[str, str]) -> Outcome:
+        """Score a finished attempt that posted no reward with the harness's judge, and post the score
+        through the gateway under the judge's name."""
+        try:
+            calls = transcript(self.store, attempt_id, self.decode)
+            value = reward_value(self.harness.judge(task, calls), f"judge {self.harness.judge_name}")
+            if value is None:
+                raise TypeError(f"judge {self.harness.judge_name} returned None; a judge must give a number")
+            post_reward(env["AGL_EVENT_URL"], env["AGL_KEY"], value, judge=self.harness.judge_name)
+        except Exception as exc:  # noqa: BLE001 - the user's judge may raise anything; it ends the attempt
+            return Outcome(AttemptState.failed, "judge_error", f"{type(exc).__name__}: {exc}")
         return Outcome(AttemptState.succeeded, "ok")
 
     def _heartbeat(self, attempt_id: str) -> bool:

@@ -19,10 +19,6 @@ from lightning_dagster.types import AttemptState, Resource, Rollout, RolloutKind
 if TYPE_CHECKING:
     import torch
 
-# A training or evaluation sample is one attempt: a retried failure would over-represent the samples that
-# succeed on a second try. The limit is generous: a calc episode takes about a second.
-SINGLE_ATTEMPT = RetryPolicy(max_attempts=1, timeout_s=120.0)
-
 
 @dataclass
 class RolloutBatch:
@@ -73,8 +69,11 @@ class RolloutService:
     `load_weights`; the resource id recorded on spans and rollouts follows it.
 
     `serving`, `upstream_url`, `host`, `port`, `secret`, `max_batch`, `threads`: the gateway's settings
-    (see `LocalGateway`). `runner_mode`: harness attempts as subprocesses or in this process. `retry_policy`:
-    what the runner applies to every attempt (`self.retry_policy`). `codec`: the checkpoint's text side."""
+    (see `LocalGateway`). `harness`: a built-in harness's name or any spec (a project's:
+    `project.harness.harness_spec`). `runner_mode`: harness attempts as subprocesses or in this process, for
+    a harness that has both. `retry_policy`: what the runner applies to every attempt (`self.retry_policy`;
+    default the harness's own, one attempt for the built-in ones: a retried failure would over-represent
+    the samples that succeed on a second try). `codec`: the checkpoint's text side."""
 
     def __init__(
         self,
@@ -86,7 +85,7 @@ class RolloutService:
         parallel: int = 16,
         serving: Serving = "thread",
         runner_mode: Literal["inprocess", "subprocess"] = "inprocess",
-        retry_policy: RetryPolicy = SINGLE_ATTEMPT,
+        retry_policy: RetryPolicy | None = None,
         upstream_url: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -96,7 +95,7 @@ class RolloutService:
     ) -> None:
         self.store = store
         self.harness = harness if isinstance(harness, HarnessSpec) else get_harness(harness)
-        self.retry_policy = retry_policy
+        self.retry_policy = retry_policy or self.harness.retry_policy()
         self.gateway = LocalGateway(
             store,
             model_dir,
@@ -116,8 +115,9 @@ class RolloutService:
                 secret=self.gateway.secret,
                 harness=self.harness,
                 parallel=parallel,
-                policy=retry_policy,
+                policy=self.retry_policy,
                 mode=runner_mode,
+                decode=self.gateway.codec.decode if self.gateway.codec is not None else None,
             )
         except BaseException:
             self.gateway.close()

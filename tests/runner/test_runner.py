@@ -237,7 +237,7 @@ def test_a_harness_that_exits_cleanly_without_a_reward_is_reported(store, gatewa
     ids = enqueue(store, spec, seed=13)
     summary = make_runner(store, gateway, spec, tmp_path).run(ids)
     (attempt,) = attempts_of(store, ids[0])
-    # The harness sees its attempt's variables and none of the project's secrets.
+    # The harness sees its attempt's variables (LD_TASK is its task) and none of the project's secrets.
     seen = json.loads((tmp_path / ids[0] / attempt.attempt_id / "stdout").read_text())
     assert seen == [
         "AGL_ATTEMPT_ID",
@@ -246,6 +246,7 @@ def test_a_harness_that_exits_cleanly_without_a_reward_is_reported(store, gatewa
         "AGL_OPENAI_BASE_URL",
         "AGL_ROLLOUT_ID",
         "AGL_TASK",
+        "LD_TASK",
     ]
     assert attempt.state == AttemptState.succeeded and attempt.reason_code == "no_reward"
     assert summary.missing_rewards == 1 and summary.rewards == 0 and summary.reward_mean is None

@@ -1,0 +1,90 @@
+"""Agent Lightning's side of a harness: `post_reward` (its reward event, the one way lightning-dagster posts
+a reward on a harness's behalf) and the launcher that runs an Agent Lightning v1.0-style class unchanged:
+
+    python -m lightning_dagster.project.agl ROOT module:Class
+
+imports the class with ROOT on sys.path, instantiates it without arguments and calls `run()` (awaiting it
+when it is a coroutine); `run()` reads the AGL_* variables of its attempt. A number it returns is posted as
+the attempt's reward. The standard library only, so each attempt's process starts fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+import numbers
+import os
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from lightning_dagster.project.references import resolve_agent_class
+
+POST_TIMEOUT_S = 30.0
+AGL_LAUNCHER_USAGE = "usage: python -m lightning_dagster.project.agl ROOT module:Class"
+
+
+class BadReward(TypeError):
+    """A harness or judge returned something that is not a reward (a finite number, or None)."""
+
+
+def reward_value(value: Any, source: str) -> float | None:
+    """`value` as a reward: None stays None (the harness posted its own), a real number becomes a float."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise BadReward(
+            f"{source} returned {type(value).__name__} {value!r}; expected a finite number or None"
+        )
+    return float(value)
+
+
+def post_reward(event_url: str, key: str, value: float, *, judge: str | None = None) -> None:
+    """POST Agent Lightning's reward event to `event_url` with the attempt key; `judge` names who scored it
+    (the gateway records `harness` without one)."""
+    data: dict[str, Any] = {"value": value}
+    if judge is not None:
+        data["judge"] = judge
+    request = urllib.request.Request(
+        event_url,
+        data=json.dumps({"event_type": "reward", "data": data}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=POST_TIMEOUT_S) as response:
+        response.read()
+
+
+def run_agent(ref: str, root: Path) -> float | None:
+    """Instantiate the class `ref` names (importing from `root` first), run it and post what it returns."""
+    try:
+        agent_class = resolve_agent_class(ref, root)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+    result = agent_class().run()
+    if inspect.isawaitable(result):
+        result = asyncio.run(_wait(result))
+    value = reward_value(result, f"{ref}.run()")
+    if value is not None:
+        post_reward(os.environ["AGL_EVENT_URL"], os.environ["AGL_KEY"], value)
+    return value
+
+
+async def _wait(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print(AGL_LAUNCHER_USAGE, file=sys.stderr)
+        return 2
+    run_agent(args[1], Path(args[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

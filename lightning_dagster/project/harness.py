@@ -1,0 +1,82 @@
+"""A project's harness as the runner's `HarnessSpec`: `harness_spec(project)`.
+
+- `command: [...]`: any program, a subprocess started in the project folder.
+- `python: module:function`: `function(task, client)` called in-process with an `openai.OpenAI` client for
+  the attempt; a number it returns is posted as the attempt's reward, None means it posted its own.
+- `agl: module:Class`: an Agent Lightning v1.0-style class run unchanged in its own process by the launcher
+  in `project.agl` (its `run()` reads the process-wide AGL_* variables, so it cannot share a process).
+
+Every kind gets `timeout_s` and `max_attempts` as its retry policy's defaults, `expected_spans`, the
+`prepare`/`verify` hooks and the project's `reward` judge.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from openai import OpenAI
+
+# One connection pool per process for every in-process harness, the built-in ones included.
+from lightning_dagster.harnesses.calc.agent import http_client
+from lightning_dagster.harnesses.registry import HarnessSpec
+from lightning_dagster.project.agl import post_reward, reward_value
+from lightning_dagster.project.config import Project
+from lightning_dagster.project.errors import ProjectError
+from lightning_dagster.project.references import resolve_callable
+
+AGL_LAUNCHER = "lightning_dagster.project.agl"
+
+
+def _resolved(project: Project, key: str, ref: str | None) -> Callable[..., Any] | None:
+    if ref is None:
+        return None
+    try:
+        return resolve_callable(ref, project.root)
+    except ValueError as err:  # the module changed since the project was loaded
+        raise ProjectError(project.file, [(key, str(err))]) from None
+
+
+def inprocess_entry(function: Callable[..., Any], ref: str, timeout_s: float) -> Callable[..., float | None]:
+    """The runner's in-process entry point for `function(task, client)`: the client talks to the attempt's
+    base URL with its key over the process's shared connection pool; a returned number is posted."""
+
+    def run_task(task: dict[str, Any], *, base_url: str, api_key: str, event_url: str) -> float | None:
+        client = OpenAI(
+            base_url=base_url, api_key=api_key, max_retries=1, timeout=timeout_s, http_client=http_client()
+        )
+        value = reward_value(function(task, client), ref)
+        if value is not None:
+            post_reward(event_url, api_key, value)
+        return value
+
+    return run_task
+
+
+def harness_spec(project: Project) -> HarnessSpec:
+    """The runner's spec for the project's harness; raises ProjectError if a reference no longer resolves."""
+    harness = project.harness
+    argv: tuple[str, ...] | None = None
+    run_task = None
+    if harness.command is not None:
+        argv = harness.command
+    elif harness.agl is not None:
+        argv = (sys.executable, "-m", AGL_LAUNCHER, str(project.root), harness.agl)
+    else:
+        function = _resolved(project, "harness.python", harness.python)
+        run_task = inprocess_entry(function, str(harness.python), harness.timeout_s)
+    return HarnessSpec(
+        name=project.name,
+        expected_span_families=harness.expected_spans,
+        argv=argv,
+        run_task=run_task,
+        cwd=project.root,
+        env_map=dict(harness.env_map),
+        prepare=_resolved(project, "harness.prepare", harness.prepare),
+        verify=_resolved(project, "harness.verify", harness.verify),
+        judge=_resolved(project, "reward", project.reward),
+        judge_name=project.reward,
+        timeout_s=harness.timeout_s,
+        max_attempts=harness.max_attempts,
+    )
