@@ -1,0 +1,322 @@
+"""Project harnesses of every kind run through the runner against the real gateway, engine and store: the
+starter project from `init` through the CLI, a Node.js program, an Agent Lightning class unchanged, an
+in-process function, a judge, and what a command harness receives (LD_TASK, stdin, env_map, cwd)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from lightning_dagster.cli import main
+from lightning_dagster.project import load_project, load_tasks
+from lightning_dagster.project.harness import harness_spec
+from lightning_dagster.project.scaffold import write_starter
+from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
+from lightning_dagster.types import AttemptState, SpanKind
+from tests.project.helpers import task_rows, write_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+NODE_EXAMPLE = REPO / "examples" / "node-agent"
+# One chat call through the attempt's gateway with the standard library.
+CHAT = """
+import json, os, urllib.request
+
+def chat(question, base=None, key=None):
+    body = {"model": "p", "messages": [{"role": "user", "content": question}], "max_tokens": 4}
+    req = urllib.request.Request((base or os.environ["OPENAI_BASE_URL"]) + "/chat/completions",
+        method="POST", data=json.dumps(body).encode(),
+        headers={"Authorization": "Bearer " + (key or os.environ["OPENAI_API_KEY"]),
+                 "Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req).read())
+"""
+
+
+@pytest.fixture(autouse=True)
+def restore_import_state():
+    """Loading a project puts its folder on sys.path and imports its modules: undo that after each test."""
+    path, modules = list(sys.path), set(sys.modules)
+    yield
+    sys.path[:] = path
+    for name in set(sys.modules) - modules:
+        if (getattr(sys.modules[name], "__file__", None) or "").startswith(tempfile.gettempdir()):
+            del sys.modules[name]
+
+
+def make_project(
+    folder: Path, harness: dict[str, Any], files: dict[str, str], *, reward: str | None = None, rows=None
+) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    write_jsonl(folder / "tasks.jsonl", task_rows() if rows is None else rows)
+    data: dict[str, Any] = {"name": folder.name, "harness": harness, "tasks": {"path": "tasks.jsonl"}}
+    if reward is not None:
+        data["reward"] = reward
+    (folder / "lightning-dagster.yaml").write_text(yaml.safe_dump(data))
+    return folder
+
+
+def run_project(store, gateway, folder: Path, tmp_path: Path, *, n: int = 1, split: str = "train"):
+    """Run the first `n` tasks of `split` of the project in `folder`; returns (spec, summary, rollouts)."""
+    project = load_project(folder)
+    spec = harness_spec(project)
+    tasks = load_tasks(project).splits[split][:n]
+    rollouts = enqueue_tasks(store, spec, tasks, kind=split)
+    runner = Runner(
+        store,
+        gateway.url,
+        secret=gateway.secret,
+        harness=spec,
+        parallel=2,
+        policy=RetryPolicy(max_attempts=1, timeout_s=60.0),
+        workdir=tmp_path / "attempts",
+        decode=gateway.codec.decode,
+    )
+    summary = runner.run([r.rollout_id for r in rollouts])
+    return runner, summary, rollouts
+
+
+def only_attempt(store, rollout_id: str):
+    (attempt,) = store.list_attempts(rollout_id=rollout_id)
+    return attempt
+
+
+def reward_of(store, attempt_id: str):
+    (reward,) = [r for r in store.list_rewards() if r.attempt_id == attempt_id]
+    return reward
+
+
+def test_the_starter_project_runs_through_the_cli_and_records_a_reward_per_rollout(
+    store, gateway, tmp_path, capsys
+):
+    write_starter(tmp_path / "starter")
+    argv = ["rollouts", "run", "--project", str(tmp_path / "starter"), "--split", "holdout", "--n", "2"]
+    argv += ["--gateway", gateway.url, f"--secret={gateway.secret}", "--store", store.url, "--json"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["harness"] == "my-agent" and summary["rollouts_by_status"] == {"succeeded": 2}
+    assert summary["rewards"] == 2 and summary["span_coverage"] == 1.0
+    holdout = load_tasks(load_project(tmp_path / "starter")).splits["holdout"]
+    rollouts = [store.get_rollout(rid) for rid in summary["rollout_ids"]]
+    assert [r.task for r in rollouts] == holdout[:2]  # the first n of the split, as the project reads it
+    rewards = store.list_rewards(rollout_ids=summary["rollout_ids"])
+    assert len(rewards) == 2 and {r.judge for r in rewards} == {"harness"}
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_node_example_records_exact_token_ids_and_its_reward(store, gateway, tmp_path):
+    runner, summary, rollouts = run_project(store, gateway, NODE_EXAMPLE, tmp_path, n=2)
+    assert runner.mode == "subprocess" and summary.rollouts_by_status == {"succeeded": 2}
+    codec = gateway.codec
+    for rollout in rollouts:
+        attempt = only_attempt(store, rollout.rollout_id)
+        printed = json.loads(
+            (tmp_path / "attempts" / rollout.rollout_id / attempt.attempt_id / "stdout").read_text()
+        )
+        assert printed["messages"][1]["content"] == rollout.task["question"]
+        (llm,) = store.list_spans(attempt_id=attempt.attempt_id, kind=SpanKind.llm)
+        # The prompt the gateway recorded is exactly the chat the program sent, rendered by the checkpoint.
+        assert llm.prompt_token_ids == codec.render(printed["messages"])
+        assert llm.response_token_ids and len(llm.response_logprobs) == len(llm.response_token_ids)
+        content, _ = codec.parse_assistant(codec.decode(llm.response_token_ids))
+        assert (content or "") == printed["reply"]
+        reward = reward_of(store, attempt.attempt_id)
+        assert (reward.value, reward.judge) == (printed["reward"], "harness")
+
+
+AGL_AGENTS = (
+    CHAT
+    + """
+import asyncio
+
+
+class SyncAgent:
+    def run(self):
+        task = json.loads(os.environ["AGL_TASK"])
+        chat(task["question"], os.environ["AGL_OPENAI_BASE_URL"], os.environ["AGL_KEY"])
+        print(json.dumps({"rollout": os.environ["AGL_ROLLOUT_ID"], "cwd": os.getcwd()}))
+        return 0.25
+
+
+class AsyncAgent:
+    async def run(self):
+        task = json.loads(os.environ["AGL_TASK"])
+        await asyncio.to_thread(chat, task["question"], os.environ["AGL_OPENAI_BASE_URL"], os.environ["AGL_KEY"])
+        print(json.dumps({"rollout": os.environ["AGL_ROLLOUT_ID"], "cwd": os.getcwd()}))
+        return 0.75
+"""
+)
+
+
+@pytest.mark.parametrize(("agent", "value"), [("SyncAgent", 0.25), ("AsyncAgent", 0.75)])
+def test_an_agent_lightning_class_runs_unchanged_and_what_run_returns_is_its_reward(
+    store, gateway, tmp_path, agent, value
+):
+    folder = make_project(
+        tmp_path / f"agl-{agent}", {"agl": f"agl_agents:{agent}"}, {"agl_agents.py": AGL_AGENTS}
+    )
+    runner, summary, (rollout,) = run_project(store, gateway, folder, tmp_path)
+    assert runner.mode == "subprocess" and summary.rollouts_by_status == {"succeeded": 1}
+    attempt = only_attempt(store, rollout.rollout_id)
+    printed = json.loads(
+        (tmp_path / "attempts" / rollout.rollout_id / attempt.attempt_id / "stdout").read_text()
+    )
+    assert printed == {"rollout": rollout.rollout_id, "cwd": str(folder)}
+    assert len(store.list_spans(attempt_id=attempt.attempt_id, kind=SpanKind.llm)) == 1
+    reward = reward_of(store, attempt.attempt_id)
+    assert (reward.value, reward.judge) == (value, "harness")
+
+
+PYTHON_HARNESS = """
+import os
+
+CALLS = []
+
+
+def solve(task, client):
+    reply = client.chat.completions.create(
+        model="p", messages=[{"role": "user", "content": task["question"]}], max_tokens=4
+    )
+    CALLS.append((os.getpid(), task["task_id"], reply.id))
+    return 0.625
+"""
+
+
+def test_a_python_harness_runs_in_process_and_the_number_it_returns_is_its_reward(store, gateway, tmp_path):
+    folder = make_project(tmp_path / "py", {"python": "py_harness:solve"}, {"py_harness.py": PYTHON_HARNESS})
+    runner, summary, rollouts = run_project(store, gateway, folder, tmp_path, n=2)
+    assert runner.mode == "inprocess" and summary.rollouts_by_status == {"succeeded": 2}
+    calls = sys.modules["py_harness"].CALLS
+    assert sorted(task_id for _, task_id, _ in calls) == sorted(r.task_id for r in rollouts)
+    assert {pid for pid, _, _ in calls} == {__import__("os").getpid()}
+    for rollout in rollouts:
+        attempt = only_attempt(store, rollout.rollout_id)
+        assert len(store.list_spans(attempt_id=attempt.attempt_id, kind=SpanKind.llm)) == 1
+        assert reward_of(store, attempt.attempt_id).value == 0.625
+
+
+PROBE = """
+import json, os, sys
+print(json.dumps({
+    "ld_task": os.environ["LD_TASK"],
+    "stdin": sys.stdin.read(),
+    "cwd": os.getcwd(),
+    "mapped": {name: os.environ.get(name) for name in ("QUESTION", "ANSWER", "META", "OPENAI_API_KEY")},
+}))
+"""
+
+
+def test_a_command_harness_gets_its_task_in_ld_task_and_on_stdin_and_env_map_in_variables(
+    store, gateway, tmp_path
+):
+    rows = [{**row, "meta": {"level": i}} for i, row in enumerate(task_rows())]
+    env_map = {"QUESTION": "question", "ANSWER": "answer", "META": "meta", "OPENAI_API_KEY": "question"}
+    folder = make_project(
+        tmp_path / "probe",
+        {"command": ["python", "probe.py"], "env_map": env_map},
+        {"probe.py": PROBE},
+        rows=rows,
+    )
+    _, summary, (rollout,) = run_project(store, gateway, folder, tmp_path)
+    attempt = only_attempt(store, rollout.rollout_id)
+    printed = json.loads(
+        (tmp_path / "attempts" / rollout.rollout_id / attempt.attempt_id / "stdout").read_text()
+    )
+    assert json.loads(printed["ld_task"]) == rollout.task and printed["stdin"] == printed["ld_task"]
+    assert printed["cwd"] == str(folder)
+    task = rollout.task
+    assert printed["mapped"]["QUESTION"] == task["question"]
+    assert printed["mapped"]["ANSWER"] == json.dumps(task["answer"])
+    assert json.loads(printed["mapped"]["META"]) == task["meta"]
+    # A mapped name never replaces the attempt's own key.
+    assert printed["mapped"]["OPENAI_API_KEY"] != task["question"]
+    assert attempt.reason_code == "no_reward" and summary.missing_rewards == 1
+
+
+JUDGE = """
+SEEN = []
+
+
+def score(task, transcript):
+    SEEN.append((task, transcript))
+    return 0.5 + len(transcript)
+"""
+SILENT = CHAT + "\nchat('hello')\nchat('again')\n"
+
+
+def test_a_judge_scores_an_attempt_that_posted_no_reward_from_its_transcript(store, gateway, tmp_path):
+    folder = make_project(
+        tmp_path / "judged",
+        {"command": ["python", "silent.py"]},
+        {"silent.py": SILENT, "judges.py": JUDGE},
+        reward="judges:score",
+    )
+    _, summary, (rollout,) = run_project(store, gateway, folder, tmp_path)
+    attempt = only_attempt(store, rollout.rollout_id)
+    assert (attempt.state, attempt.reason_code) == (AttemptState.succeeded, "ok")
+    reward = reward_of(store, attempt.attempt_id)
+    assert (reward.value, reward.judge) == (2.5, "judges:score")
+    ((task, transcript),) = sys.modules["judges"].SEEN
+    assert task == rollout.task
+    llm = store.list_spans(attempt_id=attempt.attempt_id, kind=SpanKind.llm)
+    assert transcript == [
+        {
+            "name": "chat.completions",
+            "prompt_token_ids": span.prompt_token_ids,
+            "response_token_ids": span.response_token_ids,
+            "finish_reason": span.finish_reason,
+            "response_text": gateway.codec.decode(span.response_token_ids),
+        }
+        for span in llm
+    ]
+    assert len(transcript) == 2 and summary.rewards == 1 and summary.span_coverage == 1.0
+
+
+def test_a_judge_that_breaks_fails_the_attempt_with_its_message(store, gateway, tmp_path):
+    folder = make_project(
+        tmp_path / "badjudge",
+        {"command": ["python", "silent.py"]},
+        {"silent.py": SILENT, "bad_judges.py": "def score(task, transcript):\n    return 'great'\n"},
+        reward="bad_judges:score",
+    )
+    _, summary, (rollout,) = run_project(store, gateway, folder, tmp_path)
+    attempt = only_attempt(store, rollout.rollout_id)
+    assert (attempt.state, attempt.reason_code) == (AttemptState.failed, "judge_error")
+    assert "judge bad_judges:score returned str 'great'" in attempt.reason_message
+    assert store.list_rewards(rollout_id=rollout.rollout_id) == []
+
+
+@pytest.mark.parametrize(
+    ("harness", "message"),
+    [
+        ({"command": ["no-such-program-here"]}, "harness.command: program 'no-such-program-here' not found"),
+        ({"agl": "nowhere:Agent"}, "harness.agl: no module 'nowhere'"),
+    ],
+)
+def test_a_bad_project_exits_2_with_its_message_and_no_traceback(tmp_path, capsys, harness, message):
+    folder = make_project(tmp_path / "bad", harness, {})
+    assert main(["rollouts", "run", "--project", str(folder), "--n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("error: ") and "Traceback" not in err
+
+
+def test_a_missing_project_file_or_an_empty_split_exits_2(tmp_path, capsys):
+    assert main(["rollouts", "run", "--project", str(tmp_path), "--n", "1"]) == 2
+    assert "cannot read the project file" in capsys.readouterr().err
+    rows = [row for row in task_rows() if row["split"] != "canary"]
+    folder = make_project(tmp_path / "nocanary", {"command": ["python", "x.py"]}, {"x.py": ""}, rows=rows)
+    assert main(["rollouts", "run", "--project", str(folder), "--split", "canary", "--n", "1"]) == 2
+    assert "no tasks in split canary" in capsys.readouterr().err
+
+
+def test_the_cli_needs_a_harness_or_a_project(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["rollouts", "run", "--n", "1"])
+    assert exit_.value.code == 2 and "--harness" in capsys.readouterr().err
