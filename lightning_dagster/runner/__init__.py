@@ -1,6 +1,7 @@
 """The runner: claims rollouts, runs harness attempts (subprocess or in-process) with timeouts, heartbeats
-and a declared retry policy, and keeps every attempt's ending and reason; `RolloutService` runs them
-through a local gateway and collects each rollout's final successful attempt."""
+and a declared retry policy, and keeps every attempt's ending and reason; a harness's judge scores an attempt
+that posted no reward from its `transcript`; `RolloutService` runs them through a local gateway and
+collects each rollout's final successful attempt."""
 
 from lightning_dagster.runner.policy import InvalidPolicy, RetryPolicy
 from lightning_dagster.runner.rollouts import enqueue_tasks, sampling_seed

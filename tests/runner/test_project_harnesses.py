@@ -320,3 +320,27 @@ def test_the_cli_needs_a_harness_or_a_project(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["rollouts", "run", "--n", "1"])
     assert exit_.value.code == 2 and "--harness" in capsys.readouterr().err
+
+
+POST_TO_REWARDS = """
+import json, os, urllib.request
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/rewards", method="POST",
+    data=json.dumps({"value": 0.3, "judge": "self-check"}).encode(),
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+urllib.request.urlopen(req).read()
+"""
+
+
+def test_a_reward_posted_to_the_openai_base_url_is_the_attempts_and_no_judge_runs(store, gateway, tmp_path):
+    folder = make_project(
+        tmp_path / "rewards-route",
+        {"command": ["python", "post.py"]},
+        {"post.py": POST_TO_REWARDS, "judges.py": JUDGE},
+        reward="judges:score",
+    )
+    _, summary, (rollout,) = run_project(store, gateway, folder, tmp_path)
+    attempt = only_attempt(store, rollout.rollout_id)
+    assert (attempt.state, attempt.reason_code) == (AttemptState.succeeded, "ok")
+    reward = reward_of(store, attempt.attempt_id)
+    assert (reward.value, reward.judge) == (0.3, "self-check")
+    assert sys.modules["judges"].SEEN == []
