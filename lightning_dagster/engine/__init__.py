@@ -1,5 +1,6 @@
-"""The embedded policy model: build a tiny HF causal LM from scratch (no download), render chats with tool
-calls through its template, and sample batches with the exact logprob of every token."""
+"""The embedded policy model: build a tiny Qwen2-, Llama- or GPT-2-shaped HF causal LM from scratch (no
+download), render chats with tool calls through its template, and sample batches with the exact logprob of
+every token."""
 
 from lightning_dagster.engine.batch import NonFiniteLogits
 from lightning_dagster.engine.batching import BatchingEngine, EngineClosed

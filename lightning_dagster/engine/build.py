@@ -1,28 +1,28 @@
 """Build the embedded base model from scratch (no download): a byte-level BPE trained on the caller's corpus,
-a tiny Qwen2-shaped causal LM instantiated from config, both saved in Hugging Face format."""
+a tiny Qwen2-, Llama- or GPT-2-shaped causal LM instantiated from config with its own special tokens and chat
+template, all saved in Hugging Face format."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from lightning_dagster.engine.chat import (
-    CHAT_TEMPLATE,
-    IM_END,
-    IM_START,
-    MARKER_TOKENS,
-    PAD_TOKEN,
-    SPECIAL_TOKENS,
-)
+from lightning_dagster.engine.chat import IM_END, MARKER_TOKENS, PAD_TOKEN, SPECIAL_TOKENS
 
 
 class EmptyCorpus(ValueError):
     """`build_base_model` was given no texts (or one string) to train its tokenizer on."""
+
+
+class UnknownArchitecture(ValueError):
+    """`build_base_model` was asked for a shape it cannot build, or a size setting the shapes do not have."""
 
 
 VOCAB_SIZE = 768
@@ -35,6 +35,64 @@ MODEL_SHAPE = dict(
     max_position_embeddings=2048,
     tie_word_embeddings=True,
 )
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What differs between the shapes `build_base_model` makes. `special_tokens` take ids 0, 1, ... in
+    order (the tool-call markers follow); `eos[0]` is the tokenizer's EOS and every `eos` token ends a turn
+    in the config and generation config."""
+
+    config_class: str  # transformers class names
+    model_class: str
+    special_tokens: tuple[str, ...]
+    eos: tuple[str, ...]
+    pad: str
+    bos: str | None
+    template: str  # a file next to this module
+    # transformers name of each MODEL_SHAPE setting (None: the shape has no such setting)
+    names: tuple[tuple[str, str | None], ...] = ()
+
+
+ARCHITECTURES = {
+    "qwen2": Architecture(
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        tuple(SPECIAL_TOKENS),
+        (IM_END,),
+        PAD_TOKEN,
+        None,
+        "chat_template.jinja",
+    ),
+    # Llama 3's format: header tokens around the role, <|eot_id|> ends a turn, <|end_of_text|> a text
+    "llama": Architecture(
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        (
+            "<|finetune_right_pad_id|>",
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+        ),
+        ("<|eot_id|>", "<|end_of_text|>"),
+        "<|finetune_right_pad_id|>",
+        "<|begin_of_text|>",
+        "llama_chat_template.jinja",
+    ),
+    # GPT-2's one special token ends every turn and pads (as GPT-2 pads with EOS); role tokens open turns
+    "gpt2": Architecture(
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"),
+        ("<|endoftext|>",),
+        "<|endoftext|>",
+        None,
+        "gpt2_chat_template.jinja",
+        names=(("intermediate_size", "n_inner"), ("num_key_value_heads", None)),
+    ),
+}
 
 # A calculator tool in the OpenAI shape: its schema line is always among the rendered fragments.
 CALCULATOR_TOOL = {
@@ -71,8 +129,14 @@ def _rendered_fragments(corpus: list[str]) -> list[str]:
     return fragments * max(1, len(corpus) // 20)
 
 
-def train_tokenizer(corpus: Iterable[str], *, vocab_size: int = VOCAB_SIZE):
-    """Byte-level BPE with the chat special tokens, wrapped as a transformers fast tokenizer."""
+def train_tokenizer(
+    corpus: Iterable[str],
+    *,
+    vocab_size: int = VOCAB_SIZE,
+    arch: Architecture = ARCHITECTURES["qwen2"],
+    max_length: int = MODEL_SHAPE["max_position_embeddings"],
+):
+    """Byte-level BPE with the shape's special tokens and chat template, as a transformers fast tokenizer."""
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -80,7 +144,7 @@ def train_tokenizer(corpus: Iterable[str], *, vocab_size: int = VOCAB_SIZE):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS + MARKER_TOKENS,
+        special_tokens=[*arch.special_tokens, *MARKER_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -93,47 +157,70 @@ def train_tokenizer(corpus: Iterable[str], *, vocab_size: int = VOCAB_SIZE):
         if added["content"] in MARKER_TOKENS:
             added["special"] = False
     tok = Tokenizer.from_str(json.dumps(spec))
+    named = {arch.eos[0], arch.pad, arch.bos}
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token=IM_END,
-        pad_token=PAD_TOKEN,
-        additional_special_tokens=[IM_START],
+        eos_token=arch.eos[0],
+        pad_token=arch.pad,
+        **({"bos_token": arch.bos} if arch.bos else {}),
+        additional_special_tokens=[t for t in arch.special_tokens if t not in named],
         padding_side="left",
         clean_up_tokenization_spaces=False,  # any cleanup would change text, hence re-encoded ids
-        model_max_length=MODEL_SHAPE["max_position_embeddings"],
+        model_max_length=max_length,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = (Path(__file__).parent / arch.template).read_text()
     return fast
 
 
-def build_base_model(out_dir: Path | str, *, corpus: Sequence[str], seed: int = 0) -> Path:
+def build_base_model(
+    out_dir: Path | str,
+    *,
+    corpus: Sequence[str],
+    seed: int = 0,
+    architecture: str = "qwen2",
+    shape: Mapping[str, Any] | None = None,
+) -> Path:
     """Train the tokenizer on `corpus` (the text the model will see: the caller's, e.g. the harness
-    registry's `training_corpus()`), instantiate the tiny Qwen2 causal LM (seeded init), save both to `out_dir`.
+    registry's `training_corpus()`), instantiate the tiny causal LM of `architecture` ("qwen2", "llama" or
+    "gpt2"; seeded init) sized by `MODEL_SHAPE` updated with `shape`, save both to `out_dir`.
 
-    Deterministic for a seed and corpus: the same call gives the same `checkpoint_hash`.
+    Deterministic for a seed, corpus, architecture and shape: the same call gives the same `checkpoint_hash`.
     """
     if isinstance(corpus, str) or not corpus:
         raise EmptyCorpus("the tokenizer needs a non-empty sequence of texts to train on")
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    if architecture not in ARCHITECTURES:
+        raise UnknownArchitecture(f"unknown architecture {architecture!r}; known: {sorted(ARCHITECTURES)}")
+    arch = ARCHITECTURES[architecture]
+    unknown = sorted(set(shape or {}) - set(MODEL_SHAPE))
+    if unknown:
+        raise UnknownArchitecture(f"unknown shape settings {unknown}; known: {sorted(MODEL_SHAPE)}")
+    sizes = {**MODEL_SHAPE, **(shape or {})}
+    import transformers
+    from transformers import GenerationConfig
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(corpus)
-    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
-    pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-    config = Qwen2Config(
+    tokenizer = train_tokenizer(corpus, arch=arch, max_length=sizes["max_position_embeddings"])
+    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in arch.eos]
+    eos: int | list[int] = eos_ids[0] if len(eos_ids) == 1 else eos_ids
+    pad_id = tokenizer.convert_tokens_to_ids(arch.pad)
+    bos_id = tokenizer.convert_tokens_to_ids(arch.bos) if arch.bos else None
+    names = dict(arch.names)
+    config = getattr(transformers, arch.config_class)(
         vocab_size=len(tokenizer),
-        bos_token_id=None,
-        eos_token_id=eos_id,
+        bos_token_id=bos_id,
+        eos_token_id=eos,
         pad_token_id=pad_id,
-        **MODEL_SHAPE,
+        **{names.get(k, k): v for k, v in sizes.items() if names.get(k, k)},
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
+        model = getattr(transformers, arch.model_class)(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos, pad_token_id=pad_id, **({"bos_token_id": bos_id} if bos_id is not None else {})
+    )
     model.eval()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -1,4 +1,4 @@
-"""`lightning-dagster engine build --out DIR [--seed N]` and `lightning-dagster engine info DIR`.
+"""`lightning-dagster engine build --out DIR [--seed N] [--architecture qwen2|llama|gpt2]` and `lightning-dagster engine info DIR`.
 
 The CLI is the one place of the engine that knows the harnesses: `build` trains the tokenizer on their
 `training_corpus()`, which it hands to `build_base_model`."""
@@ -17,6 +17,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     build.add_argument("--out", required=True, type=Path, help="directory to save the model into")
     build.add_argument("--seed", type=int, default=0, help="seeds the weights and the corpus's tasks")
+    build.add_argument(
+        "--architecture", default="qwen2", help="the model's shape: qwen2 (default), llama or gpt2"
+    )
     build.set_defaults(handler=_build)
     info = sub.add_parser("info", help="describe a model directory as JSON")
     info.add_argument("dir", type=Path)
@@ -24,10 +27,16 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from lightning_dagster.engine.build import build_base_model
+    from lightning_dagster.engine.build import UnknownArchitecture, build_base_model
     from lightning_dagster.harnesses.registry import training_corpus
 
-    out = build_base_model(args.out, corpus=training_corpus(seed=args.seed), seed=args.seed)
+    try:
+        out = build_base_model(
+            args.out, corpus=training_corpus(seed=args.seed), seed=args.seed, architecture=args.architecture
+        )
+    except UnknownArchitecture as exc:
+        print(f"error: {exc}")
+        return 2
     print(json.dumps(describe(out), indent=2))
     return 0
 

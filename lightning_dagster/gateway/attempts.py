@@ -8,7 +8,6 @@ import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 from cachetools import LRUCache
@@ -17,7 +16,7 @@ from pydantic import ValidationError
 
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.keys import parse_attempt_key, same_key
-from lightning_dagster.gateway.tokenin import LastCall
+from lightning_dagster.gateway.tokenin import LastCall, TokenInStats
 from lightning_dagster.store.errors import NotFound
 from lightning_dagster.types import AttemptState, RolloutKind, Sampling
 
@@ -27,22 +26,6 @@ class Caller:
     kind: str  # attempt | serve | admin
     rollout_id: str | None = None
     attempt_id: str | None = None
-
-
-@dataclass
-class TokenInStats:
-    calls: int = 0
-    continuations: int = 0  # calls that had a previous LLM call in the same attempt
-    token_in: int = 0  # ... whose prompt extended that call's prompt + response exactly
-
-    def count(self, had_previous: bool, extended: bool) -> None:
-        self.calls += 1
-        self.continuations += had_previous
-        self.token_in += extended
-
-    def as_dict(self) -> dict[str, Any]:
-        share = self.token_in / self.continuations if self.continuations else None
-        return {**self.__dict__, "token_in_share": share}
 
 
 @dataclass

@@ -15,7 +15,7 @@ from lightning_dagster.gateway import schemas
 from lightning_dagster.gateway.attempts import AttemptContext
 from lightning_dagster.gateway.backends import CallSampling, Completion
 from lightning_dagster.gateway.errors import GatewayError
-from lightning_dagster.gateway.tokenin import LastCall, extends
+from lightning_dagster.gateway.tokenin import LastCall, continues, extends
 from lightning_dagster.types import Sampling, Span, SpanKind
 
 if TYPE_CHECKING:
@@ -67,8 +67,11 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
         raise
     latency = time.perf_counter() - t0
     extended = extends(c.prompt_ids, previous_ids)
-    ctx.stats.count(previous_ids is not None, extended)
-    gw.stats.count(previous_ids is not None, extended)
+    # the conversation continued but the prompt does not extend the last call's ids: the template rewrote
+    # earlier turns, so the prompt was rendered afresh (and recorded as rendered, the ids the model saw)
+    fallback = not extended and continues(previous, messages, req.tools if chat else None)
+    ctx.stats.count(previous_ids is not None, extended, fallback)
+    gw.stats.count(previous_ids is not None, extended, fallback)
     attributes = {
         "model": c.model,
         "backend": backend.kind,
@@ -79,6 +82,7 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
         "seed": sampling.seed,
         "stream": bool(req.stream),
         "token_in": extended,
+        "token_in_fallback": fallback,
         "token_source": c.token_source,
         "token_in_share": ctx.stats.as_dict()["token_in_share"],
         "tool_calls": len(c.tool_calls),

@@ -5,7 +5,10 @@ call k returned, call k+1's prompt ids are `prompt_k + response_k + closing + de
 end-of-turn the chat template writes after an assistant message (minus the part the model already sampled)
 and `delta` is the suffix that rendering the whole conversation adds after rendering call k's conversation.
 The sampled ids are never decoded and re-encoded, so re-tokenisation drift cannot enter the prompt.
-This relies on the template being prefix-preserving, which is checked on every call (fallback: render fresh).
+This relies on the template being prefix-preserving, which is checked on every call: when the template
+rewrites earlier turns (or closes the previous assistant turn otherwise than it closes a probe turn), the
+prompt is rendered afresh, the call is counted in `TokenInStats.fallbacks`, and the span records the
+rendered ids, which are what the model saw. No prompt is ever spliced from ids the template disagrees with.
 """
 
 from __future__ import annotations
@@ -88,6 +91,28 @@ class LastCall:
         return cls(normalize_messages(raw), raw, tools, ids)
 
 
+@dataclass
+class TokenInStats:
+    """How many follow-up calls reused the previous call's exact ids (per attempt, and per gateway)."""
+
+    calls: int = 0
+    continuations: int = 0  # calls that had a previous LLM call in the same attempt
+    token_in: int = 0  # ... whose prompt extended that call's prompt + response exactly
+    # ... whose messages continued that call but whose prompt could not be built on its ids (the template
+    # is not prefix-preserving): rendered afresh instead
+    fallbacks: int = 0
+
+    def count(self, had_previous: bool, extended: bool, fallback: bool = False) -> None:
+        self.calls += 1
+        self.continuations += had_previous
+        self.token_in += extended
+        self.fallbacks += fallback
+
+    def as_dict(self) -> dict[str, Any]:
+        share = self.token_in / self.continuations if self.continuations else None
+        return {**self.__dict__, "token_in_share": share}
+
+
 def extends(prompt_ids: Sequence[int], previous: array | None) -> bool:
     """Whether `prompt_ids` starts with the previous call's prompt + response, token for token."""
     if previous is None or len(prompt_ids) < len(previous):
@@ -95,33 +120,42 @@ def extends(prompt_ids: Sequence[int], previous: array | None) -> bool:
     return array("i", prompt_ids[: len(previous)]) == previous
 
 
-def closing_tokens(render: Render) -> list[int]:
-    """The tokens the template writes after an assistant message's content (e.g. `<|im_end|>` + newline)."""
+def closing_tokens(render: Render) -> list[int] | None:
+    """The tokens the template writes after an assistant message's content (e.g. `<|im_end|>` + newline);
+    None when even a one-turn probe is not prefix-preserving (token-in is then never attempted)."""
     probe = [{"role": "user", "content": "x"}]
     head = render(probe, None, True)
     turn = render([*probe, {"role": "assistant", "content": ""}], None, False)
     if turn[: len(head)] != head:
-        raise ValueError("chat template is not prefix-preserving: cannot derive the end-of-turn tokens")
+        return None
     return turn[len(head) :]
+
+
+def continues(previous: LastCall | None, messages: list[dict], tools: list[dict] | None) -> bool:
+    """Whether `messages` are the previous call's messages and reply, then more (with the same tools)."""
+    if previous is None or tools != previous.tools:
+        return False
+    n = len(previous.messages)
+    return len(messages) > n and normalize_messages(messages[:n]) == previous.messages
 
 
 def continue_prompt(
     render: Render,
-    closing: list[int],
+    closing: list[int] | None,
     previous: LastCall | None,
     messages: list[dict],
     tools: list[dict] | None,
 ) -> list[int] | None:
-    """Prompt ids built on the previous call's exact ids, or None when the conversation does not continue it."""
-    if previous is None or tools != previous.tools:
-        return None
-    n = len(previous.messages)
-    if len(messages) <= n or normalize_messages(messages[:n]) != previous.messages:
+    """Prompt ids built on the previous call's exact ids, or None when the conversation does not continue it
+    or the template does not allow an exact continuation (the caller renders afresh)."""
+    if closing is None or previous is None or not continues(previous, messages, tools):
         return None
     history = render(previous.raw_messages, tools, False)
     full = render(messages, tools, True)
     if full[: len(history)] != history:
         return None  # the template rewrote earlier turns: no exact continuation exists
+    if closing and history[-len(closing) :] != closing:
+        return None  # this assistant turn is closed otherwise than the probe's: the glue would be wrong
     ids = list(previous.ids)
     # The model may have sampled the first end-of-turn token itself; append only what it did not.
     glue = closing[1:] if closing and ids and ids[-1] == closing[0] else closing

@@ -60,7 +60,13 @@ def test_token_in_reuses_exact_ids_when_the_response_does_not_survive_retokeniza
     stats = httpx.get(
         f"{scripted_gateway.url}/admin/attempts/{aid}/stats", headers={"Authorization": f"Bearer {ADMIN}"}
     )
-    assert stats.json()["token_in"] == {"calls": 2, "continuations": 1, "token_in": 1, "token_in_share": 1.0}
+    assert stats.json()["token_in"] == {
+        "calls": 2,
+        "continuations": 1,
+        "token_in": 1,
+        "fallbacks": 0,
+        "token_in_share": 1.0,
+    }
 
 
 def test_tool_calls_round_trip_through_the_openai_client(scripted_gateway):
