@@ -5,6 +5,8 @@ policy, and their tasks read through pandas. Core logic: no Dagster imports.
 - `tasks`: `load_tasks(project) -> TaskSet` (tasks per split, `content_hash`, `require_splits`).
 - `references`: `resolve_callable`, `resolve_agent_class`, `resolve_program` for what the file points at.
 - `errors`: `ProjectError` (file, dotted key, problem) and `TaskDataError`.
+- `harness`: `harness_spec(project) -> HarnessSpec`, how the runner runs a `command`, `python` or `agl` harness.
+- `agl`: the launcher that runs an Agent Lightning-style class unchanged in its own process.
 - `scaffold`: `lightning-dagster init DIR` writes the starter project in `starter/`.
 - `cli`: `lightning-dagster project check`, and `add_project_option` / `exits_2_on_project_error`.
 """
