@@ -50,15 +50,10 @@ class SnapshotRef:
         if isinstance(value, SnapshotRef):
             return value
         try:
-            return cls(
-                name=str(value["name"]),
-                content_hash=str(value["content_hash"]),
-                rows=int(value["rows"]),
-                records=tuple(value.get("records", ())),
-                uri=str(value.get("uri", "")),
-            )
+            name, content_hash, rows = str(value["name"]), str(value["content_hash"]), int(value["rows"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"snapshot needs name, content_hash and rows: {value!r}") from exc
+        return cls(name, content_hash, rows, tuple(value.get("records", ())), str(value.get("uri", "")))
 
 
 @dataclass(frozen=True)

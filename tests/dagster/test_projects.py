@@ -200,3 +200,19 @@ def test_the_whole_graph_runs_on_a_user_project_and_mlflow_shows_its_data(bootst
     columns = {c["name"] for c in json.loads(holdout.schema)["mlflow_colspec"]}
     assert {"task_id", "family", "question", "answer", "split"} <= columns
     assert {t.value for t in inputs[f"{key}/train"].tags} == {"training"}
+
+
+def test_demo_with_a_broken_project_exits_2_naming_the_file_before_anything_runs(
+    tmp_path, capsys, monkeypatch
+):
+    import os
+
+    from lightning_dagster.cli import main
+
+    monkeypatch.delenv("LD_PROJECT", raising=False)
+    root = write_project(tmp_path / "proj", calc_rows(ROWS))
+    (root / "tasks.jsonl").write_text('{"task_id": "a", "family": "add", "split": "training"}\n')
+    assert main(["demo", "--quick", "--project", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert str(root / "tasks.jsonl") in err and "'training' in rows 1 is not a split" in err
+    assert "LD_PROJECT" not in os.environ  # the pipeline was never pointed at it
