@@ -3,7 +3,9 @@
 Dagster's default local instance (SQLite, under `$DAGSTER_HOME`, default `<home>/dagster_home`), the SQLite
 store, a SQLite MLflow tracking store and the embedded engine: bootstrap the first parent as
 `approved-default`, cut a snapshot, plan, approve the canary step, materialize the rest of the graph, print
-the receipt's verdict and the commands that open the Dagster and MLflow UIs on the same state.
+the receipt's verdict and the commands that open the Dagster and MLflow UIs on the same state. With
+`--project PATH` the graph runs the user project's harness on its tasks file (`LD_PROJECT`), else the
+built-in `calc` harness on generated tasks.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
 
 # The demo prints its own summary; Dagster's per-event console log would drown it.
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
@@ -37,7 +41,20 @@ DEMO_ACTORS = {"release-owner": "demo-release-owner", "default-approver": "demo-
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default: the demo's setting)")
     parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run, not a learning one")
+    add_project_option(parser)
     parser.set_defaults(handler=run)
+
+
+def use_project(path: Path) -> str:
+    """Check the project and its tasks (a `ProjectError` before anything runs), point the pipeline at it
+    (`LD_PROJECT`, which the printed UI command carries too) and return its one-line summary."""
+    from lightning_dagster.project import load_project, load_tasks
+
+    project = load_project(path)
+    tasks = load_tasks(project)
+    os.environ["LD_PROJECT"] = str(project.file)
+    rows = ", ".join(f"{split} {len(items)}" for split, items in tasks.splits.items())
+    return f"project: {project.name} ({project.harness.kind} harness; {tasks.file}: {rows})"
 
 
 def prepare_environment() -> dict[str, str]:
@@ -62,10 +79,12 @@ def prepare_environment() -> dict[str, str]:
                 + "\n"
             )
         os.environ["LD_ROLES_FILE"] = str(roles)
+    project = {"LD_PROJECT": os.environ["LD_PROJECT"]} if os.environ.get("LD_PROJECT") else {}
     return {
         "LIGHTNING_DAGSTER_HOME": str(home),
         "DAGSTER_HOME": os.environ["DAGSTER_HOME"],
         "LD_ROLES_FILE": os.environ["LD_ROLES_FILE"],
+        **project,
     }
 
 
@@ -136,8 +155,10 @@ def _run(job: Any, instance: Any, key: str, selection: list[str]) -> Any:
     )
 
 
+@exits_2_on_project_error
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    project = use_project(args.project) if args.project is not None else None
     env = prepare_environment()
     import dagster as dg
 
@@ -152,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
     defs = build_definitions(deferred=False, training=training)
     pipeline = defs.resources["pipeline"]
     print(f"lightning-dagster demo: home {env['LIGHTNING_DAGSTER_HOME']}", flush=True)
+    if project is not None:
+        print(project, flush=True)
     boot = bootstrap_parent(pipeline).metadata
     print(f"parent: approved-default = version {boot['approved_default']} {_fmt(boot)}", flush=True)
     instance = dg.DagsterInstance.get()

@@ -2,14 +2,43 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import dagster as dg
 
-from lightning_dagster.pipeline.results import CheckOutcome, Link, Markdown, StageResult
+from lightning_dagster.pipeline.results import CheckOutcome, Link, Markdown, StageResult, Table
+
+# Dagster's table column types for the scalar cells; any other value (a list, a dict) is shown as JSON text.
+CELL_TYPES: dict[type, str] = {bool: "bool", int: "int", float: "float", str: "string"}
+
+
+def _cell(value: Any) -> Any:
+    return value if value is None or type(value) in CELL_TYPES else json.dumps(value, sort_keys=True)
+
+
+def _column_type(values: list[Any]) -> str:
+    types = {CELL_TYPES.get(type(v), "string") for v in values if v is not None}
+    if types == {"int", "float"}:
+        return "float"
+    return types.pop() if len(types) == 1 else "string"
+
+
+def table_value(table: Table) -> dg.TableMetadataValue:
+    columns = [
+        dg.TableColumn(name, _column_type([row[i] for row in table.rows]))
+        for i, name in enumerate(table.columns)
+    ]
+    records = [
+        dg.TableRecord({name: _cell(cell) for name, cell in zip(table.columns, row, strict=True)})
+        for row in table.rows
+    ]
+    return dg.MetadataValue.table(records, schema=dg.TableSchema(columns=columns))
 
 
 def metadata_value(value: Any) -> Any:
+    if isinstance(value, Table):
+        return table_value(value)
     if isinstance(value, Markdown):
         return dg.MetadataValue.md(value.text)
     if isinstance(value, Link):

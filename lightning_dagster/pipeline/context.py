@@ -1,12 +1,14 @@
-"""The pieces every stage needs, built from the pipeline resource: store, registry, policy, harnesses,
-the per-snapshot documents the stages hand to each other, and the fingerprints staleness compares."""
+"""The pieces every stage needs, built from the pipeline resource: store, registry, policy, the harness and
+its tasks, the per-snapshot documents the stages hand to each other, and the fingerprints staleness compares."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning_dagster import config
 from lightning_dagster.pipeline.versions import code_version
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import CandidateArtifact, ParentRef, Receipt
     from lightning_dagster.harnesses.registry import HarnessSpec
     from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.project import Project, TaskSet
     from lightning_dagster.registry.core import Registry
     from lightning_dagster.store import Store
 
@@ -62,9 +65,72 @@ def harness(name: str) -> HarnessSpec:
     return get_harness(name)
 
 
-def harness_tools(name: str) -> list[dict]:
+def project_harness(project: Project) -> HarnessSpec:
+    """The one place a user project becomes a runnable harness."""
+    from lightning_dagster.project.harness import harness_spec
+
+    return harness_spec(project)
+
+
+@dataclass(frozen=True)
+class HarnessSource:
+    """The harness a pipeline runs and where its tasks come from: a user project's dataset (`project`,
+    `dataset`), or the built-in harness's task generators (both None)."""
+
+    spec: HarnessSpec
+    project: Project | None = None
+    dataset: TaskSet | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def make_tasks(self, split: str, n: int, seed: int) -> list[dict[str, Any]]:
+        """`n` tasks of `split` drawn with `seed`. From a dataset: train repeats the split in passes, each in
+        its own seeded order, until `n` are drawn (every row once before any repeats); the other splits
+        take at most `n` rows, without repeats, in the seeded order (all rows when the split has fewer)."""
+        if self.dataset is None:
+            return self.spec.make_tasks(split, n, seed)
+        rows = self.dataset.splits[split]
+        if split != "train":
+            n = min(n, len(rows))
+        drawn: list[dict[str, Any]] = []
+        passes = 0
+        while len(drawn) < n:
+            drawn += sorted(rows, key=lambda task: _seeded_rank(seed, passes, task["task_id"]))
+            passes += 1
+        return drawn[:n]
+
+    def require_splits(self, needed: list[str]) -> None:
+        """A dataset split the plan draws from is empty: a `TaskDataError` before any rollout runs."""
+        if self.dataset is not None:
+            self.dataset.require_splits(needed)
+
+
+def _seeded_rank(seed: int, passes: int, task_id: str) -> str:
+    return hashlib.sha256(f"{seed}:{passes}:{task_id}".encode()).hexdigest()
+
+
+def harness_source(p: Pipeline) -> HarnessSource:
+    """The pipeline's harness and task source: the project named by `model.project` (its tasks file read
+    now, so a changed file is seen), else the built-in harness named by `model.harness`."""
+    if not p.model.project:
+        return HarnessSource(harness(p.model.harness))
+    from lightning_dagster.project import load_project, load_tasks
+
+    project = load_project(p.model.project)
+    return HarnessSource(project_harness(project), project, load_tasks(project))
+
+
+def canary_source(p: Pipeline, source: HarnessSource) -> HarnessSource:
+    """The canary runs a harness whose effect can be re-read at its destination: the pipeline's own (with
+    its tasks) when it can (`verify`), else the gate's configured built-in canary harness."""
+    return source if source.spec.verify is not None else HarnessSource(harness(p.gate.canary_harness))
+
+
+def harness_tools(spec: HarnessSpec) -> list[dict]:
     """The tool schemas a harness offers its model: the tool contract staleness watches."""
-    return list(getattr(importlib.import_module(harness(name).module), "TOOLS", []))
+    return list(getattr(importlib.import_module(spec.module), "TOOLS", []))
 
 
 def receipt_id(key: str) -> str:
@@ -166,48 +232,45 @@ def global_fingerprints(p: Pipeline, parent_weights_hash: str | None) -> dict[st
     from lightning_dagster.gate.hashing import fingerprint
     from lightning_dagster.pipeline.serving import retry_policy
 
-    train = p.model.harness
-    canary = canary_harness(p)
+    source = harness_source(p)
+    train, canary = source.spec, canary_source(p, source).spec
     return {
         "evaluator": fingerprint(
             {
                 "name": p.gate.evaluator,
                 "version": p.gate.evaluator_version,
-                "harness": train,
+                "harness": train.name,
                 "holdout_tasks": p.training.holdout_tasks,
                 "protected_tasks": p.training.protected_tasks,
                 "eval_seed": p.training.eval_seed,
             }
         ),
-        "tool_contract": fingerprint({train: harness_tools(train), canary: harness_tools(canary)}),
-        "task_distribution": global_fingerprints_pool(p),
+        "tool_contract": fingerprint({train.name: harness_tools(train), canary.name: harness_tools(canary)}),
+        "task_distribution": task_pool(source),
         "parent": parent_weights_hash,
         "retry_policy": fingerprint(retry_policy(p).to_dict()),
-        "permissions": fingerprint(sorted(canary_allowed_tools(p))),
-        "destinations": fingerprint(sorted(canary_destinations(p))),
+        "permissions": fingerprint(sorted(canary_allowed_tools(p, canary))),
+        "destinations": fingerprint(sorted(canary_destinations(canary))),
     }
 
 
-def global_fingerprints_pool(p: Pipeline) -> str:
-    """The task distribution: the harness and the code of its task generators."""
+def task_pool(source: HarnessSource) -> str:
+    """The task distribution: a project's dataset content hash, or a built-in harness and the code of its
+    task generators."""
     from lightning_dagster.gate.hashing import fingerprint
 
-    return fingerprint({"generator": _source_fingerprint("harnesses"), "harness": p.model.harness})
+    if source.dataset is not None:
+        return source.dataset.content_hash
+    return fingerprint({"generator": _source_fingerprint("harnesses"), "harness": source.name})
 
 
-def canary_harness(p: Pipeline) -> str:
-    """The canary runs a harness whose effect can be re-read at its destination; the training harness
-    when it can (`verify`), else the gate's configured canary harness."""
-    return p.model.harness if harness(p.model.harness).verify is not None else p.gate.canary_harness
-
-
-def canary_allowed_tools(p: Pipeline) -> list[str]:
-    names = [t["function"]["name"] for t in harness_tools(canary_harness(p)) if "function" in t]
+def canary_allowed_tools(p: Pipeline, canary: HarnessSpec) -> list[str]:
+    names = [t["function"]["name"] for t in harness_tools(canary) if "function" in t]
     return [n for n in names if n not in p.gate.canary_denied_tools]
 
 
-def canary_destinations(p: Pipeline) -> list[str]:
-    return [f"{canary_harness(p)}:destination"]
+def canary_destinations(canary: HarnessSpec) -> list[str]:
+    return [f"{canary.name}:destination"]
 
 
 def current_fingerprints(p: Pipeline, key: str) -> dict[str, str | None]:

@@ -21,6 +21,15 @@ class Link:
 
 
 @dataclass
+class Table:
+    """A value the UI should render as a table (rows per split and family, a preview of the tasks): column
+    names, and rows of plain JSON-able values in that order."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+@dataclass
 class StageResult:
     """One stage's outcome: the metadata a user looks at, and a data version when the output has an identity
     (a checkpoint hash, a receipt hash) so the lineage view can tell which inputs produced it."""

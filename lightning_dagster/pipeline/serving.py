@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from lightning_dagster.types import Rollout, RolloutKind, Sampling, Span, SpanKind
 
 if TYPE_CHECKING:
+    from lightning_dagster.harnesses.registry import HarnessSpec
     from lightning_dagster.pipeline.settings import Pipeline
     from lightning_dagster.runner import RetryPolicy
     from lightning_dagster.runner.service import RolloutBatch, RolloutService
@@ -91,7 +92,7 @@ def rollout_service(
     model_dir: Path,
     *,
     snapshot_key: str,
-    harness: str,
+    harness: HarnessSpec,
     resource_id: str,
     serves_parent: bool,
 ) -> SnapshotService:

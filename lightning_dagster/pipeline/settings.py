@@ -17,6 +17,7 @@ class MLflowSettings(Protocol):
 
 
 class ModelSettings(Protocol):
+    project: str
     harness: str
     engine_threads: int
     max_batch: int

@@ -1,8 +1,10 @@
 """Snapshots: the task sets of one partition, frozen by content hash in the store, and their keys.
 
 Train tasks (and the serve rollouts a sensor saw) change from snapshot to snapshot; the held-out and
-protected sets are closed: drawn with the evaluation seed, identical for every snapshot, so candidates of
-different snapshots are judged on the same cases.
+protected sets are closed: drawn with the evaluation seed, identical for every snapshot (of one dataset),
+so candidates of different snapshots are judged on the same cases. A user project's tasks come from its
+dataset (`HarnessSource.make_tasks` says how rows are drawn); the manifest records the dataset's content
+hash, so the digest, and with it the key, changes when any row does.
 """
 
 from __future__ import annotations
@@ -67,6 +69,19 @@ class Splits(BaseModel):
     canary: list[dict[str, Any]]
 
 
+class Dataset(BaseModel):
+    """The user project a snapshot drew its tasks from: its tasks file, content hash and rows per split and
+    family when the snapshot was cut."""
+
+    model_config = {"extra": "forbid", "frozen": True}
+
+    project: str
+    harness_kind: str
+    path: str
+    content_hash: str
+    rows: dict[Split, dict[str, int]]
+
+
 class Manifest(BaseModel):
     """What a snapshot froze: its task sets, the serve rollouts it drew on, and hex digests over them."""
 
@@ -77,11 +92,15 @@ class Manifest(BaseModel):
     train_seed: int
     splits: Splits
     serve_rollout_ids: list[str]
+    dataset: Dataset | None = None  # None: the built-in harness's generated tasks
     split_digests: dict[Split, str]
     digest: str  # over every field above except `split_digests`
 
     def body(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"digest", "split_digests"})
+        body = self.model_dump(exclude={"digest", "split_digests"})
+        if body["dataset"] is None:
+            del body["dataset"]  # manifests of built-in harnesses hash as they did before datasets existed
+        return body
 
     @property
     def content_hash(self) -> str:
@@ -106,22 +125,39 @@ class Manifest(BaseModel):
 
 
 def build_manifest(p: Pipeline, *, train_seed: int, serve_rollout_ids: list[str] | None = None) -> Manifest:
-    """The task sets a snapshot freezes, with digests over all of them."""
-    t, spec = p.training, ctx.harness(p.model.harness)
-    canary_name = ctx.canary_harness(p)
+    """The task sets a snapshot freezes, with digests over all of them. A dataset split the plan draws from
+    that has no rows raises `TaskDataError` (nothing is frozen)."""
+    t, source = p.training, ctx.harness_source(p)
+    canary = ctx.canary_source(p, source)
+    wanted = {
+        "train": t.steps * t.tasks_per_step,
+        "holdout": t.holdout_tasks,
+        "protected": t.protected_tasks,
+    }
+    source.require_splits([split for split, n in wanted.items() if n > 0])
+    canary.require_splits(["canary"] if t.canary_tasks > 0 else [])
     splits = Splits(
-        train=spec.make_tasks("train", t.steps * t.tasks_per_step, train_seed),
-        holdout=spec.make_tasks("holdout", t.holdout_tasks, t.eval_seed),
-        protected=spec.make_tasks("protected", t.protected_tasks, t.eval_seed),
-        canary=ctx.harness(canary_name).make_tasks("canary", t.canary_tasks, train_seed),
+        train=source.make_tasks("train", wanted["train"], train_seed),
+        holdout=source.make_tasks("holdout", wanted["holdout"], t.eval_seed),
+        protected=source.make_tasks("protected", wanted["protected"], t.eval_seed),
+        canary=canary.make_tasks("canary", t.canary_tasks, train_seed),
     )
-    body = {
-        "harness": p.model.harness,
-        "canary_harness": canary_name,
+    body: dict[str, Any] = {
+        "harness": source.name,
+        "canary_harness": canary.name,
         "train_seed": train_seed,
         "splits": splits.model_dump(),
         "serve_rollout_ids": sorted(serve_rollout_ids or []),
     }
+    if source.project is not None and source.dataset is not None:
+        tasks = source.dataset
+        body["dataset"] = Dataset(
+            project=source.project.name,
+            harness_kind=source.project.harness.kind,
+            path=str(tasks.file),
+            content_hash=tasks.content_hash,
+            rows={split: dict(sorted(tasks.families(split).items())) for split in tasks.splits},
+        ).model_dump()
     return Manifest(
         **body,
         split_digests={split: _digest(items) for split, items in body["splits"].items()},

@@ -1,7 +1,8 @@
 """What the sensors and the schedule decide, without Dagster: new evidence, stop conditions, stale receipts.
 
 The continual-learning cursor is a small watermark (the newest serve rollout consumed and the task pool's
-fingerprint), never the set of everything seen.
+fingerprint: a project's dataset content hash, so an edited tasks file cuts a snapshot), never the set of
+everything seen.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def new_evidence(p: Pipeline, watermark: Watermark, *, force: bool = False) -> N
         else set()
     )
     serve = [r for r in fresh if r.rollout_id in rewarded]
-    pool = ctx.global_fingerprints_pool(p)
+    pool = ctx.task_pool(ctx.harness_source(p))
     need = p.training.min_serve_rollouts
     pool_changed = watermark.pool != pool
     enough = force or pool_changed or len(serve) >= need

@@ -57,7 +57,11 @@ class PolicyModelResource(dg.ConfigurableResource):
     """The policy being trained and what serves it: the embedded engine, or an upstream OpenAI-compatible
     server (then nothing can push trained weights to it: RL needs the embedded engine)."""
 
-    # the harness whose tasks the pipeline samples, trains and evaluates on (`harnesses.registry`)
+    # a user project (its `lightning-dagster.yaml` or the folder holding it): the pipeline runs its harness on
+    # its tasks file; empty: the built-in harness named by `harness`
+    project: str = ""
+    # the built-in harness whose generated tasks the pipeline samples, trains and evaluates on when no
+    # project is given (`harnesses.registry`)
     harness: str = "calc"
     # torch threads of the embedded engine that serves rollouts (`LocalGateway(threads=)`)
     engine_threads: int = 2
@@ -161,7 +165,9 @@ def default_pipeline(*, deferred: bool = True, **overrides: dg.ConfigurableResou
             tracking_uri=env_or("MLFLOW_TRACKING_URI", ""), ui_url=env_or("LD_MLFLOW_UI_URL", "")
         ),
         "model": PolicyModelResource(
-            harness=env_or("LD_HARNESS", "calc"), upstream_url=env_or("LD_UPSTREAM_URL", "")
+            project=env_or("LD_PROJECT", ""),
+            harness=env_or("LD_HARNESS", "calc"),
+            upstream_url=env_or("LD_UPSTREAM_URL", ""),
         ),
         "gateway": GatewayResource(secret=env_or("LD_GATEWAY_SECRET", "")),
         "training": TrainingResource(),

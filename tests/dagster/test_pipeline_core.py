@@ -107,7 +107,7 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
             p,
             model_dir,
             snapshot_key="snap-settings",
-            harness="calc",
+            harness=get_harness("calc"),
             resource_id="res-p",
             serves_parent=True,
         ) as parent:
@@ -125,7 +125,7 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
             p,
             model_dir,
             snapshot_key="snap-settings",
-            harness="calc",
+            harness=get_harness("calc"),
             resource_id="res-c",
             serves_parent=False,
         ) as candidate:

@@ -39,7 +39,7 @@ def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
         p,
         parent_dir,
         snapshot_key=key,
-        harness=p.model.harness,
+        harness=ctx.harness_source(p).spec,
         resource_id=plan.parent.resource_id,
         serves_parent=False,  # the candidate's weights are loaded into it next
     ) as service:
@@ -141,20 +141,20 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
     if receipt.candidate is None:
         raise StageMissing(key, "candidate_resource")
     candidate_dir = reg.download(ctx.registered_version(receipt.candidate))
-    name = ctx.canary_harness(p)
+    canary = ctx.canary_source(p, ctx.harness_source(p)).spec
     limits = R.CanaryLimits(
         max_tasks=p.training.canary_tasks,
         max_seconds=p.gate.canary_max_seconds,
-        allowed_tools=ctx.canary_allowed_tools(p),
+        allowed_tools=ctx.canary_allowed_tools(p, canary),
         max_cost=p.gate.canary_max_cost,
-        allowed_side_effects=ctx.canary_destinations(p),
+        allowed_side_effects=ctx.canary_destinations(canary),
     )
     items = manifest.splits.canary[: limits.max_tasks]
     with rollout_service(
         p,
         candidate_dir,
         snapshot_key=key,
-        harness=name,
+        harness=canary,
         resource_id=receipt.plan.candidate_id,
         serves_parent=False,
     ) as service:
@@ -169,12 +169,12 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
         all_spans = store.list_spans(rollout_ids=[r.rollout_id for r in batch.rollouts])
         # A tool counts as used when the model called one the harness offers (only those can act); a call
         # to a tool that does not exist is answered with an error and has no effect.
-        offered = {t["function"]["name"] for t in ctx.harness_tools(name) if "function" in t}
+        offered = {t["function"]["name"] for t in ctx.harness_tools(canary) if "function" in t}
         tools_used = sorted(service.tools_called(all_spans) & offered)
     effects = {
         s.rollout_id: s.attributes for s in all_spans if s.kind == SpanKind.custom and s.name == "effect"
     }
-    destination = ctx.canary_destinations(p)[0]
+    destination = ctx.canary_destinations(canary)[0]
     canary_tasks = []
     for r in batch.rollouts:
         effect = effects.get(r.rollout_id)
@@ -216,7 +216,7 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
     verified = sum(t.verified for t in canary_tasks)
     return StageResult(
         metadata={
-            "canary_harness": name,
+            "canary_harness": canary.name,
             "verified": f"{verified} of {len(canary_tasks)}",
             "verified_share": round(verified / len(canary_tasks), 4) if canary_tasks else None,
             "harmful_effects": sum(1 for t in canary_tasks if t.harmful_effect),

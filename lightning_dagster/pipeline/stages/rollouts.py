@@ -27,7 +27,7 @@ def rollouts(p: Pipeline, key: str) -> StageResult:
         p,
         parent_dir,
         snapshot_key=key,
-        harness=p.model.harness,
+        harness=ctx.harness_source(p).spec,
         resource_id=parent.resource_id,
         serves_parent=True,
     ) as service:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.report import family_table
-from lightning_dagster.pipeline.results import Markdown, StageResult
+from lightning_dagster.pipeline.results import Markdown, StageResult, Table
 from lightning_dagster.pipeline.snapshots import freeze_tasks, load_manifest, snapshot_refs
 from lightning_dagster.types import RolloutKind
 
@@ -17,20 +17,49 @@ if TYPE_CHECKING:
     from lightning_dagster.pipeline.settings import Pipeline
 
 
+PREVIEW_ROWS = 5  # train tasks shown in the `tasks` asset's preview table
+
+
 def tasks(p: Pipeline, key: str) -> StageResult:
     manifest = freeze_tasks(p, key)
     splits = dict(manifest.splits)
+    dataset = manifest.dataset
+    project: dict[str, Any] = {}
+    if dataset is not None:
+        project = {
+            "project": dataset.project,
+            "harness_kind": dataset.harness_kind,
+            "dataset": dataset.path,
+            "dataset_hash": dataset.content_hash,
+            "dataset_rows": family_counts(dataset.rows),
+        }
     return StageResult(
         metadata={
             "snapshot": key,
             "content_hash": manifest.content_hash,
             "harness": manifest.harness,
+            **project,
             **{f"{split}_tasks": len(items) for split, items in splits.items()},
             "serve_rollouts": len(manifest.serve_rollout_ids),
             "families": Markdown(family_table(splits)),
+            "preview": preview(manifest.splits.train[:PREVIEW_ROWS]),
         },
         data_version=manifest.content_hash,
     )
+
+
+def family_counts(rows: dict[str, dict[str, int]]) -> Table:
+    """Rows per family (one row each) and split (one column each), with a total row."""
+    families = sorted({family for counts in rows.values() for family in counts})
+    body = [[family, *(rows[split].get(family, 0) for split in rows)] for family in families]
+    total = ["(all)", *(sum(rows[split].values()) for split in rows)]
+    return Table(columns=["family", *rows], rows=[*body, total])
+
+
+def preview(items: list[dict[str, Any]]) -> Table:
+    """The given tasks with every column any of them has, in first-seen order."""
+    columns = list(dict.fromkeys(column for task in items for column in task))
+    return Table(columns=columns, rows=[[task.get(column) for column in columns] for task in items])
 
 
 def update_plan(p: Pipeline, key: str) -> StageResult:
@@ -48,8 +77,8 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
     Engine(parent.local_path, threads=p.model.engine_threads)  # loadable, not just resolvable
     parent_uri = f"models:/{p.mlflow.model_name}/{parent.version}"
     refs = snapshot_refs(manifest)
-    spec = ctx.harness(p.model.harness)
-    canary_spec = ctx.harness(ctx.canary_harness(p))
+    source = ctx.harness_source(p)
+    spec, canary_spec = source.spec, ctx.canary_source(p, source).spec
     t = p.training
     plan = R.Plan(
         candidate_id=ctx.candidate_id(key),
@@ -66,7 +95,7 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
         protected_snapshot=refs["protected"],
         canary_snapshot=refs["canary"],
         evaluator=R.EvaluatorRef(name=p.gate.evaluator, version=p.gate.evaluator_version),
-        algorithm=algorithm(p),
+        algorithm=algorithm(p, source.name),
         code_revision=ctx.code_version("training", "runner", "gateway", "engine"),
         scope=p.gate.scope,
         approvers=R.ApproverRoles(canary=p.gate.canary_approver_roles, default=p.gate.default_approver_roles),
@@ -76,11 +105,13 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
             RolloutKind.protected: list(spec.expected_span_families),
             RolloutKind.canary: list(canary_spec.expected_span_families),
         },
+        # What the stages will run on what was frozen (a dataset may hold fewer closed tasks than asked):
+        # each train task x group, parent and candidate once on each closed task, the candidate on the canary.
         expected_rollouts={
-            RolloutKind.train: t.steps * t.tasks_per_step * t.group_size,
-            RolloutKind.holdout: 2 * t.holdout_tasks,
-            RolloutKind.protected: 2 * t.protected_tasks,
-            RolloutKind.canary: t.canary_tasks,
+            RolloutKind.train: len(manifest.splits.train) * t.group_size,
+            RolloutKind.holdout: 2 * len(manifest.splits.holdout),
+            RolloutKind.protected: 2 * len(manifest.splits.protected),
+            RolloutKind.canary: min(len(manifest.splits.canary), t.canary_tasks),
         },
         retry_budget=R.RetryBudget(
             expected_sample_retries=0, infrastructure_retries=p.gate.infrastructure_retry_budget
@@ -113,7 +144,7 @@ def _plan_result(receipt: Receipt, stored: LedgerEntry) -> StageResult:
     )
 
 
-def algorithm(p: Pipeline) -> dict[str, Any]:
+def algorithm(p: Pipeline, harness: str) -> dict[str, Any]:
     t = p.training
     return {
         "name": t.advantage,
@@ -124,5 +155,5 @@ def algorithm(p: Pipeline) -> dict[str, Any]:
         "temperature": t.temperature,
         "loss_normalization": t.loss_normalization,
         "loss_constant": t.loss_constant,
-        "harness": p.model.harness,
+        "harness": harness,
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_dagster.pipeline import context as ctx
@@ -12,7 +13,9 @@ from lightning_dagster.pipeline.serving import collect, rollout_service, step_se
 from lightning_dagster.pipeline.snapshots import load_manifest, snapshot_refs
 
 if TYPE_CHECKING:
+    from lightning_dagster.gate.receipt import SnapshotRef
     from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.pipeline.snapshots import Manifest, Split
 
 
 def training_transitions(p: Pipeline, key: str) -> StageResult:
@@ -60,7 +63,7 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResul
             p,
             parent_dir,
             snapshot_key=key,
-            harness=p.model.harness,
+            harness=ctx.harness_source(p).spec,
             resource_id=f"{candidate_id}@1",
             serves_parent=False,
         ) as service:
@@ -86,16 +89,8 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResul
         snapshot_key=key,
         algorithm_config=receipt.plan.algorithm,
         metrics_per_step=[_numeric(m) for m in curve],
-        train_snapshot={
-            "name": f"{key}/train",
-            "content_hash": refs["train"].content_hash,
-            "rows": refs["train"].n_tasks,
-        },
-        heldout_snapshot={
-            "name": f"{key}/holdout",
-            "content_hash": refs["holdout"].content_hash,
-            "rows": refs["holdout"].n_tasks,
-        },
+        train_snapshot=_dataset(manifest, key, "train", refs["train"]),
+        heldout_snapshot=_dataset(manifest, key, "holdout", refs["holdout"]),
         receipt_id=receipt.receipt_id,
         receipt_hash=receipt_hash(receipt),
         code_revision=receipt.plan.code_revision,
@@ -136,6 +131,17 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResul
         },
         data_version=version.weights_hash,
     )
+
+
+def _dataset(manifest: Manifest, key: str, split: Split, ref: SnapshotRef) -> dict[str, Any]:
+    """One frozen split as the registry logs it: an MLflow dataset input of the candidate's run."""
+    return {
+        "name": f"{key}/{split}",
+        "content_hash": ref.content_hash,
+        "rows": ref.n_tasks,
+        "records": getattr(manifest.splits, split),
+        "uri": Path(manifest.dataset.path).as_uri() if manifest.dataset else "",
+    }
 
 
 def _numeric(metrics: dict[str, Any]) -> dict[str, float]:

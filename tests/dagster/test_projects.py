@@ -1,0 +1,218 @@
+"""A user project through the pipeline: its tasks file becomes the snapshot's task sets (and its key), the
+`tasks` asset shows the project, the sensor cuts on an edited tasks file, and the whole graph runs on it.
+
+The project's harness is the built-in calc agent: the seam `pipeline.context.project_harness` is replaced by
+a stand-in returning `get_harness("calc")`, so these tests need nothing of how projects become harnesses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from lightning_dagster.assets import snapshot_assets
+from lightning_dagster.assets import tasks as tasks_asset
+from lightning_dagster.definitions import build_definitions
+from lightning_dagster.demo import run_snapshot
+from lightning_dagster.harnesses.registry import get_harness
+from lightning_dagster.partitions import snapshots
+from lightning_dagster.pipeline import context as ctx
+from lightning_dagster.pipeline.snapshots import build_manifest, freeze_tasks, load_manifest
+from lightning_dagster.project import TaskDataError, load_project, load_tasks
+from lightning_dagster.resources import PolicyModelResource
+from lightning_dagster.sensors import continual_learning_sensor
+from tests.dagster.conftest import TINY_POLICY, pipeline_for
+
+# Rows per split of the test dataset: fewer train rows than 2 steps x 4 tasks (so train cycles), more
+# held-out rows than the 8 the tiny settings ask for (so holdout is capped), protected exactly 4.
+ROWS = {"train": 6, "holdout": 10, "protected": 4, "canary": 2}
+
+
+@pytest.fixture(autouse=True)
+def calc_stand_in(monkeypatch):
+    monkeypatch.setattr(ctx, "project_harness", lambda project: get_harness("calc"))
+
+
+def calc_rows(rows: dict[str, int], seed: int = 7) -> list[dict]:
+    return [task for split, n in rows.items() for task in get_harness("calc").make_tasks(split, n, seed)]
+
+
+def write_project(root: Path, rows: list[dict], name: str = "calc-project") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "tasks.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    project = {
+        "name": name,
+        "harness": {"command": ["python", "-m", "lightning_dagster.harnesses.calc.agent"]},
+        "tasks": {"path": "tasks.jsonl"},
+    }
+    (root / "lightning-dagster.yaml").write_text(yaml.safe_dump(project))
+    return root
+
+
+def project_pipeline(root: Path, policy: Path | None = None):
+    return pipeline_for(policy).model_copy(update={"model": PolicyModelResource(project=str(root))})
+
+
+def test_project_snapshot_draws_every_split_from_the_dataset(embedded_home, tmp_path):
+    root = write_project(tmp_path / "proj", calc_rows(ROWS))
+    p = project_pipeline(root)
+    dataset = load_tasks(load_project(root))
+    manifest = build_manifest(p, train_seed=11)
+    ids = {split: {t["task_id"] for t in dataset.splits[split]} for split in ROWS}
+    train = [t["task_id"] for t in manifest.splits.train]
+    # steps x tasks_per_step = 8 from 6 rows: every row once, then a second seeded pass.
+    assert len(train) == 8 and set(train[:6]) == ids["train"] and set(train[6:]) <= ids["train"]
+    assert len(set(train[6:])) == 2
+    # Closed sets: at most the setting, no repeats, and the same for any train seed.
+    holdout = [t["task_id"] for t in manifest.splits.holdout]
+    assert len(holdout) == 8 and len(set(holdout)) == 8 and set(holdout) <= ids["holdout"]
+    assert {t["task_id"] for t in manifest.splits.protected} == ids["protected"]
+    assert build_manifest(p, train_seed=12).splits.holdout == manifest.splits.holdout
+    # calc has no `verify`: the canary stays the gate's built-in ledger harness on its own tasks.
+    assert (
+        manifest.canary_harness == "ledger"
+        and not {t["task_id"] for t in manifest.splits.canary} & ids["canary"]
+    )
+    assert manifest.harness == "calc"
+    assert manifest.dataset.project == "calc-project" and manifest.dataset.harness_kind == "command"
+    assert manifest.dataset.content_hash == dataset.content_hash
+    assert {split: sum(c.values()) for split, c in manifest.dataset.rows.items()} == ROWS
+
+
+def test_snapshot_digest_follows_the_dataset_rows_not_their_order(embedded_home, tmp_path):
+    rows = calc_rows(ROWS)
+    first = build_manifest(project_pipeline(write_project(tmp_path / "a", rows)), train_seed=5)
+    reordered = build_manifest(project_pipeline(write_project(tmp_path / "a", rows[::-1])), train_seed=5)
+    assert reordered.digest == first.digest
+    changed = [dict(row) for row in rows]
+    changed[-1]["answer"] += 1  # a canary row: no task set of the snapshot holds it, the dataset hash does
+    edited = build_manifest(project_pipeline(write_project(tmp_path / "a", changed)), train_seed=5)
+    assert edited.splits == first.splits
+    assert edited.dataset.content_hash != first.dataset.content_hash and edited.digest != first.digest
+
+
+def test_an_empty_split_the_plan_needs_is_named_before_anything_is_frozen(embedded_home, tmp_path):
+    root = write_project(tmp_path / "proj", calc_rows({**ROWS, "protected": 0}))
+    p = project_pipeline(root)
+    key = "snap-20261130T0800Z-0000e000"
+    with pytest.raises(TaskDataError, match="no tasks in split protected") as err:
+        freeze_tasks(p, key)
+    assert err.value.keys == ["tasks.split_column"]
+    with pytest.raises(ctx.StageMissing):
+        load_manifest(p, key)
+
+
+def test_tasks_asset_shows_the_project_rows_per_split_and_family_and_a_preview(embedded_home, tmp_path):
+    root = write_project(tmp_path / "proj", calc_rows(ROWS))
+    p = project_pipeline(root)
+    key = "snap-20261130T0800Z-0000a55e"
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(snapshots.name, [key])
+    result = dg.materialize([tasks_asset], partition_key=key, resources={"pipeline": p}, instance=instance)
+    (event,) = result.get_asset_materialization_events()
+    meta = event.materialization.metadata
+    assert meta["project"].value == "calc-project" and meta["harness_kind"].value == "command"
+    assert meta["dataset"].value == str(root / "tasks.jsonl")
+    assert meta["dataset_hash"].value == load_tasks(load_project(root)).content_hash
+    rows = meta["dataset_rows"]
+    assert [c.name for c in rows.schema.columns] == ["family", "train", "holdout", "protected", "canary"]
+    by_family = {r.data["family"]: r.data for r in rows.records}
+    assert {k: v for k, v in by_family.pop("(all)").items() if k != "family"} == ROWS
+    families = load_tasks(load_project(root)).families("holdout")
+    assert {family: r["holdout"] for family, r in by_family.items() if r["holdout"]} == dict(families)
+    preview = meta["preview"]
+    manifest = load_manifest(p, key)
+    assert [r.data["task_id"] for r in preview.records] == [t["task_id"] for t in manifest.splits.train[:5]]
+    types = {c.name: c.type for c in preview.schema.columns}
+    assert types["question"] == "string" and types["answer"] == "int"
+    assert meta["train_tasks"].value == 8 and meta["holdout_tasks"].value == 8
+
+
+def _tick(p, instance, cursor=None):
+    with dg.build_sensor_context(instance=instance, resources={"pipeline": p}, cursor=cursor) as context:
+        return continual_learning_sensor(context)
+
+
+@pytest.mark.slow  # pays for the session's bootstrap when run first (the sensor needs a parent)
+def test_sensor_cuts_a_snapshot_when_the_tasks_file_changes(bootstrapped, tmp_path):
+    rows = calc_rows(ROWS)
+    root = write_project(tmp_path / "proj", rows)
+    p = project_pipeline(root)
+    instance = dg.DagsterInstance.ephemeral()
+    first = _tick(p, instance)
+    (key,) = first.dynamic_partitions_requests[0].partition_keys
+    assert json.loads(first.cursor)["pool"] == load_tasks(load_project(root)).content_hash
+    idle = _tick(p, instance, first.cursor)
+    assert not idle.run_requests and "task pool unchanged" in idle.skip_reason.skip_message
+
+    rows[0] = {**rows[0], "question": rows[0]["question"] + " Count carefully."}
+    write_project(root, rows)
+    edited = _tick(p, instance, first.cursor)
+    (key2,) = edited.dynamic_partitions_requests[0].partition_keys
+    new_hash = load_tasks(load_project(root)).content_hash
+    assert key2 != key and load_manifest(p, key2).dataset.content_hash == new_hash
+    assert json.loads(edited.cursor)["pool"] == new_hash
+    assert load_manifest(p, key).dataset.content_hash != new_hash
+
+
+@pytest.mark.slow
+def test_the_whole_graph_runs_on_a_user_project_and_mlflow_shows_its_data(bootstrapped, tmp_path):
+    root = write_project(tmp_path / "proj", calc_rows(ROWS))
+    p = project_pipeline(root, TINY_POLICY)
+    defs = build_definitions(
+        deferred=False, **{name: getattr(p, name) for name in ("model", "training", "gate")}
+    )
+    instance = dg.DagsterInstance.ephemeral()
+    key = "snap-20261130T0800Z-00000f11"
+    instance.add_dynamic_partitions(snapshots.name, [key])
+    results = run_snapshot(defs, instance, key, approver=("alice", "release-owner"))
+    failures = [
+        e.event_specific_data.error.to_string() for r in results for e in r.all_events if e.is_step_failure
+    ]
+    assert all(r.success for r in results), "\n".join(failures)
+    done = {e.asset_key.to_user_string() for r in results for e in r.get_asset_materialization_events()}
+    assert done == {a.key.to_user_string() for a in snapshot_assets}
+    store, manifest = p.get_store(), load_manifest(p, key)
+    receipt = ctx.find_receipt(store, key)
+    by_kind: dict = {}
+    for r in store.query_rollouts(snapshot_key=key):
+        by_kind[r.kind] = by_kind.get(r.kind, 0) + 1
+    assert by_kind == receipt.plan.expected_rollouts
+    trained = {r.task_id for r in store.query_rollouts(snapshot_key=key) if r.kind.value == "train"}
+    assert trained == {t["task_id"] for t in manifest.splits.train}
+
+    # The candidate's MLflow run names the data that made it: the frozen train and held-out sets.
+    run_id = ctx.load_stage(store, key, "candidate_resource")["run_id"]
+    client = MlflowClient(p.mlflow.resolved_uri())
+    inputs = {d.dataset.name: d for d in client.get_run(run_id).inputs.dataset_inputs}
+    assert set(inputs) == {f"{key}/train", f"{key}/holdout"}
+    holdout = inputs[f"{key}/holdout"].dataset
+    assert holdout.digest == manifest.split_digests["holdout"][:36]
+    source = json.loads(holdout.source)
+    assert source["uri"] == (root / "tasks.jsonl").resolve().as_uri()
+    assert source["content_hash"] == manifest.split_hash("holdout")
+    assert json.loads(holdout.profile)["num_rows"] == 8
+    columns = {c["name"] for c in json.loads(holdout.schema)["mlflow_colspec"]}
+    assert {"task_id", "family", "question", "answer", "split"} <= columns
+    assert {t.value for t in inputs[f"{key}/train"].tags} == {"training"}
+
+
+def test_demo_with_a_broken_project_exits_2_naming_the_file_before_anything_runs(
+    tmp_path, capsys, monkeypatch
+):
+    import os
+
+    from lightning_dagster.cli import main
+
+    monkeypatch.delenv("LD_PROJECT", raising=False)
+    root = write_project(tmp_path / "proj", calc_rows(ROWS))
+    (root / "tasks.jsonl").write_text('{"task_id": "a", "family": "add", "split": "training"}\n')
+    assert main(["demo", "--quick", "--project", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert str(root / "tasks.jsonl") in err and "'training' in rows 1 is not a split" in err
+    assert "LD_PROJECT" not in os.environ  # the pipeline was never pointed at it
