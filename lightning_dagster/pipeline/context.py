@@ -129,7 +129,10 @@ def canary_source(p: Pipeline, source: HarnessSource) -> HarnessSource:
 
 
 def harness_tools(spec: HarnessSpec) -> list[dict]:
-    """The tool schemas a harness offers its model: the tool contract staleness watches."""
+    """The tool schemas a harness offers its model: the tool contract staleness watches. A project harness
+    declares none (its tools live in its own program), so its contract is empty."""
+    if spec.module is None:
+        return []
     return list(getattr(importlib.import_module(spec.module), "TOOLS", []))
 
 

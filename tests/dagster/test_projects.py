@@ -1,8 +1,9 @@
 """A user project through the pipeline: its tasks file becomes the snapshot's task sets (and its key), the
 `tasks` asset shows the project, the sensor cuts on an edited tasks file, and the whole graph runs on it.
 
-The project's harness is the built-in calc agent: the seam `pipeline.context.project_harness` is replaced by
-a stand-in returning `get_harness("calc")`, so these tests need nothing of how projects become harnesses.
+Most tests stand the built-in calc agent in for the project's harness (the seam
+`pipeline.context.project_harness`); the whole-graph test runs the project's own `python:` harness, a user
+module that answers with the calc agent's tool loop, through the real project path.
 """
 
 from __future__ import annotations
@@ -34,8 +35,19 @@ ROWS = {"train": 6, "holdout": 10, "protected": 4, "canary": 2}
 
 
 @pytest.fixture(autouse=True)
-def calc_stand_in(monkeypatch):
-    monkeypatch.setattr(ctx, "project_harness", lambda project: get_harness("calc"))
+def calc_stand_in(request, monkeypatch):
+    if "own_harness" not in request.keywords:
+        monkeypatch.setattr(ctx, "project_harness", lambda project: get_harness("calc"))
+
+
+# A user's in-process harness: `solve(task, client)` with an OpenAI client, returning the reward.
+USER_HARNESS = """
+from lightning_dagster.harnesses.calc.agent import run_episode, score
+
+
+def solve(task, client):
+    return score(run_episode(client, task["question"]), task["answer"])
+"""
 
 
 def calc_rows(rows: dict[str, int], seed: int = 7) -> list[dict]:
@@ -161,8 +173,13 @@ def test_sensor_cuts_a_snapshot_when_the_tasks_file_changes(bootstrapped, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.own_harness
 def test_the_whole_graph_runs_on_a_user_project_and_mlflow_shows_its_data(bootstrapped, tmp_path):
     root = write_project(tmp_path / "proj", calc_rows(ROWS))
+    (root / "user_harness.py").write_text(USER_HARNESS)
+    spec = yaml.safe_load((root / "lightning-dagster.yaml").read_text())
+    spec["harness"] = {"python": "user_harness:solve"}
+    (root / "lightning-dagster.yaml").write_text(yaml.safe_dump(spec))
     p = project_pipeline(root, TINY_POLICY)
     defs = build_definitions(
         deferred=False, **{name: getattr(p, name) for name in ("model", "training", "gate")}
@@ -183,8 +200,11 @@ def test_the_whole_graph_runs_on_a_user_project_and_mlflow_shows_its_data(bootst
     for r in store.query_rollouts(snapshot_key=key):
         by_kind[r.kind] = by_kind.get(r.kind, 0) + 1
     assert by_kind == receipt.plan.expected_rollouts
-    trained = {r.task_id for r in store.query_rollouts(snapshot_key=key) if r.kind.value == "train"}
-    assert trained == {t["task_id"] for t in manifest.splits.train}
+    trained = [r for r in store.query_rollouts(snapshot_key=key) if r.kind.value == "train"]
+    assert {r.task_id for r in trained} == {t["task_id"] for t in manifest.splits.train}
+    # The project's own harness ran them, and its returned rewards are recorded for them.
+    assert {r.harness for r in trained} == {"calc-project"}
+    assert len(store.list_rewards(rollout_ids=[r.rollout_id for r in trained])) == len(trained)
 
     # The candidate's MLflow run names the data that made it: the frozen train and held-out sets.
     run_id = ctx.load_stage(store, key, "candidate_resource")["run_id"]
