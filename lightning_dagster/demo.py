@@ -108,13 +108,13 @@ def demo_training(steps: int | None, quick: bool):
 def run_snapshot(defs: Any, instance: Any, key: str, *, approver: tuple[str, str] | None) -> list[Any]:
     """Plan, optionally approve the canary step, then materialize the rest of the snapshot's graph, each as a
     run of the `continual_learning` / `approve` jobs on `instance`. Returns the run results."""
-    job = defs.get_job_def("continual_learning")
+    job = defs.resolve_job_def("continual_learning")
     planned = ["tasks", "update_plan"]
     results = [_run(job, instance, key, planned)]
     if approver is not None:
         actor, role = approver
         results.append(
-            defs.get_job_def("approve").execute_in_process(
+            defs.resolve_job_def("approve").execute_in_process(
                 instance=instance,
                 run_config={
                     **QUIET,

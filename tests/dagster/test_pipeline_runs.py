@@ -39,7 +39,7 @@ def _checks(results) -> dict[str, bool]:
 
 
 def _launch(defs, instance, job: str, op: str, **config) -> dg.ExecuteInProcessResult:
-    return defs.get_job_def(job).execute_in_process(
+    return defs.resolve_job_def(job).execute_in_process(
         instance=instance, run_config={"ops": {op: {"config": config}}}, raise_on_error=False
     )
 
@@ -158,7 +158,7 @@ def test_postgres_instance_blocks_then_approves_then_promotes(postgres_instance)
         defs, instance, "approve", "approve_receipt", snapshot_key=key, actor="alice", role="release-owner"
     )
     assert approved.success, _error(approved, "approve_receipt")
-    job = defs.get_job_def("continual_learning")
+    job = defs.resolve_job_def("continual_learning")
     rejudged = job.execute_in_process(
         instance=instance, partition_key=key, asset_selection=[dg.AssetKey("release_receipt")]
     )
