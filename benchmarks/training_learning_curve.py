@@ -61,12 +61,12 @@ def main() -> int:
     )
 
     def log(entry: dict) -> None:
-        if "success" in entry:
+        if "eval_seconds" in entry:  # an evaluation point (a step's metrics carry its batch's success too)
             print(f"step {entry['step']:3d}  rl {entry['rl_seconds']:6.1f} s  sampled {entry['success']:.3f}"
                   + (f"  greedy {entry['greedy']:.3f}" if "greedy" in entry else "")
                   + f"  (eval {entry['eval_seconds']:.0f} s)", flush=True)  # fmt: skip
         else:
-            print(f"  step {entry['step']:3d} reward {entry['reward_mean']:.3f} skipped groups "
+            print(f"  step {entry['step']:3d} reward {entry['success']:.3f} skipped groups "
                   f"{entry['skipped_groups']}/{entry['groups']} rollouts {entry['rollout_seconds']:.1f} s "
                   f"train {entry['seconds']:.1f} s", flush=True)  # fmt: skip
 

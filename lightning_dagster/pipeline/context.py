@@ -251,7 +251,7 @@ def global_fingerprints(p: Pipeline, parent_weights_hash: str | None) -> dict[st
         "tool_contract": fingerprint({train.name: harness_tools(train), canary.name: harness_tools(canary)}),
         "task_distribution": task_pool(source),
         "parent": parent_weights_hash,
-        "retry_policy": fingerprint(retry_policy(p).to_dict()),
+        "retry_policy": fingerprint(retry_policy(p, train).to_dict()),
         "permissions": fingerprint(sorted(canary_allowed_tools(p, canary))),
         "destinations": fingerprint(sorted(canary_destinations(canary))),
     }

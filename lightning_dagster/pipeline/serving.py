@@ -18,11 +18,17 @@ if TYPE_CHECKING:
     from lightning_dagster.training.trainer import TrainerConfig
 
 
-def retry_policy(p: Pipeline) -> RetryPolicy:
-    """The retry policy every pipeline rollout runs under; staleness fingerprints this same object."""
-    from lightning_dagster.runner import RetryPolicy
-
-    return RetryPolicy(max_attempts=p.training.max_attempts, timeout_s=p.training.attempt_timeout_s)
+def retry_policy(p: Pipeline, spec: HarnessSpec) -> RetryPolicy:
+    """The retry policy a stage's rollouts of `spec` run under: the harness's own timeout and attempt budget
+    (a project's `harness.timeout_s` / `max_attempts`) unless the training resource overrides them.
+    Staleness fingerprints the policy this same function gives for the training harness."""
+    t = p.training
+    overrides = {
+        name: value
+        for name, value in (("max_attempts", t.max_attempts), ("timeout_s", t.attempt_timeout_s))
+        if value is not None
+    }
+    return spec.retry_policy(**overrides)
 
 
 def step_settings(p: Pipeline) -> StepSettings:
@@ -111,7 +117,7 @@ def rollout_service(
         parallel=p.gateway.parallel,
         serving="thread" if serves_parent else "process",
         runner_mode=p.gateway.runner_mode,  # type: ignore[arg-type]
-        retry_policy=retry_policy(p),
+        retry_policy=retry_policy(p, harness),
         upstream_url=upstream if serves_parent else None,
         host=p.gateway.host,
         port=p.gateway.port,

@@ -43,8 +43,8 @@ class TrainingSettings(Protocol):
     protected_tasks: int
     canary_tasks: int
     eval_seed: int
-    max_attempts: int
-    attempt_timeout_s: float
+    max_attempts: int | None
+    attempt_timeout_s: float | None
     advantage: str
     loss_normalization: str
     loss_constant: float | None

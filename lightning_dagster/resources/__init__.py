@@ -103,9 +103,11 @@ class TrainingResource(dg.ConfigurableResource):
     protected_tasks: int = 16  # cases decoded greedily that must not regress
     canary_tasks: int = 8  # tasks of the bounded canary
     eval_seed: int = 1234  # one sampling seed for parent and candidate (common random numbers)
-    # attempts per rollout (the runner's RetryPolicy): 1 keeps a failed sample a failed sample, as RL needs
-    max_attempts: int = 1
-    attempt_timeout_s: float = 120.0  # a harness attempt still running after this ends in `timeout`
+    # attempts per rollout and seconds per attempt (the runner's RetryPolicy, fingerprinted into the receipt);
+    # None: the harness's own (a project's `harness.max_attempts` / `timeout_s`; the examples: 1 attempt,
+    # which keeps a failed sample a failed sample, as RL needs, and 120 s)
+    max_attempts: int | None = None
+    attempt_timeout_s: float | None = None
     advantage: str = "grpo"  # rollout-level advantage mode (training.advantages)
     # how per-token losses are weighted (training.loss): token_mean, seq_mean_token_mean (per rollout), or
     # constant (Dr. GRPO's fixed denominator, `loss_constant`, e.g. the token budget of a step)

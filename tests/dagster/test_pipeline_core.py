@@ -3,11 +3,13 @@ names, and pointer operations that refuse receipts the store cannot place."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import pytest
 
 from lightning_dagster.gate.hashing import content_hash, fingerprint
+from lightning_dagster.harnesses.registry import get_harness
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.serving import retry_policy
 from lightning_dagster.pipeline.snapshots import (
@@ -61,11 +63,23 @@ def test_a_tampered_manifest_is_refused_on_load(embedded_home):
 
 def test_retry_policy_fingerprint_is_the_policy_the_runner_uses(embedded_home):
     p = pipeline_for()
+    calc = get_harness("calc")
+    assert retry_policy(p, calc) == calc.retry_policy()  # no override: the harness's own budget
     twice = p.model_copy(update={"training": tiny_training(max_attempts=2)})
-    assert retry_policy(twice).max_attempts == 2
+    assert retry_policy(twice, calc).max_attempts == 2
     prints = ctx.global_fingerprints(twice, None)["retry_policy"]
-    assert prints == fingerprint(retry_policy(twice).to_dict())
+    assert prints == fingerprint(retry_policy(twice, calc).to_dict())
     assert prints != ctx.global_fingerprints(p, None)["retry_policy"]
+
+
+def test_a_project_harness_brings_its_own_timeout_and_attempts(embedded_home):
+    spec = dataclasses.replace(get_harness("calc"), timeout_s=7.0, max_attempts=3)
+    policy = retry_policy(pipeline_for(), spec)
+    assert (policy.timeout_s, policy.max_attempts) == (7.0, 3)
+    overridden = retry_policy(
+        pipeline_for().model_copy(update={"training": tiny_training(max_attempts=1)}), spec
+    )
+    assert (overridden.timeout_s, overridden.max_attempts) == (7.0, 1)
 
 
 def test_promote_refuses_a_receipt_no_snapshot_planned(embedded_home):
