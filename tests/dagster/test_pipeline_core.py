@@ -100,7 +100,7 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
     stage's service runs with."""
     from lightning_dagster.engine import build_base_model
     from lightning_dagster.gateway.server import GatewayServer
-    from lightning_dagster.harnesses.registry import get_harness, training_corpus
+    from lightning_dagster.harnesses.registry import training_corpus
     from lightning_dagster.pipeline.serving import rollout_service
     from lightning_dagster.resources import GatewayResource, PolicyModelResource
     from lightning_dagster.types import RolloutKind, Sampling, SpanKind
@@ -127,7 +127,8 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
         ) as parent:
             service = parent.service
             assert service.runner.mode == "subprocess"
-            assert service.retry_policy == retry_policy(p) and service.retry_policy.max_attempts == 2
+            assert service.retry_policy == retry_policy(p, get_harness("calc"))
+            assert service.retry_policy.max_attempts == 2
             assert service.gateway.url.endswith(f":{port}") and service.gateway.secret == "s3cret"
             batch = parent.run(tasks, group=1, kind=RolloutKind.train, sampling=Sampling(), seed=1, tag="set")
         llm = [s for spans in batch.spans.values() for s in spans if s.kind == SpanKind.llm]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from lightning_dagster.project.scaffold import write_starter
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
 from lightning_dagster.types import AttemptState, SpanKind
 from tests.project.helpers import task_rows, write_jsonl
+from tests.support.project_imports import restore_import_state  # noqa: F401 (autouse)
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_EXAMPLE = REPO / "examples" / "node-agent"
@@ -36,17 +36,6 @@ def chat(question, base=None, key=None):
                  "Content-Type": "application/json"})
     return json.loads(urllib.request.urlopen(req).read())
 """
-
-
-@pytest.fixture(autouse=True)
-def restore_import_state():
-    """Loading a project puts its folder on sys.path and imports its modules: undo that after each test."""
-    path, modules = list(sys.path), set(sys.modules)
-    yield
-    sys.path[:] = path
-    for name in set(sys.modules) - modules:
-        if (getattr(sys.modules[name], "__file__", None) or "").startswith(tempfile.gettempdir()):
-            del sys.modules[name]
 
 
 def make_project(
