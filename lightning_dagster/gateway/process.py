@@ -1,10 +1,9 @@
 """The gateway and its engine in a process of their own, started and fed weights by a trainer.
 
 Why a process: a trainer that samples through the gateway runs the harness workers, the HTTP server and the
-engine's decode loop on one interpreter lock. Measured on the calc harness (2 cores, 256 rollouts per step):
-the engine's decode loop ran ~3x slower in that process than alone, and serving from a child process cut a
-step's rollout time from ~11.6 s to ~8 s (benchmarks/README.md, training). It is also how a real deployment
-looks: the trainer talks to its inference server over HTTP and pushes weights to it.
+engine's decode loop on one interpreter lock, which starves the decode loop; a child process gives it a lock
+of its own (benchmarks/README.md, training, has the step times). It is also how a real deployment looks:
+the trainer talks to its inference server over HTTP and pushes weights to it.
 
 Weights travel as a safetensors file next to the child (`POST /admin/weights` with its path), never as
 tensors over HTTP; the push returns once the engine serves them.

@@ -172,8 +172,8 @@ class Runner:
                 claimed = None
             if claimed is None:
                 # Nothing queued: only a retry (the reaper's, or another process's) can still appear. Back
-                # off, so a run's tail does not have every idle worker querying the store 10 times a second
-                # (measured: a quarter of the process's time, starving the workers still running).
+                # off, so a run's tail does not have every idle worker querying the store many times a second
+                # and starving the workers still running.
                 stop.wait(idle)
                 idle = min(idle * 2, IDLE_POLL_S[1])
                 continue

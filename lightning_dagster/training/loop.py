@@ -52,7 +52,7 @@ class RLConfig:
     greedy_every_eval: bool = False  # greedy only for the parent and the final candidate unless set
     seed: int = 0  # task pools and the base of every step's sampling seed (`step_seed`)
     parallel: int = 64
-    # The gateway + engine in a child process: ~1.4x faster rollouts on calc (benchmarks/README.md, training).
+    # The gateway + engine in a child process: faster rollouts on calc (benchmarks/README.md, training).
     serving: Serving = "process"
     runner_mode: Literal["inprocess", "subprocess"] = "inprocess"
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -124,8 +124,8 @@ _HTTP_LOCK = threading.Lock()
 
 def http_client() -> httpx.Client:
     """One connection pool per process, shared by every episode run in it. A new `OpenAI` client per
-    episode would build its own pool and TLS context each time (~23 ms of CPU, most of an episode's
-    client-side cost) and open fresh connections; the per-attempt key still goes with each client."""
+    episode would build its own pool and TLS context each time (most of an episode's client-side CPU) and
+    open fresh connections; the per-attempt key still goes with each client."""
     global _HTTP
     with _HTTP_LOCK:
         if _HTTP is None:
