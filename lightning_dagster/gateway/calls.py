@@ -109,6 +109,20 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
     return Response(schemas.dumps(response), media_type="application/json", headers=headers)
 
 
+def _call_span(gw: Gateway, ctx: AttemptContext, chat: bool, started: float, **fields: Any) -> Span:
+    """An LLM span of this attempt's call; `fields` are what the call produced (ids, or its error)."""
+    return Span(
+        trace_id=ctx.attempt_id,
+        rollout_id=ctx.rollout_id,
+        attempt_id=ctx.attempt_id,
+        name="chat.completions" if chat else "completions",
+        kind=SpanKind.llm,
+        start_time=started,
+        resource_id=gw.backend.resource_id,
+        **fields,
+    )
+
+
 def _llm_span(
     gw: Gateway,
     ctx: AttemptContext,
@@ -118,33 +132,27 @@ def _llm_span(
     latency: float,
     attributes: dict[str, Any],
 ) -> Span:
-    return Span(
-        trace_id=ctx.attempt_id,
-        rollout_id=ctx.rollout_id,
-        attempt_id=ctx.attempt_id,
-        name="chat.completions" if chat else "completions",
-        kind=SpanKind.llm,
-        start_time=started,
+    return _call_span(
+        gw,
+        ctx,
+        chat,
+        started,
         end_time=started + latency,
         attributes=attributes,
         prompt_token_ids=c.prompt_ids,
         response_token_ids=c.response_ids,
         response_logprobs=c.logprobs,
         finish_reason=c.finish_reason,
-        resource_id=gw.backend.resource_id,
     )
 
 
 def _error_span(gw: Gateway, ctx: AttemptContext, chat: bool, started: float, exc: GatewayError) -> Span:
-    return Span(
-        trace_id=ctx.attempt_id,
-        rollout_id=ctx.rollout_id,
-        attempt_id=ctx.attempt_id,
-        name="chat.completions" if chat else "completions",
-        kind=SpanKind.llm,
-        start_time=started,
+    return _call_span(
+        gw,
+        ctx,
+        chat,
+        started,
         end_time=time.time(),
         status="error",
         attributes={"backend": gw.backend.kind, "error": exc.message[:500], "http_status": exc.status},
-        resource_id=gw.backend.resource_id,
     )
