@@ -1,12 +1,17 @@
 """`lightning-dagster gateway serve|key`: run the gateway in the foreground, or print an attempt key.
 
-The admin key and the key-signing secret come from `LD_ADMIN_KEY` / `LD_GATEWAY_SECRET`; when absent they
-are generated and printed once on stdout (never logged). Serve keys: `LD_SERVE_KEYS` (comma-separated).
+The key-signing secret and the admin key never come from the environment or the command line (any process
+of the user reads those in /proc): `--secret-file` / `--admin-key-file` (mode 0600), or `--secrets-stdin`
+(one JSON object, as a trainer passes them to its gateway child); when absent they are generated and printed
+once on stdout (never logged). `LD_GATEWAY_SECRET` or `LD_ADMIN_KEY` set in the environment is refused
+(exit 2). Serve keys and the upstream API key: `--secrets-stdin`, else `LD_SERVE_KEYS` (comma-separated) and
+`LD_UPSTREAM_API_KEY`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import signal
@@ -14,20 +19,85 @@ import sys
 import threading
 import time
 
-from lightning_dagster.gateway.keys import attempt_key
+from lightning_dagster.gateway.keys import SecretError, attempt_key, read_secret_file, refuse_env_secrets
+
+# What `--secrets-stdin` reads: every name optional; serve keys a list of strings, the others strings.
+STDIN_SECRETS = ("secret", "admin_key", "serve_keys", "upstream_api_key")
 
 
-def _from_env(name: str, what: str) -> str:
-    value = os.environ.get(name)
+class RemovedSecretOption(argparse.Action):
+    """`--secret VALUE`: refused with the new way, without echoing the value (argparse would, for an unknown
+    option)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.error(
+            f"{option_string} is no longer accepted: a command line is readable by every process of this user "
+            "(/proc/PID/cmdline); put the secret in a file only you can read (chmod 600) and pass "
+            "--secret-file PATH, or --secret-file - to read it from standard input"
+        )
+
+
+def add_removed_secret_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--secret", nargs="?", action=RemovedSecretOption, help=argparse.SUPPRESS)
+
+
+def _stdin_secrets() -> dict:
+    """One JSON object from standard input; stdin is then closed, so nothing else can read that pipe."""
+    line = sys.stdin.readline()
+    sys.stdin.close()
+    try:
+        given = json.loads(line)
+    except ValueError as exc:
+        raise SecretError(f"--secrets-stdin: standard input is not one JSON object: {exc}") from exc
+    if not isinstance(given, dict) or set(given) - set(STDIN_SECRETS):
+        raise SecretError(
+            f"--secrets-stdin: expected a JSON object with keys among {', '.join(STDIN_SECRETS)}"
+        )
+    keys = given.get("serve_keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise SecretError("--secrets-stdin: serve_keys must be a list of strings")
+    if not all(isinstance(given.get(name, ""), str) for name in ("secret", "admin_key", "upstream_api_key")):
+        raise SecretError("--secrets-stdin: secret, admin_key and upstream_api_key must be strings")
+    return given
+
+
+def _generated(value: str | None, what: str) -> str:
     if not value:
         value = secrets.token_hex(32)  # hex: never starts with "-", which argparse would read as a flag
-        print(f"{name} was not set; generated {what}: {value}", flush=True)
+        print(f"no {what} given; generated one: {value}", flush=True)
     return value
+
+
+def _serve_secrets(args: argparse.Namespace) -> dict:
+    refuse_env_secrets()
+    if args.secrets_stdin:
+        if args.secret_file or args.admin_key_file:
+            raise SecretError("--secrets-stdin and --secret-file/--admin-key-file do not go together")
+        given = _stdin_secrets()
+    else:
+        given = {
+            "secret": read_secret_file(args.secret_file) if args.secret_file else None,
+            "admin_key": read_secret_file(args.admin_key_file) if args.admin_key_file else None,
+            "serve_keys": [k for k in os.environ.get("LD_SERVE_KEYS", "").split(",") if k],
+            "upstream_api_key": os.environ.get("LD_UPSTREAM_API_KEY", ""),
+        }
+    return {
+        "secret": _generated(given.get("secret"), "key-signing secret"),
+        "admin_key": _generated(given.get("admin_key"), "admin key"),
+        "serve_keys": given.get("serve_keys", []),
+        "upstream_api_key": given.get("upstream_api_key", ""),
+    }
 
 
 def serve(args: argparse.Namespace) -> int:
     from lightning_dagster.gateway.local import LocalGateway
     from lightning_dagster.store import Store
+
+    try:
+        keys = _serve_secrets(args)
+    except SecretError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
     stopping = threading.Event()
     # Ctrl-C, a SIGTERM from whoever started us, or `_exit_with_parent`: stop serving and shut down cleanly.
@@ -39,15 +109,12 @@ def serve(args: argparse.Namespace) -> int:
         serving="thread",
         upstream_url=args.upstream,
         upstream_model=args.upstream_model,
-        upstream_api_key=os.environ.get("LD_UPSTREAM_API_KEY", ""),
         host=args.host,
         port=args.port,
-        secret=_from_env("LD_GATEWAY_SECRET", "a key-signing secret"),
-        admin_key=_from_env("LD_ADMIN_KEY", "an admin key"),
         max_batch=args.max_batch,
         threads=args.threads,
         resource_id=args.resource_id,
-        serve_keys=[k for k in os.environ.get("LD_SERVE_KEYS", "").split(",") if k],
+        **keys,
         max_body_bytes=args.max_body_bytes,
         write_behind_ms=args.write_behind_ms,
         fsync_spans=args.fsync_spans,
@@ -76,9 +143,11 @@ def _exit_with_parent() -> None:
 
 
 def key(args: argparse.Namespace) -> int:
-    secret = os.environ.get("LD_GATEWAY_SECRET")
-    if not secret:
-        print("LD_GATEWAY_SECRET is not set", file=sys.stderr)
+    try:
+        refuse_env_secrets()
+        secret = read_secret_file(args.secret_file)
+    except SecretError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     print(attempt_key(secret, args.rollout, args.attempt))
     return 0
@@ -112,8 +181,24 @@ def register(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="flush each LLM span to disk before responding (default: committed, flushed with the next reward)",
     )
+    p.add_argument(
+        "--secret-file", help="file holding the attempt-key secret, mode 0600 (default: generated)"
+    )
+    p.add_argument("--admin-key-file", help="file holding the admin key, mode 0600 (default: generated)")
+    p.add_argument(
+        "--secrets-stdin",
+        action="store_true",
+        help="read one JSON object from standard input with any of: " + ", ".join(STDIN_SECRETS),
+    )
+    add_removed_secret_option(p)
     p.set_defaults(handler=serve)
-    k = sub.add_parser("key", help="print the attempt key for a rollout attempt (needs LD_GATEWAY_SECRET)")
+    k = sub.add_parser("key", help="print the attempt key for a rollout attempt")
     k.add_argument("--rollout", required=True)
     k.add_argument("--attempt", required=True)
+    k.add_argument(
+        "--secret-file",
+        required=True,
+        help="file holding the gateway's secret, mode 0600 (-: standard input)",
+    )
+    add_removed_secret_option(k)
     k.set_defaults(handler=key)

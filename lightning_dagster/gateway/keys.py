@@ -2,7 +2,8 @@
 
 A key is `ld1.<rollout id>.<attempt id>.<signature>`, the ids base64url-encoded so that any id survives
 the dots; the signature is HMAC-SHA256(secret, rollout id + NUL + attempt id). Keys are compared in
-constant time and never logged.
+constant time and never logged. Also: how the key-signing secret and the admin key reach a process (never
+through its environment or command line; see docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -10,6 +11,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import os
+import stat
+import sys
+from collections.abc import Mapping
+from pathlib import Path
 
 _PREFIX = "ld1"
 
@@ -51,3 +57,54 @@ def parse_attempt_key(secret: str, key: str) -> tuple[str, str] | None:
 def same_key(given: str, expected: str) -> bool:
     """Constant-time comparison of two secrets."""
     return hmac.compare_digest(given.encode(), expected.encode())
+
+
+# Never read from the environment: a process's environment is readable by every process of the same user
+# (/proc/PID/environ), and unsetting a variable does not erase the copy the kernel shows there.
+SECRET_ENV_NAMES = ("LD_GATEWAY_SECRET", "LD_ADMIN_KEY")
+
+
+class SecretError(ValueError):
+    """A secret given the wrong way: in the environment, in a file others can read, or empty."""
+
+
+def refuse_env_secrets(environ: Mapping[str, str] = os.environ) -> None:
+    """Raise `SecretError` if a gateway secret is set in the environment (see `SECRET_ENV_NAMES`)."""
+    found = [name for name in SECRET_ENV_NAMES if environ.get(name)]
+    if found:
+        raise SecretError(
+            f"{' and '.join(found)} set in the environment: any process of this user can read it in "
+            "/proc/PID/environ; unset it and pass the secret with --secret-file PATH (mode 0600) instead"
+        )
+
+
+def read_secret_file(path: str | Path) -> str:
+    """The secret in `path` (surrounding whitespace stripped); `-` reads one line of standard input.
+
+    The file must be a regular file owned by this user that no one else can read or write (mode 0600 or
+    stricter); anything else raises `SecretError` naming the path and the cause."""
+    if str(path) == "-":
+        value = sys.stdin.readline().strip()
+        if not value:
+            raise SecretError("no secret on standard input")
+        return value
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise SecretError(f"cannot open the secret file {path}: {exc.strerror}") from exc
+    with os.fdopen(fd, encoding="utf-8") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretError(f"the secret file {path} is not a regular file")
+        if st.st_uid != os.getuid():
+            raise SecretError(f"the secret file {path} belongs to uid {st.st_uid}, not to this user")
+        if st.st_mode & 0o077:
+            raise SecretError(
+                f"the secret file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others may read it; "
+                f"chmod 600 {path}"
+            )
+        value = fh.read().strip()
+    if not value:
+        raise SecretError(f"the secret file {path} is empty")
+    return value

@@ -5,6 +5,7 @@ gateway app, in this process or in a child process, for the runner CLI, the RL l
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -153,6 +154,11 @@ class LocalGateway:
     @property
     def url(self) -> str:
         return self._process.url if self._process is not None else self._server.url
+
+    @property
+    def pid(self) -> int:
+        """The process that serves: the child in process mode, this one in thread mode."""
+        return self._process.pid if self._process is not None else os.getpid()
 
     @property
     def backend_kind(self) -> str:

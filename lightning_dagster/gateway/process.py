@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from lightning_dagster.gateway.keys import SECRET_ENV_NAMES
+
 PORT_ATTEMPTS = 3
 
 
@@ -45,6 +47,8 @@ class GatewayProcess:
     forwarding to `upstream_url`; built by `gateway.local.LocalGateway(serving="process")`.
 
     `secret` signs the attempt keys the runner hands to harnesses; the admin key stays with this object.
+    Both reach the child on its standard input (`gateway serve --secrets-stdin`), never in its environment
+    or command line.
     `port=0` picks a free port. The child exits with its parent (`--exit-with-parent`), so a killed trainer
     leaves no server behind.
     """
@@ -93,13 +97,13 @@ class GatewayProcess:
             options += ["--resource-id", resource_id]
         if threads:
             options += ["--threads", str(threads)]
-        env = {
-            **os.environ,
-            "LD_GATEWAY_SECRET": secret,
-            "LD_ADMIN_KEY": self.admin_key,
-            "LD_SERVE_KEYS": ",".join(serve_keys),
-            "LD_UPSTREAM_API_KEY": upstream_api_key,
-        }
+        # The secrets travel on the child's standard input, never in its environment or command line, where
+        # any process of this user (a harness included) could read them in /proc.
+        handed = json.dumps(
+            {"secret": secret, "admin_key": self.admin_key, "serve_keys": list(serve_keys),
+             "upstream_api_key": upstream_api_key}
+        ).encode() + b"\n"  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV_NAMES}
         # A free port is picked here and bound by the child: another process may take it in between.
         # That start fails with "address already in use" in the log, and is retried on a new port.
         attempts = PORT_ATTEMPTS if port == 0 else 1
@@ -107,10 +111,13 @@ class GatewayProcess:
             self.port = port or _free_port(host)
             argv = [
                 sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", *source, "--store", store_url,
-                "--host", host, "--port", str(self.port), *options,
+                "--host", host, "--port", str(self.port), "--secrets-stdin", *options,
             ]  # fmt: skip
             with self.log_path.open("wb") as log:
-                self._proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+                self._proc = subprocess.Popen(
+                    argv, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT
+                )
+            self._hand_over(handed)
             try:
                 self._wait_ready(start_timeout_s)
                 return
@@ -122,6 +129,18 @@ class GatewayProcess:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _hand_over(self, secrets_line: bytes) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(secrets_line)
+            self._proc.stdin.close()
+        except BrokenPipeError:
+            pass  # the child died before reading: `_wait_ready` reports it with its log
 
     def _tail(self, chars: int = 3000) -> str:
         try:

@@ -81,8 +81,9 @@ class GatewayResource(dg.ConfigurableResource):
     host: str = "127.0.0.1"
     # its port; 0: a free port per run
     port: int = 0
-    # the attempt-key signing secret ($LD_GATEWAY_SECRET); empty: a fresh random secret per run (attempt
-    # keys then die with the run)
+    # the attempt-key signing secret; empty (the default): a fresh random secret per run, held in memory
+    # only (attempt keys then die with the run). Never read from the environment, where a harness could
+    # read it in /proc/PID/environ, and better left empty under Dagster, which stores and shows run config.
     secret: str = ""
     # "inprocess": harness attempts run as threads of the asset's process; "subprocess": each attempt is a
     # child process (the harness's command line), killed on timeout or cancel
@@ -156,7 +157,11 @@ class PipelineResource(dg.ConfigurableResource):
 
 def default_pipeline(*, deferred: bool = True, **overrides: dg.ConfigurableResource) -> PipelineResource:
     """The code location's pipeline resource, each part overridable by its environment variable; tests pass
-    `training=TrainingResource(steps=1, ...)` and the like."""
+    `training=TrainingResource(steps=1, ...)` and the like. A gateway secret in the environment
+    (`LD_GATEWAY_SECRET`, `LD_ADMIN_KEY`) raises `SecretError`: harnesses could read it there."""
+    from lightning_dagster.gateway.keys import refuse_env_secrets
+
+    refuse_env_secrets()
 
     def env_or(name: str, default: str) -> dg.EnvVar | str:
         return _env_or(name, default, deferred=deferred)
@@ -171,7 +176,7 @@ def default_pipeline(*, deferred: bool = True, **overrides: dg.ConfigurableResou
             harness=env_or("LD_HARNESS", "calc"),
             upstream_url=env_or("LD_UPSTREAM_URL", ""),
         ),
-        "gateway": GatewayResource(secret=env_or("LD_GATEWAY_SECRET", "")),
+        "gateway": GatewayResource(),
         "training": TrainingResource(),
         "gate": GateResource(
             policy_path=env_or("LD_GATE_POLICY", ""), roles_path=env_or("LD_ROLES_FILE", "")

@@ -6,15 +6,17 @@ first N of the split in its tasks file). Exit status: 0 ran, 2 bad arguments or 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lightning_dagster import config
+from lightning_dagster.gateway.cli import add_removed_secret_option
+from lightning_dagster.gateway.keys import SecretError, read_secret_file, refuse_env_secrets
 from lightning_dagster.harnesses.registry import HarnessSpec, get_harness, harness_names
 from lightning_dagster.harnesses.splits import SPLITS
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
+from lightning_dagster.runner.execute import SANDBOXES, SandboxUnavailable, check_sandbox
 
 if TYPE_CHECKING:
     from lightning_dagster.runner.transcript import Decode
@@ -31,7 +33,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--group", type=int, default=1, help="rollouts per task (a GRPO group); N x G rollouts")
     run.add_argument("--seed", type=int, default=0, help="task seed (built-in harnesses) and sampling seed")
     run.add_argument("--gateway", help="URL of a running gateway (default: a local one, see --serving)")
-    run.add_argument("--secret", help="that gateway's attempt-key secret (default: $LD_GATEWAY_SECRET)")
+    run.add_argument("--secret-file", help="file holding that gateway's attempt-key secret, mode 0600 "
+                     "(-: read it from standard input)")  # fmt: skip
+    add_removed_secret_option(run)
+    run.add_argument("--sandbox", choices=SANDBOXES, default="none", help="bwrap: each harness subprocess in "
+                     "a PID namespace of its own, away from the gateway's /proc (docs/SECURITY.md)")  # fmt: skip
     run.add_argument("--model", type=Path, help="model directory for the local gateway "
                      "(default: <home>/models/base, built if absent)")  # fmt: skip
     run.add_argument("--serving", choices=("thread", "process"), default="thread",
@@ -46,6 +52,20 @@ def register(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--max-attempts", type=int, help="attempts per rollout (default: the harness's)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.set_defaults(handler=_run)
+
+
+def _secret(args: argparse.Namespace) -> str | None:
+    """The secret of the gateway given by `--gateway` (None for a local one, which makes its own)."""
+    refuse_env_secrets()
+    if not args.gateway:
+        if args.secret_file:
+            raise SecretError("--secret-file goes with --gateway (a local gateway makes its own secret)")
+        return None
+    if not args.secret_file:
+        raise SecretError(
+            "--gateway needs that gateway's secret: --secret-file PATH (mode 0600), or - for stdin"
+        )
+    return read_secret_file(args.secret_file)
 
 
 def _harness_and_tasks(args: argparse.Namespace) -> tuple[HarnessSpec, list[dict]]:
@@ -72,11 +92,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.n < 1 or args.group < 1:
         print("error: --n and --group must be >= 1", file=sys.stderr)
         return 2
-    secret = args.secret or os.environ.get("LD_GATEWAY_SECRET")
-    if args.gateway and not secret:
-        print("error: --gateway needs the gateway's secret (--secret or $LD_GATEWAY_SECRET)", file=sys.stderr)
+    try:
+        secret = _secret(args)
+        check_sandbox(args.sandbox)
+    except (SecretError, SandboxUnavailable) as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     spec, tasks = _harness_and_tasks(args)
+    if args.sandbox != "none" and spec.run_mode(args.mode) == "inprocess":
+        print(
+            f"error: --sandbox {args.sandbox} needs --mode subprocess and a harness command", file=sys.stderr
+        )
+        return 2
     overrides = {"max_attempts": args.max_attempts, "timeout_s": args.timeout}
     try:
         policy = spec.retry_policy(**{name: value for name, value in overrides.items() if value is not None})
@@ -97,7 +124,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         runner = Runner(
             store, url, secret=key, harness=spec, parallel=args.parallel, policy=policy, mode=args.mode,
-            decode=decode,
+            decode=decode, sandbox=args.sandbox,
         )  # fmt: skip
         summary = runner.run([r.rollout_id for r in rollouts])
         print(summary.to_json() if args.json else _text(summary.to_dict()))

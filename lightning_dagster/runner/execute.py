@@ -3,21 +3,23 @@
 Both modes share `supervise`: while the harness runs, the attempt heartbeats in the store; if the deadline
 passes the harness is stopped (`timeout`), and if the attempt stopped being `running` behind our back (the
 reaper marked it `unresponsive`, or someone cancelled it) the harness is stopped too (`superseded`).
+A subprocess gets a scrubbed environment and, optionally, a bubblewrap sandbox (see docs/SECURITY.md).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lightning_dagster.types import AttemptState
 
@@ -34,12 +36,80 @@ class Outcome:
     reason_message: str = ""
 
 
-def child_env(env: dict[str, str]) -> dict[str, str]:
-    """The subprocess environment: ours minus the project's secrets and settings (`LD_*`: gateway secret,
-    admin key, store URL...) and any stale OpenAI/AGL settings, plus the attempt's own variables. The
-    attempt key is the harness's whole write surface."""
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("LD_", "AGL_", "OPENAI_"))}
+# What a harness process inherits from ours: what a program needs to run (paths, locale, temp dirs, the
+# Python it runs under, CA certificates) and nothing that may carry a credential (a store or MLflow URL
+# with a password, a token, a proxy with a login). Anything else must be named in `passthrough`.
+INHERITED_ENV = frozenset(
+    {
+        "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "TEMP", "TMP",
+        "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE",
+        "VIRTUAL_ENV", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+    }
+)  # fmt: skip
+INHERITED_PREFIXES = ("LC_",)
+# Never passed, even when named: the project's own settings and secrets, and MLflow's credentials.
+FORBIDDEN_PREFIXES = ("LD_", "MLFLOW_")
+Sandbox = Literal["none", "bwrap"]
+SANDBOXES = ("none", "bwrap")
+# The whole filesystem as it is, a PID namespace of its own and a /proc that shows only that namespace.
+BWRAP = ("bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc")
+
+
+class SandboxUnavailable(RuntimeError):
+    """`sandbox="bwrap"` asked for on a machine where bubblewrap is missing or cannot run."""
+
+
+def check_sandbox(sandbox: str) -> None:
+    """Raise ValueError for an unknown sandbox, `SandboxUnavailable` with the reason when `bwrap` is not
+    installed or a trial run cannot make a PID namespace (user namespaces refused: bwrap's own error)."""
+    if sandbox not in SANDBOXES:
+        raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
+    if sandbox == "none":
+        return
+    if shutil.which(BWRAP[0]) is None:
+        raise SandboxUnavailable("sandbox 'bwrap' needs bubblewrap (Debian: apt-get install bubblewrap)")
+    trial = subprocess.run([*BWRAP, "--", "true"], capture_output=True, text=True, timeout=30)
+    if trial.returncode != 0:
+        raise SandboxUnavailable(f"bwrap cannot make a PID namespace here: {trial.stderr.strip()}")
+
+
+def check_passthrough(names: Sequence[str]) -> tuple[str, ...]:
+    """The extra variable names a harness may inherit; `LD_*` and `MLFLOW_*` raise ValueError."""
+    refused = [n for n in names if n.startswith(FORBIDDEN_PREFIXES) and n != "LD_LIBRARY_PATH"]
+    if refused:
+        raise ValueError(
+            f"{', '.join(refused)}: LD_* and MLFLOW_* variables carry the project's settings and credentials "
+            "and are never passed to a harness"
+        )
+    return tuple(names)
+
+
+def child_env(env: dict[str, str], passthrough: Sequence[str] = ()) -> dict[str, str]:
+    """The subprocess environment: the allowlisted part of ours (`INHERITED_ENV`, `LC_*`, `passthrough`)
+    plus the attempt's own variables. The attempt key is the harness's whole write surface."""
+    keep = INHERITED_ENV.union(passthrough)
+    inherited = {k: v for k, v in os.environ.items() if k in keep or k.startswith(INHERITED_PREFIXES)}
     return {**inherited, **env}
+
+
+def sandboxed(
+    argv: list[str], sandbox: Sandbox, *, hide: Sequence[Path], expose: Sequence[Path]
+) -> list[str]:
+    """`argv` wrapped for `sandbox`. `bwrap`: in a PID namespace of its own with a fresh /proc, so the
+    harness sees no other process (the gateway's and the runner's /proc entries, environ, cmdline, memory)
+    and can signal none; each existing `hide` directory is covered by an empty tmpfs, except the `expose`
+    paths bound back (the attempt's workdir and cwd). The filesystem and network are otherwise shared."""
+    if sandbox == "none":
+        return argv
+    if sandbox != "bwrap":
+        raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
+    wrapped = [*BWRAP, "--die-with-parent"]
+    for path in hide:
+        if path.is_dir():
+            wrapped += ["--tmpfs", str(path)]
+    for path in expose:
+        wrapped += ["--bind", str(path), str(path)]
+    return [*wrapped, "--", *argv]
 
 
 def harness_env(
@@ -116,9 +186,12 @@ def run_subprocess(
     supervise_kw: dict[str, Any],
     *,
     cwd: Path | None = None,
+    passthrough: Sequence[str] = (),
+    sandbox: Sandbox = "none",
+    hide: Sequence[Path] = (),
 ) -> tuple[Outcome | None, str | None]:
-    """Run the harness command in `cwd` (None: ours); returns (failure outcome or None on exit 0,
-    supervision verdict).
+    """Run the harness command in `cwd` (None: ours) with a scrubbed environment (`child_env`), in `sandbox`
+    (`sandboxed`, hiding `hide`); returns (failure outcome or None on exit 0, supervision verdict).
 
     Its standard input is the task (`env["LD_TASK"]`), from a file so a harness that never reads it cannot
     block us. The child gets its own session so a timeout kills the whole process group (a harness may spawn
@@ -126,6 +199,8 @@ def run_subprocess(
     """
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "stdin").write_text(env["LD_TASK"])
+    expose = [workdir.resolve()] + ([Path(cwd).resolve()] if cwd is not None else [])
+    command = sandboxed(argv, sandbox, hide=hide, expose=expose)
     with (
         (workdir / "stdin").open("rb") as task_in,
         (workdir / "stdout").open("wb") as out,
@@ -133,7 +208,7 @@ def run_subprocess(
     ):
         try:
             proc = subprocess.Popen(
-                argv, env=child_env(env), stdout=out, stderr=err, stdin=task_in, cwd=cwd,
+                command, env=child_env(env, passthrough), stdout=out, stderr=err, stdin=task_in, cwd=cwd,
                 start_new_session=True,
             )  # fmt: skip
         except OSError as exc:

@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -24,7 +25,15 @@ from lightning_dagster import config
 from lightning_dagster.gateway.keys import attempt_key
 from lightning_dagster.harnesses.registry import HarnessSpec
 from lightning_dagster.project.agl import post_reward, reward_value
-from lightning_dagster.runner.execute import Outcome, harness_env, run_inprocess, run_subprocess
+from lightning_dagster.runner.execute import (
+    Outcome,
+    Sandbox,
+    check_passthrough,
+    check_sandbox,
+    harness_env,
+    run_inprocess,
+    run_subprocess,
+)
 from lightning_dagster.runner.policy import RetryPolicy
 from lightning_dagster.runner.summary import RunSummary, summarize
 from lightning_dagster.runner.transcript import Decode, transcript
@@ -57,7 +66,9 @@ class Runner:
 
     `policy`: default the harness's own (`HarnessSpec.retry_policy`). `mode`: asked of a harness that has
     both entry points (`self.mode` is the one that runs). `decode`: the served checkpoint's ids -> text, for
-    the judge's transcript."""
+    the judge's transcript. A subprocess harness inherits only an allowlist of our environment plus the
+    names in `env_passthrough` (`runner.execute.child_env`); `sandbox="bwrap"` runs it in a PID namespace
+    of its own, with the lightning-dagster home hidden but for its workdir (`runner.execute.sandboxed`)."""
 
     def __init__(
         self,
@@ -71,6 +82,8 @@ class Runner:
         mode: Literal["subprocess", "inprocess"] = "subprocess",
         workdir: Path | None = None,
         decode: Decode | None = None,
+        sandbox: Sandbox = "none",
+        env_passthrough: Sequence[str] = (),
     ) -> None:
         if mode not in ("subprocess", "inprocess"):
             raise ValueError(f"mode must be 'subprocess' or 'inprocess', got {mode!r}")
@@ -83,8 +96,13 @@ class Runner:
         self.parallel = parallel
         self.policy = policy or harness.retry_policy()
         self.mode = harness.run_mode(mode)
+        if sandbox != "none" and self.mode == "inprocess":
+            raise ValueError(f"harness {harness.name!r} runs in-process here: a sandbox needs a subprocess")
+        check_sandbox(sandbox)
         self.workdir = workdir or config.home() / "attempts"
         self.decode = decode
+        self.sandbox = sandbox
+        self.env_passthrough = check_passthrough(env_passthrough)
         self.runner_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._lock = threading.Lock()
         self._busy = 0  # rollouts a worker or the reaper is handling right now
@@ -262,7 +280,10 @@ class Runner:
         }
         if self.mode == "subprocess":
             argv = self.harness.command()
-            failure, verdict = run_subprocess(argv, env, workdir, supervise_kw, cwd=self.harness.cwd)
+            failure, verdict = run_subprocess(
+                argv, env, workdir, supervise_kw, cwd=self.harness.cwd, passthrough=self.env_passthrough,
+                sandbox=self.sandbox, hide=[config.home()],
+            )  # fmt: skip
         else:
             failure, verdict = run_inprocess(self.harness.run_task, task, env, supervise_kw)
         if self.harness.verify is not None:

@@ -104,7 +104,6 @@ def test_write_behind_spans_are_committed_before_the_reward_is_acknowledged(stor
 
 
 def test_cli_serves_upstream_mode_on_loopback(tmp_path, stub):
-    import os
     import socket
     import subprocess
     import sys
@@ -113,10 +112,17 @@ def test_cli_serves_upstream_mode_on_loopback(tmp_path, stub):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "LD_GATEWAY_SECRET": SECRET, "LD_ADMIN_KEY": ADMIN}
+    from tests.support.secrets import secret_file
+
     cmd = [sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", "--port", str(port)]
     cmd += ["--upstream", stub.url, "--store", f"sqlite:///{tmp_path / 'cli.db'}"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd += [
+        "--secret-file",
+        secret_file(tmp_path, SECRET),
+        "--admin-key-file",
+        secret_file(tmp_path, ADMIN, "admin"),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -133,7 +139,7 @@ def test_cli_serves_upstream_mode_on_loopback(tmp_path, stub):
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=20)
-    assert ADMIN not in out and SECRET not in out  # given by env: nothing generated, nothing printed
+    assert ADMIN not in out and SECRET not in out  # given in files: nothing generated, nothing printed
 
 
 def psutil_listens_on_loopback(pid: int, port: int) -> bool:

@@ -9,6 +9,7 @@ import pytest
 from lightning_dagster.cli import main
 from lightning_dagster.runner import InvalidPolicy, RetryPolicy
 from lightning_dagster.types import Attempt, AttemptState, RetryKind, SpanKind
+from tests.support.secrets import secret_file
 
 
 def ended(state: str, reason: str | None = None, seq: int = 1) -> Attempt:
@@ -34,9 +35,16 @@ def test_an_unusable_policy_is_refused(kwargs):
         RetryPolicy(**kwargs)
 
 
-def test_cli_runs_rollouts_through_a_gateway_and_prints_the_summary(store, gateway, capsys):
+def test_cli_runs_rollouts_through_a_gateway_and_prints_the_summary(store, gateway, capsys, tmp_path):
     argv = ["rollouts", "run", "--harness", "calc", "--split", "holdout", "--n", "1", "--group", "2"]
-    argv += ["--gateway", gateway.url, f"--secret={gateway.secret}", "--store", store.url]
+    argv += [
+        "--gateway",
+        gateway.url,
+        "--secret-file",
+        secret_file(tmp_path, gateway.secret),
+        "--store",
+        store.url,
+    ]
     assert main(argv + ["--mode", "inprocess", "--json"]) == 0
     out = capsys.readouterr().out
     summary = json.loads(out)
@@ -69,7 +77,7 @@ def test_cli_without_a_gateway_serves_a_local_one_that_forwards_upstream(store, 
 def test_cli_refuses_a_gateway_without_its_secret(monkeypatch, capsys):
     monkeypatch.delenv("LD_GATEWAY_SECRET", raising=False)
     assert main(["rollouts", "run", "--harness", "calc", "--n", "1", "--gateway", "http://127.0.0.1:9"]) == 2
-    assert "secret" in capsys.readouterr().err
+    assert "--gateway needs that gateway's secret: --secret-file PATH" in capsys.readouterr().err
 
 
 def test_a_runner_refuses_unknown_or_foreign_rollouts_before_running_anything(store, gateway, tmp_path):

@@ -56,7 +56,9 @@ def enqueue(store, spec: HarnessSpec, n: int = 1, split: str = "train", seed: in
     return [r.rollout_id for r in enqueue_tasks(store, spec, tasks, kind=split, seed=seed)]
 
 
-def make_runner(store, gateway, spec, tmp_path, *, mode="subprocess", parallel=2, **policy) -> Runner:
+def make_runner(
+    store, gateway, spec, tmp_path, *, mode="subprocess", parallel=2, env_passthrough=(), **policy
+) -> Runner:
     return Runner(
         store,
         gateway.url,
@@ -66,6 +68,7 @@ def make_runner(store, gateway, spec, tmp_path, *, mode="subprocess", parallel=2
         policy=RetryPolicy(**policy),
         mode=mode,
         workdir=tmp_path,
+        env_passthrough=env_passthrough,
     )
 
 
@@ -128,7 +131,10 @@ def test_a_harness_killed_mid_rollout_fails_with_its_reason_and_is_retried_per_p
     monkeypatch.setenv("KILL_MARKER_DIR", str(tmp_path / "markers"))
     spec = with_argv("calc", KILL_FIRST_ATTEMPT)
     ids = enqueue(store, spec, seed=5)
-    summary = make_runner(store, gateway, spec, tmp_path, sample_retry_on=sample_retry_on).run(ids)
+    runner = make_runner(
+        store, gateway, spec, tmp_path, sample_retry_on=sample_retry_on, env_passthrough=["KILL_MARKER_DIR"]
+    )
+    summary = runner.run(ids)
 
     first, second = attempts_of(store, ids[0])
     assert first.state == AttemptState.failed and first.reason_code == "killed"
