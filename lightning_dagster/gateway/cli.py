@@ -41,10 +41,9 @@ def add_removed_secret_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--secret", nargs="?", action=RemovedSecretOption, help=argparse.SUPPRESS)
 
 
-def _stdin_secrets() -> dict:
-    """One JSON object from standard input; stdin is then closed, so nothing else can read that pipe."""
-    line = sys.stdin.readline()
-    sys.stdin.close()
+def secrets_from_json(line: str) -> dict:
+    """The secrets `--secrets-stdin` reads: one JSON object with keys among `STDIN_SECRETS`, else
+    `SecretError`."""
     try:
         given = json.loads(line)
     except ValueError as exc:
@@ -59,6 +58,15 @@ def _stdin_secrets() -> dict:
     if not all(isinstance(given.get(name, ""), str) for name in ("secret", "admin_key", "upstream_api_key")):
         raise SecretError("--secrets-stdin: secret, admin_key and upstream_api_key must be strings")
     return given
+
+
+def _stdin_secrets() -> dict:
+    """One line of standard input; stdin is then /dev/null, so the pipe is gone once read."""
+    line = sys.stdin.readline()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, sys.stdin.fileno())
+    os.close(devnull)
+    return secrets_from_json(line)
 
 
 def _generated(value: str | None, what: str) -> str:

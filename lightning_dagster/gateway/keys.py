@@ -62,6 +62,7 @@ def same_key(given: str, expected: str) -> bool:
 # Never read from the environment: a process's environment is readable by every process of the same user
 # (/proc/PID/environ), and unsetting a variable does not erase the copy the kernel shows there.
 SECRET_ENV_NAMES = ("LD_GATEWAY_SECRET", "LD_ADMIN_KEY")
+MAX_SECRET_BYTES = 4096
 
 
 class SecretError(ValueError):
@@ -93,8 +94,8 @@ def read_secret_file(path: str | Path) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
         raise SecretError(f"cannot open the secret file {path}: {exc.strerror}") from exc
-    with os.fdopen(fd, encoding="utf-8") as fh:
-        st = os.fstat(fh.fileno())
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise SecretError(f"the secret file {path} is not a regular file")
         if st.st_uid != os.getuid():
@@ -104,7 +105,11 @@ def read_secret_file(path: str | Path) -> str:
                 f"the secret file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others may read it; "
                 f"chmod 600 {path}"
             )
-        value = fh.read().strip()
+        value = os.read(fd, MAX_SECRET_BYTES + 1).decode("utf-8", "replace").strip()
+    finally:
+        os.close(fd)
+    if len(value) > MAX_SECRET_BYTES:
+        raise SecretError(f"the secret file {path} holds more than {MAX_SECRET_BYTES} bytes: not a secret")
     if not value:
         raise SecretError(f"the secret file {path} is empty")
     return value

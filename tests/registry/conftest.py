@@ -35,9 +35,7 @@ def base_checkpoint(tmp_path_factory) -> Path:
     from lightning_dagster.engine import build_base_model
     from lightning_dagster.harnesses.registry import training_corpus
 
-    return build_base_model(
-        tmp_path_factory.mktemp("base") / "model", corpus=training_corpus(seed=0), seed=0
-    )
+    return build_base_model(tmp_path_factory.mktemp("base") / "model", corpus=training_corpus(seed=0), seed=0)
 
 
 @pytest.fixture(scope="session")

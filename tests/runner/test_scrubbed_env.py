@@ -3,6 +3,7 @@ bubblewrap sandbox they cannot see the gateway's or the runner's process at all.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -180,3 +181,13 @@ def test_an_unknown_sandbox_or_a_sandboxed_inprocess_harness_is_refused(store, p
     inprocess = HarnessSpec(name="fn", expected_span_families=(), run_task=lambda task, **kw: 1.0)
     with pytest.raises(ValueError, match="needs a subprocess"):
         Runner(store, process_gateway.url, secret="s", harness=inprocess, sandbox="bwrap")
+
+
+def test_rollouts_run_reads_the_gateways_secret_from_stdin(store, gateway, monkeypatch, capsys):
+    from lightning_dagster.cli import main
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(gateway.secret + "\n"))
+    argv = ["rollouts", "run", "--harness", "calc", "--n", "1", "--mode", "inprocess", "--json"]
+    assert main(argv + ["--gateway", gateway.url, "--secret-file", "-", "--store", store.url]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["attempts_by_ending"] == {"succeeded": 1} and summary["rewards"] == 1

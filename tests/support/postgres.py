@@ -49,7 +49,9 @@ class PostgresServer:
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")
         subprocess.run(
-            _as_postgres([_pg_bin("initdb"), "-D", str(self.data), "-U", self.user, "-A", "trust", "-E", "UTF8"]),
+            _as_postgres(
+                [_pg_bin("initdb"), "-D", str(self.data), "-U", self.user, "-A", "trust", "-E", "UTF8"]
+            ),
             check=True,
             capture_output=True,
         )
@@ -75,7 +77,21 @@ class PostgresServer:
 
     def psql(self, sql: str, dbname: str = "postgres") -> None:
         subprocess.run(
-            ["psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, "-d", dbname, "-v", "ON_ERROR_STOP=1", "-c", sql],
+            [
+                "psql",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                self.user,
+                "-d",
+                dbname,
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
+            ],
             check=True,
             capture_output=True,
         )
