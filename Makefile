@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Debian packages the tests need: PostgreSQL 15 server binaries and headless Chromium with its driver.
+# Debian packages the tests need: PostgreSQL 15 server binaries, headless Chromium with its driver, and
+# bubblewrap for the harness sandbox.
 system-deps:
 	@bash scripts/system-deps.sh
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Install the Debian packages the test suite uses, only when missing: PostgreSQL 15 and headless Chromium.
+# Install the Debian packages the test suite uses, only when missing: PostgreSQL 15, headless Chromium and
+# bubblewrap (the harness sandbox).
 set -euo pipefail
 need=()
 command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql-15)
 command -v psql >/dev/null 2>&1 || need+=(postgresql-client-15)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

@@ -95,14 +95,12 @@ def child_env(env: dict[str, str], passthrough: Sequence[str] = ()) -> dict[str,
 def sandboxed(
     argv: list[str], sandbox: Sandbox, *, hide: Sequence[Path], expose: Sequence[Path]
 ) -> list[str]:
-    """`argv` wrapped for `sandbox`. `bwrap`: in a PID namespace of its own with a fresh /proc, so the
+    """`argv` wrapped for `sandbox` (checked by `check_sandbox`). `bwrap`: in a PID namespace of its own with a fresh /proc, so the
     harness sees no other process (the gateway's and the runner's /proc entries, environ, cmdline, memory)
     and can signal none; each existing `hide` directory is covered by an empty tmpfs, except the `expose`
     paths bound back (the attempt's workdir and cwd). The filesystem and network are otherwise shared."""
     if sandbox == "none":
         return argv
-    if sandbox != "bwrap":
-        raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
     wrapped = [*BWRAP, "--die-with-parent"]
     for path in hide:
         if path.is_dir():

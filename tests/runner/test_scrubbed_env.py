@@ -60,8 +60,11 @@ def process_gateway(store):
             yield gw
 
 
-def probe(store, gateway, tmp_path, *, listing: Path | None = None, **runner_kw) -> dict:
-    """Run PROBE once through a real runner; returns what it saw."""
+def probe(
+    store, gateway, tmp_path, *, listing: Path | None = None, workdir: Path | None = None, **runner_kw
+) -> dict:
+    """Run PROBE once through a real runner (attempt files under `workdir`); returns what it saw."""
+    workdir = workdir or tmp_path / "attempts"
     task = {
         "task_id": tmp_path.name,
         "family": "probe",
@@ -70,12 +73,12 @@ def probe(store, gateway, tmp_path, *, listing: Path | None = None, **runner_kw)
     }
     (rollout,) = enqueue_tasks(store, PROBE_SPEC, [task], kind="train")
     runner = Runner(
-        store, gateway.url, secret=gateway.secret, harness=PROBE_SPEC, workdir=tmp_path / "attempts",
+        store, gateway.url, secret=gateway.secret, harness=PROBE_SPEC, workdir=workdir,
         policy=RetryPolicy(timeout_s=60), **runner_kw,
     )  # fmt: skip
     runner.run([rollout.rollout_id])
     (attempt,) = store.list_attempts(rollout_id=rollout.rollout_id)
-    out = tmp_path / "attempts" / rollout.rollout_id / attempt.attempt_id / "stdout"
+    out = workdir / rollout.rollout_id / attempt.attempt_id / "stdout"
     assert attempt.state == AttemptState.succeeded and attempt.reason_code == "ok", attempt.reason_message
     assert store.get_rollout(rollout.rollout_id).status == RolloutStatus.succeeded
     return json.loads(out.read_text())
@@ -149,14 +152,16 @@ def test_a_sandboxed_harness_sees_neither_the_gateway_nor_the_runner_nor_the_hom
     home.mkdir()
     (home / "store.db").write_text("the store")
     monkeypatch.setenv("LIGHTNING_DAGSTER_HOME", str(home))
-    seen = probe(store, process_gateway, tmp_path, listing=home, sandbox="bwrap")
+    # The runner's default: attempt workdirs inside the home, bound back into the sandbox.
+    seen = probe(store, process_gateway, tmp_path, listing=home, workdir=home / "attempts", sandbox="bwrap")
     for pid in (process_gateway.pid, os.getpid()):
         # Unless the namespace happens to reuse the number, the entry does not exist.
         entry = seen["proc"][str(pid)]
         assert entry["environ"] == "unreadable: FileNotFoundError" or pid in seen["pids_visible"]
         assert all(secret not in entry["environ"] for secret in secrets_of(process_gateway))
     assert max(seen["pids_visible"]) < 10  # bwrap, the harness: a namespace of its own
-    assert seen["listing"] == []  # the lightning-dagster home is an empty tmpfs for the harness
+    # The home is an empty tmpfs but for the path down to the attempt's workdir.
+    assert seen["listing"] == ["attempts"] and "store.db" in os.listdir(home)
 
 
 @needs_bwrap
