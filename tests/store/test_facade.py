@@ -11,7 +11,8 @@ from lightning_dagster.store import Store
 # The public methods of the single-module Store before it was split, with their signatures.
 PUBLIC_METHODS = {
     "add_resource": "(self, r: 'Resource') -> 'Resource'",
-    "add_reward": "(self, r: 'Reward') -> 'None'",
+    "add_reward": "(self, r: 'Reward', *, span: 'Span | None' = None, request_id: 'str | None' = None) "
+    "-> 'str | None'",
     "add_spans": "(self, spans: 'list[Span]', *, sync: 'bool' = True) -> 'None'",
     "append_document": "(self, collection: 'str', doc_id: 'str', content_hash: 'str', body: 'dict', "
     "previous_hash: 'str | None') -> 'int'",
