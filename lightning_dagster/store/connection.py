@@ -64,8 +64,9 @@ _JSON = {"json_serializer": dump_json, "json_deserializer": pydantic_core.from_j
 _INT32 = (-(2**31), 2**31 - 1)
 
 
-def _bad_json(value: Any, path: str) -> str | None:
-    """The first value PostgreSQL's JSON refuses (SQLite would keep it): NaN, Infinity, a NUL character."""
+def bad_json(value: Any, path: str = "") -> str | None:
+    """`path: what is wrong` for the first value PostgreSQL's JSON refuses (SQLite would keep it): NaN,
+    Infinity, a NUL character; None if there is none."""
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{path}: {value} is not a finite number"
     if isinstance(value, str):
@@ -74,15 +75,20 @@ def _bad_json(value: Any, path: str) -> str | None:
     for key, item in items:
         if isinstance(key, str) and "\x00" in key:
             return f"{path}: a key contains a NUL character"
-        if found := _bad_json(item, f"{path}.{key}"):
+        if found := bad_json(item, f"{path}.{key}" if path else str(key)):
             return found
     return None
+
+
+def suspect_json(text: bytes) -> bool:
+    """Whether JSON text may hold NaN, Infinity or a NUL character (a byte search; `bad_json` decides)."""
+    return b"NaN" in text or b"Infinity" in text or b"\\u0000" in text
 
 
 def check_json(field: str, value: Any) -> None:
     """Raise InvalidInput naming the path of a NaN, an Infinity or a NUL character inside `value`."""
     text = pydantic_core.to_json(value)  # C speed; the walk runs only when a suspect token appears
-    if (b"NaN" in text or b"Infinity" in text or b"\\u0000" in text) and (found := _bad_json(value, field)):
+    if suspect_json(text) and (found := bad_json(value, field)):
         raise InvalidInput(found)
 
 

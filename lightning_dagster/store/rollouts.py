@@ -222,8 +222,12 @@ class RolloutQueue(Connection):
             query = query.where(A.state.in_(enum_values(AttemptState, state)))
         return self._all(Attempt, query)
 
-    def get_or_create_serve_rollout(self, session: str, resource_id: str | None) -> tuple[Rollout, Attempt]:
-        """One `serve` rollout per client session with a running attempt; concurrent first calls agree."""
+    def get_or_create_serve_rollout(
+        self, session: str, resource_id: str | None, *, owner: str | None = None
+    ) -> tuple[Rollout, Attempt]:
+        """One `serve` rollout per client session with a running attempt; concurrent first calls agree.
+        `owner` (an addition to the contract) names who opened the session, kept in `metadata["owner"]` of a
+        new rollout; the caller compares it on later calls."""
         session = nonempty_text("session", session)
         found = self._serve_rollout(session)
         if found is not None:
@@ -233,7 +237,7 @@ class RolloutQueue(Connection):
             kind=RolloutKind.serve,
             resource_id=resource_id,
             status=RolloutStatus.running,
-            metadata={"session": session},
+            metadata={"session": session, "owner": owner},
         )
         attempt = Attempt(
             rollout_id=rollout.rollout_id,

@@ -30,8 +30,9 @@ PUBLIC_METHODS = {
     "finish_rollout": "(self, rollout_id: 'str', status: 'RolloutStatus') -> 'None'",
     "get_attempt": "(self, attempt_id: 'str') -> 'Attempt'",
     "get_flag": "(self, key: 'str') -> 'dict | None'",
-    "get_or_create_serve_rollout": "(self, session: 'str', resource_id: 'str | None') -> "
-    "'tuple[Rollout, Attempt]'",
+    "get_or_create_serve_rollout": "(self, session: 'str', resource_id: 'str | None', *, "
+    "owner: 'str | None' = None) "
+    "-> 'tuple[Rollout, Attempt]'",
     "get_resource": "(self, resource_id: 'str') -> 'Resource'",
     "get_rollout": "(self, rollout_id: 'str') -> 'Rollout'",
     "heartbeat": "(self, attempt_id: 'str') -> 'None'",
