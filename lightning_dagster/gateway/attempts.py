@@ -26,7 +26,6 @@ from lightning_dagster.gateway.tokenin import LastCall, TokenInStats
 from lightning_dagster.store.errors import NotFound
 from lightning_dagster.types import AttemptState, RolloutKind, Sampling
 
-
 MAX_SESSION_ID = 256  # the store's session column
 
 
@@ -174,7 +173,9 @@ class Attempts:
             session = secrets.token_urlsafe(18)
         elif not 0 < len(session) <= MAX_SESSION_ID:
             raise GatewayError(
-                422, f"X-Session-Id: 1 to {MAX_SESSION_ID} characters, got {len(session)}", param="X-Session-Id"
+                422,
+                f"X-Session-Id: 1 to {MAX_SESSION_ID} characters, got {len(session)}",
+                param="X-Session-Id",
             )
         cached = self.sessions.get(session)
         if cached is not None:
@@ -185,7 +186,9 @@ class Attempts:
                 if exc.status != 409:
                     raise
         rollout, attempt = await anyio.to_thread.run_sync(
-            lambda: self.store.get_or_create_serve_rollout(session, self.backend.resource_id, owner=caller.key_id)
+            lambda: self.store.get_or_create_serve_rollout(
+                session, self.backend.resource_id, owner=caller.key_id
+            )
         )
         owner = rollout.metadata.get("owner")
         self._own(session, owner, caller)

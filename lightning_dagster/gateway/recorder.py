@@ -88,7 +88,9 @@ class SpanWriter:
                 spans, future, _ = batch[0]
                 log.exception("span write failed (attempt %s)", spans[0].attempt_id if spans else "?")
                 if future is not None:
-                    future.set_exception(store_error(exc) or GatewayError(500, "the span could not be stored"))
+                    future.set_exception(
+                        store_error(exc) or GatewayError(500, "the span could not be stored")
+                    )
                 return
             # One bad span must not fail its batch mates: retry them one request at a time.
             for one in batch:

@@ -173,7 +173,8 @@ class SpanStore(Connection):
         except sqlite3.OperationalError as exc:
             if nowait and ("locked" in str(exc) or "busy" in str(exc)):
                 return False
-            raise unavailable(exc, self._raw_path, self._busy_timeout_s) or exc
+            self._raise_named(exc)
+            raise
         try:
             conn.executemany(_SQLITE_SPAN_INSERT, params)
             conn.execute("COMMIT")
@@ -182,11 +183,17 @@ class SpanStore(Connection):
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.IntegrityError):
                 raise Conflict(str(exc).strip()) from exc
-            if isinstance(exc, sqlite3.OperationalError):
-                raise unavailable(exc, self._raw_path, self._busy_timeout_s) or exc
+            self._raise_named(exc)
             raise
         state["commits"] += 1
         return True
+
+    def _raise_named(self, exc: BaseException) -> None:
+        """A locked or read-only store as its named error (the plain sqlite3 path has no engine hook)."""
+        if isinstance(exc, sqlite3.OperationalError):
+            named = unavailable(exc, self._raw_path, self._busy_timeout_s)
+            if named is not None:
+                raise named from exc
 
     @staticmethod
     def _span_row(s: Span, last: dict[str, tuple[str, bytes] | None]) -> dict[str, Any]:
@@ -415,7 +422,9 @@ class SpanStore(Connection):
             )
         ).first()
         if found is not None and tuple(found[1:]) != (r.attempt_id, r.value, r.judge, r.judge_version):
-            raise Conflict(f"request id {request_id!r} already stored another reward of rollout {r.rollout_id!r}")
+            raise Conflict(
+                f"request id {request_id!r} already stored another reward of rollout {r.rollout_id!r}"
+            )
         return found
 
     def list_rewards(

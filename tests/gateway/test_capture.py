@@ -117,7 +117,9 @@ def test_streaming_and_non_streaming_record_the_same_span(gateway):
 def test_completions_take_token_ids_verbatim(gateway, engine):
     _, aid, key = gateway.attempt()
     ids = engine.render(QUESTION)
-    resp = gateway.client(key).completions.create(model="policy", prompt=ids, max_tokens=8, seed=5, logprobs=1)
+    resp = gateway.client(key).completions.create(
+        model="policy", prompt=ids, max_tokens=8, seed=5, logprobs=1
+    )
     (span,) = gateway.spans(aid)
     assert span.prompt_token_ids == ids == resp.choices[0].model_extra["prompt_token_ids"]
     assert span.response_token_ids == resp.choices[0].model_extra["token_ids"]

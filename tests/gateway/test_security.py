@@ -198,7 +198,11 @@ def test_an_unknown_model_is_a_404_model_not_found_as_openai_answers(gateway):
     with pytest.raises(openai.NotFoundError) as refused:
         gateway.client(key).chat.completions.create(**{**CHAT, "model": "gpt-4o"})
     error = refused.value.body
-    assert (error["code"], error["type"], error["param"]) == ("model_not_found", "invalid_request_error", "model")
+    assert (error["code"], error["type"], error["param"]) == (
+        "model_not_found",
+        "invalid_request_error",
+        "model",
+    )
     assert "gpt-4o" in error["message"] and gateway.spans(aid, kind=None) == []
     for name in ("policy", "res-base"):  # the alias and the served model's own name
         gateway.client(key).chat.completions.create(**{**CHAT, "model": name})
@@ -215,11 +219,20 @@ BAD_INPUT = {
     "NUL in a data key": ("/v1/events", {"event_type": "note", "data": {"k\x00": 1}}, {}, "data"),
     "event_type of 257": ("/v1/events", {"event_type": "e" * 257}, {}, "event_type"),
     "judge of 129": ("/v1/rewards", {"value": 1, "judge": "j" * 129}, {}, "judge"),
-    "event judge of 129": ("/v1/events", {"event_type": "reward", "data": {"value": 1, "judge": "j" * 129}}, {},
-                           "data.judge"),  # fmt: skip
+    "event judge of 129": (
+        "/v1/events",
+        {"event_type": "reward", "data": {"value": 1, "judge": "j" * 129}},
+        {},
+        "data.judge",
+    ),  # fmt: skip
     "reward true": ("/v1/rewards", {"value": True}, {}, "value"),
     "reward string": ("/v1/rewards", {"value": "0.5"}, {}, "value"),
-    "event reward string": ("/v1/events", {"event_type": "reward", "data": {"value": "0.5"}}, {}, "data.value"),
+    "event reward string": (
+        "/v1/events",
+        {"event_type": "reward", "data": {"value": "0.5"}},
+        {},
+        "data.value",
+    ),
     "uncertainty true": ("/v1/rewards", {"value": 1, "uncertainty": True}, {}, "uncertainty"),
     "request id of 257": ("/v1/rewards", {"value": 1}, {"Idempotency-Key": "k" * 257}, "idempotency-key"),
     "NaN in a chat message": (
@@ -277,7 +290,9 @@ def test_a_500_leaves_no_committed_write_and_the_retry_stores_the_reward_once(ga
     assert failed.status_code == 500
     assert gateway.store.list_rewards(rollout_id=rid) == [] and gateway.spans(aid, kind=None) == []
     for _ in range(2):  # the client's retries
-        assert post(gateway, "/v1/rewards", key, {"value": 1.0}, headers={"Idempotency-Key": "k-1"}).is_success
+        assert post(
+            gateway, "/v1/rewards", key, {"value": 1.0}, headers={"Idempotency-Key": "k-1"}
+        ).is_success
     (reward,) = gateway.store.list_rewards(rollout_id=rid)
     (span,) = gateway.spans(aid, kind=None)
     assert (reward.value, span.kind.value, span.attributes["value"]) == (1.0, "reward", 1.0)

@@ -49,7 +49,9 @@ def test_upstream_failure_is_a_502_and_an_error_span(store):
         gw = Gateway(server, store, server.url)
         _, aid, key = gw.attempt()
         with pytest.raises(openai.InternalServerError, match="upstream request failed"):
-            gw.client(key).chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+            gw.client(key).chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "hi"}]
+            )
         (span,) = gw.spans(aid)
         assert span.status == "error" and span.prompt_token_ids is None
 
