@@ -48,9 +48,11 @@ def admin_router(gw: Gateway) -> APIRouter:
     @router.post("/weights")
     async def load_weights(request: Request) -> dict:
         """A trainer in another process pushes its new policy: the file is read here, so no tensors travel
-        over HTTP. Calls sampled after this returns use the new weights and record `resource_id`."""
+        over HTTP. Calls sampled after this returns use the new weights and record `resource_id`. Only files
+        under the gateway's model roots are read (403 otherwise)."""
         req = schemas.validate(schemas.WeightsRequest, await gw.body(request))
-        await anyio.to_thread.run_sync(backend.load_weights, req.path, req.resource_id)
+        path = gw.weights_file(req.path)
+        await anyio.to_thread.run_sync(backend.load_weights, str(path), req.resource_id)
         return {"status": "ok", "model": backend.model, "resource_id": backend.resource_id}
 
     @router.post("/keys")

@@ -10,18 +10,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from lightning_dagster import config
 from lightning_dagster.gateway import events, schemas
 from lightning_dagster.gateway.admin import admin_router
 from lightning_dagster.gateway.attempts import AttemptContext, Attempts, TokenInStats
 from lightning_dagster.gateway.backends import Backend
 from lightning_dagster.gateway.calls import llm_call
-from lightning_dagster.gateway.errors import GatewayError
+from lightning_dagster.gateway.errors import GatewayError, store_error
 from lightning_dagster.gateway.recorder import SpanWriter
+from lightning_dagster.store.errors import Conflict, InvalidInput, NotFound, StoreUnavailable
 from lightning_dagster.types import IllegalTransition, Span
 
 log = logging.getLogger("lightning_dagster.gateway")
@@ -41,8 +44,12 @@ class Gateway:
         max_body_bytes: int,
         write_behind_ms: float,
         fsync_spans: bool,
+        model_aliases: Sequence[str],
+        model_roots: Sequence[Path],
     ):
         self.store = store
+        self.model_aliases = tuple(model_aliases)
+        self.model_roots = tuple(Path(r).resolve() for r in model_roots)
         self.backend = backend
         self.attempts = attempts
         self.max_body_bytes = max_body_bytes
@@ -62,6 +69,24 @@ class Gateway:
                 raise GatewayError(413, f"the body exceeds the limit of {self.max_body_bytes} bytes")
             chunks.append(chunk)
         return b"".join(chunks)
+
+    def check_model(self, name: str | None) -> None:
+        """A request naming no model gets the served one; any other name is a 404, as OpenAI answers."""
+        if name is not None and name not in self.model_aliases and not self.backend.serves(name):
+            raise GatewayError(
+                404,
+                f"The model `{name}` does not exist or you do not have access to it.",
+                param="model",
+                code="model_not_found",
+            )
+
+    def weights_file(self, path: str) -> Path:
+        """The weights file a push names, if it lies under a model root (symbolic links resolved first)."""
+        resolved = Path(path).resolve()
+        if not any(resolved.is_relative_to(root) for root in self.model_roots):
+            roots = ", ".join(str(r) for r in self.model_roots)
+            raise GatewayError(403, f"path: {path!r} is outside the model roots ({roots})", param="path")
+        return resolved
 
     async def record(self, ctx: AttemptContext, span: Span, *, wait: bool = True, sync: bool = True) -> None:
         span.sequence = ctx.take_sequence()
@@ -93,6 +118,8 @@ def create_app(
     max_contexts: int = 10_000,
     write_behind_ms: float = 0.0,
     fsync_spans: bool = False,
+    model_aliases: Sequence[str] = ("policy",),
+    model_roots: Sequence[Path | str] | None = None,
 ) -> FastAPI:
     """The gateway app. `state_ttl_s`: how long an attempt's `running` state is trusted before re-reading it
     from the store (a finished attempt is refused with 409 at most this long after it ends).
@@ -100,7 +127,10 @@ def create_app(
     loses at most that window; rewards, events and admin reads still wait for everything queued before
     them). 0 (default): every response follows its span's commit. That commit survives a crash of the
     gateway; it is flushed to disk by the next synced commit (the attempt's reward or end, a checkpoint),
-    or at every call with `fsync_spans=True`."""
+    or at every call with `fsync_spans=True`. `model_aliases`: model names accepted besides the served
+    model's own (the example harnesses ask for `policy`); any other name is a 404 `model_not_found`.
+    `model_roots`: the only directories `POST /admin/weights` reads from (default: the models directory,
+    `config.models_dir()`)."""
     attempts = Attempts(
         store,
         backend,
@@ -117,6 +147,8 @@ def create_app(
         max_body_bytes=max_body_bytes,
         write_behind_ms=write_behind_ms,
         fsync_spans=fsync_spans,
+        model_aliases=model_aliases,
+        model_roots=[config.models_dir()] if model_roots is None else [Path(r) for r in model_roots],
     )
 
     @asynccontextmanager
@@ -135,9 +167,11 @@ def create_app(
         log.info("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
         return Response(schemas.dumps(exc.body()), status_code=exc.status, media_type="application/json")
 
-    @app.exception_handler(IllegalTransition)
-    async def _illegal(request: Request, exc: IllegalTransition) -> Response:
-        return await _gateway_error(request, GatewayError(409, str(exc)))
+    for named in (IllegalTransition, Conflict, InvalidInput, NotFound, StoreUnavailable):
+
+        @app.exception_handler(named)
+        async def _store_error(request: Request, exc: Exception) -> Response:
+            return await _gateway_error(request, store_error(exc))
 
     async def chat_completions(request: Request) -> Response:
         return await llm_call(gw, request, dict(request.path_params), chat=True)
@@ -153,8 +187,9 @@ def create_app(
 
     async def models(request: Request) -> dict:
         attempts.caller(request)
-        model = {"id": backend.model, "object": "model", "created": 0, "owned_by": "lightning-dagster"}
-        return {"object": "list", "data": [model]}
+        names = dict.fromkeys([backend.model, *gw.model_aliases])
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "lightning-dagster"} for n in names]
+        return {"object": "list", "data": data}
 
     for prefix in ("", PREFIX):
         # The hot paths are plain Starlette routes: FastAPI's per-request dependency solving is pure

@@ -1,9 +1,15 @@
 """Attribution: which attempt a request writes to (per-attempt key, path, or serve session), and the state the
-gateway keeps per attempt (last call for token-in, span sequence, the rollout's seed and sampling)."""
+gateway keeps per attempt (last call for token-in, span sequence, the rollout's seed and sampling).
+
+Serve sessions: a serve call names its session in `X-Session-Id` (1 to 256 characters); a call without one
+opens a new session, whose id the response returns in `X-Session-Id` for the client's next call. A session
+belongs to the serve key that opened it: another key naming it is refused with 403. Sessions are never
+matched by content (two clients with the same first message are two sessions)."""
 
 from __future__ import annotations
 
 import hashlib
+import secrets
 import time
 from array import array
 from collections.abc import Sequence
@@ -20,12 +26,19 @@ from lightning_dagster.gateway.tokenin import LastCall, TokenInStats
 from lightning_dagster.store.errors import NotFound
 from lightning_dagster.types import AttemptState, RolloutKind, Sampling
 
+MAX_SESSION_ID = 256  # the store's session column
+
 
 @dataclass
 class Caller:
     kind: str  # attempt | serve | admin
     rollout_id: str | None = None
     attempt_id: str | None = None
+    key_id: str | None = None  # serve keys: a digest that names the key without revealing it
+
+
+def key_id(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -42,6 +55,7 @@ class AttemptContext:
     next_sequence: int
     last: LastCall | None = None
     last_ids: array | None = None
+    session: str | None = None  # serve rollouts: the client's session id
     stats: TokenInStats = field(default_factory=TokenInStats)
 
     def take_sequence(self) -> int:
@@ -80,7 +94,8 @@ class Attempts:
         self.serve_keys = tuple(k for k in serve_keys if k)
         self.state_ttl_s = state_ttl_s
         self.contexts: LRUCache[str, AttemptContext] = LRUCache(max_contexts)
-        self.sessions: LRUCache[str, tuple[str, str]] = LRUCache(max_contexts)  # serve session -> attempt
+        # serve session -> (key id of its owner, rollout id, attempt id)
+        self.sessions: LRUCache[str, tuple[str, str, str]] = LRUCache(max_contexts)
         # attempt key -> (rollout id, attempt id) of keys whose signature already checked out, so the HMAC
         # is computed once per attempt, not per call; only genuine keys enter.
         self.verified: LRUCache[str, tuple[str, str]] = LRUCache(max_contexts)
@@ -93,7 +108,7 @@ class Attempts:
         if same_key(key, self.admin_key):
             return Caller("admin")
         if any(same_key(key, k) for k in self.serve_keys):
-            return Caller("serve")
+            return Caller("serve", key_id=key_id(key))
         ids = self.verified.get(key)
         if ids is None:
             ids = parse_attempt_key(self.secret, key)
@@ -150,23 +165,45 @@ class Attempts:
             )
         return ctx
 
-    async def serve_context(self, request: Request, first_user: str) -> AttemptContext:
-        session = request.headers.get("x-session-id") or hashlib.sha256(first_user.encode()).hexdigest()[:24]
-        ids = self.sessions.get(session)
-        if ids is not None:
+    async def serve_context(self, request: Request, caller: Caller) -> AttemptContext:
+        """The serve session's attempt: the one `X-Session-Id` names (if this caller's key opened it), or a
+        new session's."""
+        session = request.headers.get("x-session-id")
+        if session is None:
+            session = secrets.token_urlsafe(18)
+        elif not 0 < len(session) <= MAX_SESSION_ID:
+            raise GatewayError(
+                422,
+                f"X-Session-Id: 1 to {MAX_SESSION_ID} characters, got {len(session)}",
+                param="X-Session-Id",
+            )
+        cached = self.sessions.get(session)
+        if cached is not None:
+            self._own(session, cached[0], caller)
             try:
-                return await self.context(*ids)
+                return await self.context(*cached[1:])
             except GatewayError as exc:
                 if exc.status != 409:
                     raise
         rollout, attempt = await anyio.to_thread.run_sync(
-            self.store.get_or_create_serve_rollout, session, self.backend.resource_id
+            lambda: self.store.get_or_create_serve_rollout(
+                session, self.backend.resource_id, owner=caller.key_id
+            )
         )
-        self.sessions[session] = (rollout.rollout_id, attempt.attempt_id)
-        return await self.context(rollout.rollout_id, attempt.attempt_id)
+        owner = rollout.metadata.get("owner")
+        self._own(session, owner, caller)
+        self.sessions[session] = (owner, rollout.rollout_id, attempt.attempt_id)
+        ctx = await self.context(rollout.rollout_id, attempt.attempt_id)
+        ctx.session = session
+        return ctx
+
+    @staticmethod
+    def _own(session: str, owner: str | None, caller: Caller) -> None:
+        if owner != caller.key_id:
+            raise GatewayError(403, "this session was opened with another serve key", code="wrong_session")
 
     async def target(
-        self, request: Request, caller: Caller, path: dict[str, str], *, first_user: str | None = None
+        self, request: Request, caller: Caller, path: dict[str, str], *, serve: bool = False
     ) -> AttemptContext:
         """The attempt a call writes to; a key may only write to its own attempt."""
         rid, aid = path.get("rollout_id"), path.get("attempt_id")
@@ -178,8 +215,8 @@ class Attempts:
             return await self.context(rid, aid)
         if caller.kind == "attempt":
             return await self.context(caller.rollout_id, caller.attempt_id)
-        if caller.kind == "serve" and first_user is not None:
-            return await self.serve_context(request, first_user)
+        if caller.kind == "serve" and serve:
+            return await self.serve_context(request, caller)
         raise GatewayError(
             400, "name the attempt: use an attempt key or /rollouts/{rid}/attempts/{aid}/v1/..."
         )

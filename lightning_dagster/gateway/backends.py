@@ -65,6 +65,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def model(self) -> str: ...
 
+    def serves(self, name: str) -> bool:
+        """Whether a request naming this model is served (the gateway's aliases aside)."""
+        return name == self.model
+
     @abc.abstractmethod
     async def chat(
         self,
@@ -250,6 +254,10 @@ class UpstreamBackend(Backend):
     @property
     def model(self) -> str:
         return self._model or "upstream"
+
+    def serves(self, name: str) -> bool:
+        # Without a configured model the request's name is forwarded, and the upstream judges it.
+        return self._model is None or name == self._model
 
     def _http(self) -> Http1Client | HttpxClient:
         # One keep-alive client per event loop (a GatewayServer runs one loop; tests may start several).

@@ -40,11 +40,9 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
     caller = gw.attempts.caller(request)
     body = schemas.parse(raw)  # forwarded (upstream mode) with the applied sampling, after validation
     req = schemas.check(schemas.ChatRequest if chat else schemas.CompletionRequest, body)
+    gw.check_model(req.model)
     messages = [m.plain() for m in req.messages] if chat else []
-    first_user = next((m["content"] or "" for m in messages if m["role"] == "user"), "")
-    ctx = await gw.attempts.target(
-        request, caller, path, first_user=first_user if chat else str(req.prompt)[:4096]
-    )
+    ctx = await gw.attempts.target(request, caller, path, serve=True)
     previous, previous_ids = ctx.last, ctx.last_ids
     if chat:
         want_logprobs = bool(req.logprobs)
@@ -103,6 +101,8 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
         "x-ld-attempt-id": ctx.attempt_id,
         "x-ld-span-id": span.span_id,
     }
+    if ctx.session is not None:
+        headers["x-session-id"] = ctx.session
     if req.stream:
         stream = schemas.sse(response, include_usage=req.include_usage)
         return StreamingResponse(stream, media_type="text/event-stream", headers=headers)

@@ -1,6 +1,10 @@
-"""The gateway's one error type: an HTTP status and a message, rendered in OpenAI's error shape."""
+"""The gateway's one error type: an HTTP status and a message, rendered in OpenAI's error shape, and the
+one mapping of the store's named errors onto it."""
 
 from __future__ import annotations
+
+from lightning_dagster.store.errors import Conflict, InvalidInput, NotFound, StoreUnavailable
+from lightning_dagster.types import IllegalTransition
 
 
 class GatewayError(Exception):
@@ -14,3 +18,18 @@ class GatewayError(Exception):
     def body(self) -> dict:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+def store_error(exc: BaseException) -> GatewayError | None:
+    """The HTTP answer to a named error of the store (None: not one, a 500): input it cannot hold 422 (the
+    message starts with the column), a conflicting write or an illegal attempt move 409, an unknown id
+    404, a locked or read-only store 503."""
+    if isinstance(exc, InvalidInput):
+        return GatewayError(422, str(exc), param=str(exc).split(":", 1)[0])
+    if isinstance(exc, Conflict | IllegalTransition):
+        return GatewayError(409, str(exc))
+    if isinstance(exc, NotFound):
+        return GatewayError(404, str(exc))
+    if isinstance(exc, StoreUnavailable):
+        return GatewayError(503, str(exc))
+    return None

@@ -1,5 +1,12 @@
 """Rewards and custom events (ours and Agent Lightning's event URL): each recorded as a span of its attempt,
-a reward also as a `Reward` row, after every span acknowledged before it is committed."""
+a reward also as a `Reward` row, after every span acknowledged before it is committed.
+
+A reward and its span commit in one transaction, both or neither. A client that retries a reward sends the
+same `Idempotency-Key` header (or `X-Request-Id`) on every try: the reward is stored once and each try gets
+the same answer. The openai client sends no such header on its own: pass `extra_headers`, or set
+`client._idempotency_header = "Idempotency-Key"`, which makes it send one key per request, the same on
+each of its retries.
+"""
 
 from __future__ import annotations
 
@@ -11,41 +18,62 @@ from fastapi import Request
 
 from lightning_dagster.gateway import schemas
 from lightning_dagster.gateway.attempts import AttemptContext
+from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.types import Reward, Span, SpanKind
 
 if TYPE_CHECKING:
     from lightning_dagster.gateway.app import Gateway
 
 
+REQUEST_ID_HEADERS = ("idempotency-key", "x-request-id")
+MAX_REQUEST_ID = 256
+
+
+def request_id(request: Request) -> str | None:
+    """The client's id for this request, the same on each of its retries (None: not sent)."""
+    for header in REQUEST_ID_HEADERS:
+        value = request.headers.get(header)
+        if value is not None:
+            if not 0 < len(value) <= MAX_REQUEST_ID:
+                raise GatewayError(
+                    422, f"{header}: 1 to {MAX_REQUEST_ID} characters, got {len(value)}", param=header
+                )
+            return value
+    return None
+
+
 async def add_reward(
     gw: Gateway,
     ctx: AttemptContext,
-    value: float,
-    judge: str,
-    version: str,
-    uncertainty: float | None,
+    req: schemas.RewardRequest,
     extra: dict,
+    retry_id: str | None,
 ) -> dict:
     reward = Reward(
         rollout_id=ctx.rollout_id,
         attempt_id=ctx.attempt_id,
-        value=value,
-        judge=judge,
-        judge_version=version,
-        uncertainty=uncertainty,
+        value=req.value,
+        judge=req.judge,
+        judge_version=req.judge_version,
+        uncertainty=req.uncertainty,
     )
+    attrs = {"value": req.value, "judge": req.judge, "judge_version": req.judge_version}
+    attrs.update({k: v for k, v in extra.items() if isinstance(v, str | int | float | bool)})
+    if retry_id is not None:
+        attrs["request_id"] = retry_id
+    span = _span(ctx, "reward", SpanKind.reward, attrs)
+    span.sequence = ctx.take_sequence()
     # A reward lands after every span acknowledged before it is committed, and its synced commit
     # flushes those spans' unsynced commits to disk with it.
     await gw.writer.write([])
-    await anyio.to_thread.run_sync(gw.store.add_reward, reward)
-    attrs = {"value": value, "judge": judge, "judge_version": version}
-    attrs.update({k: v for k, v in extra.items() if isinstance(v, str | int | float | bool)})
-    return await record_event(gw, ctx, "reward", SpanKind.reward, attrs)
+    stored = await anyio.to_thread.run_sync(
+        lambda: gw.store.add_reward(reward, span=span, request_id=retry_id)
+    )
+    return _ack(ctx, stored)
 
 
-async def record_event(gw: Gateway, ctx: AttemptContext, name: str, kind: SpanKind, attributes: dict) -> dict:
-    """Record a reward or custom event as a span of the attempt and acknowledge it."""
-    span = Span(
+def _span(ctx: AttemptContext, name: str, kind: SpanKind, attributes: dict) -> Span:
+    return Span(
         trace_id=ctx.attempt_id,
         rollout_id=ctx.rollout_id,
         attempt_id=ctx.attempt_id,
@@ -54,29 +82,33 @@ async def record_event(gw: Gateway, ctx: AttemptContext, name: str, kind: SpanKi
         end_time=time.time(),
         attributes=attributes,
     )
+
+
+def _ack(ctx: AttemptContext, span_id: str | None) -> dict:
+    return {"status": "ok", "rollout_id": ctx.rollout_id, "attempt_id": ctx.attempt_id, "span_id": span_id}
+
+
+async def record_event(gw: Gateway, ctx: AttemptContext, name: str, kind: SpanKind, attributes: dict) -> dict:
+    """Record a custom event as a span of the attempt and acknowledge it."""
+    span = _span(ctx, name, kind, attributes)
     await gw.record(ctx, span)
-    return {
-        "status": "ok",
-        "rollout_id": ctx.rollout_id,
-        "attempt_id": ctx.attempt_id,
-        "span_id": span.span_id,
-    }
+    return _ack(ctx, span.span_id)
 
 
 async def reward(gw: Gateway, request: Request, path: dict) -> dict:
     raw = await gw.body(request)
     caller = gw.attempts.caller(request)
     req = schemas.validate(schemas.RewardRequest, raw)
+    retry_id = request_id(request)
     ctx = await gw.attempts.reward_target(request, caller, path, req.rollout_id, req.attempt_id)
-    return await add_reward(
-        gw, ctx, req.value, req.judge, req.judge_version, req.uncertainty, req.model_extra or {}
-    )
+    return await add_reward(gw, ctx, req, req.model_extra or {}, retry_id)
 
 
 async def event(gw: Gateway, request: Request, path: dict) -> dict:
     raw = await gw.body(request)
     caller = gw.attempts.caller(request)
     req = schemas.validate(schemas.EventRequest, raw)
+    retry_id = request_id(request)
     data = req.data
     ctx = await gw.attempts.reward_target(
         request, caller, path, data.get("rollout_id"), data.get("attempt_id")
@@ -84,6 +116,5 @@ async def event(gw: Gateway, request: Request, path: dict) -> dict:
     if req.event_type == "reward":
         r = schemas.check(schemas.RewardRequest, data, "data.")
         extra = {k: v for k, v in data.items() if k in ("source", "reason", "message")}
-        judge = data.get("judge") or "harness"
-        return await add_reward(gw, ctx, r.value, judge, r.judge_version, r.uncertainty, extra)
+        return await add_reward(gw, ctx, r, extra, retry_id)
     return await record_event(gw, ctx, req.event_type, SpanKind.custom, data)

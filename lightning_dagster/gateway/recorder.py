@@ -17,7 +17,7 @@ import threading
 import time
 from concurrent.futures import Future
 
-from lightning_dagster.gateway.errors import GatewayError
+from lightning_dagster.gateway.errors import GatewayError, store_error
 from lightning_dagster.types import Span
 
 log = logging.getLogger(__name__)
@@ -83,12 +83,14 @@ class SpanWriter:
         try:
             sync = any(sync for _, _, sync in batch)
             self._store.add_spans([s for spans, _, _ in batch for s in spans], sync=sync)
-        except Exception:
+        except Exception as exc:
             if len(batch) == 1:
                 spans, future, _ = batch[0]
                 log.exception("span write failed (attempt %s)", spans[0].attempt_id if spans else "?")
                 if future is not None:
-                    future.set_exception(GatewayError(500, "the call's span could not be stored"))
+                    future.set_exception(
+                        store_error(exc) or GatewayError(500, "the span could not be stored")
+                    )
                 return
             # One bad span must not fail its batch mates: retry them one request at a time.
             for one in batch:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lightning_dagster.gateway.backends import CallSampling, Completion
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.tokenin import content_text
+from lightning_dagster.store.connection import bad_json, suspect_json
 
 _STRICT = ConfigDict(extra="allow", strict=True)
 
@@ -102,27 +103,30 @@ class CompletionRequest(_Sampled):
 
 
 class RewardRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    value: float
-    judge: str = "harness"
-    judge_version: str = "1"
-    uncertainty: float | None = None
-    rollout_id: str | None = None
-    attempt_id: str | None = None
+    """A reward: `value` (and `uncertainty`) a finite JSON number, never a string or boolean coerced into
+    one; string lengths are the store's column limits, so both stores refuse the same input."""
 
-    @field_validator("value")
+    model_config = ConfigDict(extra="allow")
+    value: float = Field(strict=True)
+    judge: str = Field("harness", min_length=1, max_length=128)
+    judge_version: str = Field("1", min_length=1, max_length=64)
+    uncertainty: float | None = Field(None, strict=True)
+    rollout_id: str | None = Field(None, max_length=64)
+    attempt_id: str | None = Field(None, max_length=64)
+
+    @field_validator("value", "uncertainty")
     @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
 
 
 class EventRequest(BaseModel):
-    """Agent Lightning v1.0's `EventCreate`."""
+    """Agent Lightning v1.0's `EventCreate`; `event_type` names the span (at most 256 characters)."""
 
     model_config = ConfigDict(extra="allow")
-    event_type: str
+    event_type: str = Field(min_length=1, max_length=256)
     data: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -132,6 +136,8 @@ def validate(model: type[BaseModel], raw: bytes) -> Any:
 
 
 def parse(raw: bytes) -> dict:
+    """A JSON object without NaN, Infinity or NUL characters (JSON has no NaN, and PostgreSQL stores
+    neither): any of them is a 422 naming its field, on every store alike."""
     # pydantic_core's Rust parser (cheaper than json.loads per call); it also rejects invalid UTF-8
     try:
         data = pydantic_core.from_json(raw)
@@ -139,6 +145,8 @@ def parse(raw: bytes) -> dict:
         raise GatewayError(400, f"the body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise GatewayError(400, "the body must be a JSON object")
+    if suspect_json(raw) and (found := bad_json(data)):
+        raise GatewayError(422, found, param=found.split(":", 1)[0])
     return data
 
 
@@ -283,4 +291,4 @@ class WeightsRequest(BaseModel):
 
     model_config = ConfigDict(strict=True)
     path: str = Field(min_length=1)
-    resource_id: str | None = None
+    resource_id: str | None = Field(None, max_length=64)

@@ -4,6 +4,7 @@ the transaction and record helpers every part of `Store` builds on."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +17,14 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 
 from lightning_dagster.store import migrate
-from lightning_dagster.store.errors import Conflict, InvalidInput, NotFound
+from lightning_dagster.store.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    StoreLocked,
+    StoreReadOnly,
+    StoreUnavailable,
+)
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -53,6 +61,61 @@ def dump_json(value: Any) -> str:
 
 
 _JSON = {"json_serializer": dump_json, "json_deserializer": pydantic_core.from_json}
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def bad_json(value: Any, path: str = "") -> str | None:
+    """`path: what is wrong` for the first value PostgreSQL's JSON refuses (SQLite would keep it): NaN,
+    Infinity, a NUL character; None if there is none."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path}: {value} is not a finite number"
+    if isinstance(value, str):
+        return f"{path}: contains a NUL character" if "\x00" in value else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and "\x00" in key:
+            return f"{path}: a key contains a NUL character"
+        if found := bad_json(item, f"{path}.{key}" if path else str(key)):
+            return found
+    return None
+
+
+def suspect_json(text: bytes) -> bool:
+    """Whether JSON text may hold NaN, Infinity or a NUL character (a byte search; `bad_json` decides)."""
+    return b"NaN" in text or b"Infinity" in text or b"\\u0000" in text
+
+
+def check_json(field: str, value: Any) -> None:
+    """Raise InvalidInput naming the path of a NaN, an Infinity or a NUL character inside `value`."""
+    text = pydantic_core.to_json(value)  # C speed; the walk runs only when a suspect token appears
+    if suspect_json(text) and (found := bad_json(value, field)):
+        raise InvalidInput(found)
+
+
+def checked(table: sa.Table, row: dict[str, Any]) -> dict[str, Any]:
+    """The row, if both stores can hold it alike; else InvalidInput naming the column. SQLite would keep a
+    string over its declared length, a NUL character, NaN or an int beyond 32 bits, where PostgreSQL
+    refuses them, so each is refused here on both."""
+    for col in table.c:
+        value = row.get(col.name)
+        if value is None:
+            continue
+        where = f"{table.name}.{col.name}"
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise InvalidInput(f"{where}: contains a NUL character")
+            limit = getattr(col.type, "length", None)
+            if limit is not None and len(value) > limit:
+                raise InvalidInput(f"{where}: {len(value)} characters; the limit is {limit}")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise InvalidInput(f"{where}: {value} is not a finite number")
+        elif isinstance(value, int) and isinstance(col.type, sa.Integer):
+            if not _INT32[0] <= value <= _INT32[1]:
+                raise InvalidInput(f"{where}: {value} is outside the 32-bit integer range")
+        elif isinstance(col.type, sa.JSON):
+            check_json(where, value)
+    return row
 
 
 def _retry_locked(fn: Callable[[], T], timeout_s: float) -> T:
@@ -63,11 +126,35 @@ def _retry_locked(fn: Callable[[], T], timeout_s: float) -> T:
     while True:
         try:
             return fn()
-        except (sqlite3.OperationalError, sa.exc.OperationalError) as exc:
+        except (sqlite3.OperationalError, sa.exc.OperationalError, StoreLocked) as exc:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(delay)
             delay = min(2 * delay, 0.2)
+
+
+def unavailable(exc: BaseException, store: str, busy_timeout_s: float) -> StoreUnavailable | None:
+    """The named error for a store that cannot serve the call at all (locked past the bounded wait, or
+    read-only), in one line naming the store and the cause; None for any other error."""
+    orig = getattr(exc, "orig", None) or exc
+    cause = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+    code = getattr(orig, "pgcode", None)
+    if "readonly" in cause or "read-only" in cause or code == "25006":
+        return StoreReadOnly(f"the store {store} is read-only, so this command cannot write to it ({cause})")
+    if "database is locked" in cause or code == "55P03":
+        return StoreLocked(
+            f"the store {store} is locked by another process; gave up after {busy_timeout_s:g}s ({cause})"
+        )
+    return None
+
+
+def _translate_errors(engine: sa.Engine, url: str, busy_timeout_s: float) -> None:
+    u = sa.make_url(url)
+    store = u.database if u.get_backend_name() == "sqlite" else u.render_as_string(hide_password=True)
+
+    @sa.event.listens_for(engine, "handle_error")
+    def _named(context) -> BaseException | None:
+        return unavailable(context.original_exception, store or url, busy_timeout_s)
 
 
 def _create_engine(url: str, busy_timeout_s: float) -> sa.Engine:
@@ -78,15 +165,19 @@ def _create_engine(url: str, busy_timeout_s: float) -> sa.Engine:
             u = u.set(drivername="postgresql+psycopg2")  # SQLAlchemy 2.1 maps bare postgresql to psycopg 3
         # no pool_pre_ping: it costs a round trip per call; a connection lost to a server restart fails
         # one call and is then replaced by the pool.
-        return sa.create_engine(u, pool_size=10, max_overflow=40, **_JSON)
+        engine = sa.create_engine(u, pool_size=10, max_overflow=40, **_JSON)
+        _translate_errors(engine, url, busy_timeout_s)
+        return engine
     if backend != "sqlite":
         raise InvalidInput(f"the store supports sqlite and postgresql URLs, not {backend!r}")
     if u.database in (None, "", ":memory:"):
         pool: dict[str, Any] = {"poolclass": sa.pool.StaticPool, "connect_args": {"check_same_thread": False}}
     else:
-        Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+        if u.query.get("uri") != "true":  # `file:...?mode=ro&uri=true` names an existing file
+            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
         pool = {"pool_size": 10, "max_overflow": 40, "connect_args": {"timeout": busy_timeout_s}}
     engine = sa.create_engine(u, **_JSON, **pool)
+    _translate_errors(engine, url, busy_timeout_s)
 
     @sa.event.listens_for(engine, "connect")
     def _connect(dbapi_conn, _record) -> None:
@@ -123,16 +214,21 @@ class Connection:
     engine: sa.Engine
 
     def _connect(self, url: str, busy_timeout_s: float) -> None:
-        """Open the engine and bring the schema to head (idempotent; concurrent openers agree)."""
+        """Open the engine and bring the schema to head (idempotent; concurrent openers agree). A store
+        locked past `busy_timeout_s` raises StoreLocked; a read-only one opens if its schema is current."""
         self.url = url
         self.engine = _create_engine(url, busy_timeout_s)
         self._busy_timeout_s = busy_timeout_s
         self._writer = self.engine.execution_options(ld_write=True)
         self._writer_nosync = self.engine.execution_options(ld_write=True, ld_nosync=True)
-        if self.engine.dialect.name == "sqlite":
-            _retry_locked(lambda: migrate.upgrade(self.engine, self._writer), busy_timeout_s)
-        else:
-            migrate.upgrade(self.engine, self._writer)
+        try:
+            if self.engine.dialect.name == "sqlite":
+                _retry_locked(lambda: migrate.upgrade(self.engine, self._writer), busy_timeout_s)
+            else:
+                migrate.upgrade(self.engine, self._writer)
+        except StoreUnavailable:
+            self.engine.dispose()
+            raise
 
     @contextmanager
     def _write(self, *, sync: bool = True) -> Iterator[sa.Connection]:

@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lightning_dagster.store import schema
-from lightning_dagster.store.connection import Connection, nonempty_text
+from lightning_dagster.store.connection import Connection, checked, nonempty_text
 from lightning_dagster.store.errors import Conflict, InvalidInput, PointerConflict
 from lightning_dagster.store.records import PointerMove, StoredDocument
 from lightning_dagster.types import now
@@ -48,10 +48,8 @@ class DocumentStore(Connection):
                 "version": version,
                 "content_hash": content_hash,
             }
-            c.execute(
-                schema.documents.insert(),
-                {**row, "previous_hash": previous_hash, "body": body, "created_at": now()},
-            )
+            row = {**row, "previous_hash": previous_hash, "body": body, "created_at": now()}
+            c.execute(schema.documents.insert(), checked(schema.documents, row))
         return version
 
     def document_versions(self, collection: str, doc_id: str) -> list[StoredDocument]:
@@ -99,7 +97,7 @@ class DocumentStore(Connection):
                     c.execute(sa.update(schema.pointers).where(p.name == name).values(state))
                 else:  # a concurrent first move fails on the primary key and becomes a PointerConflict
                     c.execute(schema.pointers.insert(), {"name": name, **state})
-                c.execute(schema.pointer_moves.insert(), move.model_dump())
+                c.execute(schema.pointer_moves.insert(), checked(schema.pointer_moves, move.model_dump()))
         except PointerConflict:
             raise
         except Conflict as exc:
@@ -130,6 +128,7 @@ class DocumentStore(Connection):
         nonempty_text("key", key)
         if not isinstance(value, dict):
             raise InvalidInput(f"flag value must be a dict, got {type(value).__name__}")
+        checked(schema.flags, {"key": key, "value": value})
         with self._write() as c:
             dialect = postgresql if c.dialect.name == "postgresql" else sqlite
             insert = dialect.insert(schema.flags).values(key=key, value=value, updated_at=now())

@@ -25,4 +25,20 @@ class PointerConflict(Conflict):
 
 
 class InvalidInput(ValueError):
-    """Input that passed type validation but cannot be stored (e.g. a token id outside int32)."""
+    """Input that passed type validation but cannot be stored alike on SQLite and PostgreSQL (a token id
+    outside int32, NaN or Infinity, a NUL character, a string longer than its column); the message starts
+    with the field's name."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The store cannot do what was asked at all (not a fault of the input); the message is one line naming
+    the store and the cause, for a CLI to print as is."""
+
+
+class StoreLocked(StoreUnavailable):
+    """Another process held the write lock for longer than the store's bounded wait (`busy_timeout_s`)."""
+
+
+class StoreReadOnly(StoreUnavailable):
+    """A write to a store opened read-only (file permissions, a `mode=ro` URL, a read-only PostgreSQL
+    transaction); reads keep working."""

@@ -12,6 +12,7 @@ from lightning_dagster.store import schema
 from lightning_dagster.store.connection import (
     Connection,
     as_record,
+    checked,
     enum_values,
     from_row,
     nonempty_text,
@@ -55,7 +56,7 @@ class RolloutQueue(Connection):
     def add_resource(self, r: Resource) -> Resource:
         r = as_record(Resource, r)
         with self._write() as c:
-            c.execute(schema.resources.insert(), to_row(r))
+            c.execute(schema.resources.insert(), checked(schema.resources, to_row(r)))
         return r
 
     def get_resource(self, resource_id: str) -> Resource:
@@ -70,7 +71,7 @@ class RolloutQueue(Connection):
         items = [as_record(Rollout, r).model_copy(update={"status": RolloutStatus.queued}) for r in rollouts]
         if items:
             with self._write() as c:
-                c.execute(schema.rollouts.insert(), [to_row(r) for r in items])
+                c.execute(schema.rollouts.insert(), [checked(schema.rollouts, to_row(r)) for r in items])
         return items
 
     def get_rollout(self, rollout_id: str) -> Rollout:
@@ -221,8 +222,12 @@ class RolloutQueue(Connection):
             query = query.where(A.state.in_(enum_values(AttemptState, state)))
         return self._all(Attempt, query)
 
-    def get_or_create_serve_rollout(self, session: str, resource_id: str | None) -> tuple[Rollout, Attempt]:
-        """One `serve` rollout per client session with a running attempt; concurrent first calls agree."""
+    def get_or_create_serve_rollout(
+        self, session: str, resource_id: str | None, *, owner: str | None = None
+    ) -> tuple[Rollout, Attempt]:
+        """One `serve` rollout per client session with a running attempt; concurrent first calls agree.
+        `owner` (an addition to the contract) names who opened the session, kept in `metadata["owner"]` of a
+        new rollout; the caller compares it on later calls."""
         session = nonempty_text("session", session)
         found = self._serve_rollout(session)
         if found is not None:
@@ -232,7 +237,7 @@ class RolloutQueue(Connection):
             kind=RolloutKind.serve,
             resource_id=resource_id,
             status=RolloutStatus.running,
-            metadata={"session": session},
+            metadata={"session": session, "owner": owner},
         )
         attempt = Attempt(
             rollout_id=rollout.rollout_id,
@@ -241,9 +246,10 @@ class RolloutQueue(Connection):
             started_at=t,
             heartbeat_at=t,
         )
+        row = checked(schema.rollouts, {**to_row(rollout), "session": session})
         try:
             with self._write() as c:
-                c.execute(schema.rollouts.insert(), {**to_row(rollout), "session": session})
+                c.execute(schema.rollouts.insert(), row)
                 c.execute(schema.attempts.insert(), to_row(attempt))
             return rollout, attempt
         except Conflict:
@@ -291,13 +297,13 @@ class RolloutQueue(Connection):
             c.execute(sa.update(schema.rollouts).where(R.rollout_id == rollout_id).values(status=status))
 
     def _add_attempt(self, c: sa.Connection, attempt: Attempt) -> None:
-        c.execute(schema.attempts.insert(), to_row(attempt))
+        c.execute(schema.attempts.insert(), checked(schema.attempts, to_row(attempt)))
         self._follow(c, attempt.rollout_id, attempt.sequence_id, attempt.state)
 
     def _move(self, c: sa.Connection, row: sa.Row, target: AttemptState, values: dict[str, Any]) -> Attempt:
         check_transition(row.attempt_id, AttemptState(row.state), target)
         t = now()
-        values = {**values, "state": target.value}
+        values = checked(schema.attempts, {**values, "state": target.value})
         if target is AttemptState.running:
             values.update(started_at=t, heartbeat_at=t)
         if target in TERMINAL_ATTEMPT_STATES:

@@ -110,6 +110,10 @@ rewards = sa.Table(
     sa.Column("judge_version", sa.String(64), nullable=False),
     sa.Column("uncertainty", sa.Double),
     sa.Column("created_at", sa.Double, nullable=False),
+    # the client's request id (Idempotency-Key): a retried request stores its reward once
+    sa.Column("request_id", sa.String(256)),
+    sa.Column("span_id", sa.String(64)),  # the span recording this reward, committed with it
+    sa.UniqueConstraint("rollout_id", "request_id", name="uq_rewards_request"),
 )
 
 documents = sa.Table(

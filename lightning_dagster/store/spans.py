@@ -13,8 +13,16 @@ import sqlalchemy as sa
 from cachetools import LRUCache
 
 from lightning_dagster.store import schema
-from lightning_dagster.store.connection import Connection, as_record, dump_json, enum_values, to_row
-from lightning_dagster.store.errors import Conflict, NotFound
+from lightning_dagster.store.connection import (
+    Connection,
+    as_record,
+    checked,
+    dump_json,
+    enum_values,
+    to_row,
+    unavailable,
+)
+from lightning_dagster.store.errors import Conflict, InvalidInput, NotFound
 from lightning_dagster.store.tokens import (
     pack_ids,
     pack_logprobs,
@@ -165,6 +173,7 @@ class SpanStore(Connection):
         except sqlite3.OperationalError as exc:
             if nowait and ("locked" in str(exc) or "busy" in str(exc)):
                 return False
+            self._raise_named(exc)
             raise
         try:
             conn.executemany(_SQLITE_SPAN_INSERT, params)
@@ -174,9 +183,17 @@ class SpanStore(Connection):
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.IntegrityError):
                 raise Conflict(str(exc).strip()) from exc
+            self._raise_named(exc)
             raise
         state["commits"] += 1
         return True
+
+    def _raise_named(self, exc: BaseException) -> None:
+        """A locked or read-only store as its named error (the plain sqlite3 path has no engine hook)."""
+        if isinstance(exc, sqlite3.OperationalError):
+            named = unavailable(exc, self._raw_path, self._busy_timeout_s)
+            if named is not None:
+                raise named from exc
 
     @staticmethod
     def _span_row(s: Span, last: dict[str, tuple[str, bytes] | None]) -> dict[str, Any]:
@@ -188,7 +205,7 @@ class SpanStore(Connection):
         prompt = s.prompt_token_ids
         if prompt is None:
             row.update(prompt_ref=None, prompt_shared=None, prompt_tail=None)
-            return row
+            return checked(schema.spans, row)
         packed = pack_ids(prompt)
         previous = last.get(s.attempt_id)
         # Compare packed bytes (C speed, nothing unpacked): a shared byte prefix of 4k..4k+3 bytes is k ids.
@@ -199,7 +216,7 @@ class SpanStore(Connection):
             prompt_tail=packed[4 * shared :],
         )
         last[s.attempt_id] = (s.span_id, packed + (row["response_ids"] or b""))
-        return row
+        return checked(schema.spans, row)
 
     def _contexts_of(self, c: sa.Connection, newest: dict[str, str]) -> dict[str, tuple[str, bytes]]:
         """attempt_id -> (span_id, its packed prompt + response ids) for the given newest span of each
@@ -364,11 +381,51 @@ class SpanStore(Connection):
 
     # -- rewards -----------------------------------------------------------------------------------------
 
-    def add_reward(self, r: Reward) -> None:
+    def add_reward(self, r: Reward, *, span: Span | None = None, request_id: str | None = None) -> str | None:
+        """Store a reward and (an addition to the contract) the span that records it, in one transaction:
+        both or neither. With `request_id`, a retry of the same request stores nothing new: it returns the
+        first write's span id; the same id with another value, judge or attempt is a Conflict. Returns
+        the id of the reward's span (None without one)."""
         r = as_record(Reward, r)
-        with self._write() as c:
-            self._check_attempts(c, {(r.rollout_id, r.attempt_id)})
-            c.execute(schema.rewards.insert(), to_row(r))
+        span = None if span is None else as_record(Span, span)
+        if span is not None and (span.rollout_id, span.attempt_id) != (r.rollout_id, r.attempt_id):
+            raise InvalidInput("the reward's span must belong to the reward's attempt")
+        row = {**to_row(r), "request_id": request_id, "span_id": span and span.span_id}
+        checked(schema.rewards, row)
+        span_row = None if span is None else self._span_row(span, {})
+        try:
+            with self._write() as c:
+                if request_id is not None and (stored := self._replayed(c, r, request_id)) is not None:
+                    return stored.span_id
+                self._check_attempts(c, {(r.rollout_id, r.attempt_id)})
+                c.execute(schema.rewards.insert(), row)
+                if span_row is not None:
+                    self._insert_spans(c, [span_row])
+        except Conflict:
+            if request_id is None:
+                raise
+            with self.engine.connect() as c:  # a concurrent retry of the same request committed first
+                stored = self._replayed(c, r, request_id)
+            if stored is None:
+                raise
+            return stored.span_id
+        return row["span_id"]
+
+    @staticmethod
+    def _replayed(c: sa.Connection, r: Reward, request_id: str) -> sa.Row | None:
+        """The reward this request already stored, if any; the same request id with another reward is a
+        Conflict."""
+        W = schema.rewards.c
+        found = c.execute(
+            sa.select(W.span_id, W.attempt_id, W.value, W.judge, W.judge_version).where(
+                W.rollout_id == r.rollout_id, W.request_id == request_id
+            )
+        ).first()
+        if found is not None and tuple(found[1:]) != (r.attempt_id, r.value, r.judge, r.judge_version):
+            raise Conflict(
+                f"request id {request_id!r} already stored another reward of rollout {r.rollout_id!r}"
+            )
+        return found
 
     def list_rewards(
         self, *, rollout_ids: Iterable[str] | None = None, rollout_id: str | None = None

@@ -20,6 +20,7 @@ from tests.support.stub_upstream import create_stub_app
 SECRET = "test-secret-0123456789"
 ADMIN = "admin-key-abcdefghijkl"
 SERVE = "serve-key-mnopqrstuvwx"
+SERVE2 = "serve-key-second-yz0123"
 TOOL_CALL_TEXT = '<tool_call>{"name": "now"}</tool_call>'
 
 
@@ -102,7 +103,7 @@ class Gateway:
 
 def _serve(store, backend, **kw):
     app = create_app(
-        store, backend, secret=SECRET, admin_key=ADMIN, serve_keys=[SERVE], state_ttl_s=0.0, **kw
+        store, backend, secret=SECRET, admin_key=ADMIN, serve_keys=[SERVE, SERVE2], state_ttl_s=0.0, **kw
     )
     return GatewayServer(app)
 

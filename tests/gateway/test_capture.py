@@ -16,7 +16,7 @@ QUESTION = [{"role": "user", "content": "What is 17 plus 25?"}]
 def test_recorded_ids_and_logprobs_equal_what_the_engine_sampled(gateway, engine):
     rid, aid, key = gateway.attempt()
     resp = gateway.client(key).chat.completions.create(
-        model="m", messages=QUESTION, temperature=1.0, seed=1234, max_tokens=24, logprobs=True
+        model="policy", messages=QUESTION, temperature=1.0, seed=1234, max_tokens=24, logprobs=True
     )
     (span,) = gateway.spans(aid)
     prompt = engine.render(QUESTION)
@@ -38,7 +38,7 @@ def test_token_in_reuses_exact_ids_when_the_response_does_not_survive_retokeniza
     eng, _, script = scripted
     _, aid, key = scripted_gateway.attempt()
     client = scripted_gateway.client(key)
-    first = client.chat.completions.create(model="m", messages=QUESTION, temperature=0)
+    first = client.chat.completions.create(model="policy", messages=QUESTION, temperature=0)
     msg = first.choices[0].message
     (s1,) = scripted_gateway.spans(aid)
     # The model sampled b,a,l: text "bal" re-encodes as one merged token, so re-rendering would drift.
@@ -47,7 +47,7 @@ def test_token_in_reuses_exact_ids_when_the_response_does_not_survive_retokeniza
     # The harness echoes the assistant message exactly as the openai client returned it, plus a tool result.
     history = [*QUESTION, msg.model_dump(exclude_none=True)]
     history.append({"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "12:00"})
-    client.chat.completions.create(model="m", messages=history, temperature=0)
+    client.chat.completions.create(model="policy", messages=history, temperature=0)
     s1, s2 = scripted_gateway.spans(aid)
     context = s1.prompt_token_ids + s1.response_token_ids
     assert s2.prompt_token_ids[: len(context)] == context
@@ -73,7 +73,7 @@ def test_tool_calls_round_trip_through_the_openai_client(scripted_gateway):
     _, aid, key = scripted_gateway.attempt()
     client = scripted_gateway.client(key)
     tools = [{"type": "function", "function": {"name": "now", "description": "the time", "parameters": {}}}]
-    resp = client.chat.completions.create(model="m", messages=QUESTION, tools=tools, temperature=0)
+    resp = client.chat.completions.create(model="policy", messages=QUESTION, tools=tools, temperature=0)
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -82,7 +82,7 @@ def test_tool_calls_round_trip_through_the_openai_client(scripted_gateway):
     )
     assert call.id.startswith("call_")
     messages = [*QUESTION, choice.message, {"role": "tool", "tool_call_id": call.id, "content": "12:00"}]
-    again = client.chat.completions.create(model="m", messages=messages, tools=tools, temperature=0)
+    again = client.chat.completions.create(model="policy", messages=messages, tools=tools, temperature=0)
     assert again.choices[0].message.tool_calls[0].function.name == "now"
     spans = scripted_gateway.spans(aid)
     assert [s.finish_reason for s in spans] == ["tool_calls", "tool_calls"]
@@ -96,7 +96,7 @@ def test_streaming_and_non_streaming_record_the_same_span(gateway):
     for stream in (False, True):
         _, aid, key = gateway.attempt()
         client = gateway.client(key)
-        kwargs = dict(model="m", messages=QUESTION, temperature=1.0, seed=77, max_tokens=20)
+        kwargs = dict(model="policy", messages=QUESTION, temperature=1.0, seed=77, max_tokens=20)
         if stream:
             chunks = list(client.chat.completions.create(stream=True, **kwargs))
             texts.append("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
@@ -117,7 +117,9 @@ def test_streaming_and_non_streaming_record_the_same_span(gateway):
 def test_completions_take_token_ids_verbatim(gateway, engine):
     _, aid, key = gateway.attempt()
     ids = engine.render(QUESTION)
-    resp = gateway.client(key).completions.create(model="m", prompt=ids, max_tokens=8, seed=5, logprobs=1)
+    resp = gateway.client(key).completions.create(
+        model="policy", prompt=ids, max_tokens=8, seed=5, logprobs=1
+    )
     (span,) = gateway.spans(aid)
     assert span.prompt_token_ids == ids == resp.choices[0].model_extra["prompt_token_ids"]
     assert span.response_token_ids == resp.choices[0].model_extra["token_ids"]
@@ -131,7 +133,7 @@ def test_rollout_sampling_seed_gives_common_random_numbers(gateway):
         _, aid, key = gateway.attempt(metadata={"sampling_seed": 42})
         client = gateway.client(key)
         for _ in range(2):
-            client.chat.completions.create(model="m", messages=QUESTION, temperature=1.0, max_tokens=12)
+            client.chat.completions.create(model="policy", messages=QUESTION, temperature=1.0, max_tokens=12)
         ids.append([s.response_token_ids for s in gateway.spans(aid)])
         seeds.append([s.attributes["seed"] for s in gateway.spans(aid)])
     assert ids[0] == ids[1] and seeds[0] == seeds[1]

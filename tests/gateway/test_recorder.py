@@ -26,8 +26,9 @@ def test_one_bad_span_fails_alone_and_its_batch_mates_are_committed(store):
         await writer.write([span(0, a.attempt_id)], wait=False)
         bad = asyncio.create_task(writer.write([span(1, "at-unknown")]))
         good = asyncio.create_task(writer.write([span(2, a.attempt_id)]))
-        with pytest.raises(GatewayError, match="could not be stored"):
+        with pytest.raises(GatewayError, match="'at-unknown' of rollout") as refused:
             await bad
+        assert refused.value.status == 404  # the store's named error, not a bare 500
         await good
 
     asyncio.run(run())

@@ -23,11 +23,11 @@ def with_sampling(**decided) -> dict:
 def test_rollout_temperature_0_samples_greedily_whatever_the_harness_asks(gateway, engine):
     _, aid, key = gateway.attempt(metadata=with_sampling(temperature=0.0))
     client = gateway.client(key)
-    client.chat.completions.create(model="m", messages=QUESTION, **HARNESS)
-    chunks = list(client.chat.completions.create(model="m", messages=QUESTION, stream=True, **HARNESS))
+    client.chat.completions.create(model="policy", messages=QUESTION, **HARNESS)
+    chunks = list(client.chat.completions.create(model="policy", messages=QUESTION, stream=True, **HARNESS))
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     ids = engine.render(QUESTION)
-    client.completions.create(model="m", prompt=ids, **HARNESS)
+    client.completions.create(model="policy", prompt=ids, **HARNESS)
     greedy = sample(engine, ids, temperature=0.0, max_tokens=16)
     assert sample(engine, ids, temperature=1.5, seed=7, max_tokens=16) != greedy  # the harness's own ask
     spans = gateway.spans(aid)
@@ -46,10 +46,10 @@ def test_rollout_temperature_0_samples_greedily_whatever_the_harness_asks(gatewa
 def test_rollout_sampling_applies_to_token_in_continuations(gateway, engine):
     _, aid, key = gateway.attempt(metadata=with_sampling(temperature=0.0))
     client = gateway.client(key)
-    first = client.chat.completions.create(model="m", messages=QUESTION, **HARNESS)
+    first = client.chat.completions.create(model="policy", messages=QUESTION, **HARNESS)
     history = [*QUESTION, first.choices[0].message.model_dump(exclude_none=True)]
     history.append({"role": "user", "content": "And times 2?"})
-    client.chat.completions.create(model="m", messages=history, **HARNESS)
+    client.chat.completions.create(model="policy", messages=history, **HARNESS)
     _, second = gateway.spans(aid)
     assert second.attributes["token_in"] is True and second.attributes["temperature"] == 0.0
     assert second.response_token_ids == sample(
@@ -60,7 +60,7 @@ def test_rollout_sampling_applies_to_token_in_continuations(gateway, engine):
 def test_rollout_top_p_overrides_the_harness(gateway, engine):
     # top_p this small keeps only the most likely token: sampling at temperature 1 is then greedy.
     _, aid, key = gateway.attempt(metadata=with_sampling(temperature=1.0, top_p=1e-6))
-    gateway.client(key).chat.completions.create(model="m", messages=QUESTION, top_p=1.0, **HARNESS)
+    gateway.client(key).chat.completions.create(model="policy", messages=QUESTION, top_p=1.0, **HARNESS)
     (span,) = gateway.spans(aid)
     assert span.response_token_ids == sample(engine, engine.render(QUESTION), temperature=0.0, max_tokens=16)
     assert (span.attributes["temperature"], span.attributes["top_p"]) == (1.0, 1e-6)
@@ -70,9 +70,9 @@ def test_rollout_top_p_overrides_the_harness(gateway, engine):
 def test_rollout_max_tokens_overrides_the_harness(gateway, engine):
     _, aid, key = gateway.attempt(metadata=with_sampling(temperature=0.0, max_tokens=3))
     client = gateway.client(key)
-    client.chat.completions.create(model="m", messages=QUESTION, **HARNESS)
+    client.chat.completions.create(model="policy", messages=QUESTION, **HARNESS)
     client.chat.completions.create(
-        model="m", messages=QUESTION, temperature=1.5, seed=7, max_completion_tokens=16
+        model="policy", messages=QUESTION, temperature=1.5, seed=7, max_completion_tokens=16
     )
     greedy = sample(engine, engine.render(QUESTION), temperature=0.0, max_tokens=3)
     assert len(greedy) == 3
@@ -83,7 +83,7 @@ def test_rollout_max_tokens_overrides_the_harness(gateway, engine):
 
 def test_a_rollout_without_sampling_keeps_the_harness_values(gateway, engine):
     _, aid, key = gateway.attempt()
-    gateway.client(key).chat.completions.create(model="m", messages=QUESTION, top_p=0.9, **HARNESS)
+    gateway.client(key).chat.completions.create(model="policy", messages=QUESTION, top_p=0.9, **HARNESS)
     (span,) = gateway.spans(aid)
     ids = engine.render(QUESTION)
     own = sample(engine, ids, temperature=1.5, top_p=0.9, seed=7, max_tokens=16)
@@ -100,7 +100,7 @@ def test_upstream_mode_forwards_the_rollout_sampling(upstream_gateway):
     gw = upstream_gateway
     _, aid, key = gw.attempt(metadata=with_sampling(temperature=0.0, top_p=0.5, max_tokens=7))
     resp = gw.client(key).chat.completions.create(
-        model="x", messages=QUESTION, temperature=1.5, max_tokens=30
+        model="policy", messages=QUESTION, temperature=1.5, max_tokens=30
     )
     # The stub replies with as many tokens as the forwarded `max_tokens`: the rollout's 7, not the harness's 30.
     assert resp.choices[0].message.content == reply(render(QUESTION), 7)

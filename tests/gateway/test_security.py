@@ -1,4 +1,5 @@
-"""Attribution, keys, limits and error handling at the HTTP edge; rewards, events and serve mode."""
+"""Attribution, keys, limits and error handling at the HTTP edge; rewards, events and serve mode. Every
+test runs on a SQLite file and on a real PostgreSQL server: bad input gets the same 4xx on both."""
 
 from __future__ import annotations
 
@@ -10,14 +11,27 @@ import pytest
 
 from lightning_dagster.gateway import attempt_key
 from lightning_dagster.gateway.keys import parse_attempt_key
+from lightning_dagster.store import Store
 from lightning_dagster.types import AttemptState
-from tests.gateway.conftest import ADMIN, SECRET, SERVE
+from tests.gateway.conftest import ADMIN, SECRET, SERVE, SERVE2
 
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "seed": 1}
+CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "seed": 1}
 
 
-def post(gw, path: str, key: str, json=None, content: bytes | None = None) -> httpx.Response:
-    headers = {"content-type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request, tmp_path):
+    """Overrides the gateway's SQLite store: each test here runs on both stores."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    s = Store(request.getfixturevalue("postgres_url") if request.param == "postgres" else url)
+    yield s
+    s.close()
+
+
+def post(
+    gw, path: str, key: str, json=None, content: bytes | None = None, headers: dict | None = None
+) -> httpx.Response:
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = {"content-type": "application/json", **auth, **(headers or {})}
     return httpx.post(gw.url + path, headers=headers, json=json, content=content, timeout=60)
 
 
@@ -150,6 +164,7 @@ def test_serve_key_creates_a_serve_rollout_per_session_and_takes_late_rewards(ga
     )
     rid = r1.headers["x-ld-rollout-id"]
     assert r2.headers["x-ld-rollout-id"] == rid != r3.headers["x-ld-rollout-id"]
+    assert r1.headers["x-session-id"] == "session-1"
     rollout = gateway.store.get_rollout(rid)
     assert rollout.kind.value == "serve"
     assert len(gateway.store.list_spans(rollout_id=rid, kind="llm")) == 2
@@ -158,6 +173,129 @@ def test_serve_key_creates_a_serve_rollout_per_session_and_takes_late_rewards(ga
     # a serve key cannot reward a training rollout
     train_rid, _, _ = gateway.attempt()
     assert post(gateway, "/v1/rewards", SERVE, {"rollout_id": train_rid, "value": 1}).status_code == 403
+
+
+def test_serve_clients_are_never_merged_by_content_and_sessions_belong_to_their_key(gateway):
+    one = openai.OpenAI(base_url=gateway.url + "/v1", api_key=SERVE, max_retries=0)
+    other = openai.OpenAI(base_url=gateway.url + "/v1", api_key=SERVE2, max_retries=0)
+    a = one.chat.completions.with_raw_response.create(**CHAT)  # same first message, no X-Session-Id
+    b = one.chat.completions.with_raw_response.create(**CHAT)
+    assert a.headers["x-ld-rollout-id"] != b.headers["x-ld-rollout-id"]
+    # the session id a response returns continues that session, for the key that opened it only
+    session = {"X-Session-Id": a.headers["x-session-id"]}
+    again = one.chat.completions.with_raw_response.create(**CHAT, extra_headers=session)
+    assert again.headers["x-ld-rollout-id"] == a.headers["x-ld-rollout-id"]
+    with pytest.raises(openai.PermissionDeniedError, match="another serve key") as refused:
+        other.chat.completions.create(**CHAT, extra_headers=session)
+    assert refused.value.code == "wrong_session"
+    assert len(gateway.store.list_spans(rollout_id=a.headers["x-ld-rollout-id"], kind="llm")) == 2
+    too_long = post(gateway, "/v1/chat/completions", SERVE, CHAT, headers={"X-Session-Id": "s" * 257})
+    assert too_long.status_code == 422 and too_long.json()["error"]["param"] == "X-Session-Id"
+
+
+def test_an_unknown_model_is_a_404_model_not_found_as_openai_answers(gateway):
+    _, aid, key = gateway.attempt()
+    with pytest.raises(openai.NotFoundError) as refused:
+        gateway.client(key).chat.completions.create(**{**CHAT, "model": "gpt-4o"})
+    error = refused.value.body
+    assert (error["code"], error["type"], error["param"]) == (
+        "model_not_found",
+        "invalid_request_error",
+        "model",
+    )
+    assert "gpt-4o" in error["message"] and gateway.spans(aid, kind=None) == []
+    for name in ("policy", "res-base"):  # the alias and the served model's own name
+        gateway.client(key).chat.completions.create(**{**CHAT, "model": name})
+    assert len(gateway.spans(aid)) == 2
+
+
+BAD_INPUT = {
+    # name: (path, body or raw bytes, extra headers, field the error names)
+    "NaN in event data": ("/v1/events", b'{"event_type": "note", "data": {"x": [1, NaN]}}', {}, "data.x.1"),
+    "Infinity reward": ("/v1/rewards", b'{"value": Infinity}', {}, "value"),
+    "NaN note of a reward": ("/v1/rewards", b'{"value": 1.0, "note": NaN}', {}, "note"),
+    "NUL in event data": ("/v1/events", {"event_type": "note", "data": {"x": "a\x00b"}}, {}, "data.x"),
+    "NUL in an event type": ("/v1/events", {"event_type": "no\x00te"}, {}, "event_type"),
+    "NUL in a data key": ("/v1/events", {"event_type": "note", "data": {"k\x00": 1}}, {}, "data"),
+    "event_type of 257": ("/v1/events", {"event_type": "e" * 257}, {}, "event_type"),
+    "judge of 129": ("/v1/rewards", {"value": 1, "judge": "j" * 129}, {}, "judge"),
+    "event judge of 129": (
+        "/v1/events",
+        {"event_type": "reward", "data": {"value": 1, "judge": "j" * 129}},
+        {},
+        "data.judge",
+    ),  # fmt: skip
+    "reward true": ("/v1/rewards", {"value": True}, {}, "value"),
+    "reward string": ("/v1/rewards", {"value": "0.5"}, {}, "value"),
+    "event reward string": (
+        "/v1/events",
+        {"event_type": "reward", "data": {"value": "0.5"}},
+        {},
+        "data.value",
+    ),
+    "uncertainty true": ("/v1/rewards", {"value": 1, "uncertainty": True}, {}, "uncertainty"),
+    "request id of 257": ("/v1/rewards", {"value": 1}, {"Idempotency-Key": "k" * 257}, "idempotency-key"),
+    "NaN in a chat message": (
+        "/v1/chat/completions",
+        b'{"model": "policy", "messages": [{"role": "user", "content": "hi", "w": NaN}]}',
+        {},
+        "messages.0.w",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_bad_input_is_a_4xx_naming_the_field_and_writes_nothing_on_either_store(gateway, case):
+    rid, aid, key = gateway.attempt()
+    path, body, headers, field = BAD_INPUT[case]
+    raw = body if isinstance(body, bytes) else None
+    r = post(gateway, path, key, None if raw else body, content=raw, headers=headers)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["param"] == field and error["message"].startswith(f"{field}:")
+    assert gateway.spans(aid, kind=None) == [] and gateway.store.list_rewards(rollout_id=rid) == []
+    assert post(gateway, "/v1/rewards", key, {"value": 0.5}).status_code == 200  # the attempt still works
+
+
+def test_a_retried_reward_is_stored_once_with_its_span(gateway):
+    rid, aid, key = gateway.attempt()
+    retry = {"Idempotency-Key": "reward-1"}
+    first = post(gateway, "/v1/rewards", key, {"value": 0.75, "judge": "exact"}, headers=retry)
+    second = post(gateway, "/v1/rewards", key, {"value": 0.75, "judge": "exact"}, headers=retry)
+    assert first.status_code == second.status_code == 200
+    assert first.json()["span_id"] == second.json()["span_id"]
+    # Agent Lightning's event route and X-Request-Id take the same path
+    event = {"event_type": "reward", "data": {"value": 1.0}}
+    assert post(gateway, "/v1/events", key, event, headers={"X-Request-Id": "r-2"}).status_code == 200
+    assert post(gateway, "/v1/events", key, event, headers={"X-Request-Id": "r-2"}).status_code == 200
+    rewards = gateway.store.list_rewards(rollout_id=rid)
+    assert [(r.value, r.judge) for r in rewards] == [(0.75, "exact"), (1.0, "harness")]
+    spans = gateway.spans(aid, kind="reward")
+    assert [s.span_id for s in spans][0] == first.json()["span_id"] and len(spans) == 2
+    assert spans[0].attributes["request_id"] == "reward-1"
+    reused = post(gateway, "/v1/rewards", key, {"value": 0.1}, headers=retry)
+    assert reused.status_code == 409 and "reward-1" in reused.json()["error"]["message"]
+    assert len(gateway.store.list_rewards(rollout_id=rid)) == 2
+
+
+def test_a_500_leaves_no_committed_write_and_the_retry_stores_the_reward_once(gateway, monkeypatch):
+    rid, aid, key = gateway.attempt()
+
+    def fail_after_the_reward_row(c, rows):
+        raise RuntimeError("injected failure after the reward row was written")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gateway.store, "_insert_spans", fail_after_the_reward_row)
+        failed = post(gateway, "/v1/rewards", key, {"value": 1.0}, headers={"Idempotency-Key": "k-1"})
+    assert failed.status_code == 500
+    assert gateway.store.list_rewards(rollout_id=rid) == [] and gateway.spans(aid, kind=None) == []
+    for _ in range(2):  # the client's retries
+        assert post(
+            gateway, "/v1/rewards", key, {"value": 1.0}, headers={"Idempotency-Key": "k-1"}
+        ).is_success
+    (reward,) = gateway.store.list_rewards(rollout_id=rid)
+    (span,) = gateway.spans(aid, kind=None)
+    assert (reward.value, span.kind.value, span.attributes["value"]) == (1.0, "reward", 1.0)
 
 
 def test_keys_never_appear_in_logs(gateway, caplog):
@@ -184,4 +322,4 @@ def test_admin_routes_need_the_admin_key(gateway):
     assert parse_attempt_key(SECRET, minted) == ("ro-x", "at-y")
     assert httpx.get(gateway.url + "/admin/health").status_code == 401
     models = gateway.client(key).models.list()
-    assert [m.id for m in models.data] == ["res-base"]
+    assert [m.id for m in models.data] == ["res-base", "policy"]

@@ -19,7 +19,7 @@ def test_upstream_mode_records_the_upstream_ids_and_logprobs(upstream_gateway):
     client = gw.client(key)
     messages = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "2+2?"}]
     for turn in range(3):
-        resp = client.chat.completions.create(model="x", messages=messages, logprobs=turn == 0)
+        resp = client.chat.completions.create(model="policy", messages=messages, logprobs=turn == 0)
         text = resp.choices[0].message.content
         assert text == reply(render(messages), 50)
         span = gw.spans(aid)[-1]
@@ -30,12 +30,12 @@ def test_upstream_mode_records_the_upstream_ids_and_logprobs(upstream_gateway):
         assert span.attributes["backend"] == "upstream" and span.attributes["model"] == "stub-model"
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"and {turn}?"}]
     assert [s.attributes["token_in"] for s in gw.spans(aid)] == [False, True, True]
-    streamed = list(client.chat.completions.create(model="x", messages=messages[:2], stream=True))
+    streamed = list(client.chat.completions.create(model="policy", messages=messages[:2], stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == reply(
         render(messages[:2]), 50
     )
     assert gw.spans(aid)[-1].response_token_ids == gw.spans(aid)[0].response_token_ids
-    comp = client.completions.create(model="x", prompt=[5, 6, 7], max_tokens=5)
+    comp = client.completions.create(model="policy", prompt=[5, 6, 7], max_tokens=5)
     assert gw.spans(aid)[-1].prompt_token_ids == [5, 6, 7] and comp.choices[0].text == reply("[5, 6, 7]", 5)
     stats = httpx.get(gw.url + "/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"}).json()[
         "token_in"
@@ -49,7 +49,9 @@ def test_upstream_failure_is_a_502_and_an_error_span(store):
         gw = Gateway(server, store, server.url)
         _, aid, key = gw.attempt()
         with pytest.raises(openai.InternalServerError, match="upstream request failed"):
-            gw.client(key).chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
+            gw.client(key).chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "hi"}]
+            )
         (span,) = gw.spans(aid)
         assert span.status == "error" and span.prompt_token_ids is None
 
@@ -63,7 +65,7 @@ def test_concurrent_requests_from_16_threads_are_all_recorded(gateway):
             client = gateway.client(key)
             messages = [{"role": "user", "content": f"What is {i} plus {i}?"}]
             for _ in range(2):
-                r = client.chat.completions.create(model="m", messages=messages, max_tokens=6, seed=i)
+                r = client.chat.completions.create(model="policy", messages=messages, max_tokens=6, seed=i)
                 messages += [
                     r.choices[0].message.model_dump(exclude_none=True),
                     {"role": "user", "content": "ok"},
@@ -93,7 +95,7 @@ def test_write_behind_spans_are_committed_before_the_reward_is_acknowledged(stor
         rid, aid, key = gw.attempt()
         client = gw.client(key)
         for i in range(3):
-            client.chat.completions.create(model="x", messages=[{"role": "user", "content": f"q{i}"}])
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": f"q{i}"}])
         reward = httpx.post(
             gw.url + "/v1/rewards", json={"value": 1.0}, headers={"Authorization": f"Bearer {key}"}
         )

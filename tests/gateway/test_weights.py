@@ -25,7 +25,7 @@ from lightning_dagster.gateway.process import GatewayProcess, GatewayProcessErro
 from lightning_dagster.types import Rollout, RolloutKind
 from tests.gateway.conftest import ADMIN, Gateway, _serve
 
-CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "seed": 3}
+CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "seed": 3}
 
 
 def _post(url: str, key: str, body=None, content: bytes | None = None) -> httpx.Response:
@@ -43,11 +43,12 @@ def _perturbed(engine: Engine, scale: float) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture
-def own_gateway(store, model_dir):
-    """A gateway over an engine of its own (pushes must not change the session engine other tests use)."""
+def own_gateway(store, model_dir, tmp_path):
+    """A gateway over an engine of its own (pushes must not change the session engine other tests use),
+    reading weights from `tmp_path` only."""
     engine = Engine(model_dir)
     batching = BatchingEngine(engine, max_batch=4)
-    with _serve(store, EngineBackend(batching, resource_id="res-0")) as server:
+    with _serve(store, EngineBackend(batching, resource_id="res-0"), model_roots=[tmp_path]) as server:
         yield Gateway(server, store, server.url), engine
     batching.close()
 
@@ -96,8 +97,24 @@ def test_bad_pushes_get_4xx_and_the_old_weights_keep_serving(own_gateway, tmp_pa
     )
 
 
+def test_weights_outside_the_model_roots_are_refused_even_through_a_link(own_gateway, tmp_path_factory):
+    gw, engine = own_gateway
+    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    elsewhere = tmp_path_factory.mktemp("elsewhere") / "w.safetensors"
+    save_file(_perturbed(engine, 0.5), str(elsewhere))
+    root = gw.server.app.state.gateway.model_roots[0]
+    link = root / "link.safetensors"
+    link.symlink_to(elsewhere)
+    url = gw.url + "/admin/weights"
+    for path in (str(elsewhere), str(link), str(root / ".." / elsewhere.parent.name / "w.safetensors")):
+        refused = _post(url, ADMIN, {"path": path})
+        assert refused.status_code == 403, path
+        assert refused.json()["error"]["param"] == "path" and "outside the model roots" in refused.text
+    assert all(torch.equal(v, original[k]) for k, v in engine.model.state_dict().items())
+
+
 def test_an_upstream_backend_refuses_weight_pushes_with_409(store, tmp_path):
-    with _serve(store, UpstreamBackend("http://127.0.0.1:9/v1", "", "m")) as server:
+    with _serve(store, UpstreamBackend("http://127.0.0.1:9/v1", "", "m"), model_roots=[tmp_path]) as server:
         refused = _post(server.url + "/admin/weights", ADMIN, {"path": str(tmp_path / "w.safetensors")})
     assert refused.status_code == 409 and "cannot load weights" in refused.json()["error"]["message"]
 

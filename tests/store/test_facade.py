@@ -11,7 +11,8 @@ from lightning_dagster.store import Store
 # The public methods of the single-module Store before it was split, with their signatures.
 PUBLIC_METHODS = {
     "add_resource": "(self, r: 'Resource') -> 'Resource'",
-    "add_reward": "(self, r: 'Reward') -> 'None'",
+    "add_reward": "(self, r: 'Reward', *, span: 'Span | None' = None, request_id: 'str | None' = None) "
+    "-> 'str | None'",
     "add_spans": "(self, spans: 'list[Span]', *, sync: 'bool' = True) -> 'None'",
     "append_document": "(self, collection: 'str', doc_id: 'str', content_hash: 'str', body: 'dict', "
     "previous_hash: 'str | None') -> 'int'",
@@ -29,8 +30,9 @@ PUBLIC_METHODS = {
     "finish_rollout": "(self, rollout_id: 'str', status: 'RolloutStatus') -> 'None'",
     "get_attempt": "(self, attempt_id: 'str') -> 'Attempt'",
     "get_flag": "(self, key: 'str') -> 'dict | None'",
-    "get_or_create_serve_rollout": "(self, session: 'str', resource_id: 'str | None') -> "
-    "'tuple[Rollout, Attempt]'",
+    "get_or_create_serve_rollout": "(self, session: 'str', resource_id: 'str | None', *, "
+    "owner: 'str | None' = None) "
+    "-> 'tuple[Rollout, Attempt]'",
     "get_resource": "(self, resource_id: 'str') -> 'Resource'",
     "get_rollout": "(self, rollout_id: 'str') -> 'Rollout'",
     "heartbeat": "(self, attempt_id: 'str') -> 'None'",

@@ -14,7 +14,7 @@ depends_on = None
 
 def upgrade() -> None:
     # The baseline: fresh databases never run this (migrate.upgrade creates them from schema.metadata and
-    # stamps head). When revision 0002 changes a table, freeze the version-1 tables here first.
+    # stamps head). It creates today's tables, so every later revision adds only what is missing.
     from lightning_dagster.store.schema import metadata
 
     metadata.create_all(op.get_bind(), checkfirst=True)
