@@ -100,13 +100,29 @@ def _show(args):
 
 
 def _history(args):
-    moves = [_move_row(m) for m in _registry(args).history()]
+    from lightning_dagster.registry.pointers import iso
+
+    reg = _registry(args)
+    moves = [_move_row(m) for m in reg.history()]
+    found = [i.to_dict() for i in reg.incidents()]
     lines = ["seq  at                    from  to    actor       receipt"]
     lines += [
         f"{m['seq']:>3}  {m['at']}  {m['from'] or '-':>4}  {m['to']:>4}  {m['actor']:<10}  {m['receipt_id'] or ''}"
         for m in moves
     ]
-    return moves, "\n".join(lines)
+    if found:
+        lines += [
+            "",
+            "INCIDENTS: MLflow's alias moved outside the registry (the store's pointer above stands)",
+        ]
+        lines += [
+            f"  !{i['number']:>2}  {iso(i['detected_at'])}  alias was {i['found_version'] or '(deleted)'}, "
+            f"store {i['store_version'] or '(unset)'} (seq {i['store_seq'] or '-'})  "
+            f"{'restored' if i['restored'] else 'NOT restored: ' + str(i['error'])}  moved by {i['moved_by']}"
+            + (f", after {iso(i['not_before'])}" if i["not_before"] else "")
+            for i in found
+        ]
+    return {"moves": moves, "incidents": found}, "\n".join(lines)
 
 
 def _approve(args):
