@@ -100,11 +100,12 @@ def _show(args):
 
 
 def _history(args):
+    """The moves, then the incidents marked with `!`; `--json` gives one timeline whose rows say their `kind`."""
     from lightning_dagster.registry.pointers import iso
 
     reg = _registry(args)
-    moves = [_move_row(m) for m in reg.history()]
-    found = [i.to_dict() for i in reg.incidents()]
+    history, found = reg.history(), reg.incidents()
+    moves = [_move_row(m) for m in history]
     lines = ["seq  at                    from  to    actor       receipt"]
     lines += [
         f"{m['seq']:>3}  {m['at']}  {m['from'] or '-':>4}  {m['to']:>4}  {m['actor']:<10}  {m['receipt_id'] or ''}"
@@ -116,13 +117,17 @@ def _history(args):
             "INCIDENTS: MLflow's alias moved outside the registry (the store's pointer above stands)",
         ]
         lines += [
-            f"  !{i['number']:>2}  {iso(i['detected_at'])}  alias was {i['found_version'] or '(deleted)'}, "
-            f"store {i['store_version'] or '(unset)'} (seq {i['store_seq'] or '-'})  "
-            f"{'restored' if i['restored'] else 'NOT restored: ' + str(i['error'])}  moved by {i['moved_by']}"
-            + (f", after {iso(i['not_before'])}" if i["not_before"] else "")
+            f"  !{i.number:>2}  {iso(i.detected_at)}  alias was {i.found_version or '(deleted)'}, "
+            f"store {i.store_version or '(unset)'} (seq {i.store_seq or '-'})  "
+            f"{'restored' if i.restored else f'NOT restored: {i.error}'}  moved by {i.moved_by}"
+            + (f", after {iso(i.not_before)}" if i.not_before else "")
             for i in found
         ]
-    return {"moves": moves, "incidents": found}, "\n".join(lines)
+    timeline = [(m.moved_at, {"kind": "move", **row}) for m, row in zip(history, moves, strict=True)]
+    timeline += [
+        (i.detected_at, {"kind": "incident", "at": iso(i.detected_at), **i.to_dict()}) for i in found
+    ]
+    return [row for _, row in sorted(timeline, key=lambda item: item[0])], "\n".join(lines)
 
 
 def _approve(args):

@@ -84,9 +84,10 @@ def test_an_alias_moved_behind_the_registry_is_refused_restored_and_recorded(
     (line,) = [row for row in text.splitlines() if row.strip().startswith("!")]
     assert f"alias was {cand.version}, store {parent.version}" in line and "restored" in line
     assert "moved by unknown" in line
-    data = json.loads(_history_cli(registry, tracking, store_url, capsys, "--json"))
-    assert [m["to"] for m in data["moves"]] == [parent.version]
-    assert data["incidents"] == [incident.to_dict()]
+    rows = json.loads(_history_cli(registry, tracking, store_url, capsys, "--json"))
+    assert [row["kind"] for row in rows] == ["move", "incident"]  # one timeline, oldest first
+    assert rows[0]["to"] == parent.version
+    assert {k: v for k, v in rows[1].items() if k not in ("kind", "at")} == incident.to_dict()
 
 
 def test_a_deleted_alias_is_an_incident_too(registry, variant, tracking):
