@@ -26,7 +26,7 @@ def approved_for_serving(reg: Registry, *, download: bool = True) -> pointers.Re
 
     A consumer reading `models:/<name>@approved-default` from MLflow gets the alias's version; serving
     refuses rather than deciding between the two, until the watch has restored the alias (and recorded
-    the incident)."""
+    the incident). That includes the instant between a promotion's store move and its mirror write."""
     reg.connect()
     mv = reg.alias_version(pointers.APPROVED)
     alias = None if mv is None else str(mv.version)
