@@ -8,7 +8,12 @@ from lightning_dagster.assets import snapshot_assets
 from lightning_dagster.assets.checks import GATE_CHECKS
 from lightning_dagster.jobs import approve, continual_learning, promote, rollback
 from lightning_dagster.resources import default_pipeline
-from lightning_dagster.sensors import continual_learning_sensor, nightly_snapshot, stale_evidence_sensor
+from lightning_dagster.sensors import (
+    approved_alias_sensor,
+    continual_learning_sensor,
+    nightly_snapshot,
+    stale_evidence_sensor,
+)
 
 
 def build_definitions(
@@ -20,7 +25,7 @@ def build_definitions(
         assets=snapshot_assets,
         asset_checks=GATE_CHECKS,
         jobs=[continual_learning, approve, promote, rollback],
-        sensors=[continual_learning_sensor, stale_evidence_sensor],
+        sensors=[continual_learning_sensor, stale_evidence_sensor, approved_alias_sensor],
         schedules=[nightly_snapshot],
         resources={"pipeline": default_pipeline(deferred=deferred, **resource_overrides)},
     )

@@ -1,11 +1,14 @@
-"""Triggers: the continual-learning sensor, the stale-evidence sensor and the nightly schedule.
+"""Triggers: the continual-learning sensor, the stale-evidence and alias-watch sensors, the nightly schedule.
 
-Switched on at start: `stale_evidence_sensor` only (cheap, and it can only make receipts stricter). The
+Switched on at start: `stale_evidence_sensor` and `approved_alias_sensor` (cheap, and they can only make
+receipts stricter or put MLflow's alias back where the store says). The
 continual-learning sensor and the nightly schedule start stopped: each of their runs trains a model, so an
 operator turns them on in the UI (Automation) or with `dagster sensor start` / `dagster schedule start`.
 """
 
 import datetime as dt
+import json
+import time
 
 import dagster as dg
 
@@ -13,6 +16,7 @@ from lightning_dagster.assets import release_receipt
 from lightning_dagster.assets.metadata import to_metadata
 from lightning_dagster.jobs import continual_learning
 from lightning_dagster.partitions import snapshots
+from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline import triggers
 from lightning_dagster.pipeline.triggers import Watermark
 from lightning_dagster.resources import PipelineResource
@@ -80,6 +84,40 @@ def stale_evidence_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
         for mark in stale
     ]
     return dg.SensorResult(asset_events=observations, cursor=fingerprints)
+
+
+@dg.sensor(
+    minimum_interval_seconds=30,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    asset_selection=[release_receipt],
+    description="Checks every tick that MLflow's approved-default alias names the store's pointer; restores an "
+    "alias moved outside the registry (MLflow's UI, another client) and records the incident in the store "
+    "(`lightning-dagster registry history`) and as an observation on release_receipt.",
+)
+def approved_alias_sensor(context: dg.SensorEvaluationContext, pipeline: PipelineResource):
+    from lightning_dagster.registry.errors import RegistryUnavailable
+
+    seen = json.loads(context.cursor) if context.cursor else {}
+    checked_at = time.time()
+    try:
+        rec = ctx.registry(pipeline).reconcile(last_verified=seen.get("verified_at"))
+    except RegistryUnavailable as exc:
+        # The cursor keeps the last time the alias was seen to agree: an incident found later says so.
+        return dg.SkipReason(f"alias not checked: {exc}")
+    cursor = json.dumps({"verified_at": checked_at, "approved_default": rec.pointer})
+    if rec.incident is None:
+        state = "mirror repaired after a lost write" if rec.changed else "agrees"
+        return dg.SensorResult(
+            skip_reason=f"approved-default {rec.pointer or '(unset)'}: MLflow alias {state}", cursor=cursor
+        )
+    incident = rec.incident
+    context.log.warning(f"pointer incident {incident.number}: {incident.summary()}")
+    observation = dg.AssetObservation(
+        asset_key=release_receipt.key,
+        description=incident.summary(),
+        metadata=to_metadata({"pointer_incident": incident.number, **incident.to_dict()}),
+    )
+    return dg.SensorResult(asset_events=[observation], cursor=cursor)
 
 
 @dg.schedule(

@@ -8,6 +8,7 @@ Core package: imports nothing from Dagster.
 from lightning_dagster.registry.core import DEFAULT_MODEL_NAME, Registry
 from lightning_dagster.registry.drill import DrillResult
 from lightning_dagster.registry.errors import (
+    AliasDiverged,
     NotAuthorized,
     PointerConflict,
     PointerNotSet,
@@ -18,6 +19,7 @@ from lightning_dagster.registry.errors import (
     UnknownVersion,
     WeightsMismatch,
 )
+from lightning_dagster.registry.incidents import PointerIncident
 from lightning_dagster.registry.lineage import CandidateVersion, SnapshotRef
 from lightning_dagster.registry.pointers import APPROVED, LATEST, ReconcileResult, ResolvedVersion
 from lightning_dagster.registry.promotion import DEFAULT_APPROVER, PromotionResult
@@ -25,6 +27,7 @@ from lightning_dagster.registry.tracking import ensure_tracking_store
 
 __all__ = [
     "APPROVED",
+    "AliasDiverged",
     "DEFAULT_APPROVER",
     "DEFAULT_MODEL_NAME",
     "LATEST",
@@ -32,6 +35,7 @@ __all__ = [
     "DrillResult",
     "NotAuthorized",
     "PointerConflict",
+    "PointerIncident",
     "PointerNotSet",
     "PromotionRefused",
     "PromotionResult",

@@ -100,13 +100,34 @@ def _show(args):
 
 
 def _history(args):
-    moves = [_move_row(m) for m in _registry(args).history()]
+    """The moves, then the incidents marked with `!`; `--json` gives one timeline whose rows say their `kind`."""
+    from lightning_dagster.registry.pointers import iso
+
+    reg = _registry(args)
+    history, found = reg.history(), reg.incidents()
+    moves = [_move_row(m) for m in history]
     lines = ["seq  at                    from  to    actor       receipt"]
     lines += [
         f"{m['seq']:>3}  {m['at']}  {m['from'] or '-':>4}  {m['to']:>4}  {m['actor']:<10}  {m['receipt_id'] or ''}"
         for m in moves
     ]
-    return moves, "\n".join(lines)
+    if found:
+        lines += [
+            "",
+            "INCIDENTS: MLflow's alias moved outside the registry (the store's pointer above stands)",
+        ]
+        lines += [
+            f"  !{i.number:>2}  {iso(i.detected_at)}  alias was {i.found_version or '(deleted)'}, "
+            f"store {i.store_version or '(unset)'} (seq {i.store_seq or '-'})  "
+            f"{'restored' if i.restored else f'NOT restored: {i.error}'}  moved by {i.moved_by}"
+            + (f", after {iso(i.not_before)}" if i.not_before else "")
+            for i in found
+        ]
+    timeline = [(m.moved_at, {"kind": "move", **row}) for m, row in zip(history, moves, strict=True)]
+    timeline += [
+        (i.detected_at, {"kind": "incident", "at": iso(i.detected_at), **i.to_dict()}) for i in found
+    ]
+    return [row for _, row in sorted(timeline, key=lambda item: item[0])], "\n".join(lines)
 
 
 def _approve(args):

@@ -14,14 +14,16 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
 from lightning_dagster import config
-from lightning_dagster.registry import pointers, promotion, receipts
+from lightning_dagster.registry import incidents, pointers, promotion, receipts
 from lightning_dagster.registry.checkpoints import cached_checkpoint
 from lightning_dagster.registry.drill import DrillResult, rollback_drill
 from lightning_dagster.registry.errors import PointerConflict, RegistryUnavailable, UnknownVersion
+from lightning_dagster.registry.incidents import PointerIncident
 from lightning_dagster.registry.lineage import CandidateVersion, SnapshotRef, register_version
 from lightning_dagster.registry.pointers import APPROVED, LATEST, ReconcileResult, ResolvedVersion
 from lightning_dagster.registry.promotion import DEFAULT_APPROVER, PromotionResult
 from lightning_dagster.registry.roles import Roles, load_roles
+from lightning_dagster.registry.serving import approved_for_serving
 from lightning_dagster.registry.tracking import ensure_tracking_store, is_http, probe
 
 DEFAULT_MODEL_NAME = "lightning-dagster-policy"
@@ -227,9 +229,10 @@ class Registry:
         return version
 
     # ---- pointers ----------------------------------------------------------------------------------
-    def reconcile(self) -> ReconcileResult:
-        """Make MLflow's `approved-default` alias and tags agree with the store (see `pointers.reconcile`)."""
-        return pointers.reconcile(self)
+    def reconcile(self, *, last_verified: float | None = None) -> ReconcileResult:
+        """Make MLflow's `approved-default` alias and tags agree with the store, recording an alias moved
+        outside the registry as an incident (see `pointers.reconcile`)."""
+        return pointers.reconcile(self, last_verified=last_verified)
 
     def current(self, alias: str = APPROVED) -> str | None:
         """The version an alias points at, or None; `approved-default` is read from the store."""
@@ -247,6 +250,14 @@ class Registry:
     def history(self) -> list:
         """The append-only history of `approved-default` moves (from the store)."""
         return self.store.pointer_history(self.pointer_name())
+
+    def incidents(self) -> list[PointerIncident]:
+        """Every time `approved-default`'s MLflow alias was found moved outside the registry (from the store)."""
+        return incidents.incidents(self.store, self.pointer_name())
+
+    def serve_approved(self, *, download: bool = True) -> ResolvedVersion:
+        """`approved-default` for serving: refused with `AliasDiverged` while MLflow's alias disagrees."""
+        return approved_for_serving(self, download=download)
 
     # ---- approval, promotion, rollback -------------------------------------------------------------
     def approve(self, receipt: Any, actor: str, role: str) -> receipts.StoredReceipt:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from lightning_dagster.store.errors import PointerConflict
 
 __all__ = [
+    "AliasDiverged",
     "NotAuthorized",
     "PointerConflict",
     "PointerNotSet",
@@ -70,3 +71,17 @@ class PromotionRefused(RegistryError):
     def __init__(self, reason: str):
         super().__init__(f"promotion refused: {reason}")
         self.reason = reason
+
+
+class AliasDiverged(RegistryError):
+    """MLflow's alias names another version than the store's pointer: the alias is not served."""
+
+    def __init__(self, model_name: str, alias: str, alias_version: str | None, store_version: str | None):
+        super().__init__(
+            f"refusing to serve {model_name}@{alias}: MLflow's alias names "
+            f"{alias_version or '(no version)'}, the store's pointer is {store_version or '(unset)'}"
+        )
+        self.model_name = model_name
+        self.alias = alias
+        self.alias_version = alias_version
+        self.store_version = store_version

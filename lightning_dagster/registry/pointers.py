@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow.exceptions import MlflowException
 
-from lightning_dagster.registry.errors import PointerNotSet, RegistryUnavailable, WeightsMismatch
+from lightning_dagster.registry import incidents
+from lightning_dagster.registry.errors import (
+    PointerNotSet,
+    RegistryError,
+    RegistryUnavailable,
+    WeightsMismatch,
+)
 from lightning_dagster.registry.lineage import CandidateVersion
 
 if TYPE_CHECKING:
@@ -44,6 +50,7 @@ class ReconcileResult:
     changed: bool
     last_move: Any = None  # the store's newest PointerMove of approved-default, None if never set
     model_version: Any = None  # MLflow's version behind the alias, when the mirror was already current
+    incident: Any = None  # the `PointerIncident` recorded when the alias had been moved outside the registry
 
 
 def check_alias(alias: str) -> None:
@@ -71,11 +78,11 @@ def move_dict(move: Any) -> dict[str, Any]:
         "to": move.to_value,
         "actor": move.actor,
         "receipt_id": move.receipt_id,
-        "at": _iso(move.moved_at),
+        "at": iso(move.moved_at),
     }
 
 
-def _iso(ts: float) -> str:
+def iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(ts)))
 
 
@@ -83,26 +90,93 @@ def _seq(mv: Any) -> str:
     return "" if mv is None else mv.tags.get(f"{APPROVED}.seq", "")
 
 
-def reconcile(reg: Registry) -> ReconcileResult:
+def mirror_flag(pointer: str) -> str:
+    """The store flag holding what the registry last wrote to (or verified in) the MLflow mirror."""
+    return f"mirror/{pointer}"
+
+
+def reconcile(reg: Registry, *, last_verified: float | None = None) -> ReconcileResult:
     """Make MLflow's `approved-default` alias and tags agree with the store's pointer and history.
 
     The mirror is current when the alias names the store's version and that version's `approved-default.seq`
     tag is the store's newest move (one MLflow call). Idempotent; re-reads the store after writing so that a
-    move made meanwhile is mirrored too."""
+    move made meanwhile is mirrored too. An alias the registry did not put there (see `_explained`) is
+    recorded as a `PointerIncident` before it is restored; `last_verified` (when a watcher last saw the
+    mirror agree) narrows the incident's time window."""
     reg.connect()
     name = reg.pointer_name()
+    incident = None
     for _ in range(3):
+        # Read in the reverse order of the registry's writes (store move, alias, then the mirror flag), so
+        # that whatever alias the registry wrote is backed by the flag and the history read here.
+        mirrored = reg.store.get_flag(mirror_flag(name))
+        mv = reg.alias_version(APPROVED)
         history = reg.store.pointer_history(name)
         last = history[-1] if history else None
         pointer = last.to_value if last else None
-        mv = reg.alias_version(APPROVED)
         alias = None if mv is None else str(mv.version)
         if alias == pointer and _seq(mv) == (str(last.seq) if last else ""):
-            return ReconcileResult(pointer, changed=False, last_move=last, model_version=mv)
-        _write_mirror(reg, history, alias)
+            _note_mirrored(reg, last, mirrored)
+            return ReconcileResult(
+                pointer, changed=False, last_move=last, model_version=mv, incident=incident
+            )
+        found = incident is None and not _explained(alias, history, mirrored)
+        try:
+            _write_mirror(reg, history, alias)
+        except (RegistryError, MlflowException, OSError) as exc:
+            if found:
+                _incident(reg, alias, last, mirrored, last_verified, error=str(exc))
+            raise
+        _note_mirrored(reg, last, mirrored)
+        if found:
+            incident = _incident(reg, alias, last, mirrored, last_verified)
         if reg.store.current_pointer(name) == pointer:
             break
-    return ReconcileResult(pointer, changed=True, last_move=last)
+    return ReconcileResult(pointer, changed=True, last_move=last, incident=incident)
+
+
+def _explained(alias: str | None, history: list, mirrored: dict | None) -> bool:
+    """Whether the registry itself can have left the alias where it is: unset while the mirror was never
+    written, or a value the store held since the registry's last mirror write (a write lost or still under
+    way). Anything else was moved outside the registry."""
+    if mirrored is None:
+        return alias is None or alias in {m.to_value for m in history}
+    return alias is not None and alias in {m.to_value for m in history if m.seq >= mirrored["seq"]}
+
+
+def _note_mirrored(reg: Registry, last: Any, mirrored: dict | None) -> None:
+    if last is not None and (mirrored or {}).get("seq") != last.seq:
+        reg.store.set_flag(
+            mirror_flag(last.name), {"seq": last.seq, "version": last.to_value, "at": time.time()}
+        )
+
+
+def _incident(
+    reg: Registry,
+    alias: str | None,
+    last: Any,
+    mirrored: dict | None,
+    last_verified: float | None,
+    error: str | None = None,
+) -> incidents.PointerIncident:
+    since = [t for t in ((mirrored or {}).get("at"), last_verified) if t is not None]
+    incident = incidents.record(
+        reg.store,
+        incidents.PointerIncident(
+            pointer=reg.pointer_name(),
+            model=reg.model_name,
+            alias=APPROVED,
+            found_version=alias,
+            store_version=None if last is None else last.to_value,
+            store_seq=None if last is None else last.seq,
+            detected_at=time.time(),
+            not_before=max(since) if since else None,
+            restored=error is None,
+            error=error,
+        ),
+    )
+    log.warning("pointer incident %d: %s", incident.number, incident.summary())
+    return incident
 
 
 def _write_mirror(reg: Registry, history: list, alias: str | None) -> None:
@@ -121,7 +195,7 @@ def _write_mirror(reg: Registry, history: list, alias: str | None) -> None:
         raise WeightsMismatch(last.to_value, expected, actual)
     for key, value in {
         f"{APPROVED}.approved_by": last.actor,
-        f"{APPROVED}.approved_at": _iso(last.moved_at),
+        f"{APPROVED}.approved_at": iso(last.moved_at),
         f"{APPROVED}.receipt_id": last.receipt_id or "",
         f"{APPROVED}.seq": str(last.seq),
     }.items():

@@ -1,6 +1,7 @@
-"""Prove a checkpoint serves: load it in a local gateway (embedded engine), ask one question.
+"""What serving loads: `approved-default` only while MLflow's alias agrees with the store; and the probe that
+proves a checkpoint serves (a local gateway with the embedded engine, one question).
 
-Rollback and the rollback drill share this one probe. It runs a temporary gateway over a scratch store so
+Rollback and the rollback drill share the probe. It runs a temporary gateway over a scratch store so
 that the probe's span never lands among real serve rollouts (which the continual-learning sensor counts).
 """
 
@@ -10,6 +11,29 @@ import secrets
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lightning_dagster.registry import pointers
+from lightning_dagster.registry.errors import AliasDiverged
+
+if TYPE_CHECKING:
+    from lightning_dagster.registry.core import Registry
+
+
+def approved_for_serving(reg: Registry, *, download: bool = True) -> pointers.ResolvedVersion:
+    """`approved-default` with its verified checkpoint, refused with `AliasDiverged` while MLflow's alias
+    names another version than the store's pointer.
+
+    A consumer reading `models:/<name>@approved-default` from MLflow gets the alias's version; serving
+    refuses rather than deciding between the two, until the watch has restored the alias (and recorded
+    the incident). That includes the instant between a promotion's store move and its mirror write."""
+    reg.connect()
+    mv = reg.alias_version(pointers.APPROVED)
+    alias = None if mv is None else str(mv.version)
+    pointer = reg.store.current_pointer(reg.pointer_name())
+    if alias != pointer:
+        raise AliasDiverged(reg.model_name, pointers.APPROVED, alias, pointer)
+    return pointers.resolve(reg, pointers.APPROVED, download=download)
 
 
 def serve_once(

@@ -77,9 +77,10 @@ def test_jobs_sensors_schedule_and_trainer_pool():
         "rollback",
     }
     sensors = {s.name: s for s in repo.sensor_defs}
-    assert set(sensors) == {"continual_learning_sensor", "stale_evidence_sensor"}
-    # Documented in sensors.py: only the stale-evidence sensor starts switched on.
+    assert set(sensors) == {"continual_learning_sensor", "stale_evidence_sensor", "approved_alias_sensor"}
+    # Documented in sensors.py: only the stale-evidence and alias-watch sensors start switched on.
     assert sensors["stale_evidence_sensor"].default_status == dg.DefaultSensorStatus.RUNNING
+    assert sensors["approved_alias_sensor"].default_status == dg.DefaultSensorStatus.RUNNING
     assert sensors["continual_learning_sensor"].default_status == dg.DefaultSensorStatus.STOPPED
     (schedule,) = repo.schedule_defs
     assert schedule.name == "nightly_snapshot" and schedule.cron_schedule == "0 3 * * *"

@@ -1,5 +1,6 @@
 """Sensor ticks with `dg.build_sensor_context`: new evidence cuts a partition and requests a run, a stop
-condition pauses with its reason (kept in the store), and the watermark cursor advances."""
+condition pauses with its reason (kept in the store), the watermark cursor advances, and the alias watch
+restores an MLflow alias moved behind the registry's back."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import json
 
 import dagster as dg
 import pytest
+from mlflow import MlflowClient
 
 from lightning_dagster.partitions import snapshots
 from lightning_dagster.pipeline.snapshots import SNAPSHOT_KEY_PATTERN, load_manifest
 from lightning_dagster.pipeline.triggers import PAUSE_FLAG
 from lightning_dagster.resources import MLflowResource
-from lightning_dagster.sensors import continual_learning_sensor, nightly_snapshot
+from lightning_dagster.sensors import approved_alias_sensor, continual_learning_sensor, nightly_snapshot
 from lightning_dagster.types import AttemptState, Reward
 from tests.dagster.conftest import pipeline_for
 
@@ -104,3 +106,42 @@ def test_nightly_schedule_skips_with_the_reason_while_paused(bootstrapped):
         result = _nightly(p, instance, dt.datetime(2026, 11, 30, 3, 0, tzinfo=dt.UTC))
         assert instance.get_dynamic_partitions(snapshots.name) == []
     assert isinstance(result, dg.SkipReason) and result.skip_message.startswith("paused: parent unavailable")
+
+
+def _alias_tick(p, instance, cursor=None):
+    with dg.build_sensor_context(instance=instance, resources={"pipeline": p}, cursor=cursor) as context:
+        return approved_alias_sensor(context)
+
+
+def test_alias_watch_restores_a_moved_alias_and_observes_the_incident(embedded_home, tmp_path):
+    from lightning_dagster.engine import build_base_model
+    from lightning_dagster.harnesses.registry import training_corpus
+    from lightning_dagster.pipeline.context import registry
+    from lightning_dagster.registry import APPROVED
+    from lightning_dagster.registry.lineage import register_version
+
+    p = pipeline_for(mlflow=MLflowResource(model_name="alias-watch-policy"))
+    reg = registry(p)
+    base = build_base_model(tmp_path / "base", corpus=training_corpus(seed=0), seed=0)
+    parent = reg.register_initial_parent(base)
+    other = register_version(reg, base, run_name="never-approved", tags={}, params={})
+    mlflow = MlflowClient(reg.tracking_uri, reg.tracking_uri)
+    with dg.instance_for_test() as instance:
+        quiet = _alias_tick(p, instance)
+        assert not quiet.asset_events and quiet.skip_reason.skip_message.endswith("MLflow alias agrees")
+        verified_at = json.loads(quiet.cursor)["verified_at"]
+
+        mlflow.set_registered_model_alias(reg.model_name, APPROVED, other.version)
+        found = _alias_tick(p, instance, quiet.cursor)
+
+    assert str(mlflow.get_registered_model(reg.model_name).aliases[APPROVED]) == parent.version
+    (observation,) = found.asset_events
+    assert isinstance(observation, dg.AssetObservation) and observation.asset_key == dg.AssetKey(
+        "release_receipt"
+    )
+    meta = observation.metadata
+    assert meta["found_version"].value == other.version and meta["store_version"].value == parent.version
+    assert meta["restored"].value is True and meta["moved_by"].value == "unknown"
+    (incident,) = reg.incidents()
+    assert incident.found_version == other.version and incident.not_before == verified_at
+    assert json.loads(found.cursor)["verified_at"] > verified_at

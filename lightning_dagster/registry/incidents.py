@@ -1,0 +1,75 @@
+"""Pointer incidents: a store-backed pointer's MLflow alias found moved behind the registry's back.
+
+Kept next to the pointer's compare-and-set history, in the store's append-only documents (collection
+`pointer_incidents`, one hash-chained document per pointer, one version per incident). MLflow 3.17 records
+neither who nor when an alias changed (its alias table holds model, alias and version only, and its alias
+webhook payload the same), so the actor is "unknown" and the time is a window: after the registry last
+wrote or verified the mirror (`not_before`), at or before the watch found it (`detected_at`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from lightning_dagster.gate import content_hash
+from lightning_dagster.store.errors import Conflict
+
+COLLECTION = "pointer_incidents"
+UNKNOWN_ACTOR = "unknown"
+ACTOR_SOURCE = "MLflow records no author or time for alias changes"
+_APPEND_ATTEMPTS = 5  # another process appending an incident at the same moment loses the head; re-read
+
+
+@dataclass(frozen=True)
+class PointerIncident:
+    """What the watch found and did; `number` is the incident's place in the pointer's chain (from 1)."""
+
+    pointer: str  # the store's pointer name
+    model: str
+    alias: str
+    found_version: str | None  # the version MLflow's alias named; None: the alias had been deleted
+    store_version: str | None  # the store's pointer, which the alias was restored to
+    store_seq: int | None
+    detected_at: float
+    not_before: float | None  # the registry last wrote or saw the alias agree with the store then
+    restored: bool
+    error: str | None = None  # why the alias could not be restored
+    moved_by: str = UNKNOWN_ACTOR
+    moved_by_source: str = ACTOR_SOURCE
+    number: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        found = "deleted" if self.found_version is None else f"version {self.found_version}"
+        outcome = "restored to" if self.restored else f"NOT restored ({self.error}); the store says"
+        return (
+            f"MLflow alias {self.alias} of {self.model} was {found}, not the store's pointer; "
+            f"{outcome} {self.store_version or '(unset)'} (moved by {self.moved_by})"
+        )
+
+
+def record(store, incident: PointerIncident) -> PointerIncident:
+    """Append the incident to its pointer's chain; returns it with its number."""
+    body = {k: v for k, v in incident.to_dict().items() if k != "number"}
+    for _ in range(_APPEND_ATTEMPTS):
+        versions = store.document_versions(COLLECTION, incident.pointer)
+        head = versions[-1].content_hash if versions else None
+        try:
+            number = store.append_document(
+                COLLECTION, incident.pointer, content_hash({"previous": head, **body}), body, head
+            )
+        except Conflict:
+            continue
+        return replace(incident, number=number)
+    raise Conflict(f"could not append to {COLLECTION}/{incident.pointer} after {_APPEND_ATTEMPTS} attempts")
+
+
+def incidents(store, pointer: str) -> list[PointerIncident]:
+    """Every recorded incident of `pointer`, oldest first."""
+    known = {f.name for f in fields(PointerIncident)}
+    return [
+        PointerIncident(**{k: v for k, v in doc.body.items() if k in known}, number=doc.version)
+        for doc in store.document_versions(COLLECTION, pointer)
+    ]
