@@ -123,12 +123,13 @@ class Ours:
             "--store",
             self.store.url,
         ]
-        self.server = Server(
-            "ours",
-            args,
-            f"http://127.0.0.1:{self.port}/admin/health",
-            {"LD_GATEWAY_SECRET": SECRET, "LD_ADMIN_KEY": ADMIN},
-        )
+        # The gateway takes its secrets from 0600 files, never from its environment or command line.
+        for option, value in (("--secret-file", SECRET), ("--admin-key-file", ADMIN)):
+            path = Path(db).parent / option.strip("-")
+            path.write_text(value)
+            path.chmod(0o600)
+            args += [option, str(path)]
+        self.server = Server("ours", args, f"http://127.0.0.1:{self.port}/admin/health", {})
 
     def new_rollout(self) -> tuple[str, dict]:
         from lightning_dagster.gateway import attempt_key

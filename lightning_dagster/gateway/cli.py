@@ -126,6 +126,7 @@ def serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         write_behind_ms=args.write_behind_ms,
         fsync_spans=args.fsync_spans,
+        model_roots=args.model_root,
     )
     with gateway:
         print(f"gateway on {gateway.url}/v1 ({gateway.backend_kind})", flush=True)
@@ -178,6 +179,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--exit-with-parent", action="store_true", help="stop when the process that started this one exits"
     )
     p.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    p.add_argument("--model-root", action="append", default=None, metavar="DIR",
+                   help="a directory POST /admin/weights may read (repeatable; default: the models directory)")  # fmt: skip
     p.add_argument(
         "--write-behind-ms",
         type=float,

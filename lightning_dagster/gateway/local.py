@@ -31,6 +31,8 @@ class LocalGateway:
     interpreter lock; it needs a store another process can open (a SQLite file or PostgreSQL).
     `upstream_url`: every call goes to that OpenAI-compatible server instead of the embedded engine;
     `model_dir` is then optional (it only provides `codec`), and `load_weights` raises `WeightsNotServed`.
+    `model_roots`: the directories `POST /admin/weights` may read (default: the models directory; a process
+    child also reads the folder its parent writes pushed weights to).
     `port=0` picks a free port; `secret=None` generates a fresh one (keys then die with this gateway).
     `codec` renders, decodes and parses the checkpoint's chats: the engine itself in thread mode, a
     `ChatCodec` otherwise (None without `model_dir`).
@@ -56,6 +58,7 @@ class LocalGateway:
         max_body_bytes: int = 4 << 20,
         write_behind_ms: float = 0.0,
         fsync_spans: bool = False,
+        model_roots: Sequence[Path | str] | None = None,
     ) -> None:
         if serving not in ("thread", "process"):
             raise ValueError(f"serving must be 'thread' or 'process', got {serving!r}")
@@ -76,6 +79,8 @@ class LocalGateway:
             "write_behind_ms": write_behind_ms,
             "fsync_spans": fsync_spans,
         }
+        if model_roots is not None:
+            options["model_roots"] = [Path(r) for r in model_roots]
         common = {
             "host": host, "port": port, "max_batch": max_batch, "threads": threads, "serve_keys": serve_keys,
             "upstream_model": upstream_model, "upstream_api_key": upstream_api_key, "app_options": options,

@@ -71,6 +71,7 @@ class GatewayProcess:
         max_body_bytes: int = 4 << 20,
         write_behind_ms: float = 0.0,
         fsync_spans: bool = False,
+        model_roots: Sequence[Path] | None = None,
         start_timeout_s: float = 120.0,
     ) -> None:
         self.store_url = store_url
@@ -97,6 +98,9 @@ class GatewayProcess:
             options += ["--resource-id", resource_id]
         if threads:
             options += ["--threads", str(threads)]
+        # The child reads pushed weights from our workdir only, plus any roots the caller allows.
+        for root in (*(model_roots or ()), self.workdir):
+            options += ["--model-root", str(root)]
         # The secrets travel on the child's standard input, never in its environment or command line, where
         # any process of this user (a harness included) could read them in /proc.
         handed = json.dumps(

@@ -247,13 +247,13 @@ def test_a_tool_conversation_records_token_in_or_a_counted_fallback_and_trains_a
     ]
     tools = [CALCULATOR_TOOL]
     first = client.chat.completions.create(
-        model="m", messages=messages, tools=tools, temperature=1.0, max_tokens=12, seed=1
+        model="policy", messages=messages, tools=tools, temperature=1.0, max_tokens=12, seed=1
     ).choices[0]
     assistant = first.message.model_dump(exclude_none=True)
     call_id = assistant["tool_calls"][0]["id"] if assistant.get("tool_calls") else "call_0"
     messages += [assistant, {"role": "tool", "tool_call_id": call_id, "content": "5"}]
     client.chat.completions.create(
-        model="m", messages=messages, tools=tools, temperature=1.0, max_tokens=12, seed=2
+        model="policy", messages=messages, tools=tools, temperature=1.0, max_tokens=12, seed=2
     )
     s1, s2 = gw.spans(attempt_id)
     before = s1.prompt_token_ids + s1.response_token_ids

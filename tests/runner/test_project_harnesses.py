@@ -30,7 +30,7 @@ CHAT = """
 import json, os, urllib.request
 
 def chat(question, base=None, key=None):
-    body = {"model": "p", "messages": [{"role": "user", "content": question}], "max_tokens": 4}
+    body = {"model": "policy", "messages": [{"role": "user", "content": question}], "max_tokens": 4}
     req = urllib.request.Request((base or os.environ["OPENAI_BASE_URL"]) + "/chat/completions",
         method="POST", data=json.dumps(body).encode(),
         headers={"Authorization": "Bearer " + (key or os.environ["OPENAI_API_KEY"]),
@@ -180,7 +180,7 @@ CALLS = []
 
 def solve(task, client):
     reply = client.chat.completions.create(
-        model="p", messages=[{"role": "user", "content": task["question"]}], max_tokens=4
+        model="policy", messages=[{"role": "user", "content": task["question"]}], max_tokens=4
     )
     CALLS.append((os.getpid(), task["task_id"], reply.id))
     return 0.625

@@ -33,7 +33,7 @@ import json, os, signal, sys, urllib.request
 marker = os.path.join(os.environ["KILL_MARKER_DIR"], os.environ["AGL_ROLLOUT_ID"])
 if not os.path.exists(marker):
     open(marker, "w").close()
-    body = {"model": "p", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", method="POST",
         data=json.dumps(body).encode(),
         headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
