@@ -58,8 +58,10 @@ def use_project(path: Path) -> str:
 
 
 def prepare_environment() -> dict[str, str]:
-    """Point Dagster at a local instance in the demo home and give the demo a roles file, unless the user
-    set them. The roles file sits outside the learner's write surface (models, MLflow artifacts)."""
+    """Point Dagster at a local instance in the demo home and give the demo its approvers: each demo actor's
+    Ed25519 key pair in `<home>/approver-keys` and a roles file naming their public keys, which the code
+    location pins into the demo's store on first use. Both sit outside the learner's write surface
+    (models, MLflow artifacts)."""
     from lightning_dagster import config
 
     home = config.home()
@@ -69,16 +71,7 @@ def prepare_environment() -> dict[str, str]:
     if not (dagster_home / "dagster.yaml").exists():
         # Dagster's default local SQLite storage; only telemetry (a network call) is turned off.
         (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    if not os.environ.get("LD_ROLES_FILE"):
-        roles = home / "roles.yaml"
-        if not roles.exists():
-            lines = [f"  {actor}: [{role}]" for role, actor in DEMO_ACTORS.items()]
-            roles.write_text(
-                "# Who may approve what in the demo (outside models/ and mlartifacts/).\nactors:\n"
-                + "\n".join(lines)
-                + "\n"
-            )
-        os.environ["LD_ROLES_FILE"] = str(roles)
+    os.environ["LD_ROLES_FILE"] = str(write_approvers(home / "approvers.yaml", DEMO_ACTORS))
     project = {"LD_PROJECT": os.environ["LD_PROJECT"]} if os.environ.get("LD_PROJECT") else {}
     return {
         "LIGHTNING_DAGSTER_HOME": str(home),
@@ -86,6 +79,40 @@ def prepare_environment() -> dict[str, str]:
         "LD_ROLES_FILE": os.environ["LD_ROLES_FILE"],
         **project,
     }
+
+
+def approver_keys() -> Path:
+    """Where the demo (and its tests) keep approvers' private keys: the home, outside models/ and mlartifacts/."""
+    from lightning_dagster import config
+
+    return config.home() / "approver-keys"
+
+
+def write_approvers(path: Path, actors: dict[str, str]) -> Path:
+    """A roles file for `actors` (role -> actor), each with a key pair in `approver_keys()`, made once."""
+    from lightning_dagster.registry.signing import generate_keypair
+
+    keys = approver_keys()
+    entries = []
+    for role, actor in actors.items():
+        if not (keys / f"{actor}.key").exists():
+            generate_keypair(actor, keys)
+        public = (keys / f"{actor}.pub").read_text().strip()
+        entries.append(f"  {actor}:\n    roles: [{role}]\n    key: {public}\n")
+    path.write_text("# Who may approve what in the demo, and with which key.\nactors:\n" + "".join(entries))
+    return path
+
+
+def approval_config(pipeline: Any, key: str, approver: tuple[str, str]) -> dict[str, Any]:
+    """The `approve` job's op config: `approver` = (actor, role) signs the snapshot's receipt as it stands
+    with the actor's key from `approver_keys()`."""
+    from lightning_dagster.pipeline import context as ctx
+    from lightning_dagster.registry.signing import sign_approval
+
+    actor, role = approver
+    receipt = ctx.head_receipt(pipeline.get_store(), key)
+    approval = sign_approval(receipt, actor=actor, role=role, key=approver_keys() / f"{actor}.key")
+    return {"snapshot_key": key, **approval.model_dump(mode="json")}
 
 
 def demo_training(steps: int | None, quick: bool):
@@ -106,22 +133,16 @@ def demo_training(steps: int | None, quick: bool):
 
 
 def run_snapshot(defs: Any, instance: Any, key: str, *, approver: tuple[str, str] | None) -> list[Any]:
-    """Plan, optionally approve the canary step, then materialize the rest of the snapshot's graph, each as a
+    """Plan, optionally approve the canary step (signed with the approver's key), then materialize the rest of the snapshot's graph, each as a
     run of the `continual_learning` / `approve` jobs on `instance`. Returns the run results."""
     job = defs.resolve_job_def("continual_learning")
     planned = ["tasks", "update_plan"]
     results = [_run(job, instance, key, planned)]
     if approver is not None:
-        actor, role = approver
+        config = approval_config(defs.resources["pipeline"], key, approver)
         results.append(
             defs.resolve_job_def("approve").execute_in_process(
-                instance=instance,
-                run_config={
-                    **QUIET,
-                    "ops": {
-                        "approve_receipt": {"config": {"snapshot_key": key, "actor": actor, "role": role}}
-                    },
-                },
+                instance=instance, run_config={**QUIET, "ops": {"approve_receipt": {"config": config}}}
             )
         )
     rest = [a.key.to_user_string() for a in _assets() if a.key.to_user_string() not in planned]
@@ -209,9 +230,10 @@ def run(args: argparse.Namespace) -> int:
         f"--default-artifact-root {shlex.quote(str(config.mlflow_artifact_root()))} -h 127.0.0.1 -p 5000"
     )
     if verdict == "PROMOTE TO BOUNDED CANARY":
+        promoter = DEMO_ACTORS["default-approver"]
         print(
-            "  promote:     launch job `promote` in the UI with run config "
-            f"{{ops: {{promote_candidate: {{config: {{receipt_id: {receipt.receipt_id}, actor: {DEMO_ACTORS['default-approver']}}}}}}}}}"
+            f"  promote:     {exports} lightning-dagster registry promote {receipt.receipt_id} "
+            f"--actor {promoter} --key {shlex.quote(str(approver_keys() / f'{promoter}.key'))}"
         )
     return 0 if verdict is not None else 1
 

@@ -19,15 +19,27 @@ continual_learning = dg.define_asset_job(
 
 
 class ApproveConfig(dg.Config):
-    """Approve the update step of one snapshot's receipt (a new receipt version; the receipt stays immutable)."""
+    """A signed approval of one snapshot's receipt (a new receipt version; the receipt stays immutable).
+    The approver makes it with `lightning-dagster registry sign RECEIPT --actor --role --key`, which prints
+    these fields; the signature covers them and the receipt's evidence hash."""
 
     snapshot_key: str
     actor: str
     role: str = "release-owner"  # the canary approver role the default policy requires
+    step: str = "canary"
+    at: float
+    evidence_hash: str
+    signature: str
+
+    def approval(self):
+        from lightning_dagster.gate.receipt import Approval
+
+        return Approval.model_validate(self.model_dump(exclude={"snapshot_key"}))
 
 
 class PromoteConfig(dg.Config):
-    """Move `approved-default` to the candidate of a passing, fresh receipt."""
+    """Move `approved-default` to the candidate of a passing, fresh receipt whose approvals all verify and
+    which holds `actor`'s signed default-step approval (`registry approve RECEIPT --role default-approver`)."""
 
     receipt_id: str
     actor: str
@@ -40,17 +52,18 @@ class RollbackConfig(dg.Config):
     actor: str
 
 
-@dg.op(description="Record an authorized approval on the snapshot's receipt.")
+@dg.op(description="Record a signed approval on the snapshot's receipt once it verifies.")
 def approve_receipt(config: ApproveConfig, pipeline: PipelineResource) -> dg.Output:
     return dg.Output(
         None,
-        metadata=to_metadata(
-            release.approve(pipeline, config.snapshot_key, config.actor, config.role).metadata
-        ),
+        metadata=to_metadata(release.approve(pipeline, config.snapshot_key, config.approval()).metadata),
     )
 
 
-@dg.op(description="Promote by compare-and-set; refuses a HOLD or stale receipt and an unauthorized actor.")
+@dg.op(
+    description="Promote by compare-and-set; refuses a HOLD or stale receipt, unverified approvals and an "
+    "actor without a signed default-step approval."
+)
 def promote_candidate(config: PromoteConfig, pipeline: PipelineResource) -> dg.Output:
     return dg.Output(
         None, metadata=to_metadata(release.promote(pipeline, config.receipt_id, config.actor).metadata)
@@ -65,7 +78,8 @@ def rollback_default(config: RollbackConfig, pipeline: PipelineResource) -> dg.O
 
 
 @dg.job(
-    description="An authorized actor approves one snapshot's update step (run config: snapshot_key, actor, role)."
+    description="Record an authorized actor's signed approval of one snapshot's update step "
+    "(run config: the fields `registry sign` prints, plus snapshot_key)."
 )
 def approve() -> None:
     approve_receipt()

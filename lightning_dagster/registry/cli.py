@@ -1,4 +1,4 @@
-"""`lightning-dagster registry show | history | approve | promote | rollback | drill`.
+"""`lightning-dagster registry show | history | keygen | roles | sign | approve | promote | rollback | drill`.
 
 Exit status: 0 done, 1 refused (not authorized, conflict, stale, unavailable), 2 bad input."""
 
@@ -27,13 +27,27 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     command("show", "both pointers and the registered versions", _show)
     command("history", "the append-only history of approved-default", _history)
-    p = command("approve", "record an approval as a new receipt version", _approve)
-    p.add_argument("receipt", help="receipt id in the ledger, or a receipt JSON file")
-    p.add_argument("--actor", required=True)
-    p.add_argument("--role", required=True)
+    keygen = sub.add_parser("keygen", help="make an approver's Ed25519 key pair")
+    keygen.add_argument("--actor", required=True)
+    keygen.add_argument("--out", required=True, help="directory for <actor>.key (0600) and <actor>.pub")
+    keygen.add_argument("--role", action="append", default=[], help="role(s) for the printed roles entry")
+    keygen.add_argument("--json", action="store_true", help="print JSON")
+    keygen.set_defaults(handler=lambda args: _run(_keygen, args))
+    p = command(
+        "roles", "the approver roles pinned in the store; --pin FILE pins a deployment's roles", _roles
+    )
+    p.add_argument("--pin", metavar="FILE", help="roles file to pin (replacing a pin needs --actor/--key)")
+    p.add_argument("--actor", help="a roles-admin of the pinned roles, signing the change")
+    p.add_argument("--key", help="that actor's private key file")
+    p = command("sign", "print a signed approval (JSON) without recording it", _sign)
+    _approval_args(p)
+    p = command("approve", "record a signed approval as a new receipt version", _approve)
+    _approval_args(p, signed_file=True)
     p = command("promote", "move approved-default from the receipt's parent to its candidate", _promote)
     p.add_argument("receipt", help="receipt id in the ledger, or a receipt JSON file")
-    p.add_argument("--actor", required=True)
+    p.add_argument("--actor", required=True, help="whose signed default-step approval authorizes the move")
+    p.add_argument("--key", help="sign and record that approval first, with this private key file")
+    p.add_argument("--role", help="the role it is signed in (default: the receipt's first default approver)")
     p.add_argument("--fingerprints", help="JSON file of current fingerprints (voids stale checks)")
     p.add_argument("--policy", help="gate policy file (default: the packaged policy)")
     p = command("rollback", "move approved-default back to a version it held before", _rollback)
@@ -44,6 +58,16 @@ def register(parser: argparse.ArgumentParser) -> None:
         "drill", "rollback drill: resolve, verify, load and serve a version; pointer untouched", _drill
     )
     p.add_argument("version")
+
+
+def _approval_args(p: argparse.ArgumentParser, *, signed_file: bool = False) -> None:
+    p.add_argument("receipt", help="receipt id in the ledger, or a receipt JSON file")
+    p.add_argument("--actor", required=not signed_file)
+    p.add_argument("--role", required=not signed_file)
+    p.add_argument("--key", required=not signed_file, help="the actor's private key file")
+    p.add_argument("--step", choices=["canary", "default"], help="default: the step the role approves")
+    if signed_file:
+        p.add_argument("--approval", help="a signed approval JSON file (from `registry sign`)")
 
 
 def _registry(args: argparse.Namespace):
@@ -130,8 +154,72 @@ def _history(args):
     return [row for _, row in sorted(timeline, key=lambda item: item[0])], "\n".join(lines)
 
 
+def _keygen(args):
+    from lightning_dagster.registry.signing import generate_keypair
+
+    pair = generate_keypair(args.actor, args.out)
+    data = {"actor": pair.actor, "private_key": str(pair.private_path), "public_key": pair.public_key}
+    text = f"{pair.public_key}\n# private key: {pair.private_path} (keep it; never share it)"
+    if args.role:
+        text += "\n# roles file entry:\n" + pair.roles_entry(args.role)
+    return data, text
+
+
+def _roles(args):
+    from lightning_dagster.registry.roles import pin_message, pin_roles, pinned_roles, read_roles_file
+
+    store = _registry(args).store
+    if args.pin:
+        roles, signature = read_roles_file(args.pin), None
+        if args.key:
+            from lightning_dagster.registry.signing import load_private_key, sign
+
+            current = pinned_roles(store)
+            previous = current.digest if current else None
+            signature = sign(load_private_key(args.key), pin_message(previous, roles.digest))
+        pin_roles(store, roles, **({"actor": args.actor} if args.actor else {}), signature=signature)
+    roles = pinned_roles(store)
+    if roles is None:
+        return None, "no roles pinned (pin the deployment's with --pin FILE)"
+    data = {"digest": roles.digest, "source": roles.source, "actors": roles.table()}
+    lines = [f"roles {roles.digest} (from {roles.source})"]
+    lines += [f"  {a}: {', '.join(sorted(k.roles))}  {k.public_key}" for a, k in sorted(roles.actors.items())]
+    return data, "\n".join(lines)
+
+
+def _receipt_value(reg, value: Any):
+    """The receipt an approval signs: the ledger's head for an id, the file's receipt for a file."""
+    from lightning_dagster.gate import parse_receipt
+    from lightning_dagster.registry import receipts
+
+    return receipts.load(reg.store, value).receipt if isinstance(value, str) else parse_receipt(value)
+
+
+def _signed(reg, receipt_arg: Any, actor: str, role: str, key: str, step: str | None = None):
+    from lightning_dagster.registry.signing import sign_approval
+
+    return sign_approval(_receipt_value(reg, receipt_arg), actor=actor, role=role, key=key, step=step)
+
+
+def _sign(args):
+    approval = _signed(
+        _registry(args), _receipt_arg(args.receipt), args.actor, args.role, args.key, args.step
+    )
+    data = approval.model_dump(mode="json")
+    return data, json.dumps(data, indent=2)
+
+
 def _approve(args):
-    stored = _registry(args).approve(_receipt_arg(args.receipt), args.actor, args.role)
+    from lightning_dagster.gate.receipt import Approval, read_json
+
+    reg, receipt = _registry(args), _receipt_arg(args.receipt)
+    if args.approval:
+        approval = Approval.model_validate(read_json(args.approval, "approval"))
+    elif args.actor and args.role and args.key:
+        approval = _signed(reg, receipt, args.actor, args.role, args.key, args.step)
+    else:
+        raise ValueError("give --approval FILE, or --actor, --role and --key to sign here")
+    stored = reg.approve(receipt, approval)
     data = {
         "receipt_id": stored.receipt.receipt_id,
         "version": stored.version,
@@ -139,7 +227,8 @@ def _approve(args):
     }
     return (
         data,
-        f"approved by {args.actor} as {args.role}: receipt {data['receipt_id']} version {stored.version}",
+        f"approved by {approval.actor} as {approval.role} ({approval.step}): "
+        f"receipt {data['receipt_id']} version {stored.version}",
     )
 
 
@@ -149,9 +238,12 @@ def _promote(args):
         from lightning_dagster.gate.receipt import read_json
 
         current = read_json(args.fingerprints, "fingerprints")
-    result = _registry(args).promote(
-        _receipt_arg(args.receipt), args.actor, policy=args.policy, current_fingerprints=current
-    )
+    reg, receipt = _registry(args), _receipt_arg(args.receipt)
+    if args.key:
+        role = args.role or _receipt_value(reg, receipt).plan.approvers.default[0]
+        approval = _signed(reg, receipt, args.actor, role, args.key, "default")
+        receipt = reg.approve(receipt, approval).receipt
+    result = reg.promote(receipt, args.actor, policy=args.policy, current_fingerprints=current)
     data = {**_move_row(result.move), "mirrored": result.mirrored, "mirror_error": result.mirror_error}
     text = (
         f"approved-default {data['from']} -> {data['to']} by {data['actor']} (receipt {data['receipt_id']})"

@@ -14,6 +14,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
 from lightning_dagster import config
+from lightning_dagster.gate.receipt import Approval
 from lightning_dagster.registry import incidents, pointers, promotion, receipts
 from lightning_dagster.registry.checkpoints import cached_checkpoint
 from lightning_dagster.registry.drill import DrillResult, rollback_drill
@@ -22,7 +23,7 @@ from lightning_dagster.registry.incidents import PointerIncident
 from lightning_dagster.registry.lineage import CandidateVersion, SnapshotRef, register_version
 from lightning_dagster.registry.pointers import APPROVED, LATEST, ReconcileResult, ResolvedVersion
 from lightning_dagster.registry.promotion import DEFAULT_APPROVER, PromotionResult
-from lightning_dagster.registry.roles import Roles, load_roles
+from lightning_dagster.registry.roles import Roles, deployment_roles
 from lightning_dagster.registry.serving import approved_for_serving
 from lightning_dagster.registry.tracking import ensure_tracking_store, is_http, probe
 
@@ -66,7 +67,8 @@ class Registry:
         return alias if self.model_name == DEFAULT_MODEL_NAME else f"{self.model_name}/{alias}"
 
     def roles(self) -> Roles:
-        return load_roles(self.roles_file)
+        """The roles pinned in the store (`roles_file`, the deployment's, is pinned on first use)."""
+        return deployment_roles(self.store, self.roles_file)
 
     # ---- MLflow plumbing ---------------------------------------------------------------------------
     def call_mlflow(self, what: str, fn, *args, **kwargs):
@@ -260,11 +262,10 @@ class Registry:
         return approved_for_serving(self, download=download)
 
     # ---- approval, promotion, rollback -------------------------------------------------------------
-    def approve(self, receipt: Any, actor: str, role: str) -> receipts.StoredReceipt:
-        """Record `actor`'s approval in `role` as a new receipt version; refuse an actor without the role
-        (per the roles file) or a role the receipt does not name."""
-        self.roles().require(actor, role)
-        return receipts.record_approval(self.store, receipt, actor=actor, role=role)
+    def approve(self, receipt: Any, approval: Approval) -> receipts.StoredReceipt:
+        """Record a signed approval (`signing.sign_approval`) as a new receipt version; refuse one that does
+        not verify against the deployment's roles or names a role the receipt does not."""
+        return receipts.record_approval(self.store, receipt, approval, self.roles())
 
     def promote(
         self,

@@ -6,6 +6,8 @@ from lightning_dagster.store.errors import PointerConflict
 
 __all__ = [
     "AliasDiverged",
+    "ApprovalRefused",
+    "KeyFileError",
     "NotAuthorized",
     "PointerConflict",
     "PointerNotSet",
@@ -64,7 +66,20 @@ class NotAuthorized(RegistryError):
 
 
 class RolesConfigError(RegistryError):
-    """The roles file is missing, malformed, or sits inside the learner's write surface."""
+    """The roles are missing or malformed, the file sits inside the learner's write surface, or it is not
+    the roles the deployment pinned in the store."""
+
+
+class KeyFileError(RegistryError):
+    """A private key file is missing, unreadable, readable by others, or not an Ed25519 key."""
+
+
+class ApprovalRefused(RegistryError):
+    """An approval proves nothing: unsigned, wrongly signed, by an unknown actor, or over other evidence."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("approval refused: " + "; ".join(problems))
+        self.problems = problems
 
 
 class PromotionRefused(RegistryError):

@@ -5,7 +5,7 @@ afterwards; a failed mirror leaves the move standing and is repaired by the next
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,11 +30,17 @@ class PromotionResult:
     mirror_error: str | None = None
 
 
-def _require_any(reg: Registry, actor: str, roles: Sequence[str]) -> None:
-    """`actor` must hold at least one of `roles` (the roles a receipt lets approve the default)."""
-    table = reg.roles()
-    if not any(r in table.actors.get(actor, ()) for r in roles):
-        raise NotAuthorized(actor, " or ".join(roles) or "<none named>", f"per {table.path}")
+def _require_default_approval(reg: Registry, stored: receipts.StoredReceipt, actor: str) -> None:
+    """Every approval on the receipt verifies against the deployment's roles, and one of them is `actor`'s
+    signed approval of the default step on exactly this evidence, in a role the receipt names for it."""
+    receipts.verify_approvals(reg.store, stored.receipt, reg.roles())
+    roles = stored.receipt.plan.approvers.default
+    if not any(a.actor == actor and a.step == "default" for a in stored.receipt.approvals):
+        raise NotAuthorized(
+            actor,
+            " or ".join(roles) or "<none named>",
+            f"receipt {stored.receipt.receipt_id} holds no signed default-step approval by this actor",
+        )
 
 
 def promote(
@@ -48,8 +54,8 @@ def promote(
     """Move `approved-default` from the receipt's parent to its candidate, or refuse with the reason.
 
     Requires: the gate, run now on the ledger's head version under `policy` (default: the packaged one) with
-    `current_fingerprints`, says promote and voids no check; `actor` holds a default-approver role the
-    receipt names; the candidate is registered with the receipt's weights; and `approved-default` is exactly
+    `current_fingerprints`, says promote and voids no check; every approval on it verifies against the
+    deployment's roles and `actor` signed the default step on this evidence; the candidate is registered with the receipt's weights; and `approved-default` is exactly
     the receipt's parent (version and weights)."""
     from lightning_dagster.gate import PROMOTE, Policy, evaluate, load_policy
 
@@ -63,7 +69,7 @@ def promote(
             f"receipt {facts.receipt_id} (version {stored.version}) is {evaluation.verdict} under "
             f"{policy.version}: " + "; ".join(evaluation.hold_reasons)
         )
-    _require_any(reg, actor, facts.default_approver_roles)
+    _require_default_approval(reg, stored, actor)
     candidate = reg.model_version(facts.candidate_version)
     if facts.candidate_weights_hash and not receipts.same_hash(
         facts.candidate_weights_hash, candidate.weights_hash

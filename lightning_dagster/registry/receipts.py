@@ -1,4 +1,5 @@
-"""The registry's view of the gate's update receipt: the facts promotion needs, approvals as new versions.
+"""The registry's view of the gate's update receipt: the facts promotion needs, signed approvals as new
+versions (verified against the deployment's roles before anything is appended).
 
 The receipt's schema, hashing, ledger and verdict belong to `lightning_dagster.gate`; this module reads the
 typed fields the pointer rules depend on (`plan.parent.model_version`, `candidate.model_version`).
@@ -6,14 +7,16 @@ typed fields the pointer rules depend on (`plan.parent.model_version`, `candidat
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from lightning_dagster.gate import ReceiptLedger, content_hash, parse_receipt
+from lightning_dagster.gate.approvals import approval_problems, evidence_hash
+from lightning_dagster.gate.ledger import COLLECTION as LEDGER
 from lightning_dagster.gate.receipt import Approval, Receipt, add_approval
-from lightning_dagster.registry.errors import NotAuthorized, PromotionRefused, RegistryError
+from lightning_dagster.registry.errors import ApprovalRefused, NotAuthorized, PromotionRefused, RegistryError
+from lightning_dagster.registry.roles import Roles
 
 DRILLS = "rollback_drills"
 
@@ -32,7 +35,6 @@ class ReceiptFacts:
     candidate_weights_hash: str | None
     parent_version: str | None  # None: the parent is named by weights hash only
     parent_weights_hash: str | None
-    default_approver_roles: tuple[str, ...]
 
 
 def same_hash(a: str | None, b: str | None) -> bool:
@@ -73,7 +75,6 @@ def facts(receipt: Receipt, model_name: str) -> ReceiptFacts:
         candidate_weights_hash=cand.weights_hash,
         parent_version=parent,
         parent_weights_hash=plan.parent.weights_hash,
-        default_approver_roles=tuple(plan.approvers.default),
     )
 
 
@@ -93,11 +94,12 @@ def _head(ledger: ReceiptLedger, rid: str) -> StoredReceipt | None:
     return StoredReceipt(ledger.head(rid, verify=True), entries[-1].version, entries[-1].content_hash)
 
 
-def load(store: Any, value: Any, *, create: bool = False) -> StoredReceipt:
+def load(store: Any, value: Any, *, ingest: Roles | None = None) -> StoredReceipt:
     """The ledger's verified head version of a receipt given by id, `Receipt` or dict.
 
     A receipt passed by value must equal the stored head: acting on a copy that differs from the ledger
-    (older, or edited) is refused. With `create`, a receipt the ledger has never seen becomes version 1."""
+    (older, or edited) is refused. With `ingest` (the deployment's roles), a receipt the ledger has never
+    seen becomes version 1, once every approval it carries verifies against those roles."""
     ledger = ReceiptLedger(store)
     if isinstance(value, str):
         stored = _head(ledger, value)
@@ -107,8 +109,10 @@ def load(store: Any, value: Any, *, create: bool = False) -> StoredReceipt:
     receipt = _as_receipt(value)
     stored = _head(ledger, receipt.receipt_id)
     if stored is None:
-        if not create:
+        if ingest is None:
             raise RegistryError(f"receipt {receipt.receipt_id!r} is not in the ledger")
+        if problems := approval_problems(receipt, ingest.actors):
+            raise ApprovalRefused(problems)
         entry = ledger.append(receipt)
         return StoredReceipt(receipt, entry.version, entry.content_hash)
     if content_hash(receipt.to_json_dict()) != content_hash(stored.receipt.to_json_dict()):
@@ -127,11 +131,21 @@ def approval_step(receipt: Receipt, role: str) -> str:
     raise NotAuthorized("", role, f"receipt {receipt.receipt_id} names no step this role may approve")
 
 
-def record_approval(store: Any, value: Any, *, actor: str, role: str) -> StoredReceipt:
-    """Append an approval (actor, role, step, time) as a new receipt version after the current head."""
-    stored = load(store, value, create=True)
-    approval = Approval(actor=actor, role=role, step=approval_step(stored.receipt, role), at=time.time())
+def verify_approvals(store: Any, receipt: Receipt, roles: Roles) -> None:
+    """Raise `ApprovalRefused` unless every approval of `receipt` verifies against `roles`; a canary
+    approval may sign the evidence of any stored version of the same receipt (see `gate.approvals`)."""
+    versions = store.document_versions(LEDGER, receipt.receipt_id)
+    earlier = {evidence_hash(parse_receipt(v.body)) for v in versions}
+    if problems := approval_problems(receipt, roles.actors, earlier):
+        raise ApprovalRefused(problems)
+
+
+def record_approval(store: Any, value: Any, approval: Approval, roles: Roles) -> StoredReceipt:
+    """Append a signed approval as a new receipt version after the current head, once it verifies (as do
+    the approvals already there). A receipt given by value that the ledger lacks is ingested first."""
+    stored = load(store, value, ingest=roles)
     amended = add_approval(stored.receipt, approval)
+    verify_approvals(store, amended, roles)
     entry = ReceiptLedger(store).append(amended)
     return StoredReceipt(amended, entry.version, entry.content_hash)
 

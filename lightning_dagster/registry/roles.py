@@ -1,31 +1,40 @@
-"""Who may approve what: a YAML file of actors and their roles, kept outside the learner's write surface.
+"""Who may approve what, and with which key: the deployment's roles, pinned in the store.
 
 ```yaml
 actors:
-  alice: [default-approver, canary-approver]
-  bob: [canary-approver]
+  alice:
+    roles: [default-approver, release-owner]
+    key: ed25519:<base64>    # from `lightning-dagster registry keygen --actor alice --out DIR`
 ```
-The file is `$LD_ROLES_FILE`, else `$XDG_CONFIG_HOME/lightning-dagster/roles.yaml` (`~/.config/...`): never a
-path under the models directory or the MLflow artifact root, which the trainer writes.
+Design. The roles are a deployment-time setting, not a caller's choice. A deployment names its roles file
+once (the Dagster code location's `GateResource.roles_path`, or `registry roles pin FILE`); the first use
+against a store pins that file's content (hash and body) in the store: pointer `approval-roles`, documents
+`approval_roles`. From then on the pinned roles are the only ones that authorize: the registry reads them
+from the store, and a roles file given later is accepted only if it hashes to the pin, so a file a caller
+writes (or an environment variable pointing at one) authorizes no one. Changing the pin needs an Ed25519
+signature, over the old and new hashes, by an actor holding `roles-admin` in the pinned roles; every pin is a
+recorded move in the pointer's history. A roles file inside the learner's write surface (the models
+directory, the MLflow artifact root) is refused before anything is pinned.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from lightning_dagster import config
+from lightning_dagster.gate.approvals import ActorKey, parse_public_key, verify_signature
+from lightning_dagster.gate.hashing import canonical_json, content_hash
 from lightning_dagster.registry.errors import NotAuthorized, RolesConfigError
+from lightning_dagster.store.errors import Conflict
 
-
-def default_roles_path() -> Path:
-    if os.environ.get("LD_ROLES_FILE"):
-        return Path(os.environ["LD_ROLES_FILE"]).resolve()
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    return (base / "lightning-dagster" / "roles.yaml").resolve()
+PIN = "approval-roles"
+COLLECTION = "approval_roles"
+ROLES_ADMIN = "roles-admin"
+DEPLOYMENT = "deployment"  # the actor recorded for the first pin, which no one signs
 
 
 def learner_write_surface() -> list[Path]:
@@ -35,32 +44,117 @@ def learner_write_surface() -> list[Path]:
 
 @dataclass(frozen=True)
 class Roles:
-    path: Path
-    actors: dict[str, frozenset[str]]
+    actors: dict[str, ActorKey]
+    digest: str  # content hash of the actors table: what the store pins
+    source: str  # the file it was read from, as recorded
 
     def require(self, actor: str, role: str) -> None:
-        """Raise `NotAuthorized` unless `actor` holds `role` in this file."""
-        if role not in self.actors.get(actor, frozenset()):
-            raise NotAuthorized(actor, role, f"per {self.path}")
+        """Raise `NotAuthorized` unless `actor` holds `role` in these roles."""
+        entry = self.actors.get(actor)
+        if entry is None or role not in entry.roles:
+            raise NotAuthorized(actor, role, f"per the deployment's roles {self.digest[:19]} ({self.source})")
+
+    def table(self) -> dict[str, Any]:
+        return {a: {"roles": sorted(k.roles), "key": k.public_key} for a, k in sorted(self.actors.items())}
 
 
-def load_roles(path: Path | str | None = None) -> Roles:
-    path = Path(path).resolve() if path is not None else default_roles_path()
+def parse_roles(data: Any, source: str) -> Roles:
+    """Validate the `actors:` mapping; every problem is a `RolesConfigError` naming the actor and field."""
+    actors = data.get("actors") if isinstance(data, dict) else None
+    if not isinstance(actors, dict):
+        raise RolesConfigError(f"roles {source}: expected a mapping `actors: {{name: {{roles, key}}}}`")
+    parsed: dict[str, ActorKey] = {}
+    for actor, entry in actors.items():
+        where = f"roles {source}: actors.{actor}"
+        if not isinstance(entry, dict) or set(entry) != {"roles", "key"}:
+            raise RolesConfigError(f"{where} must be a mapping with exactly `roles` and `key`")
+        roles = entry["roles"]
+        if not isinstance(roles, list) or not all(isinstance(r, str) and r for r in roles):
+            raise RolesConfigError(f"{where}.roles must be a list of role names")
+        try:
+            parse_public_key(entry["key"])
+        except ValueError as exc:
+            raise RolesConfigError(f"{where}.key: {exc}") from None
+        parsed[str(actor)] = ActorKey(frozenset(roles), entry["key"])
+    table = {a: {"roles": sorted(k.roles), "key": k.public_key} for a, k in sorted(parsed.items())}
+    return Roles(parsed, content_hash(table), source)
+
+
+def read_roles_file(path: Path | str) -> Roles:
+    path = Path(path).resolve()
     for surface in learner_write_surface():
         if path.is_relative_to(surface.resolve()):
             raise RolesConfigError(f"roles file {path} lies inside the learner's write surface {surface}")
     if not path.is_file():
-        raise RolesConfigError(f"roles file {path} does not exist (set LD_ROLES_FILE)")
+        raise RolesConfigError(f"roles file {path} does not exist")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise RolesConfigError(f"roles file {path} is not valid YAML: {exc}") from exc
-    actors = data.get("actors") if isinstance(data, dict) else None
-    if not isinstance(actors, dict):
-        raise RolesConfigError(f"roles file {path}: expected a mapping `actors: {{name: [role, ...]}}`")
-    parsed: dict[str, frozenset[str]] = {}
-    for actor, roles in actors.items():
-        if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
-            raise RolesConfigError(f"roles file {path}: actors.{actor} must be a list of role names")
-        parsed[str(actor)] = frozenset(roles)
-    return Roles(path=path, actors=parsed)
+        raise RolesConfigError(f"roles file {path} is not valid YAML: {exc}") from None
+    return parse_roles(data, str(path))
+
+
+def pinned_roles(store: Any) -> Roles | None:
+    """The roles the store pins, None if the deployment never pinned any."""
+    digest = store.current_pointer(PIN)
+    if digest is None:
+        return None
+    versions = store.document_versions(COLLECTION, digest)
+    if not versions:
+        raise RolesConfigError(f"the store pins roles {digest} but holds no such document")
+    body = versions[-1].body
+    roles = parse_roles(body, body.get("source", "store"))
+    if roles.digest != digest:
+        raise RolesConfigError(f"the pinned roles document hashes to {roles.digest}, not its pin {digest}")
+    return roles
+
+
+def pin_message(previous: str | None, new: str) -> bytes:
+    return canonical_json({"purpose": "lightning-dagster roles pin v1", "from": previous, "to": new})
+
+
+def pin_roles(store: Any, roles: Roles, *, actor: str = DEPLOYMENT, signature: str | None = None) -> Roles:
+    """Pin `roles` in the store. The first pin needs no signature; replacing one needs `signature` (see
+    `pin_message`) by `actor` holding `roles-admin` in the pinned roles. Pinning the same roles is a no-op."""
+    current = pinned_roles(store)
+    if current is not None and current.digest == roles.digest:
+        return current
+    if current is not None:
+        current.require(actor, ROLES_ADMIN)
+        message = pin_message(current.digest, roles.digest)
+        if not signature or not verify_signature(current.actors[actor].public_key, message, signature):
+            raise NotAuthorized(actor, ROLES_ADMIN, "the new roles are not signed with this actor's key")
+    try:
+        if not store.document_versions(COLLECTION, roles.digest):
+            body = {"actors": roles.table(), "source": roles.source}
+            store.append_document(COLLECTION, roles.digest, roles.digest, body, None)
+        store.move_pointer(
+            PIN, expected=current.digest if current else None, to=roles.digest, actor=actor, note=roles.source
+        )
+    except Conflict:  # PointerConflict too: another process pinned first; its pin stands if it is ours
+        if store.current_pointer(PIN) != roles.digest:
+            raise
+    return roles
+
+
+def deployment_roles(store: Any, configured: Path | str | None = None) -> Roles:
+    """The roles that authorize on this store: the pin. `configured` is the deployment's roles file: pinned
+    if the store has no pin yet, else accepted only when it is the pinned content."""
+    if configured is None:
+        pinned = pinned_roles(store)
+        if pinned is None:
+            raise RolesConfigError(
+                "no approver roles are pinned in this store: run `lightning-dagster registry roles pin FILE` "
+                "once at deployment (or configure the code location's roles file)"
+            )
+        return pinned
+    roles = read_roles_file(configured)
+    pinned = pinned_roles(store)
+    if pinned is None:
+        return pin_roles(store, roles)
+    if pinned.digest != roles.digest:
+        raise RolesConfigError(
+            f"roles file {roles.source} ({roles.digest[:19]}) is not the deployment's pinned roles "
+            f"({pinned.digest[:19]}, from {pinned.source}); a roles-admin must sign a change of roles"
+        )
+    return pinned

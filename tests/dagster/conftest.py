@@ -44,14 +44,17 @@ def pipeline_for(
 @pytest.fixture(scope="session")
 def embedded_home() -> Iterator[Path]:
     """A fresh LIGHTNING_DAGSTER_HOME and roles file (outside it) for the whole session; restored after."""
+    from lightning_dagster.demo import write_approvers
+
     root = Path(tempfile.mkdtemp(prefix="ld-dagster-"))
-    roles = root / "roles.yaml"
-    roles.write_text("actors:\n" + "".join(f"  {a}: [{r}]\n" for a, r in ACTORS.items()))
     saved = {
         k: os.environ.get(k)
         for k in ("LIGHTNING_DAGSTER_HOME", "LD_ROLES_FILE", "LD_STORE_URL", "MLFLOW_TRACKING_URI")
     }
-    os.environ.update(LIGHTNING_DAGSTER_HOME=str(root / "home"), LD_ROLES_FILE=str(roles))
+    os.environ["LIGHTNING_DAGSTER_HOME"] = str(root / "home")
+    # Each actor's key pair in the home (where the demo keeps its approvers'), public keys in the roles file.
+    roles = write_approvers(root / "roles.yaml", {r: a for a, r in ACTORS.items()})
+    os.environ["LD_ROLES_FILE"] = str(roles)
     for k in ("LD_STORE_URL", "MLFLOW_TRACKING_URI"):
         os.environ.pop(k, None)
     try:

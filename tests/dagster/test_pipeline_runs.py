@@ -14,7 +14,7 @@ import pytest
 
 from lightning_dagster.assets import snapshot_assets
 from lightning_dagster.definitions import build_definitions
-from lightning_dagster.demo import run_snapshot
+from lightning_dagster.demo import approval_config, run_snapshot
 from lightning_dagster.partitions import snapshots
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.registry.core import APPROVED
@@ -155,7 +155,7 @@ def test_postgres_instance_blocks_then_approves_then_promotes(postgres_instance)
 
     # Approval by the release owner, the receipt re-judged, then promotion by the default approver.
     approved = _launch(
-        defs, instance, "approve", "approve_receipt", snapshot_key=key, actor="alice", role="release-owner"
+        defs, instance, "approve", "approve_receipt", **approval_config(p, key, ("alice", "release-owner"))
     )
     assert approved.success, _error(approved, "approve_receipt")
     job = defs.resolve_job_def("continual_learning")
@@ -163,6 +163,11 @@ def test_postgres_instance_blocks_then_approves_then_promotes(postgres_instance)
         instance=instance, partition_key=key, asset_selection=[dg.AssetKey("release_receipt")]
     )
     assert rejudged.success and ctx.find_receipt(p.get_store(), key).gate.verdict == PROMOTE
+    # Promotion needs the default approver's own signed approval of the judged evidence.
+    bob = _launch(
+        defs, instance, "approve", "approve_receipt", **approval_config(p, key, ("bob", "default-approver"))
+    )
+    assert bob.success, _error(bob, "approve_receipt")
     assert _launch(
         defs, instance, "promote", "promote_candidate", receipt_id=receipt.receipt_id, actor="bob"
     ).success

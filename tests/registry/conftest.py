@@ -63,14 +63,34 @@ def variant(base_checkpoint, tmp_path_factory):
     return make
 
 
+APPROVERS = {
+    "alice": ["release-owner", "ml-lead", "default-approver", "roles-admin"],
+    "bob": ["ml-lead"],
+    **{f"racer{i}": ["release-owner"] for i in range(8)},
+}
+
+
 @pytest.fixture(scope="session")
-def roles_file(tmp_path_factory) -> Path:
-    """Actors and roles outside the learner's write surface; `release-owner` is the fixture's default role."""
+def approver_keys(tmp_path_factory) -> dict[str, Path]:
+    """Private key files of the deployment's approvers, and of `mallory`, whom no roles file names."""
+    from lightning_dagster.registry.signing import generate_keypair
+
+    out = tmp_path_factory.mktemp("approver-keys")
+    return {actor: generate_keypair(actor, out).private_path for actor in [*APPROVERS, "mallory"]}
+
+
+@pytest.fixture(scope="session")
+def roles_file(tmp_path_factory, approver_keys) -> Path:
+    """The deployment's actors, roles and public keys, outside the learner's write surface."""
+    from lightning_dagster.registry.signing import load_private_key, public_key_line
+
     path = tmp_path_factory.mktemp("policy-config") / "roles.yaml"
-    racers = "\n".join(f"  racer{i}: [release-owner]" for i in range(8))
-    path.write_text(
-        f"actors:\n  alice: [release-owner, ml-lead, default-approver]\n  bob: [ml-lead]\n{racers}\n"
+    entries = "".join(
+        f"  {actor}:\n    roles: [{', '.join(roles)}]\n"
+        f"    key: {public_key_line(load_private_key(approver_keys[actor]))}\n"
+        for actor, roles in APPROVERS.items()
     )
+    path.write_text("actors:\n" + entries)
     return path
 
 

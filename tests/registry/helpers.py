@@ -26,9 +26,13 @@ def candidate_kwargs(parent_version: str, step_count: int = 3) -> dict:
     }
 
 
-def passing_receipt(registry, parent, candidate, receipt_id: str):
-    """The gate fixture's passing receipt A, re-pointed at real registered versions of this test's model."""
+def passing_receipt(registry, parent, candidate, receipt_id: str, keys=None, edit=None):
+    """The gate fixture's passing receipt A, re-pointed at real registered versions of this test's model,
+    with `edit(data)` applied; its canary approval (alice, release-owner) is signed with `keys["alice"]`
+    over the edited evidence, or dropped without `keys`."""
     from lightning_dagster.gate import parse_receipt
+    from lightning_dagster.gate.receipt import add_approval
+    from lightning_dagster.registry.signing import sign_approval
 
     data = json.loads(EXAMPLE_RECEIPT.read_text())
     data["receipt_id"] = receipt_id
@@ -38,4 +42,32 @@ def passing_receipt(registry, parent, candidate, receipt_id: str):
     data["candidate"]["model_version"] = candidate.version
     data["candidate"]["uri"] = candidate.model_uri
     data["candidate"]["weights_hash"] = candidate.weights_hash
-    return parse_receipt(data)
+    (canary,) = data.pop("approvals")
+    if edit is not None:
+        edit(data)
+    receipt = parse_receipt(data)
+    if keys is None:
+        return receipt
+    signed = sign_approval(
+        receipt,
+        actor=canary["actor"],
+        role=canary["role"],
+        key=keys[canary["actor"]],
+        step="canary",
+        at=canary["at"],
+    )
+    return add_approval(receipt, signed)
+
+
+def approve(registry, receipt, keys, actor: str, role: str = "release-owner", step: str = "default"):
+    """`actor` signs `step` of the receipt (the ledger's head for an id) with their key and records it."""
+    from lightning_dagster.gate import parse_receipt
+    from lightning_dagster.registry import receipts
+    from lightning_dagster.registry.signing import sign_approval
+
+    if isinstance(receipt, str):
+        current = receipts.load(registry.store, receipt).receipt
+    else:
+        current = parse_receipt(receipt) if isinstance(receipt, dict) else receipt
+    approval = sign_approval(current, actor=actor, role=role, key=keys[actor], step=step)
+    return registry.approve(receipt, approval)

@@ -16,8 +16,8 @@ from lightning_dagster.registry import (
     RolesConfigError,
 )
 from lightning_dagster.registry.cli import register
-from lightning_dagster.registry.roles import load_roles
-from tests.registry.helpers import candidate_kwargs, passing_receipt
+from lightning_dagster.registry.roles import read_roles_file
+from tests.registry.helpers import approve, candidate_kwargs, passing_receipt
 
 
 class StopsMlflowAfterMove:
@@ -44,12 +44,13 @@ def _mirror(tracking, model_name: str) -> tuple[str | None, list[str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tracking", ["postgres"], indirect=True)
-def test_mlflow_outage_fails_clearly_and_heals(registry, variant, tracking):
+def test_mlflow_outage_fails_clearly_and_heals(registry, variant, tracking, approver_keys):
     server = tracking.server
     parent = registry.register_initial_parent(variant(0))
     first, second = (registry.log_candidate(variant(k), **candidate_kwargs(parent.version)) for k in (1, 2))
-    registry.approve(passing_receipt(registry, parent, first, "rec-fault-1"), "alice", "release-owner")
-    registry.approve(passing_receipt(registry, first, second, "rec-fault-2"), "alice", "release-owner")
+    for receipt_id, old, new in (("rec-fault-1", parent, first), ("rec-fault-2", first, second)):
+        receipt = passing_receipt(registry, old, new, receipt_id, approver_keys)
+        approve(registry, receipt, approver_keys, "alice")
 
     # 1. MLflow dies between the store's move and the mirror: the promotion stands, the mirror lags.
     registry.store = StopsMlflowAfterMove(registry.store, server)
@@ -88,15 +89,16 @@ def test_mlflow_outage_fails_clearly_and_heals(registry, variant, tracking):
 
 @pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
 def test_cli_show_history_approve_promote_rollback(
-    registry, variant, tracking, store_url, roles_file, capsys, monkeypatch
+    registry, variant, tracking, store_url, roles_file, approver_keys, capsys
 ):
     import argparse
 
-    monkeypatch.setenv("LD_ROLES_FILE", str(roles_file))
+    registry.roles()  # the deployment pins its roles file in the store
     parent = registry.register_initial_parent(variant(0))
     cand = registry.log_candidate(variant(1), **candidate_kwargs(parent.version))
     receipt_file = registry.cache_dir.parent / "receipt.json"
-    receipt_file.write_text(json.dumps(passing_receipt(registry, parent, cand, "rec-cli").to_json_dict()))
+    receipt = passing_receipt(registry, parent, cand, "rec-cli", approver_keys)
+    receipt_file.write_text(json.dumps(receipt.to_json_dict()))
     common = ["--tracking-uri", tracking.uri, "--store-url", store_url, "--model-name", registry.model_name]
 
     def run(*argv: str) -> tuple[int, str]:
@@ -106,10 +108,14 @@ def test_cli_show_history_approve_promote_rollback(
         code = args.handler(args)
         return code, capsys.readouterr().out
 
-    code, out = run("approve", str(receipt_file), "--actor", "alice", "--role", "release-owner", "--json")
+    def signed(actor: str, role: str = "release-owner") -> list[str]:
+        return ["--actor", actor, "--role", role, "--key", str(approver_keys[actor])]
+
+    code, out = run("approve", str(receipt_file), *signed("alice"), "--step", "canary", "--json")
     assert code == 0 and json.loads(out)["version"] == 2
-    assert run("approve", "rec-cli", "--actor", "bob", "--role", "release-owner")[0] == 1
-    code, out = run("promote", "rec-cli", "--actor", "alice", "--json")
+    assert run("approve", "rec-cli", *signed("bob"))[0] == 1
+    assert run("promote", "rec-cli", "--actor", "alice")[0] == 1  # no signed default-step approval yet
+    code, out = run("promote", "rec-cli", "--actor", "alice", "--key", str(approver_keys["alice"]), "--json")
     assert code == 0 and json.loads(out)["to"] == cand.version
     code, out = run("show", "--json")
     shown = json.loads(out)
@@ -127,26 +133,32 @@ def test_cli_show_history_approve_promote_rollback(
     assert code == 0 and "alice" in out and "bootstrap" in out
 
 
-def test_roles_file_rules(tmp_path, monkeypatch):
+def test_roles_file_rules(tmp_path, approver_keys):
     from lightning_dagster import config
+    from lightning_dagster.registry.signing import load_private_key, public_key_line
 
+    key = public_key_line(load_private_key(approver_keys["alice"]))
     good = tmp_path / "roles.yaml"
-    good.write_text("actors:\n  alice: [release-owner]\n")
-    roles = load_roles(good)
+    good.write_text(f"actors:\n  alice:\n    roles: [release-owner]\n    key: {key}\n")
+    roles = read_roles_file(good)
     roles.require("alice", "release-owner")
     with pytest.raises(NotAuthorized):
         roles.require("alice", "ml-lead")
     inside = config.models_dir() / "roles.yaml"  # the trainer writes here: it must not grant approvals
     inside.write_text(good.read_text())
     with pytest.raises(RolesConfigError, match="write surface"):
-        load_roles(inside)
-    monkeypatch.setenv("LD_ROLES_FILE", str(tmp_path / "missing.yaml"))
+        read_roles_file(inside)
     with pytest.raises(RolesConfigError, match="does not exist"):
-        load_roles()
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("actors:\n  alice: release-owner\n")
-    with pytest.raises(RolesConfigError, match="list of role names"):
-        load_roles(bad)
+        read_roles_file(tmp_path / "missing.yaml")
+    for text, problem in (
+        ("actors:\n  alice: [release-owner]\n", "exactly `roles` and `key`"),
+        (f"actors:\n  alice:\n    roles: release-owner\n    key: {key}\n", "list of role names"),
+        ("actors:\n  alice:\n    roles: [release-owner]\n    key: ed25519:AAAA\n", "32 bytes"),
+    ):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        with pytest.raises(RolesConfigError, match=problem):
+            read_roles_file(bad)
 
 
 def test_registry_against_unreachable_server_is_unavailable(tmp_path, roles_file):

@@ -20,9 +20,10 @@ from lightning_dagster.registry import (
     Registry,
     WeightsMismatch,
 )
+from lightning_dagster.registry.errors import ApprovalRefused
 from lightning_dagster.registry.lineage import DIGEST_CHARS, register_version
 from lightning_dagster.store import Store
-from tests.registry.helpers import candidate_kwargs, passing_receipt
+from tests.registry.helpers import approve, candidate_kwargs, passing_receipt
 
 
 def _bootstrap(registry, variant, n_candidates: int = 1):
@@ -128,10 +129,13 @@ def _race(
 
 
 @pytest.mark.slow
-def test_eight_processes_race_exactly_one_wins(registry, variant, store_url, tracking, roles_file):
+def test_eight_processes_race_exactly_one_wins(
+    registry, variant, store_url, tracking, roles_file, approver_keys
+):
     parent, candidates = _bootstrap(registry, variant, n_candidates=8)
     for i, cand in enumerate(candidates):
-        registry.approve(passing_receipt(registry, parent, cand, f"rec-race-{i}"), "alice", "release-owner")
+        receipt = passing_receipt(registry, parent, cand, f"rec-race-{i}", approver_keys)
+        approve(registry, receipt, approver_keys, f"racer{i}")
     ctx = multiprocessing.get_context("fork")
     barrier, queue = ctx.Barrier(8), ctx.Queue()
     args = (
@@ -163,14 +167,15 @@ def test_eight_processes_race_exactly_one_wins(registry, variant, store_url, tra
     assert [e["to"] for e in json.loads(rm.tags[f"{APPROVED}.history"])] == [parent.version, winner[2]]
 
 
-def test_promotion_refusals(registry, variant):
+def test_promotion_refusals(registry, variant, approver_keys):
+    keys = approver_keys
     parent, (cand,) = _bootstrap(registry, variant)
-    receipt = passing_receipt(registry, parent, cand, "rec-refusals")
-    with pytest.raises(NotAuthorized):
-        registry.approve(receipt, "bob", "release-owner")  # bob holds only ml-lead
-    with pytest.raises(NotAuthorized):
-        registry.approve(receipt, "mallory", "release-owner")  # not in the roles file at all
-    stored = registry.approve(receipt, "alice", "release-owner")
+    receipt = passing_receipt(registry, parent, cand, "rec-refusals", keys)
+    with pytest.raises(ApprovalRefused, match="does not hold role"):
+        approve(registry, receipt, keys, "bob")  # bob holds only ml-lead
+    with pytest.raises(ApprovalRefused, match="not among the deployment's approvers"):
+        approve(registry, receipt, keys, "mallory")  # not in the roles at all
+    stored = approve(registry, receipt, keys, "alice")
     assert stored.version == 2 and stored.receipt.approvals[-1].actor == "alice"
 
     with pytest.raises(NotAuthorized):
@@ -180,13 +185,16 @@ def test_promotion_refusals(registry, variant):
     with pytest.raises(PromotionRefused, match="differs from the ledger"):
         registry.promote(receipt, "alice")  # version 1, not the ledger's head
 
-    held = passing_receipt(registry, parent, cand, "rec-hold").model_dump(mode="json")
-    held["canary"]["tasks"][0]["verified"] = False
-    with pytest.raises(PromotionRefused, match="check 6"):
-        registry.approve(held, "alice", "release-owner") and registry.promote("rec-hold", "alice")
+    def unverified(data):
+        data["canary"]["tasks"][0]["verified"] = False
 
-    wrong_parent = passing_receipt(registry, cand, cand, "rec-wrong-parent")
-    registry.approve(wrong_parent, "alice", "release-owner")
+    held = passing_receipt(registry, parent, cand, "rec-hold", keys, edit=unverified)
+    approve(registry, held, keys, "alice")
+    with pytest.raises(PromotionRefused, match="check 6"):
+        registry.promote("rec-hold", "alice")
+
+    wrong_parent = passing_receipt(registry, cand, cand, "rec-wrong-parent", keys)
+    approve(registry, wrong_parent, keys, "alice")
     with pytest.raises(PointerConflict):
         registry.promote("rec-wrong-parent", "alice")
     assert [m.to_value for m in registry.history()] == [parent.version]
@@ -197,9 +205,11 @@ def test_promotion_refusals(registry, variant):
         registry.promote("rec-refusals", "alice")
 
 
-def test_rollback_restores_the_exact_parent(registry, variant):
+def test_rollback_restores_the_exact_parent(registry, variant, approver_keys):
     parent, (cand,) = _bootstrap(registry, variant)
-    registry.approve(passing_receipt(registry, parent, cand, "rec-rb"), "alice", "release-owner")
+    approve(
+        registry, passing_receipt(registry, parent, cand, "rec-rb", approver_keys), approver_keys, "alice"
+    )
     registry.promote("rec-rb", "alice")
     assert checkpoint_hash(registry.resolve(APPROVED).local_path) == cand.weights_hash
 

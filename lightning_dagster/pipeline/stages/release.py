@@ -13,7 +13,7 @@ from lightning_dagster.pipeline.results import CheckOutcome, Markdown, StageResu
 from lightning_dagster.types import RolloutKind
 
 if TYPE_CHECKING:
-    from lightning_dagster.gate.receipt import Receipt
+    from lightning_dagster.gate.receipt import Approval, Receipt
     from lightning_dagster.pipeline.settings import Pipeline
 
 # Checks judged on the first batch alone, where their asset sits: coverage and retry debt of the rollouts
@@ -110,21 +110,25 @@ def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
     )
 
 
-def approve(p: Pipeline, key: str, actor: str, role: str) -> StageResult:
-    stored = ctx.registry(p).approve(ctx.receipt_id(key), actor, role)
+def approve(p: Pipeline, key: str, approval: Approval) -> StageResult:
+    """Record a signed approval (`registry sign`) on the snapshot's receipt; the registry verifies it
+    against the deployment's pinned roles and keys first."""
+    stored = ctx.registry(p).approve(ctx.receipt_id(key), approval)
     return StageResult(
         metadata={
             "receipt_id": stored.receipt.receipt_id,
             "receipt_version": stored.version,
-            "actor": actor,
-            "role": role,
+            "actor": approval.actor,
+            "role": approval.role,
+            "step": approval.step,
+            "evidence_hash": approval.evidence_hash,
         }
     )
 
 
 def promote(p: Pipeline, receipt_id: str, actor: str) -> StageResult:
     """The registry re-runs the gate on the ledger head with today's fingerprints and refuses HOLD, stale
-    evidence, an unauthorized actor or a moved parent; a receipt `release_receipt` never judged is refused."""
+    evidence, an approval that does not verify, no signed default-step approval by `actor`, or a moved parent; a receipt `release_receipt` never judged is refused."""
     from lightning_dagster.registry.errors import PromotionRefused
 
     store = p.get_store()

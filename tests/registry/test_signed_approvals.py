@@ -1,0 +1,181 @@
+"""Approvals prove who approved: only a signature by a pinned actor's key, over this receipt's evidence and
+the step it approves, moves `approved-default`; a caller's own roles file or key authorizes no one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+
+import pytest
+
+from lightning_dagster.gate import ReceiptLedger
+from lightning_dagster.gate.receipt import Approval, add_approval
+from lightning_dagster.registry import NotAuthorized, Registry, RolesConfigError
+from lightning_dagster.registry.cli import register
+from lightning_dagster.registry.errors import ApprovalRefused, KeyFileError
+from lightning_dagster.registry.roles import pin_message, pin_roles, pinned_roles, read_roles_file
+from lightning_dagster.registry.signing import (
+    generate_keypair,
+    load_private_key,
+    public_key_line,
+    sign,
+    sign_approval,
+)
+from tests.registry.helpers import approve, candidate_kwargs, passing_receipt
+
+SQLITE = pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
+
+
+def _setup(registry, variant, keys, receipt_id: str = "rec-signed"):
+    parent = registry.register_initial_parent(variant(0))
+    cand = registry.log_candidate(variant(1), **candidate_kwargs(parent.version))
+    receipt = passing_receipt(registry, parent, cand, receipt_id, keys)
+    (canary,) = receipt.approvals
+    registry.approve(receipt.model_copy(update={"approvals": []}), canary)  # ingested, then approved
+    return parent, cand, receipt
+
+
+def _forged_roles(tmp_path, mallory_key) -> str:
+    """A caller's own roles file: mallory's public key under alice's name, with every role."""
+    path = tmp_path / "my-roles.yaml"
+    line = public_key_line(load_private_key(mallory_key))
+    path.write_text(
+        f"actors:\n  alice:\n    roles: [release-owner, default-approver, roles-admin]\n    key: {line}\n"
+    )
+    return str(path)
+
+
+@SQLITE
+def test_a_self_written_roles_file_authorizes_no_one(
+    registry, variant, approver_keys, tracking, store_url, tmp_path, capsys, monkeypatch
+):
+    parent, cand, receipt = _setup(registry, variant, approver_keys)
+    forged = _forged_roles(tmp_path, approver_keys["mallory"])
+    as_alice = sign_approval(receipt, actor="alice", role="release-owner", key=approver_keys["mallory"])
+
+    # The API with the caller's roles file: refused, naming the deployment's pin.
+    mine = Registry(tracking.uri, registry.store, registry.model_name, roles_file=forged)
+    with pytest.raises(RolesConfigError, match="not the deployment's pinned roles"):
+        mine.approve("rec-signed", as_alice)
+    with pytest.raises(RolesConfigError, match="not the deployment's pinned roles"):
+        mine.promote("rec-signed", "alice")
+
+    # The command with LD_ROLES_FILE pointing at it: the variable is not read; the pinned key refuses.
+    monkeypatch.setenv("LD_ROLES_FILE", forged)
+    common = ["--tracking-uri", tracking.uri, "--store-url", store_url, "--model-name", registry.model_name]
+    argv = ["promote", "rec-signed", "--actor", "alice", "--key", str(approver_keys["mallory"]), *common]
+    parser = argparse.ArgumentParser()
+    register(parser)
+    args = parser.parse_args(argv)
+    assert args.handler(args) == 1
+    assert "does not verify with alice's key" in capsys.readouterr().err
+
+    # Nor can the caller re-pin the roles: that needs a roles-admin of the pinned roles to sign.
+    with pytest.raises(NotAuthorized, match="roles-admin"):
+        pin_roles(registry.store, read_roles_file(forged), actor="alice")
+    assert pinned_roles(registry.store).digest == read_roles_file(registry.roles_file).digest
+    assert [m.to_value for m in registry.history()] == [parent.version]
+
+
+@SQLITE
+def test_every_approval_that_proves_nothing_is_refused_and_the_pointer_stays(
+    registry, variant, approver_keys
+):
+    keys = approver_keys
+    parent, cand, receipt = _setup(registry, variant, keys)
+    other = passing_receipt(registry, parent, cand, "rec-other", keys)
+    good = sign_approval(receipt, actor="alice", role="release-owner", key=keys["alice"], step="default")
+    by_bob = sign_approval(receipt, actor="alice", role="release-owner", key=keys["bob"], step="default")
+    by_mallory = sign_approval(receipt, actor="mallory", role="release-owner", key=keys["mallory"])
+    over_other = sign_approval(other, actor="alice", role="release-owner", key=keys["alice"], step="default")
+    canary = sign_approval(receipt, actor="alice", role="release-owner", key=keys["alice"], step="canary")
+    attempts = {
+        "not signed": good.model_copy(update={"signature": None, "evidence_hash": None}),
+        "does not verify with alice's key": by_bob,
+        "not among the deployment's approvers": by_mallory,
+        "not this receipt's": over_other,
+        "does not verify": canary.model_copy(update={"step": "default"}),  # signed for another step
+        "does not verify ": good.model_copy(update={"at": good.at + 1}),  # a changed time
+    }
+    for reason, approval in attempts.items():
+        with pytest.raises(ApprovalRefused, match=reason.strip()):
+            registry.approve("rec-signed", approval)
+    # The signed approval of the canary step is valid, but it does not approve the default step.
+    registry.approve("rec-signed", canary)
+    with pytest.raises(NotAuthorized, match="no signed default-step approval"):
+        registry.promote("rec-signed", "alice")
+
+    # An unsigned approval written into the ledger around the registry is caught at promotion.
+    ledger = ReceiptLedger(registry.store)
+    head = ledger.head("rec-signed")
+    ledger.append(add_approval(head, Approval(actor="alice", role="release-owner", step="default", at=1.0)))
+    with pytest.raises(ApprovalRefused, match="not signed"):
+        registry.promote("rec-signed", "alice")
+    assert [m.to_value for m in registry.history()] == [parent.version]
+
+
+@SQLITE
+def test_an_ingested_receipt_with_an_unsigned_approval_is_refused_and_not_stored(
+    registry, variant, approver_keys
+):
+    parent = registry.register_initial_parent(variant(0))
+    cand = registry.log_candidate(variant(1), **candidate_kwargs(parent.version))
+    receipt = passing_receipt(registry, parent, cand, "rec-ingest", approver_keys)
+    unsigned = receipt.approvals[0].model_copy(update={"signature": None})
+    forged = receipt.model_copy(update={"approvals": [unsigned]})
+    default = sign_approval(forged, actor="alice", role="release-owner", key=approver_keys["alice"])
+    with pytest.raises(ApprovalRefused, match="not signed"):
+        registry.approve(forged, default)
+    assert ReceiptLedger(registry.store).history("rec-ingest") == []
+
+
+@SQLITE
+def test_a_correctly_signed_approval_promotes(registry, variant, approver_keys):
+    parent, cand, _ = _setup(registry, variant, approver_keys)
+    stored = approve(registry, "rec-signed", approver_keys, "alice")
+    assert [a.step for a in stored.receipt.approvals] == ["canary", "default"]
+    result = registry.promote("rec-signed", "alice")
+    assert result.move.to_value == cand.version and result.move.actor == "alice"
+
+
+@SQLITE
+def test_roles_change_only_with_a_roles_admin_signature(registry, approver_keys, tmp_path):
+    deployed = registry.roles()
+    text = read_roles_file(registry.roles_file)
+    new = tmp_path / "roles-v2.yaml"
+    new.write_text(
+        "actors:\n"
+        + "".join(
+            f"  {a}:\n    roles: [{', '.join(sorted(k.roles))}]\n    key: {k.public_key}\n"
+            for a, k in text.actors.items()
+            if a != "bob"
+        )
+    )
+    changed = read_roles_file(new)
+    wrong = sign(load_private_key(approver_keys["bob"]), pin_message(deployed.digest, changed.digest))
+    with pytest.raises(NotAuthorized):
+        pin_roles(registry.store, changed, actor="alice", signature=wrong)
+    right = sign(load_private_key(approver_keys["alice"]), pin_message(deployed.digest, changed.digest))
+    pin_roles(registry.store, changed, actor="alice", signature=right)
+    assert "bob" not in pinned_roles(registry.store).actors
+    with pytest.raises(RolesConfigError, match="not the deployment's pinned roles"):
+        registry.roles()  # the old file no longer matches the pin
+
+
+def test_keygen_writes_an_owner_only_key_and_prints_the_public_line(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    register(parser)
+    args = parser.parse_args(["keygen", "--actor", "carol", "--out", str(tmp_path / "k"), "--json"])
+    assert args.handler(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    key = tmp_path / "k" / "carol.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert data["public_key"] == public_key_line(load_private_key(key))
+    assert (tmp_path / "k" / "carol.pub").read_text().strip() == data["public_key"]
+    with pytest.raises(KeyFileError, match="never overwritten"):
+        generate_keypair("carol", tmp_path / "k")
+    os.chmod(key, 0o644)
+    with pytest.raises(KeyFileError, match="readable by others"):
+        load_private_key(key)
