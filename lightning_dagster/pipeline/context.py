@@ -91,12 +91,23 @@ def project_source(path: Path | str) -> HarnessSource:
     return HarnessSource(project_harness(project), project, load_tasks(project))
 
 
-def harness_source(p: Pipeline) -> HarnessSource:
+def project_file(p: Pipeline) -> Path | str:
     """The pipeline's project: the one named by `model.project`, else the built-in example named by
     `model.harness` (`examples/<name>`)."""
     from lightning_dagster.project.examples import example_file
 
-    return project_source(p.model.project or example_file(p.model.harness))
+    return p.model.project or example_file(p.model.harness)
+
+
+def pipeline_project(p: Pipeline) -> Project:
+    from lightning_dagster.project import load_project
+
+    return load_project(project_file(p))
+
+
+def harness_source(p: Pipeline) -> HarnessSource:
+    """The pipeline's project with its harness and tasks (`project_file`)."""
+    return project_source(project_file(p))
 
 
 def canary_source(p: Pipeline, source: HarnessSource) -> HarnessSource:

@@ -1,8 +1,8 @@
 """`lightning-dagster rollouts run`: enqueue N rollouts of a harness and run them through a gateway.
 
 The harness and tasks are a project's (`--project PATH`, default the working directory's project file;
-`--harness calc` / `--harness ledger` name the built-in example projects): N tasks of the split drawn from
-its tasks file with the seed (`TaskSet.draw`). Exit status: 0 ran, 2 bad arguments or a bad project."""
+`--harness calc` / `--harness ledger` name the built-in example projects): the first N tasks of the split
+in its tasks file. Exit status: 0 ran, 2 bad arguments or a bad project."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--split", default="train", choices=SPLITS)
     run.add_argument("--n", type=int, required=True, help="number of tasks")
     run.add_argument("--group", type=int, default=1, help="rollouts per task (a GRPO group); N x G rollouts")
-    run.add_argument("--seed", type=int, default=0, help="task draw and sampling seed")
+    run.add_argument("--seed", type=int, default=0, help="sampling seed")
     run.add_argument("--gateway", help="URL of a running gateway (default: a local one, see --serving)")
     run.add_argument("--secret", help="that gateway's attempt-key secret (default: $LD_GATEWAY_SECRET)")
     run.add_argument("--model", type=Path, help="model directory for the local gateway "
@@ -58,7 +58,7 @@ def _harness_and_tasks(args: argparse.Namespace) -> tuple[HarnessSpec, list[dict
     project = load_project(project_file(args.project, args.harness))
     tasks = load_tasks(project)
     tasks.require_splits([args.split])
-    return harness_spec(project), tasks.draw(args.split, args.n, args.seed)
+    return harness_spec(project), tasks.splits[args.split][: args.n]
 
 
 @exits_2_on_project_error
