@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import sys
 
 import pytest
 
@@ -108,6 +109,10 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
 
     model_dir = build_base_model(tmp_path / "model", corpus=training_corpus(n_per_split=20), seed=0)
     tasks = example_tasks("calc").draw("train", 2, 0)
+    # The calc example runs in-process; its agent module is also a standalone program, for subprocess mode.
+    calc = dataclasses.replace(
+        example_harness("calc"), argv=(sys.executable, "-m", "lightning_dagster.harnesses.calc.agent")
+    )
     port = free_port()
     with GatewayServer(create_stub_app()) as upstream:
         p = pipeline_for().model_copy(
@@ -121,13 +126,13 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
             p,
             model_dir,
             snapshot_key="snap-settings",
-            harness=example_harness("calc"),
+            harness=calc,
             resource_id="res-p",
             serves_parent=True,
         ) as parent:
             service = parent.service
             assert service.runner.mode == "subprocess"
-            assert service.retry_policy == retry_policy(p, example_harness("calc"))
+            assert service.retry_policy == retry_policy(p, calc)
             assert service.retry_policy.max_attempts == 2
             assert service.gateway.url.endswith(f":{port}") and service.gateway.secret == "s3cret"
             batch = parent.run(tasks, group=1, kind=RolloutKind.train, sampling=Sampling(), seed=1, tag="set")
@@ -140,7 +145,7 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
             p,
             model_dir,
             snapshot_key="snap-settings",
-            harness=example_harness("calc"),
+            harness=calc,
             resource_id="res-c",
             serves_parent=False,
         ) as candidate:
