@@ -21,7 +21,8 @@ from pathlib import Path
 
 from lightning_dagster.engine import build_base_model
 from lightning_dagster.gateway.local import LocalGateway
-from lightning_dagster.harnesses.registry import get_harness, training_corpus
+from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.project.examples import example_harness, example_tasks
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
 from lightning_dagster.store import Store
 
@@ -46,7 +47,9 @@ def post_reward(task: dict, *, base_url: str, api_key: str, event_url: str) -> f
 def measure(store, gateway, spec, mode: str, n: int, parallel: int, seed: int, workdir: Path) -> dict:
     ids = [
         r.rollout_id
-        for r in enqueue_tasks(store, spec, spec.make_tasks("train", n, seed), kind="train", seed=seed)
+        for r in enqueue_tasks(
+            store, spec, example_tasks(spec.name).draw("train", n, seed), kind="train", seed=seed
+        )
     ]
     runner = Runner(
         store,
@@ -76,7 +79,7 @@ def main() -> int:
         tmp = Path(tmp)
         model = args.model or build_base_model(tmp / "model", corpus=training_corpus())
         store = Store(f"sqlite:///{tmp / 'store.db'}")
-        calc = get_harness("calc")
+        calc = example_harness("calc")
         harnesses = {
             "reward-only": {
                 "subprocess": dataclasses.replace(calc, argv=(sys.executable, "-c", POST_REWARD)),

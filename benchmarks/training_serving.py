@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from lightning_dagster.engine.build import build_base_model
-from lightning_dagster.harnesses.registry import get_harness, training_corpus
+from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.project.examples import example_tasks
 from lightning_dagster.runner.service import RolloutService
 from lightning_dagster.store import Store
 from lightning_dagster.training.advantages import compute_advantages
@@ -73,10 +74,13 @@ def main() -> int:
     parent = (
         args.parent
         or warm_start(
-            store, build_base_model(work / "base", corpus=training_corpus(seed=0), seed=0), work / "warm", WarmStartConfig()
+            store,
+            build_base_model(work / "base", corpus=training_corpus(seed=0), seed=0),
+            work / "warm",
+            WarmStartConfig(),
         ).model_dir
     )
-    tasks = get_harness("calc").make_tasks("train", args.tasks * args.rounds, 0)
+    tasks = example_tasks("calc").draw("train", args.tasks * args.rounds, 0)
     results: dict[str, list[dict]] = {m: [] for m in MODES}
     print(f"load average {os.getloadavg()[0]:.1f}, {args.tasks} tasks x group {args.group} per step")
     for r in range(args.rounds):

@@ -3,9 +3,8 @@
 Dagster's default local instance (SQLite, under `$DAGSTER_HOME`, default `<home>/dagster_home`), the SQLite
 store, a SQLite MLflow tracking store and the embedded engine: bootstrap the first parent as
 `approved-default`, cut a snapshot, plan, approve the canary step, materialize the rest of the graph, print
-the receipt's verdict and the commands that open the Dagster and MLflow UIs on the same state. With
-`--project PATH` the graph runs the user project's harness on its tasks file (`LD_PROJECT`), else the
-built-in `calc` harness on generated tasks.
+the receipt's verdict and the commands that open the Dagster and MLflow UIs on the same state. The graph
+runs the project given with `--project PATH` (`LD_PROJECT`), else the built-in example `examples/calc`.
 """
 
 from __future__ import annotations
@@ -179,7 +178,9 @@ def _run(job: Any, instance: Any, key: str, selection: list[str]) -> Any:
 @exits_2_on_project_error
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    project = use_project(args.project) if args.project is not None else None
+    from lightning_dagster.project.examples import example_file
+
+    project = use_project(args.project if args.project is not None else example_file("calc"))
     env = prepare_environment()
     import dagster as dg
 
@@ -194,8 +195,7 @@ def run(args: argparse.Namespace) -> int:
     defs = build_definitions(deferred=False, training=training)
     pipeline = defs.resources["pipeline"]
     print(f"lightning-dagster demo: home {env['LIGHTNING_DAGSTER_HOME']}", flush=True)
-    if project is not None:
-        print(project, flush=True)
+    print(project, flush=True)
     boot = bootstrap_parent(pipeline).metadata
     print(f"parent: approved-default = version {boot['approved_default']} {_fmt(boot)}", flush=True)
     instance = dg.DagsterInstance.get()
@@ -241,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
 def _fmt(meta: dict) -> str:
     if not meta.get("bootstrapped"):
         return "(existing)"
+    if not meta["warm_start_steps"]:
+        return f"(base model {meta['base_model']}, no warm start)"
     return f"(warm start: {meta['warm_start_steps']} steps, probe success {meta['probe_success']:.2f}, {meta['seconds']} s)"
 
 

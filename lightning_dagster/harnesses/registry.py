@@ -1,4 +1,5 @@
-"""Harness lookup for the runner and the pipeline, and the text corpus the engine trains its tokenizer on."""
+"""`HarnessSpec`, what the runner runs and the gate judges (a project's harness becomes one through
+`project.harness.harness_spec`), and the text corpus the embedded default model's tokenizer is built on."""
 
 from __future__ import annotations
 
@@ -12,17 +13,11 @@ from typing import TYPE_CHECKING, Any
 from lightning_dagster.harnesses.calc import agent as calc_agent
 from lightning_dagster.harnesses.calc import tasks as calc_tasks
 from lightning_dagster.harnesses.ledger import agent as ledger_agent
-from lightning_dagster.harnesses.ledger import environment as ledger_env
 from lightning_dagster.harnesses.ledger import tasks as ledger_tasks
 from lightning_dagster.harnesses.splits import SPLITS
 
 if TYPE_CHECKING:
     from lightning_dagster.runner.policy import RetryPolicy
-
-
-class UnknownHarness(KeyError):
-    """No harness registered under that name."""
-
 
 Task = dict[str, Any]
 # A judge scores an attempt that posted no reward: (task, transcript) -> reward; see `runner.rewards`.
@@ -41,8 +36,8 @@ class HarnessSpec:
     harness receives; `verify(task)` re-reads that destination afterwards. `judge` (named `judge_name`)
     scores an attempt that posted no reward. `expected_span_families` lists the span families (see
     `span_family`) every finished rollout must have. `timeout_s` and `max_attempts` are the defaults of the
-    retry policy (`retry_policy`). `make_tasks(split, n, seed)` generates tasks (built-in harnesses; a
-    project's tasks come from its tasks file).
+    retry policy (`retry_policy`). `tools` are the tool schemas the agent offers its model (the tool
+    contract staleness watches; empty when the agent does not declare them).
     """
 
     name: str
@@ -50,7 +45,6 @@ class HarnessSpec:
     module: str | None = None
     argv: tuple[str, ...] | None = None
     run_task: Callable[..., float | None] | None = None
-    make_tasks: Callable[[str, int, int], list[Task]] | None = None
     verify: Callable[[Task], dict[str, Any]] | None = None
     prepare: Callable[[Task, Path], Task] | None = None
     cwd: Path | None = None
@@ -59,7 +53,7 @@ class HarnessSpec:
     judge_name: str | None = None
     timeout_s: float = 120.0
     max_attempts: int = 1
-    splits: tuple[str, ...] = field(default=SPLITS)
+    tools: list[dict[str, Any]] = field(default_factory=list, hash=False)
 
     def __post_init__(self) -> None:
         if self.command() is None and self.run_task is None:
@@ -93,38 +87,6 @@ class HarnessSpec:
         from lightning_dagster.runner.policy import RetryPolicy
 
         return RetryPolicy(**{"max_attempts": self.max_attempts, "timeout_s": self.timeout_s, **overrides})
-
-
-_HARNESSES: dict[str, HarnessSpec] = {
-    "calc": HarnessSpec(
-        name="calc",
-        module="lightning_dagster.harnesses.calc.agent",
-        run_task=calc_agent.run_task,
-        make_tasks=calc_tasks.make_tasks,
-        expected_span_families=("llm", "reward"),
-    ),
-    "ledger": HarnessSpec(
-        name="ledger",
-        module="lightning_dagster.harnesses.ledger.agent",
-        run_task=ledger_agent.run_task,
-        make_tasks=ledger_tasks.make_tasks,
-        # `effect` is the runner's record of `verify` after each attempt.
-        expected_span_families=("llm", "reward", "effect"),
-        verify=ledger_env.verify,
-        prepare=ledger_env.prepare,
-    ),
-}
-
-
-def harness_names() -> list[str]:
-    return sorted(_HARNESSES)
-
-
-def get_harness(name: str) -> HarnessSpec:
-    try:
-        return _HARNESSES[name]
-    except KeyError:
-        raise UnknownHarness(f"unknown harness {name!r}; known: {', '.join(harness_names())}") from None
 
 
 def training_corpus(n_per_split: int = 200, seed: int = 0) -> list[str]:

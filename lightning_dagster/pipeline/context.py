@@ -3,15 +3,11 @@ its tasks, the per-snapshot documents the stages hand to each other, and the fin
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_dagster import config
-from lightning_dagster.pipeline.versions import code_version
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.ledger import LedgerEntry
@@ -59,14 +55,8 @@ def policy(p: Pipeline) -> Policy:
     return load_policy(p.gate.policy_path or None)
 
 
-def harness(name: str) -> HarnessSpec:
-    from lightning_dagster.harnesses.registry import get_harness
-
-    return get_harness(name)
-
-
 def project_harness(project: Project) -> HarnessSpec:
-    """The one place a user project becomes a runnable harness."""
+    """The one place a project becomes a runnable harness."""
     from lightning_dagster.project.harness import harness_spec
 
     return harness_spec(project)
@@ -74,66 +64,64 @@ def project_harness(project: Project) -> HarnessSpec:
 
 @dataclass(frozen=True)
 class HarnessSource:
-    """The harness a pipeline runs and where its tasks come from: a user project's dataset (`project`,
-    `dataset`), or the built-in harness's task generators (both None)."""
+    """The harness a pipeline runs and the project dataset its tasks come from."""
 
     spec: HarnessSpec
-    project: Project | None = None
-    dataset: TaskSet | None = None
+    project: Project
+    dataset: TaskSet
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     def make_tasks(self, split: str, n: int, seed: int) -> list[dict[str, Any]]:
-        """`n` tasks of `split` drawn with `seed`. From a dataset: train repeats the split in passes, each in
-        its own seeded order, until `n` are drawn (every row once before any repeats); the other splits
-        take at most `n` rows, without repeats, in the seeded order (all rows when the split has fewer)."""
-        if self.dataset is None:
-            return self.spec.make_tasks(split, n, seed)
-        rows = self.dataset.splits[split]
-        if split != "train":
-            n = min(n, len(rows))
-        drawn: list[dict[str, Any]] = []
-        passes = 0
-        while len(drawn) < n:
-            drawn += sorted(rows, key=lambda task: _seeded_rank(seed, passes, task["task_id"]))
-            passes += 1
-        return drawn[:n]
+        """`n` tasks of `split` drawn with `seed` (`TaskSet.draw`)."""
+        return self.dataset.draw(split, n, seed)
 
     def require_splits(self, needed: list[str]) -> None:
         """A dataset split the plan draws from is empty: a `TaskDataError` before any rollout runs."""
-        if self.dataset is not None:
-            self.dataset.require_splits(needed)
+        self.dataset.require_splits(needed)
 
 
-def _seeded_rank(seed: int, passes: int, task_id: str) -> str:
-    return hashlib.sha256(f"{seed}:{passes}:{task_id}".encode()).hexdigest()
+def project_source(path: Path | str) -> HarnessSource:
+    """A project's harness and its tasks file, read now (so a changed file is seen)."""
+    from lightning_dagster.project import load_project, load_tasks
+
+    project = load_project(path)
+    return HarnessSource(project_harness(project), project, load_tasks(project))
+
+
+def project_file(p: Pipeline) -> Path | str:
+    """The pipeline's project: the one named by `model.project`, else the built-in example named by
+    `model.harness` (`examples/<name>`)."""
+    from lightning_dagster.project.examples import example_file
+
+    return p.model.project or example_file(p.model.harness)
+
+
+def pipeline_project(p: Pipeline) -> Project:
+    from lightning_dagster.project import load_project
+
+    return load_project(project_file(p))
 
 
 def harness_source(p: Pipeline) -> HarnessSource:
-    """The pipeline's harness and task source: the project named by `model.project` (its tasks file read
-    now, so a changed file is seen), else the built-in harness named by `model.harness`."""
-    if not p.model.project:
-        return HarnessSource(harness(p.model.harness))
-    from lightning_dagster.project import load_project, load_tasks
-
-    project = load_project(p.model.project)
-    return HarnessSource(project_harness(project), project, load_tasks(project))
+    """The pipeline's project with its harness and tasks (`project_file`)."""
+    return project_source(project_file(p))
 
 
 def canary_source(p: Pipeline, source: HarnessSource) -> HarnessSource:
     """The canary runs a harness whose effect can be re-read at its destination: the pipeline's own (with
-    its tasks) when it can (`verify`), else the gate's configured built-in canary harness."""
-    return source if source.spec.verify is not None else HarnessSource(harness(p.gate.canary_harness))
+    its tasks) when it can (`verify`), else the built-in example named by the gate's `canary_harness`."""
+    from lightning_dagster.project.examples import example_file
+
+    return source if source.spec.verify is not None else project_source(example_file(p.gate.canary_harness))
 
 
 def harness_tools(spec: HarnessSpec) -> list[dict]:
-    """The tool schemas a harness offers its model: the tool contract staleness watches. A project harness
-    declares none (its tools live in its own program), so its contract is empty."""
-    if spec.module is None:
-        return []
-    return list(getattr(importlib.import_module(spec.module), "TOOLS", []))
+    """The tool schemas a harness offers its model: the tool contract staleness watches (empty when the
+    project's agent declares none)."""
+    return list(spec.tools)
 
 
 def receipt_id(key: str) -> str:
@@ -225,11 +213,6 @@ def registered_version(ref: ParentRef | CandidateArtifact) -> str:
 # ---------------------------------------------------------------- fingerprints for staleness
 
 
-@cache
-def _source_fingerprint(*packages: str) -> str:
-    return code_version(*packages)
-
-
 def global_fingerprints(p: Pipeline, parent_weights_hash: str | None) -> dict[str, str | None]:
     """What the evidence of any receipt depends on right now, except the model it served (per receipt)."""
     from lightning_dagster.gate.hashing import fingerprint
@@ -258,13 +241,8 @@ def global_fingerprints(p: Pipeline, parent_weights_hash: str | None) -> dict[st
 
 
 def task_pool(source: HarnessSource) -> str:
-    """The task distribution: a project's dataset content hash, or a built-in harness and the code of its
-    task generators."""
-    from lightning_dagster.gate.hashing import fingerprint
-
-    if source.dataset is not None:
-        return source.dataset.content_hash
-    return fingerprint({"generator": _source_fingerprint("harnesses"), "harness": source.name})
+    """The task distribution: the content hash of the project's dataset."""
+    return source.dataset.content_hash
 
 
 def canary_allowed_tools(p: Pipeline, canary: HarnessSpec) -> list[str]:

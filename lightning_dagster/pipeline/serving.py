@@ -103,15 +103,16 @@ def rollout_service(
     serves_parent: bool,
 ) -> SnapshotService:
     """The service for one stage, built from the pipeline's settings. A stage that only serves the parent
-    may use the configured upstream (`model.upstream_url`) and runs the gateway in this process; one that
-    serves weights this process trains or loads runs the gateway and engine in a child process, so the
-    harness workers, the HTTP server and the decode loop do not share the trainer's interpreter lock."""
+    may use an upstream (the project's `model.upstream`, read with its `model.tokenizer`, else the
+    resource's `model.upstream_url`) and runs the gateway in this process; one that serves weights this
+    process trains or loads runs the gateway and engine in a child process, so the harness workers, the
+    HTTP server and the decode loop do not share the trainer's interpreter lock."""
     from lightning_dagster.runner.service import RolloutService
 
-    upstream = p.model.upstream_url or None
+    upstream, tokenizer = upstream_of(p)
     service = RolloutService(
         p.get_store(),
-        None if serves_parent and upstream else model_dir,
+        tokenizer if serves_parent and upstream else model_dir,
         harness=harness,
         resource_id=resource_id,
         parallel=p.gateway.parallel,
@@ -126,6 +127,17 @@ def rollout_service(
         threads=p.model.engine_threads,
     )
     return SnapshotService(service, snapshot_key)
+
+
+def upstream_of(p: Pipeline) -> tuple[str | None, Path | None]:
+    """The OpenAI-compatible server that serves the parent, and the tokenizer folder its token ids are read
+    with (None: no upstream, or one whose ids the gateway does not decode)."""
+    from lightning_dagster.pipeline.context import pipeline_project
+
+    model = pipeline_project(p).model
+    if model is not None and model.upstream is not None:
+        return model.upstream, model.tokenizer
+    return p.model.upstream_url or None, None
 
 
 def collect(store: Store, rollouts: list[Rollout]) -> RolloutBatch:

@@ -2,9 +2,9 @@
 
 Train tasks (and the serve rollouts a sensor saw) change from snapshot to snapshot; the held-out and
 protected sets are closed: drawn with the evaluation seed, identical for every snapshot (of one dataset),
-so candidates of different snapshots are judged on the same cases. A user project's tasks come from its
-dataset (`HarnessSource.make_tasks` says how rows are drawn); the manifest records the dataset's content
-hash, so the digest, and with it the key, changes when any row does.
+so candidates of different snapshots are judged on the same cases. Tasks come from the project's dataset
+(`TaskSet.draw` says how rows are drawn); the manifest records the dataset's content hash, so the digest,
+and with it the key, changes when any row does.
 """
 
 from __future__ import annotations
@@ -92,14 +92,14 @@ class Manifest(BaseModel):
     train_seed: int
     splits: Splits
     serve_rollout_ids: list[str]
-    dataset: Dataset | None = None  # None: the built-in harness's generated tasks
+    dataset: Dataset | None = None  # None: a manifest stored before tasks came from project datasets
     split_digests: dict[Split, str]
     digest: str  # over every field above except `split_digests`
 
     def body(self) -> dict[str, Any]:
         body = self.model_dump(exclude={"digest", "split_digests"})
         if body["dataset"] is None:
-            del body["dataset"]  # manifests of built-in harnesses hash as they did before datasets existed
+            del body["dataset"]  # such a manifest hashes as it did when it was stored
         return body
 
     @property
@@ -149,15 +149,14 @@ def build_manifest(p: Pipeline, *, train_seed: int, serve_rollout_ids: list[str]
         "splits": splits.model_dump(),
         "serve_rollout_ids": sorted(serve_rollout_ids or []),
     }
-    if source.project is not None and source.dataset is not None:
-        tasks = source.dataset
-        body["dataset"] = Dataset(
-            project=source.project.name,
-            harness_kind=source.project.harness.kind,
-            path=str(tasks.file),
-            content_hash=tasks.content_hash,
-            rows={split: dict(sorted(tasks.families(split).items())) for split in tasks.splits},
-        ).model_dump()
+    tasks = source.dataset
+    body["dataset"] = Dataset(
+        project=source.project.name,
+        harness_kind=source.project.harness.kind,
+        path=str(tasks.file),
+        content_hash=tasks.content_hash,
+        rows={split: dict(sorted(tasks.families(split).items())) for split in tasks.splits},
+    ).model_dump()
     return Manifest(
         **body,
         split_digests={split: _digest(items) for split, items in body["splits"].items()},

@@ -61,7 +61,8 @@ def summary(project: Project, tasks: TaskSet) -> str:
         f"harness: {harness.kind} {how}",
         f"  timeout {harness.timeout_s:g}s, {harness.max_attempts} attempt(s), spans {', '.join(harness.expected_spans)}",
         f"reward: {project.reward or 'posted by the harness'}",
-        f"model: {'embedded default' if model is None else model.path or model.upstream}",
+        f"model: {(model and (model.path or model.upstream)) or 'embedded default'}"
+        + (f", warm start {model.warm_start}" if model and model.warm_start else ""),
         f"policy: {project.policy or 'packaged default'}",
         f"tasks: {tasks.file} ({len(tasks)} rows, hash {tasks.content_hash})",
     ]

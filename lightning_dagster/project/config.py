@@ -174,7 +174,9 @@ class Tasks(_Section):
 
 class Model(_Section):
     """The policy model: a Hugging Face causal-LM folder (`path`), or an OpenAI-compatible server
-    (`upstream`) with its `tokenizer` folder; `warm_start` is a JSONL file of demonstrations."""
+    (`upstream`) with its `tokenizer` folder, or neither: the embedded default. `warm_start` is a JSONL file
+    of demonstrations, one conversation a line (`{"messages": [...], "tools": [...]}`, OpenAI's chat
+    fine-tuning shape) the first parent is trained on before RL."""
 
     path: Path | None = None
     upstream: str | None = None
@@ -205,8 +207,10 @@ class Model(_Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> Model:
-        if (self.path is None) == (self.upstream is None):
-            raise ValueError("give exactly one of path, upstream")
+        if self.path is not None and self.upstream is not None:
+            raise ValueError("give at most one of path, upstream")
+        if self.path is None and self.upstream is None and self.tokenizer is not None:
+            raise ValueError("tokenizer goes with upstream")
         if self.upstream is not None and self.tokenizer is None:
             raise ValueError("upstream needs tokenizer (the folder of the served model's tokenizer)")
         if self.path is not None and self.tokenizer is not None:

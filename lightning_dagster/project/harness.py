@@ -7,11 +7,13 @@
   in `project.agl` (its `run()` reads the process-wide AGL_* variables, so it cannot share a process).
 
 Every kind gets `timeout_s` and `max_attempts` as its retry policy's defaults, `expected_spans`, the
-`prepare`/`verify` hooks and the project's `reward` judge.
+`prepare`/`verify` hooks and the project's `reward` judge. A `python` or `agl` harness whose module declares
+`TOOLS` (OpenAI tool schemas) has them as its tool contract.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -54,6 +56,12 @@ def inprocess_entry(function: Callable[..., Any], ref: str, timeout_s: float) ->
     return run_task
 
 
+def _declared_tools(ref: str | None) -> list[dict[str, Any]]:
+    if ref is None:
+        return []
+    return list(getattr(importlib.import_module(ref.partition(":")[0]), "TOOLS", []))
+
+
 def harness_spec(project: Project) -> HarnessSpec:
     """The runner's spec for the project's harness; raises ProjectError if a reference no longer resolves."""
     harness = project.harness
@@ -79,4 +87,5 @@ def harness_spec(project: Project) -> HarnessSpec:
         judge_name=project.reward,
         timeout_s=harness.timeout_s,
         max_attempts=harness.max_attempts,
+        tools=_declared_tools(harness.python or harness.agl),
     )

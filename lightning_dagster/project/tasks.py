@@ -8,6 +8,7 @@ or split assignment does. Messages count rows from 1, header not counted.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections import Counter, defaultdict
@@ -62,6 +63,22 @@ class TaskSet:
     def families(self, split: str) -> Counter[str]:
         return Counter(task["family"] for task in self.splits[split])
 
+    def draw(self, split: str, n: int, seed: int) -> list[dict[str, Any]]:
+        """`n` tasks of `split` drawn with `seed`. Train repeats the split in passes, each in its own seeded
+        order, until `n` are drawn (every row once before any repeats); the other splits take at most `n`
+        rows, without repeats, in the seeded order (all rows when the split has fewer)."""
+        if split not in SPLITS:
+            raise UnknownSplit(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+        rows = self.splits[split]
+        if split != "train" or not rows:
+            n = min(n, len(rows))
+        drawn: list[dict[str, Any]] = []
+        passes = 0
+        while len(drawn) < n:
+            drawn += sorted(rows, key=lambda task: _seeded_rank(seed, passes, task["task_id"]))
+            passes += 1
+        return drawn[:n]
+
     def require_splits(self, needed: Iterable[str]) -> None:
         """Raise TaskDataError naming every split in `needed` that has no task."""
         needed = list(needed)
@@ -72,6 +89,10 @@ class TaskSet:
         if empty:
             problem = f"no tasks in split {', '.join(empty)} (this run needs {', '.join(needed)})"
             raise TaskDataError(self.file, [(self.split_key, problem)])
+
+
+def _seeded_rank(seed: int, passes: int, task_id: str) -> str:
+    return hashlib.sha256(f"{seed}:{passes}:{task_id}".encode()).hexdigest()
 
 
 def _plain(value: Any) -> Any:

@@ -1,7 +1,8 @@
 """`lightning-dagster rollouts run`: enqueue N rollouts of a harness and run them through a gateway.
 
-The harness is a built-in one (`--harness calc`) or a project's (`--project PATH`, whose tasks are the
-first N of the split in its tasks file). Exit status: 0 ran, 2 bad arguments or a bad project."""
+The harness and tasks are a project's (`--project PATH`, default the working directory's project file;
+`--harness calc` / `--harness ledger` name the built-in example projects): the first N tasks of the split
+in its tasks file. Exit status: 0 ran, 2 bad arguments or a bad project."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from typing import TYPE_CHECKING
 from lightning_dagster import config
 from lightning_dagster.gateway.cli import add_removed_secret_option
 from lightning_dagster.gateway.keys import SecretError, read_secret_file, refuse_env_secrets
-from lightning_dagster.harnesses.registry import HarnessSpec, get_harness, harness_names
+from lightning_dagster.harnesses.registry import HarnessSpec
 from lightning_dagster.harnesses.splits import SPLITS
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
+from lightning_dagster.project.examples import EXAMPLES
 from lightning_dagster.runner.execute import SANDBOXES, SandboxUnavailable, check_sandbox
 
 if TYPE_CHECKING:
@@ -25,13 +27,13 @@ if TYPE_CHECKING:
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     run = sub.add_parser("run", help="run N rollouts of a harness and print the summary")
-    which = run.add_mutually_exclusive_group(required=True)
-    which.add_argument("--harness", choices=harness_names(), help="a built-in harness")
+    which = run.add_mutually_exclusive_group()
+    which.add_argument("--harness", choices=EXAMPLES, help="a built-in example project (examples/NAME)")
     add_project_option(which)
     run.add_argument("--split", default="train", choices=SPLITS)
     run.add_argument("--n", type=int, required=True, help="number of tasks")
     run.add_argument("--group", type=int, default=1, help="rollouts per task (a GRPO group); N x G rollouts")
-    run.add_argument("--seed", type=int, default=0, help="task seed (built-in harnesses) and sampling seed")
+    run.add_argument("--seed", type=int, default=0, help="sampling seed")
     run.add_argument("--gateway", help="URL of a running gateway (default: a local one, see --serving)")
     run.add_argument("--secret-file", help="file holding that gateway's attempt-key secret, mode 0600 "
                      "(-: read it from standard input)")  # fmt: skip
@@ -69,13 +71,11 @@ def _secret(args: argparse.Namespace) -> str | None:
 
 
 def _harness_and_tasks(args: argparse.Namespace) -> tuple[HarnessSpec, list[dict]]:
-    if args.harness is not None:
-        spec = get_harness(args.harness)
-        return spec, spec.make_tasks(args.split, args.n, args.seed)
     from lightning_dagster.project import load_project, load_tasks
+    from lightning_dagster.project.examples import project_file
     from lightning_dagster.project.harness import harness_spec
 
-    project = load_project(args.project)
+    project = load_project(project_file(args.project, args.harness))
     tasks = load_tasks(project)
     tasks.require_splits([args.split])
     return harness_spec(project), tasks.splits[args.split][: args.n]

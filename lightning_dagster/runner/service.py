@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_dagster.gateway.local import LocalGateway, Serving
-from lightning_dagster.harnesses.registry import HarnessSpec, get_harness
+from lightning_dagster.harnesses.registry import HarnessSpec
+from lightning_dagster.project.examples import example_harness
 from lightning_dagster.runner.policy import RetryPolicy
 from lightning_dagster.runner.rollouts import enqueue_tasks
 from lightning_dagster.runner.runner import Runner
@@ -69,10 +70,10 @@ class RolloutService:
     `load_weights`; the resource id recorded on spans and rollouts follows it.
 
     `serving`, `upstream_url`, `host`, `port`, `secret`, `max_batch`, `threads`: the gateway's settings
-    (see `LocalGateway`). `harness`: a built-in harness's name or any spec (a project's:
+    (see `LocalGateway`). `harness`: a built-in example project's name or any spec (a project's:
     `project.harness.harness_spec`). `runner_mode`: harness attempts as subprocesses or in this process, for
     a harness that has both. `retry_policy`: what the runner applies to every attempt (`self.retry_policy`;
-    default the harness's own, one attempt for the built-in ones: a retried failure would over-represent
+    default the harness's own, one attempt for the built-in examples: a retried failure would over-represent
     the samples that succeed on a second try). `codec`: the checkpoint's text side."""
 
     def __init__(
@@ -94,7 +95,7 @@ class RolloutService:
         threads: int | None = None,
     ) -> None:
         self.store = store
-        self.harness = harness if isinstance(harness, HarnessSpec) else get_harness(harness)
+        self.harness = harness if isinstance(harness, HarnessSpec) else example_harness(harness)
         self.retry_policy = retry_policy or self.harness.retry_policy()
         self.gateway = LocalGateway(
             store,

@@ -1,5 +1,6 @@
-"""`lightning-dagster train --harness calc [--steps N] [--json]`: warm-start a parent if there is none, run
-RL through the embedded gateway and runner, print the parent's and the candidate's held-out success."""
+"""`lightning-dagster train [--project PATH | --harness calc] [--steps N] [--json]`: warm-start a parent if
+there is none, run RL on the project's train split through the embedded gateway and runner, print the
+parent's and the candidate's success on its holdout split. Exit status 2 on a bad project."""
 
 from __future__ import annotations
 
@@ -8,12 +9,21 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lightning_dagster import config
+from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
+from lightning_dagster.project.examples import EXAMPLES
+
+if TYPE_CHECKING:
+    from lightning_dagster.project import Project
+    from lightning_dagster.store import Store
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--harness", default="calc", help="harness to train on (needs <harness>.demos)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--harness", choices=EXAMPLES, help="a built-in example project (examples/NAME)")
+    add_project_option(which)
     parser.add_argument("--steps", type=int, default=40, help="RL steps (one optimizer update each)")
     parser.add_argument("--tasks-per-step", type=int, default=16)
     parser.add_argument("--group", type=int, default=16, help="rollouts per task (GRPO group)")
@@ -39,33 +49,34 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=_train)
 
 
-def find_or_build_parent(store, harness: str, *, seed: int, log) -> tuple[Path, str]:
-    """The store's warm-started parent for `harness` (its checkpoint still on disk), else build one."""
-    from lightning_dagster.engine.build import build_base_model
-    from lightning_dagster.harnesses.registry import training_corpus
-    from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
+def find_or_build_parent(store: Store, project: Project, *, seed: int, log) -> tuple[Path, str | None]:
+    """The store's warm-started parent for the project (its checkpoint still on disk), else a new warm start
+    on its demonstrations; a project without demonstrations starts from its base model."""
+    from lightning_dagster.training.warmstart import WarmStartConfig, base_model, has_demos, warm_start
 
+    if not has_demos(project):
+        return base_model(project, seed), None
     for r in reversed(store.list_resources()):
-        if r.metadata.get("role") == "warm_start" and r.metadata.get("harness") == harness:
+        if r.metadata.get("role") == "warm_start" and r.metadata.get("project") == project.name:
             if (Path(r.uri) / "config.json").exists():
                 return Path(r.uri), r.resource_id
-    base = config.models_dir() / "base"
-    if not (base / "config.json").exists():
-        build_base_model(base, corpus=training_corpus(seed=seed), seed=seed)
     result = warm_start(
         store,
-        base,
-        config.models_dir() / f"{harness}-warm-start",
-        WarmStartConfig(harness=harness, seed=seed),
+        base_model(project, seed),
+        config.models_dir() / f"{project.name}-warm-start",
+        WarmStartConfig(project=str(project.file), seed=seed),
         log=log,
     )
     return result.model_dir, result.resource.resource_id
 
 
+@exits_2_on_project_error
 def _train(args: argparse.Namespace) -> int:
     import torch
 
     from lightning_dagster.engine.build import checkpoint_hash
+    from lightning_dagster.project import load_project, load_tasks
+    from lightning_dagster.project.examples import project_file
     from lightning_dagster.store import Store
     from lightning_dagster.training.loop import RLConfig, StepSettings, train_rl
     from lightning_dagster.training.loss import LossConfig, LossConfigError
@@ -80,6 +91,8 @@ def _train(args: argparse.Namespace) -> int:
     except LossConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    project = load_project(project_file(args.project, args.harness))
+    load_tasks(project).require_splits(["train", "holdout"])  # before any model is built
     torch.manual_seed(args.seed)
     started = time.perf_counter()
     store = Store(args.store)
@@ -95,9 +108,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.parent:
         parent_dir, parent_id = args.parent, None
     else:
-        parent_dir, parent_id = find_or_build_parent(store, args.harness, seed=args.seed, log=log)
+        parent_dir, parent_id = find_or_build_parent(store, project, seed=args.seed, log=log)
     rl = RLConfig(
-        harness=args.harness,
+        project=str(project.file),
         steps=args.steps,
         tasks_per_step=args.tasks_per_step,
         step=StepSettings(group_size=args.group),
@@ -108,7 +121,7 @@ def _train(args: argparse.Namespace) -> int:
         runner_mode=args.runner_mode,
         trainer=TrainerConfig(lr=args.lr, loss=loss),
     )
-    out = args.out or config.models_dir() / f"{args.harness}-candidate-{time.strftime('%Y%m%dT%H%M%S')}"
+    out = args.out or config.models_dir() / f"{project.name}-candidate-{time.strftime('%Y%m%dT%H%M%S')}"
     result = train_rl(store, parent_dir, rl, parent_resource_id=parent_id, out_dir=out, log=log)
     assert result.checkpoint is not None
     candidate = store.add_resource(
@@ -116,7 +129,7 @@ def _train(args: argparse.Namespace) -> int:
             uri=str(result.checkpoint),
             parent_id=parent_id,
             weights_hash=checkpoint_hash(result.checkpoint),
-            metadata={"role": "rl_candidate", "harness": args.harness, "rl": rl.to_dict()},
+            metadata={"role": "rl_candidate", "project": project.name, "rl": rl.to_dict()},
         )
     )
     summary = {

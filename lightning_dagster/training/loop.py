@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lightning_dagster.gateway.local import Serving
-from lightning_dagster.harnesses.registry import get_harness
+from lightning_dagster.project import load_project, load_tasks
+from lightning_dagster.project.examples import example_file
+from lightning_dagster.project.harness import harness_spec
 from lightning_dagster.runner.service import RolloutBatch, RolloutService
 from lightning_dagster.store import Store
 from lightning_dagster.training.advantages import AdvantageMode, Advantages, RolloutReward, compute_advantages
@@ -42,7 +44,8 @@ class StepSettings:
 
 @dataclass
 class RLConfig:
-    harness: str = "calc"
+    # the project file: its harness runs, its train split is sampled, its holdout split evaluates
+    project: str = field(default_factory=lambda: str(example_file("calc")))
     steps: int = 40
     tasks_per_step: int = 16
     step: StepSettings = field(default_factory=StepSettings)
@@ -184,9 +187,12 @@ def train_rl(
 ) -> RLResult:
     """RL from `parent_dir`; returns the evaluations, per-step metrics and (with `out_dir`) the checkpoint."""
     started = time.perf_counter()
-    harness = get_harness(config.harness)
-    heldout = harness.make_tasks("holdout", config.heldout_tasks, config.seed)
-    train_pool = harness.make_tasks("train", config.steps * config.tasks_per_step, config.seed)
+    project = load_project(config.project)
+    tasks = load_tasks(project)
+    tasks.require_splits(["train", "holdout"])
+    harness = harness_spec(project)
+    heldout = tasks.draw("holdout", config.heldout_tasks, config.seed)
+    train_pool = tasks.draw("train", config.steps * config.tasks_per_step, config.seed)
     trainer = Trainer(parent_dir, config.trainer)
     curve: list[dict] = []
     metrics: list[dict] = []

@@ -1,8 +1,9 @@
-"""The first parent: a supervised warm start on the harness's ideal episodes, stopped early on purpose.
+"""The first parent: a supervised warm start on the project's ideal episodes, stopped early on purpose.
 
-Demonstrations come from `lightning_dagster.harnesses.<name>.demos` (OpenAI message sequences) and are
-rendered through the engine's own chat template, so the tokens learned are the tokens the gateway will
-render and the engine will sample. Only assistant tokens (through each turn's end-of-turn token) are trained.
+Demonstrations come from the project's `model.warm_start` file (one `{"messages": [...], "tools": [...]}`
+conversation a line) and are rendered through the engine's own chat template, so the tokens learned are the
+tokens the gateway will render and the engine will sample. Only assistant tokens (through each turn's
+end-of-turn token) are trained. The probe runs the project's harness on tasks of its train split.
 
 Stopping rule: GRPO learns only from groups whose rewards differ, so training stops as soon as the sampled
 success at T=1.0 on a small probe set reaches about 0.2-0.4. A parent near 0 or near 1 sampled success gives
@@ -12,17 +13,20 @@ wide, so the probe runs often, through the same runner + gateway as RL.
 
 from __future__ import annotations
 
-import importlib
+import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lightning_dagster import config as paths
 from lightning_dagster.engine.build import checkpoint_hash
-from lightning_dagster.harnesses.registry import get_harness
+from lightning_dagster.project import Project, ProjectError, load_project, load_tasks
+from lightning_dagster.project.examples import example_file
+from lightning_dagster.project.harness import harness_spec
 from lightning_dagster.training.trainer import MicroBatch, Trainer, TrainerConfig, collate, response_logprobs
 from lightning_dagster.training.transitions import Row
 from lightning_dagster.types import Resource, RolloutKind, Sampling
@@ -32,13 +36,20 @@ if TYPE_CHECKING:
     from lightning_dagster.store import Store
 
 
+HELD_DEMOS = 64  # demonstrations kept out of training to estimate the warm start's progress
+
+
 class DemoRenderError(ValueError):
     """A demonstration does not render prefix-preservingly, so its assistant tokens cannot be located."""
 
 
+def _calc_example() -> str:
+    return str(example_file("calc"))
+
+
 @dataclass
 class WarmStartConfig:
-    harness: str = "calc"
+    project: str = field(default_factory=_calc_example)  # the project file: its demos, harness, train tasks
     lr: float = 3e-3
     batch_size: int = 32
     max_steps: int = 300
@@ -88,11 +99,58 @@ def demo_row(engine: Any, messages: list[dict], tools: list[dict] | None, eos_id
     )
 
 
-def demo_rows(engine: Any, harness: str, n: int, seed: int) -> list[Row]:
-    demos = importlib.import_module(f"lightning_dagster.harnesses.{harness}.demos")
-    tools = demos.demo_tools()
-    tasks = get_harness(harness).make_tasks("train", n, seed)
-    return [demo_row(engine, demos.demo_messages(t), tools, engine.eos_token_ids) for t in tasks]
+def load_demos(file: Path, project_file: Path) -> list[dict[str, Any]]:
+    """The demonstrations file: one `{"messages": [...], "tools": [...]}` object a line (`tools`
+    optional). A bad line is a ProjectError naming it under `model.warm_start`."""
+    demos: list[dict[str, Any]] = []
+    for number, line in enumerate(file.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            demo = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ProjectError(project_file, [("model.warm_start", f"{file} line {number}: {err}")]) from None
+        if not isinstance(demo, dict) or not isinstance(demo.get("messages"), list):
+            problem = f'{file} line {number}: expected an object with a "messages" list'
+            raise ProjectError(project_file, [("model.warm_start", problem)])
+        demos.append(demo)
+    if len(demos) <= HELD_DEMOS:
+        problem = f"{file} has {len(demos)} demonstrations; the warm start needs more than {HELD_DEMOS}"
+        raise ProjectError(project_file, [("model.warm_start", problem)])
+    return demos
+
+
+def split_demos(demos: list[dict[str, Any]], seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held): a seeded shuffle, the first HELD_DEMOS held out."""
+    order = random.Random(seed).sample(demos, len(demos))
+    return order[HELD_DEMOS:], order[:HELD_DEMOS]
+
+
+def demo_rows(engine: Any, demos: list[dict[str, Any]], n: int, seed: int) -> list[Row]:
+    """`n` rows of the demonstrations: seeded passes over them, each in its own order, until `n`."""
+    rng = random.Random(seed)
+    drawn: list[dict[str, Any]] = []
+    while len(drawn) < n:
+        drawn += rng.sample(demos, len(demos))
+    return [demo_row(engine, d["messages"], d.get("tools"), engine.eos_token_ids) for d in drawn[:n]]
+
+
+def base_model(project: Project, seed: int) -> Path:
+    """The model a project starts from: its `model.path` (any Hugging Face causal LM), else the embedded
+    default, built in `<home>/models/base` if absent."""
+    if project.model is not None and project.model.path is not None:
+        return project.model.path
+    from lightning_dagster.engine.build import build_base_model
+    from lightning_dagster.harnesses.registry import training_corpus
+
+    base = paths.models_dir() / "base"
+    if not (base / "config.json").is_file():
+        build_base_model(base, corpus=training_corpus(seed=seed), seed=seed)
+    return base
+
+
+def has_demos(project: Project) -> bool:
+    return project.model is not None and project.model.warm_start is not None
 
 
 def demo_probability(model: Any, held: MicroBatch) -> float:
@@ -120,20 +178,26 @@ def warm_start(
     from lightning_dagster.runner.service import RolloutService  # the serving stack, only needed here
 
     started = time.perf_counter()
+    project = load_project(config.project)
+    if project.model is None or project.model.warm_start is None:
+        raise ProjectError(project.file, [("model.warm_start", "the warm start needs a demonstrations file")])
+    train_demos, held_demos = split_demos(load_demos(project.model.warm_start, project.file), config.seed)
+    tasks = load_tasks(project)
+    tasks.require_splits(["train"])
+    probe = tasks.draw("train", config.probe_tasks, config.seed + 1)
     trainer = Trainer(base_dir, TrainerConfig(lr=config.lr, betas=(0.9, 0.99), grad_clip=1.0))
-    probe = get_harness(config.harness).make_tasks("train", config.probe_tasks, config.seed + 1)
     history: list[dict] = []
     success = 0.0
     with RolloutService(
         store,
         base_dir,
-        harness=config.harness,
+        harness=harness_spec(project),
         resource_id=None,
         parallel=config.parallel,
         serving=config.serving,
     ) as svc:
-        rows = demo_rows(svc.codec, config.harness, config.demos, config.seed)
-        held = collate(demo_rows(svc.codec, config.harness, 64, config.seed + 2), list(range(64)))
+        rows = demo_rows(svc.codec, train_demos, config.demos, config.seed)
+        held = collate(demo_rows(svc.codec, held_demos, HELD_DEMOS, config.seed + 2), list(range(HELD_DEMOS)))
         rng = random.Random(config.seed)
         for step in range(1, config.max_steps + 1):
             m = trainer.supervised_step(rng.sample(rows, config.batch_size))
@@ -167,7 +231,7 @@ def warm_start(
             weights_hash=checkpoint_hash(out),
             metadata={
                 "role": "warm_start",
-                "harness": config.harness,
+                "project": project.name,
                 "base_dir": str(base_dir),
                 "sft_steps": trainer.steps,
                 "probe_success": success,

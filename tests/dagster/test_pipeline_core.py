@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import sys
 
 import pytest
 
 from lightning_dagster.gate.hashing import content_hash, fingerprint
-from lightning_dagster.harnesses.registry import get_harness
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.serving import retry_policy
 from lightning_dagster.pipeline.snapshots import (
@@ -21,6 +21,7 @@ from lightning_dagster.pipeline.snapshots import (
     snapshot_refs,
 )
 from lightning_dagster.pipeline.stages import release
+from lightning_dagster.project.examples import example_harness, example_tasks
 from lightning_dagster.registry.errors import PromotionRefused
 from tests.dagster.conftest import pipeline_for, tiny_training
 
@@ -63,7 +64,7 @@ def test_a_tampered_manifest_is_refused_on_load(embedded_home):
 
 def test_retry_policy_fingerprint_is_the_policy_the_runner_uses(embedded_home):
     p = pipeline_for()
-    calc = get_harness("calc")
+    calc = example_harness("calc")
     assert retry_policy(p, calc) == calc.retry_policy()  # no override: the harness's own budget
     twice = p.model_copy(update={"training": tiny_training(max_attempts=2)})
     assert retry_policy(twice, calc).max_attempts == 2
@@ -73,7 +74,7 @@ def test_retry_policy_fingerprint_is_the_policy_the_runner_uses(embedded_home):
 
 
 def test_a_project_harness_brings_its_own_timeout_and_attempts(embedded_home):
-    spec = dataclasses.replace(get_harness("calc"), timeout_s=7.0, max_attempts=3)
+    spec = dataclasses.replace(example_harness("calc"), timeout_s=7.0, max_attempts=3)
     policy = retry_policy(pipeline_for(), spec)
     assert (policy.timeout_s, policy.max_attempts) == (7.0, 3)
     overridden = retry_policy(
@@ -107,7 +108,11 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
     from tests.support.stub_upstream import create_stub_app
 
     model_dir = build_base_model(tmp_path / "model", corpus=training_corpus(n_per_split=20), seed=0)
-    tasks = get_harness("calc").make_tasks("train", 2, 0)
+    tasks = example_tasks("calc").draw("train", 2, 0)
+    # The calc example runs in-process; its agent module is also a standalone program, for subprocess mode.
+    calc = dataclasses.replace(
+        example_harness("calc"), argv=(sys.executable, "-m", "lightning_dagster.harnesses.calc.agent")
+    )
     port = free_port()
     with GatewayServer(create_stub_app()) as upstream:
         p = pipeline_for().model_copy(
@@ -121,13 +126,13 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
             p,
             model_dir,
             snapshot_key="snap-settings",
-            harness=get_harness("calc"),
+            harness=calc,
             resource_id="res-p",
             serves_parent=True,
         ) as parent:
             service = parent.service
             assert service.runner.mode == "subprocess"
-            assert service.retry_policy == retry_policy(p, get_harness("calc"))
+            assert service.retry_policy == retry_policy(p, calc)
             assert service.retry_policy.max_attempts == 2
             assert service.gateway.url.endswith(f":{port}") and service.gateway.secret == "s3cret"
             batch = parent.run(tasks, group=1, kind=RolloutKind.train, sampling=Sampling(), seed=1, tag="set")
@@ -140,7 +145,7 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
             p,
             model_dir,
             snapshot_key="snap-settings",
-            harness=get_harness("calc"),
+            harness=calc,
             resource_id="res-c",
             serves_parent=False,
         ) as candidate:

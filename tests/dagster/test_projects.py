@@ -20,11 +20,11 @@ from lightning_dagster.assets import snapshot_assets
 from lightning_dagster.assets import tasks as tasks_asset
 from lightning_dagster.definitions import build_definitions
 from lightning_dagster.demo import run_snapshot
-from lightning_dagster.harnesses.registry import get_harness
 from lightning_dagster.partitions import snapshots
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.snapshots import build_manifest, freeze_tasks, load_manifest
 from lightning_dagster.project import TaskDataError, load_project, load_tasks
+from lightning_dagster.project.examples import EXAMPLES_DIR, example_harness, example_tasks
 from lightning_dagster.resources import PolicyModelResource
 from lightning_dagster.sensors import continual_learning_sensor
 from tests.dagster.conftest import TINY_POLICY, pipeline_for
@@ -37,7 +37,12 @@ ROWS = {"train": 6, "holdout": 10, "protected": 4, "canary": 2}
 @pytest.fixture(autouse=True)
 def calc_stand_in(request, monkeypatch):
     if "own_harness" not in request.keywords:
-        monkeypatch.setattr(ctx, "project_harness", lambda project: get_harness("calc"))
+        own = ctx.project_harness  # the built-in examples (the canary's ledger) keep their own harness
+        monkeypatch.setattr(
+            ctx,
+            "project_harness",
+            lambda project: own(project) if project.root.parent == EXAMPLES_DIR else example_harness("calc"),
+        )
 
 
 # A user's in-process harness: `solve(task, client)` with an OpenAI client, returning the reward.
@@ -51,7 +56,7 @@ def solve(task, client):
 
 
 def calc_rows(rows: dict[str, int], seed: int = 7) -> list[dict]:
-    return [task for split, n in rows.items() for task in get_harness("calc").make_tasks(split, n, seed)]
+    return [task for split, n in rows.items() for task in example_tasks("calc").draw(split, n, seed)]
 
 
 def write_project(root: Path, rows: list[dict], name: str = "calc-project") -> Path:

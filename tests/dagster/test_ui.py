@@ -1,5 +1,6 @@
 """The Dagster UI in a real browser: dagster-webserver on 127.0.0.1 serving this code location, headless
-Chromium opens the asset graph, launches a materialization of one snapshot partition, and waits for it."""
+Chromium opens the asset graph, launches a materialization of one snapshot partition, and waits for it; with
+`LD_PROJECT` set, the `tasks` asset's metadata shows the user's project, harness and dataset."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -33,8 +35,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def webserver(tmp_path):
+@contextmanager
+def serve(tmp_path: Path, **env_extra: str):
     """`dagster-webserver -w workspace.yaml` with a fresh DAGSTER_HOME (Dagster's default SQLite instance)."""
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
@@ -47,7 +49,12 @@ def webserver(tmp_path):
     instance = dg.DagsterInstance.from_config(str(dagster_home))
     instance.add_dynamic_partitions("snapshots", [KEY])
     port = _free_port()
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "LIGHTNING_DAGSTER_HOME": str(tmp_path / "home")}
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(dagster_home),
+        "LIGHTNING_DAGSTER_HOME": str(tmp_path / "home"),
+        **env_extra,
+    }
     log = open(tmp_path / "webserver.log", "w")
     proc = subprocess.Popen(
         [
@@ -80,6 +87,12 @@ def webserver(tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture
+def webserver(tmp_path):
+    with serve(tmp_path) as served:
+        yield served
 
 
 @pytest.fixture
@@ -145,6 +158,24 @@ def _dismiss_welcome(driver) -> None:
         pass
 
 
+def _materialize_tasks_from_the_ui(browser, url: str, instance) -> dg.DagsterRun:
+    """Launch the `tasks` asset of partition KEY from its page and wait for the run to finish."""
+    browser.get(f"{url}/assets/tasks")
+    _click(browser, "//button[starts-with(normalize-space(.), 'Materialize')]")
+    _click(browser, "//*[contains(text(), 'Select a partition')]")
+    _click(browser, f"//span[normalize-space(text())='{KEY}']")
+    _click(browser, "//*[normalize-space(text())='Launch runs to materialize tasks']")  # close the picker
+    _click(browser, "//button[starts-with(normalize-space(.), 'Launch')]")
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        runs = instance.get_runs()
+        if runs and runs[0].is_finished:
+            break
+        time.sleep(1)
+    (run,) = instance.get_runs()
+    return run
+
+
 def test_launch_a_materialization_from_the_asset_graph(webserver, browser):
     url, instance = webserver
     ARTIFACTS.mkdir(exist_ok=True)
@@ -161,20 +192,7 @@ def test_launch_a_materialization_from_the_asset_graph(webserver, browser):
     time.sleep(1)
     browser.save_screenshot(str(ARTIFACTS / "dagster-asset-graph.png"))
 
-    browser.get(f"{url}/assets/tasks")
-    _click(browser, "//button[starts-with(normalize-space(.), 'Materialize')]")
-    _click(browser, "//*[contains(text(), 'Select a partition')]")
-    _click(browser, f"//span[normalize-space(text())='{KEY}']")
-    _click(browser, "//*[normalize-space(text())='Launch runs to materialize tasks']")  # close the picker
-    _click(browser, "//button[starts-with(normalize-space(.), 'Launch')]")
-
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        runs = instance.get_runs()
-        if runs and runs[0].is_finished:
-            break
-        time.sleep(1)
-    (run,) = instance.get_runs()
+    run = _materialize_tasks_from_the_ui(browser, url, instance)
     assert run.status == dg.DagsterRunStatus.SUCCESS, run.status
     assert run.tags["dagster/partition"] == KEY
     event = instance.get_latest_materialization_event(dg.AssetKey("tasks"))
@@ -183,3 +201,25 @@ def test_launch_a_materialization_from_the_asset_graph(webserver, browser):
     browser.get(f"{url}/runs/{run.run_id}")
     _click(browser, "//*[contains(text(), 'Success') or contains(text(), 'success')]", timeout=60)
     browser.save_screenshot(str(ARTIFACTS / "dagster-run-success.png"))
+
+
+def test_with_ld_project_the_tasks_asset_shows_the_users_project_harness_and_dataset(tmp_path, browser):
+    project = tmp_path / "node-agent"
+    shutil.copytree(ROOT / "examples" / "node-agent", project)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with serve(tmp_path, LD_PROJECT=str(project)) as (url, instance):
+        run = _materialize_tasks_from_the_ui(browser, url, instance)
+        assert run.status == dg.DagsterRunStatus.SUCCESS, run.status
+        event = instance.get_latest_materialization_event(dg.AssetKey("tasks"))
+        metadata = event.asset_materialization.metadata
+        assert metadata["project"].value == "node-agent" and metadata["harness_kind"].value == "command"
+        assert metadata["dataset"].value == str(project / "tasks.jsonl")
+        # What the asset's page shows for that materialization: the same three values.
+        browser.get(f"{url}/assets/tasks?view=events&partition={KEY}")
+        for text in ("node-agent", "command", str(project / "tasks.jsonl")):
+            _click(browser, f"//*[contains(text(), '{text}')]", timeout=60, click=False)
+        _click(browser, "//*[contains(text(), 'dataset_hash')]", click=False)
+        time.sleep(2)  # the welcome dialog opens a moment after the page; keep it out of the screenshot
+        _dismiss_welcome(browser)
+        time.sleep(1)
+        browser.save_screenshot(str(ARTIFACTS / "dagster-user-project-tasks.png"))

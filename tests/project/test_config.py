@@ -69,7 +69,7 @@ NOT_EXECUTABLE = "bin/agent.sh"
         ({"model": {"upstream": "http://localhost:8000"}}, "model", "upstream needs tokenizer"),
         ({"model": {"upstream": "localhost:8000", "tokenizer": "."}}, "model.upstream", "http(s) URL"),
         ({"model": {"warm_start": "demos.jsonl"}}, "model.warm_start", "does not exist"),
-        ({"model": {"warm_start": "tasks.jsonl"}}, "model", "exactly one of path, upstream"),
+        ({"model": {"tokenizer": "."}}, "model", "tokenizer goes with upstream"),
         ({"policy": "policy.yaml"}, "policy", "does not exist"),
         ({"policy": "tasks.jsonl"}, "policy", "invalid policy"),
     ],

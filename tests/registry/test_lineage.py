@@ -8,7 +8,7 @@ import json
 import pytest
 from mlflow import MlflowClient
 
-from lightning_dagster.harnesses.registry import get_harness
+from lightning_dagster.project.examples import example_tasks
 from lightning_dagster.registry import ensure_tracking_store
 from lightning_dagster.registry.lineage import DIGEST_CHARS, SnapshotRef, log_lineage_run
 
@@ -24,7 +24,7 @@ def test_snapshots_become_dataset_inputs_with_the_schema_of_their_rows(client, t
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
     (checkpoint / "weights.bin").write_bytes(b"\0")
-    train = get_harness("ledger").make_tasks("train", 3, 0)
+    train = example_tasks("ledger").draw("train", 3, 0)
     tasks_file = tmp_path / "proj" / "tasks.jsonl"
     snapshots = [
         (

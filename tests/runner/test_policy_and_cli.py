@@ -81,13 +81,15 @@ def test_cli_refuses_a_gateway_without_its_secret(monkeypatch, capsys):
 
 
 def test_a_runner_refuses_unknown_or_foreign_rollouts_before_running_anything(store, gateway, tmp_path):
-    from lightning_dagster.harnesses.registry import get_harness
+    from lightning_dagster.project.examples import example_harness, example_tasks
     from lightning_dagster.runner import Runner, WrongHarness, enqueue_tasks
     from lightning_dagster.store import NotFound
 
-    ledger = get_harness("ledger")
-    (rollout,) = enqueue_tasks(store, ledger, ledger.make_tasks("train", 1, 0), kind="train")
-    runner = Runner(store, gateway.url, secret=gateway.secret, harness=get_harness("calc"), workdir=tmp_path)
+    ledger = example_harness("ledger")
+    (rollout,) = enqueue_tasks(store, ledger, example_tasks("ledger").draw("train", 1, 0), kind="train")
+    runner = Runner(
+        store, gateway.url, secret=gateway.secret, harness=example_harness("calc"), workdir=tmp_path
+    )
     with pytest.raises(WrongHarness, match="calc"):
         runner.run([rollout.rollout_id])
     with pytest.raises(NotFound, match="ro-nope"):

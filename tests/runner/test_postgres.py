@@ -11,7 +11,7 @@ import pytest
 
 from lightning_dagster.engine import BatchingEngine, Engine
 from lightning_dagster.gateway import EngineBackend, GatewayServer, create_app
-from lightning_dagster.harnesses.registry import get_harness
+from lightning_dagster.project.examples import example_harness, example_tasks
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
 from lightning_dagster.store import Store
 from lightning_dagster.types import AttemptState
@@ -31,8 +31,8 @@ def test_two_runners_on_postgresql_claim_each_rollout_exactly_once(postgres_url,
     store = Store(postgres_url)
     engine = BatchingEngine(Engine(model_dir))
     app = create_app(store, EngineBackend(engine, None), secret="s" * 32, admin_key="a" * 32)
-    spec = dataclasses.replace(get_harness("calc"), run_task=post_reward)
-    rollouts = enqueue_tasks(store, spec, spec.make_tasks("train", 12, 0), kind="train")
+    spec = dataclasses.replace(example_harness("calc"), run_task=post_reward)
+    rollouts = enqueue_tasks(store, spec, example_tasks("calc").draw("train", 12, 0), kind="train")
     ids = [r.rollout_id for r in rollouts]
     try:
         with GatewayServer(app) as server:

@@ -314,10 +314,13 @@ def test_a_missing_project_file_or_an_empty_split_exits_2(tmp_path, capsys):
     assert "no tasks in split canary" in capsys.readouterr().err
 
 
-def test_the_cli_needs_a_harness_or_a_project(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["rollouts", "run", "--n", "1"])
-    assert exit_.value.code == 2 and "--harness" in capsys.readouterr().err
+def test_without_harness_or_project_the_cli_reads_the_working_directorys_project(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    assert main(["rollouts", "run", "--n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "lightning-dagster.yaml") in err and "lightning-dagster init DIR" in err
 
 
 POST_TO_REWARDS = """

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from lightning_dagster.harnesses.registry import HarnessSpec, get_harness
+from lightning_dagster.harnesses.registry import HarnessSpec
+from lightning_dagster.project.examples import example_harness, example_tasks
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
 from lightning_dagster.types import AttemptState, RetryKind, RolloutStatus, SpanKind
 
@@ -48,11 +49,11 @@ SLEEP = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
 
 
 def with_argv(name: str, script: str) -> HarnessSpec:
-    return dataclasses.replace(get_harness(name), argv=(sys.executable, "-c", script))
+    return dataclasses.replace(example_harness(name), argv=(sys.executable, "-c", script))
 
 
 def enqueue(store, spec: HarnessSpec, n: int = 1, split: str = "train", seed: int = 0) -> list[str]:
-    tasks = spec.make_tasks(split, n, seed)
+    tasks = example_tasks(spec.name).draw(split, n, seed)
     return [r.rollout_id for r in enqueue_tasks(store, spec, tasks, kind=split, seed=seed)]
 
 
@@ -88,7 +89,9 @@ def pid_is_gone(pid: int) -> bool:
 def test_calc_rollouts_through_the_real_gateway_record_llm_spans_and_rewards(
     store, gateway, model_dir, tmp_path, mode
 ):
-    spec = get_harness("calc")
+    # The example project calls the agent in-process; the same module is also a standalone program.
+    standalone = (sys.executable, "-m", "lightning_dagster.harnesses.calc.agent")
+    spec = dataclasses.replace(example_harness("calc"), argv=standalone)
     ids = enqueue(store, spec, n=2, seed=11)
     summary = make_runner(store, gateway, spec, tmp_path, mode=mode).run(ids)
 
@@ -183,7 +186,7 @@ def test_a_harness_past_its_deadline_is_killed_and_ends_in_timeout(store, gatewa
 
 
 def test_an_inprocess_harness_past_its_deadline_ends_in_timeout(store, gateway, tmp_path):
-    spec = dataclasses.replace(get_harness("calc"), run_task=lambda task, **kw: time.sleep(3))
+    spec = dataclasses.replace(example_harness("calc"), run_task=lambda task, **kw: time.sleep(3))
     ids = enqueue(store, spec, seed=9)
     make_runner(store, gateway, spec, tmp_path, mode="inprocess", timeout_s=0.3, max_attempts=1).run(ids)
     (attempt,) = attempts_of(store, ids[0])
@@ -259,7 +262,7 @@ def test_a_harness_that_exits_cleanly_without_a_reward_is_reported(store, gatewa
 
 
 def test_ledger_effects_are_verified_by_requery_and_a_delete_is_flagged_harmful(store, gateway, tmp_path):
-    spec = get_harness("ledger")
+    spec = example_harness("ledger")
     ids = enqueue(store, spec, split="canary", seed=14)
     summary = make_runner(store, gateway, spec, tmp_path, mode="inprocess").run(ids)
     (effect,) = store.list_spans(rollout_id=ids[0], kind=SpanKind.custom)
@@ -296,7 +299,7 @@ def test_the_gateway_accepts_the_agents_tool_turn_as_the_agent_sends_it(store, g
     from lightning_dagster.harnesses.calc import agent
     from lightning_dagster.harnesses.calc.demos import demo_messages
 
-    spec = get_harness("calc")
+    spec = example_harness("calc")
     ids = enqueue(store, spec, seed=16)
     rollout, attempt = store.claim_rollout("test-worker", rollout_ids=ids)
     key = attempt_key(gateway.secret, rollout.rollout_id, attempt.attempt_id)

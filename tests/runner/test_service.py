@@ -16,7 +16,7 @@ from lightning_dagster.gateway.keys import attempt_key
 from lightning_dagster.gateway.local import LocalGateway, WeightsNotServed
 from lightning_dagster.gateway.server import GatewayServer
 from lightning_dagster.harnesses.calc.agent import MAX_TOKENS
-from lightning_dagster.harnesses.registry import get_harness
+from lightning_dagster.project.examples import example_harness, example_tasks
 from lightning_dagster.runner import RetryPolicy, enqueue_tasks
 from lightning_dagster.runner.service import RolloutService, collect_batch
 from lightning_dagster.types import AttemptState, RetryKind, Reward, RolloutKind, Sampling, Span, SpanKind
@@ -60,12 +60,12 @@ def test_runner_mode_decides_whether_the_harness_runs_as_a_subprocess(
 ):
     monkeypatch.setenv("LIGHTNING_DAGSTER_HOME", str(tmp_path))  # where the runner keeps attempt stdout
     spec = dataclasses.replace(
-        get_harness("calc"), argv=(sys.executable, "-c", SUBPROCESS_HARNESS), run_task=inprocess_reward
+        example_harness("calc"), argv=(sys.executable, "-c", SUBPROCESS_HARNESS), run_task=inprocess_reward
     )
     with RolloutService(
         store, None, harness=spec, upstream_url=upstream, runner_mode=runner_mode, parallel=2
     ) as svc:
-        batch = svc.run(spec.make_tasks("train", 2, 0), group=1, kind=RolloutKind.train, sampling=T1,
+        batch = svc.run(example_tasks("calc").draw("train", 2, 0), group=1, kind=RolloutKind.train, sampling=T1,
                         seed=1, tag=f"mode-{runner_mode}")  # fmt: skip
     assert svc.runner.mode == runner_mode
     assert batch.rewards == {r.rollout_id: reward for r in batch.rollouts}
@@ -83,7 +83,7 @@ def test_an_upstream_url_sends_every_call_upstream_and_refuses_weights(store, up
     with RolloutService(
         store, None, harness="calc", upstream_url=upstream, serving=serving, parallel=2
     ) as svc:
-        batch = svc.run(get_harness("calc").make_tasks("train", 2, 0), group=1, kind=RolloutKind.train,
+        batch = svc.run(example_tasks("calc").draw("train", 2, 0), group=1, kind=RolloutKind.train,
                         sampling=T1, seed=2, tag=f"up-{serving}")  # fmt: skip
         with pytest.raises(WeightsNotServed, match=upstream):
             svc.load_weights({}, "res-new")
@@ -96,10 +96,10 @@ def test_an_upstream_url_sends_every_call_upstream_and_refuses_weights(store, up
 
 
 def test_the_retry_policy_given_is_the_one_that_runs(store, upstream):
-    spec = dataclasses.replace(get_harness("calc"), run_task=failing)
+    spec = dataclasses.replace(example_harness("calc"), run_task=failing)
     policy = RetryPolicy(max_attempts=3, timeout_s=30.0)
     with RolloutService(store, None, harness=spec, upstream_url=upstream, retry_policy=policy) as svc:
-        batch = svc.run(spec.make_tasks("train", 1, 0), group=1, kind=RolloutKind.train, sampling=T1,
+        batch = svc.run(example_tasks("calc").draw("train", 1, 0), group=1, kind=RolloutKind.train, sampling=T1,
                         seed=3, tag="retry")  # fmt: skip
     assert svc.retry_policy is policy and svc.runner.policy is policy
     (rollout,) = batch.rollouts
@@ -110,8 +110,10 @@ def test_the_retry_policy_given_is_the_one_that_runs(store, upstream):
 
 
 def test_collect_batch_keeps_the_final_successful_attempt(store):
-    spec = get_harness("calc")
-    retried, failed = enqueue_tasks(store, spec, spec.make_tasks("train", 2, 4), kind="train", seed=None)
+    spec = example_harness("calc")
+    retried, failed = enqueue_tasks(
+        store, spec, example_tasks("calc").draw("train", 2, 4), kind="train", seed=None
+    )
 
     def span(attempt_id: str, rollout_id: str, name: str) -> Span:
         return Span(rollout_id=rollout_id, attempt_id=attempt_id, name=name, kind=SpanKind.custom)

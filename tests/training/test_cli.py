@@ -45,3 +45,36 @@ def test_train_rejects_bad_arguments(capsys):
     assert "needs a positive finite `constant`" in capsys.readouterr().err
     assert main(["train", "--loss-normalization", "sum"]) == 2
     assert "unknown normalization 'sum'" in capsys.readouterr().err
+
+
+def test_train_project_samples_its_train_split_and_evaluates_on_its_holdout_split(
+    tmp_path, base_model_dir, monkeypatch, capsys
+):
+    import shutil
+
+    from lightning_dagster.project.examples import example_file, example_tasks
+
+    monkeypatch.setenv("LIGHTNING_DAGSTER_HOME", str(tmp_path / "home"))
+    project = tmp_path / "calc-subset"
+    project.mkdir()
+    shutil.copy(example_file("calc"), project)
+    (project / "demos.jsonl").write_text("")  # present for the project file; --parent skips the warm start
+    tasks = example_tasks("calc")
+    rows = tasks.splits["train"][:3] + tasks.splits["holdout"][:2]
+    (project / "tasks.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    argv = ["train", "--project", str(project), "--parent", str(base_model_dir), "--steps", "1", "--group", "2",
+            "--tasks-per-step", "2", "--heldout", "4", "--store", url, "--json", "--serving", "thread"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["heldout_tasks"] == 2  # the project's holdout split has 2 rows
+    store = Store(url)
+    trained = {r.task["task_id"] for r in store.query_rollouts(kind=RolloutKind.train)}
+    assert trained and trained <= {row["task_id"] for row in rows[:3]}
+    held = {r.task["task_id"] for r in store.query_rollouts(kind=RolloutKind.holdout)}
+    assert held == {row["task_id"] for row in rows[3:]}
+
+
+def test_train_with_a_missing_project_file_exits_2_naming_it(tmp_path, capsys):
+    assert main(["train", "--project", str(tmp_path / "none")]) == 2
+    assert str(tmp_path / "none") in capsys.readouterr().err

@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 
+from lightning_dagster.project.examples import example_tasks
 from lightning_dagster.runner import sampling_seed
 from lightning_dagster.runner.service import RolloutService
 from lightning_dagster.store import Store
@@ -31,7 +32,7 @@ T1 = Sampling(temperature=1.0)
 def test_rollouts_through_gateway_merge_into_one_row_each(tmp_path, base_model_dir):
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
     with RolloutService(store, base_model_dir, harness="calc", resource_id=None, parallel=8) as svc:
-        tasks = svc.harness.make_tasks("train", 3, 0)
+        tasks = example_tasks("calc").draw("train", 3, 0)
         batch = svc.run(tasks, group=2, kind=RolloutKind.train, sampling=T1, seed=5, tag="t")
         assert len(batch.rollouts) == 6 and len(batch.rewards) == 6
         assert all(store.get_rollout(r.rollout_id).sampling() == T1 for r in batch.rollouts)
@@ -44,7 +45,7 @@ def test_rollouts_through_gateway_merge_into_one_row_each(tmp_path, base_model_d
             assert row.trained_tokens > 0 and len(row.behaviour_logprobs) == len(row.response_ids)
 
         # common random numbers: the same weights and the same evaluation seed give the same outcomes
-        heldout = svc.harness.make_tasks("holdout", 8, 0)
+        heldout = example_tasks("calc").draw("holdout", 8, 0)
         first = svc.run(heldout, group=1, kind=RolloutKind.holdout, sampling=T1, seed=9, tag="e1")
         again = svc.run(heldout, group=1, kind=RolloutKind.holdout, sampling=T1, seed=9, tag="e2")
         tokens = [[s.response_token_ids for s in first.spans[r.rollout_id]] for r in first.rollouts]
@@ -67,7 +68,7 @@ def test_one_rl_step_samples_with_its_seed_and_temperature_and_serves_the_update
     settings = StepSettings(group_size=3, temperature=0.7)
     trainer = Trainer(base_model_dir, TrainerConfig(lr=1e-3))
     with RolloutService(store, base_model_dir, harness="calc", parallel=8) as svc:
-        tasks = svc.harness.make_tasks("train", 2, 0)
+        tasks = example_tasks("calc").draw("train", 2, 0)
         batch, metrics = rl_step(
             svc, trainer, tasks, step=3, settings=settings, base_seed=7, tag="s3", resource_id="cand@3"
         )
@@ -93,7 +94,7 @@ def test_greedy_evaluation_ignores_the_sampling_seed(tmp_path, base_model_dir):
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
     greedy = Sampling(temperature=0.0)
     with RolloutService(store, base_model_dir, harness="calc", parallel=8) as svc:
-        heldout = svc.harness.make_tasks("holdout", 4, 0)
+        heldout = example_tasks("calc").draw("holdout", 4, 0)
         a = svc.run(heldout, group=1, kind=RolloutKind.holdout, sampling=greedy, seed=1, tag="g1")
         b = svc.run(heldout, group=1, kind=RolloutKind.holdout, sampling=greedy, seed=2, tag="g2")
     tokens = [[s.response_token_ids for s in a.spans[r.rollout_id]] for r in a.rollouts]

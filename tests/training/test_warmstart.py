@@ -7,8 +7,17 @@ import pytest
 
 from lightning_dagster.engine.engine import Engine
 from lightning_dagster.harnesses.calc import demos
-from lightning_dagster.harnesses.registry import get_harness
-from lightning_dagster.training.warmstart import DemoRenderError, demo_row, demo_rows
+from lightning_dagster.harnesses.calc.tasks import make_tasks
+from lightning_dagster.project import ProjectError
+from lightning_dagster.project.examples import example_tasks
+from lightning_dagster.training.warmstart import (
+    HELD_DEMOS,
+    DemoRenderError,
+    demo_row,
+    demo_rows,
+    load_demos,
+    split_demos,
+)
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +26,7 @@ def engine(base_model_dir) -> Engine:
 
 
 def test_demo_rows_train_exactly_the_assistant_turns(engine):
-    (task,) = get_harness("calc").make_tasks("train", 1, 3)
+    (task,) = example_tasks("calc").draw("train", 1, 3)
     messages = demos.demo_messages(task)
     row = demo_row(engine, messages, demos.demo_tools(), engine.eos_token_ids)
     full = engine.render(messages, demos.demo_tools(), add_generation_prompt=False)
@@ -38,10 +47,37 @@ def test_demo_without_assistant_turn_is_a_named_error(engine):
         demo_row(engine, [{"role": "user", "content": "hi"}], None, engine.eos_token_ids)
 
 
-def test_demo_rows_are_deterministic(engine):
-    a = demo_rows(engine, "calc", 5, seed=1)
-    b = demo_rows(engine, "calc", 5, seed=1)
-    assert [r.response_ids for r in a] == [r.response_ids for r in b] and len(a) == 5
+def calc_demos(n: int) -> list[dict]:
+    return [
+        {"messages": demos.demo_messages(t), "tools": demos.demo_tools()} for t in make_tasks("train", n, 0)
+    ]
+
+
+def test_demo_rows_are_deterministic_and_use_every_demo_before_repeating_one(engine):
+    three = calc_demos(3)
+    a = demo_rows(engine, three, 7, seed=1)
+    assert [r.response_ids for r in a] == [r.response_ids for r in demo_rows(engine, three, 7, seed=1)]
+    assert len(a) == 7 and len({tuple(r.response_ids) for r in a[:3]}) == 3
+
+
+def test_a_bad_demonstrations_file_names_its_line(tmp_path):
+    file = tmp_path / "demos.jsonl"
+    file.write_text('{"messages": []}\n{"nope": 1}\n')
+    with pytest.raises(
+        ProjectError, match=r"demos.jsonl line 2: expected an object with a \"messages\" list"
+    ) as err:
+        load_demos(file, tmp_path / "lightning-dagster.yaml")
+    assert err.value.keys == ["model.warm_start"]
+    file.write_text('{"messages": []}\n' * HELD_DEMOS)
+    with pytest.raises(ProjectError, match=f"has {HELD_DEMOS} demonstrations; the warm start needs more"):
+        load_demos(file, tmp_path / "lightning-dagster.yaml")
+
+
+def test_held_out_demonstrations_are_never_trained_on():
+    demos_ = [{"messages": [{"role": "user", "content": str(i)}]} for i in range(100)]
+    train, held = split_demos(demos_, seed=3)
+    assert len(held) == HELD_DEMOS and len(train) == 100 - HELD_DEMOS
+    assert not {d["messages"][0]["content"] for d in train} & {d["messages"][0]["content"] for d in held}
 
 
 def test_warm_start_probes_through_the_runner_and_registers_the_parent(tmp_path, base_model_dir):

@@ -190,13 +190,18 @@ def run_episode(client: OpenAI, question: str) -> float | None:
     return None
 
 
+def solve(task: dict[str, Any], client: OpenAI) -> float:
+    """One task with a ready client; returns the reward (the example project's `python:` harness, whose
+    caller posts it)."""
+    return score(run_episode(client, task["question"]), task["answer"])
+
+
 def run_task(task: dict[str, Any], *, base_url: str, api_key: str, event_url: str) -> float:
-    """Solve one task, post the reward, return it (the in-process entry point)."""
+    """Solve one task, post the reward, return it (the standalone program's body)."""
     client = OpenAI(
         base_url=base_url, api_key=api_key, max_retries=1, timeout=60.0, http_client=http_client()
     )
-    answer = run_episode(client, task["question"])
-    reward = score(answer, task["answer"])
+    reward = solve(task, client)
     post_reward(event_url, api_key, reward)
     return reward
 

@@ -176,13 +176,19 @@ def run_episode(client: OpenAI, task: dict[str, Any]) -> None:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
 
 
+def solve(task: dict[str, Any], client: OpenAI) -> float:
+    """Do one task with a ready client, judge it by re-querying the database, return the reward (the
+    example project's `python:` harness, whose caller posts it)."""
+    run_episode(client, task)  # the gateway applies the rollout's sampling to every call
+    return 1.0 if check_effect(task)["effect_ok"] else 0.0
+
+
 def run_task(task: dict[str, Any], *, base_url: str, api_key: str, event_url: str) -> float:
-    """Do one task, judge it by re-querying the database, post the reward, return it."""
+    """Do one task, post the reward, return it (the standalone program's body)."""
     client = OpenAI(
         base_url=base_url, api_key=api_key, max_retries=1, timeout=60.0, http_client=http_client()
     )
-    run_episode(client, task)  # the gateway applies the rollout's sampling to every call
-    reward = 1.0 if check_effect(task)["effect_ok"] else 0.0
+    reward = solve(task, client)
     post_reward(event_url, api_key, reward)
     return reward
 

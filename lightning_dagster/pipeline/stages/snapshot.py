@@ -9,6 +9,7 @@ from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.report import family_table
 from lightning_dagster.pipeline.results import Markdown, StageResult, Table
 from lightning_dagster.pipeline.snapshots import freeze_tasks, load_manifest, snapshot_refs
+from lightning_dagster.pipeline.versions import code_version
 from lightning_dagster.types import RolloutKind
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
         canary_snapshot=refs["canary"],
         evaluator=R.EvaluatorRef(name=p.gate.evaluator, version=p.gate.evaluator_version),
         algorithm=algorithm(p, source.name),
-        code_revision=ctx.code_version("training", "runner", "gateway", "engine"),
+        code_revision=code_version("training", "runner", "gateway", "engine"),
         scope=p.gate.scope,
         approvers=R.ApproverRoles(canary=p.gate.canary_approver_roles, default=p.gate.default_approver_roles),
         expected_span_families={
