@@ -39,7 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     if handler is None:
         cmd_parser.print_help()
         return 2
-    return int(handler(args) or 0)
+    from lightning_dagster.store.errors import StoreUnavailable
+
+    try:
+        return int(handler(args) or 0)
+    except StoreUnavailable as err:  # locked or read-only: one line that names the store and the cause
+        print(f"lightning-dagster: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from lightning_dagster.registry.core import DEFAULT_MODEL_NAME, Registry
 from lightning_dagster.registry.drill import DrillResult
 from lightning_dagster.registry.errors import (
     AliasDiverged,
+    ApprovalRefused,
+    KeyFileError,
     NotAuthorized,
     PointerConflict,
     PointerNotSet,
@@ -28,11 +30,13 @@ from lightning_dagster.registry.tracking import ensure_tracking_store
 __all__ = [
     "APPROVED",
     "AliasDiverged",
+    "ApprovalRefused",
     "DEFAULT_APPROVER",
     "DEFAULT_MODEL_NAME",
     "LATEST",
     "CandidateVersion",
     "DrillResult",
+    "KeyFileError",
     "NotAuthorized",
     "PointerConflict",
     "PointerIncident",

@@ -1,4 +1,4 @@
-"""`lightning-dagster registry show | history | keygen | roles | sign | approve | promote | rollback | drill`.
+"""`lightning-dagster registry show | history | serving | keygen | roles | sign | approve | promote | rollback | drill`.
 
 Exit status: 0 done, 1 refused (not authorized, conflict, stale, unavailable), 2 bad input."""
 
@@ -27,6 +27,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     command("show", "both pointers and the registered versions", _show)
     command("history", "the append-only history of approved-default", _history)
+    command(
+        "serving",
+        "the approved-default checkpoint to serve; refused while MLflow's alias disagrees",
+        _serving,
+    )
     keygen = sub.add_parser("keygen", help="make an approver's Ed25519 key pair")
     keygen.add_argument("--actor", required=True)
     keygen.add_argument("--out", required=True, help="directory for <actor>.key (0600) and <actor>.pub")
@@ -259,6 +264,14 @@ def _rollback(args):
     result = _registry(args).rollback(args.version, args.actor, role=args.role)
     data = {**_move_row(result.move), "mirrored": result.mirrored, "mirror_error": result.mirror_error}
     return data, f"approved-default rolled back {data['from']} -> {data['to']} by {data['actor']}"
+
+
+def _serving(args):
+    """What a server loads: refused (exit 1, one line) while the MLflow alias names another version."""
+    resolved = _registry(args).serve_approved()
+    data = {"version": resolved.version, "weights_hash": resolved.weights_hash,
+            "local_path": str(resolved.local_path), "model_uri": resolved.model_uri}  # fmt: skip
+    return data, f"approved-default {resolved.version}  {resolved.local_path}"
 
 
 def _drill(args):

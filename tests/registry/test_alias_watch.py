@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -22,13 +23,17 @@ def _alias(tracking, model_name: str) -> str | None:
 
 
 def _history_cli(registry, tracking, store_url, capsys, *extra: str) -> str:
+    return _registry_cli("history", registry, tracking, store_url, capsys, *extra)
+
+
+def _registry_cli(command, registry, tracking, store_url, capsys, *extra: str, status: int = 0) -> str:
     import argparse
 
     parser = argparse.ArgumentParser()
     register(parser)
     args = parser.parse_args(
         [
-            "history",
+            command,
             "--tracking-uri",
             tracking.uri,
             "--store-url",
@@ -38,8 +43,9 @@ def _history_cli(registry, tracking, store_url, capsys, *extra: str) -> str:
         ]
         + list(extra)
     )
-    assert args.handler(args) == 0
-    return capsys.readouterr().out
+    assert args.handler(args) == status
+    out = capsys.readouterr()
+    return out.out + out.err
 
 
 def test_an_alias_moved_behind_the_registry_is_refused_restored_and_recorded(
@@ -59,6 +65,9 @@ def test_an_alias_moved_behind_the_registry_is_refused_restored_and_recorded(
         registry.serve_approved()
     assert (refused.value.alias_version, refused.value.store_version) == (cand.version, parent.version)
     assert registry.incidents() == []  # serving refuses; it neither repairs nor records
+    refusal = _registry_cli("serving", registry, tracking, store_url, capsys, status=1)
+    assert len(refusal.strip().splitlines()) == 1 and "approved-default" in refusal
+    assert cand.version in refusal and parent.version in refusal
 
     rec = registry.reconcile(last_verified=before - 5)
     assert _alias(tracking, registry.model_name) == parent.version
@@ -74,6 +83,8 @@ def test_an_alias_moved_behind_the_registry_is_refused_restored_and_recorded(
     assert incident.not_before is not None and before - 5 <= incident.not_before < incident.detected_at
     assert registry.incidents() == [incident]  # kept in the store, not only returned
     assert registry.serve_approved(download=False).version == parent.version
+    served = json.loads(_registry_cli("serving", registry, tracking, store_url, capsys, "--json"))
+    assert served["version"] == parent.version and Path(served["local_path"]).is_dir()
     assert [m.to_value for m in registry.history()] == [parent.version]  # the store's record never moved
 
     # Restored and agreeing: the next check records nothing more.
