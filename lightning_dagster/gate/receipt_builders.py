@@ -116,16 +116,19 @@ def add_rollout_evidence(
     return _with(receipt, rollouts=evidence)
 
 
-def _stamped(model: Any, field: str, at: float | None) -> Any:
+def _stamped(model: Any, field: str, at: float | None, recorded: BaseModel | None) -> Any:
     """`model` with its time `field` set (to `at`, else now) unless it already records one (anything but a
-    model is left for validation to refuse)."""
+    model is left for validation to refuse). Evidence equal to what the receipt already holds keeps the
+    recorded time, so that re-running a stage amends nothing."""
     if not isinstance(model, BaseModel) or getattr(model, field) is not None:
         return model
+    if recorded is not None and recorded.model_copy(update={field: None}) == model:
+        return recorded
     return model.model_copy(update={field: time.time() if at is None else at})
 
 
 def add_candidate(receipt: Receipt, candidate: CandidateArtifact, *, at: float | None = None) -> Receipt:
-    return _with(receipt, candidate=_stamped(candidate, "created_at", at))
+    return _with(receipt, candidate=_stamped(candidate, "created_at", at, receipt.candidate))
 
 
 def family_scores(
@@ -154,11 +157,16 @@ def add_evaluation(
     receipt: Receipt, holdout: HoldoutComparison, protected: ProtectedResults, *, at: float | None = None
 ) -> Receipt:
     """Phase 3a: held-out comparison and protected cases, both against the exact parent."""
-    return _with(receipt, holdout=_stamped(holdout, "at", at), protected=_stamped(protected, "at", at))
+    at = time.time() if at is None else at  # one evaluation stage: one time for both
+    return _with(
+        receipt,
+        holdout=_stamped(holdout, "at", at, receipt.holdout),
+        protected=_stamped(protected, "at", at, receipt.protected),
+    )
 
 
 def add_canary(receipt: Receipt, canary: CanaryReport, *, at: float | None = None) -> Receipt:
-    return _with(receipt, canary=_stamped(canary, "at", at))
+    return _with(receipt, canary=_stamped(canary, "at", at, receipt.canary))
 
 
 def add_rollback_drill(receipt: Receipt, drill: RollbackDrill) -> Receipt:

@@ -135,3 +135,19 @@ def test_builders_type_check_what_they_add(receipt_a):
     with pytest.raises(InvalidInput) as err:
         R.add_candidate(receipt_a, {"resource_id": "res-cand-a"})
     assert "candidate.uri" in err.value.fields
+
+
+def test_builders_stamp_stage_times_and_keep_them_when_a_stage_reruns_with_equal_evidence(receipt_a):
+    unstamped = receipt_a.canary.model_copy(update={"at": None})
+    plan_only = R.from_plan(receipt_a.plan)
+    stamped = R.add_canary(plan_only, unstamped, at=123.0)
+    assert stamped.canary.at == 123.0
+    assert R.add_canary(stamped, unstamped, at=999.0).canary.at == 123.0  # same evidence: same time
+    changed = unstamped.model_copy(update={"tasks": unstamped.tasks[:1]})
+    assert R.add_canary(stamped, changed, at=999.0).canary.at == 999.0
+    scored = R.add_evaluation(
+        plan_only,
+        receipt_a.holdout.model_copy(update={"at": None}),
+        receipt_a.protected.model_copy(update={"at": None}),
+    )
+    assert scored.holdout.at is not None and scored.holdout.at == scored.protected.at  # the clock, once each
