@@ -2,8 +2,9 @@
 decide.
 
 An inconsistency (`consistency`) fails the check it touches whatever that check's own body found; a field
-the validation needs but lacks makes a passing check unavailable. The verdict is `PROMOTE TO BOUNDED CANARY` only when all seven pass and none is void by staleness;
-otherwise `HOLD`, naming every check that did not pass.
+the validation needs but lacks makes a passing check unavailable. The verdict is `PROMOTE TO BOUNDED
+CANARY` only when all seven pass and none is void by staleness; otherwise `HOLD`, naming every check that
+did not pass.
 """
 
 from __future__ import annotations

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from lightning_dagster.gate.checks import PROMOTE, Evaluation, evaluate
 from lightning_dagster.gate.consistency import CLOCK_SKEW_S, KnownActors
 from lightning_dagster.gate.errors import InvalidInput
-from lightning_dagster.gate.policy import load_policy
+from lightning_dagster.gate.policy import Policy, load_policy
 from lightning_dagster.gate.receipt import load_receipt, read_json
 
 
@@ -32,7 +33,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     ev.add_argument(
         "--clock-skew",
-        type=float,
+        type=_seconds,
         default=CLOCK_SKEW_S,
         metavar="SECONDS",
         help=f"how far a recorded time may lie ahead of this machine's clock (default {CLOCK_SKEW_S:g})",
@@ -48,7 +49,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _evaluate(args: argparse.Namespace) -> int:
     try:
-        policy = load_policy(args.policy)
+        policy = _policy(args.policy)
         receipt = load_receipt(args.receipt)
         current = read_json(args.fingerprints, "fingerprints") if args.fingerprints else None
         if current is not None and not isinstance(current, dict):
@@ -60,6 +61,23 @@ def _evaluate(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(result.to_json_dict(), indent=2) if args.json else render(result))
     return 0 if result.verdict == PROMOTE else 1
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _policy(path: str | None) -> Policy:
+    """`load_policy`, with a file that is not text or nests too deeply for the YAML parser as bad input."""
+    try:
+        return load_policy(path)
+    except UnicodeDecodeError as err:
+        raise InvalidInput("policy", [("", f"not UTF-8 text: byte {err.start} cannot be decoded")]) from None
+    except RecursionError:
+        raise InvalidInput("policy", [("", "nested too deeply")]) from None
 
 
 def _roles(path: str | None) -> KnownActors:

@@ -7,6 +7,7 @@ validations need but the receipt lacks makes that check unavailable. Neither can
 from __future__ import annotations
 
 import datetime as dt
+import math
 import time
 from collections import Counter
 from collections.abc import Collection, Mapping
@@ -35,6 +36,9 @@ def inconsistencies(
     `roles`: when given, every approval's actor must hold the approved role in it (None: the caller
     verifies approvers itself). `now` (default: the clock) plus `clock_skew_s` bounds every recorded time.
     """
+    if not math.isfinite(clock_skew_s) or clock_skew_s < 0:
+        # a NaN skew would compare false with every time and let any future time through
+        raise ValueError(f"clock skew must be a finite number of seconds >= 0, not {clock_skew_s!r}")
     out = {check: Findings() for check in Check}
     _timeline(receipt, out, (time.time() if now is None else now) + clock_skew_s, clock_skew_s)
     _rollouts(receipt, out)
@@ -57,8 +61,8 @@ def _iso(t: float) -> str:
 
 
 def _timeline(r: Receipt, out: dict[Check, Findings], latest: float, skew: float) -> None:
-    """Plan, training, evaluation, canary and approval happen in that order, none after now plus skew.
-    Each time is compared with the latest time recorded at an earlier stage."""
+    """Plan, training, evaluation, canary and the approval of the default happen in that order, none after
+    now plus skew. Each time is compared with the latest time recorded at an earlier stage."""
     # (stage rank, what, time, the check its evidence feeds); a recorded section without its time is missing
     stages: list[tuple[int, str, float | None, Check]] = [(0, "plan", r.plan.created_at, Check.pinned)]
     if r.candidate is not None:
@@ -69,11 +73,21 @@ def _timeline(r: Receipt, out: dict[Check, Findings], latest: float, skew: float
         stages.append((2, "protected-case results", r.protected.at, Check.protected_cases))
     if r.canary is not None:
         stages.append((3, "canary", r.canary.at, Check.canary_verified))
-    stages += [(4, f"approval by {a.actor}", a.at, Check.rollback_and_approval) for a in r.approvals]
-    # The drill exercises the parent, so it may run at any time after the plan: it follows the plan only.
-    drill = r.rollback_drill
-    extra = [] if drill is None else [(1, "rollback drill", drill.at, Check.rollback_and_approval)]
-    for rank, what, at, check in stages + extra:
+    stages += [
+        (4, f"approval of the default by {a.actor}", a.at, Check.rollback_and_approval)
+        for a in r.approvals
+        if a.step == "default"
+    ]
+    # These follow the plan only: the canary step is approved on the plan, before training runs, and the
+    # drill exercises the parent, which it may do at any time.
+    after_plan = [
+        (1, f"approval of the canary by {a.actor}", a.at, Check.rollback_and_approval)
+        for a in r.approvals
+        if a.step == "canary"
+    ]
+    if r.rollback_drill is not None:
+        after_plan.append((1, "rollback drill", r.rollback_drill.at, Check.rollback_and_approval))
+    for rank, what, at, check in stages + after_plan:
         f = out[check]
         if at is None:
             f.miss(f"{what} has no recorded time")

@@ -25,8 +25,8 @@ from lightning_dagster.types import AttemptState, RetryKind, RolloutKind, Rollou
 RECEIPT_SCHEMA_VERSION = 1
 # Larger files are refused before reading: a million rollouts in columnar form stay well below this.
 MAX_JSON_BYTES = 256 * 2**20
-# A receipt nests a handful of levels (free-form algorithm settings a few more); deeper input is refused
-# before validation, hashing or serialisation would recurse through it.
+# Free-form algorithm settings nesting deeper than this are refused before validation, hashing or
+# serialisation would recurse through them.
 MAX_DEPTH = 64
 
 NonEmpty = Annotated[str, Field(min_length=1)]
@@ -336,10 +336,11 @@ def _too_deep(data: Any, limit: int) -> str | None:
         value, path, depth = stack.pop()
         if depth > limit:
             return path
-        if isinstance(value, dict):
-            stack += [(v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in value.items()]
-        elif isinstance(value, list):
-            stack += [(v, f"{path}.{i}" if path else str(i), depth + 1) for i, v in enumerate(value)]
+        # only containers nest: scalars (most of a columnar receipt) are not pushed
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        stack += [
+            (v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in items if isinstance(v, dict | list)
+        ]
     return None
 
 
@@ -353,7 +354,12 @@ def parse_receipt(data: Any) -> Receipt:
             "receipt",
             [("schema_version", f"receipt schema {version!r} is not supported (this gate reads 1)")],
         )
-    if (deep := _too_deep(data, MAX_DEPTH)) is not None:
+    # Only the free-form algorithm settings can nest without bound: typed fields refuse a nested value at
+    # its first level.
+    plan = data.get("plan")
+    algorithm = plan.get("algorithm") if isinstance(plan, dict) else None
+    if isinstance(algorithm, dict) and (deep := _too_deep(algorithm, MAX_DEPTH)) is not None:
+        deep = f"plan.algorithm.{deep}"
         where = ".".join(deep.split(".")[:6])
         raise InvalidInput("receipt", [(where, f"nested too deeply (over {MAX_DEPTH} levels)")])
     try:

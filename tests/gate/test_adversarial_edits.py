@@ -60,6 +60,7 @@ def harmful_edit(draw) -> tuple[str, set[Check], Edit]:
                 "attempts_missing",
                 "attempt_endings_contradict",
                 "approval_time",
+                "default_approved_early",
                 "stage_time",
                 "weights_hash_of_parent",
                 "unknown_approver",
@@ -147,12 +148,18 @@ def harmful_edit(draw) -> tuple[str, set[Check], Edit]:
                 st.just(YEAR_2200),
                 st.floats(-1e12, T0 - 1, allow_nan=False),  # before the receipt was created
                 st.floats(NOW + 301, 1e15, allow_nan=False),  # beyond now plus the clock skew
-                st.floats(T0, A["canary"]["at"] - 1, allow_nan=False),  # before the canary it approves
             )
         )
 
         def edit(d):
             d["approvals"][0]["at"] = at
+
+        return family, {Check.rollback_and_approval}, edit
+    if family == "default_approved_early":  # approving the default before the canary it rests on ran
+        at = draw(st.floats(T0, A["canary"]["at"] - 1, allow_nan=False))
+
+        def edit(d):
+            d["approvals"].append({**d["approvals"][0], "step": "default", "at": at})
 
         return family, {Check.rollback_and_approval}, edit
     if family == "stage_time":

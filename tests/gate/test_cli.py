@@ -271,3 +271,18 @@ def test_verify_on_a_store_that_is_not_a_database_exits_2_in_one_line(capsys, tm
     status = main(["gate", "verify", "r-1", "--store", f"sqlite:///{garbage}"])
     out, err = capsys.readouterr()
     assert status == 2 and out == "" and err.count("\n") == 1 and "not a database" in err, err
+
+
+def test_an_undecodable_or_too_deep_policy_exits_2_in_one_line(capsys, tmp_path):
+    for name, body in (("binary.yaml", b"version: \xff\xfe\n"), ("deep.yaml", b"[" * 100_000)):
+        path = tmp_path / name
+        path.write_bytes(body)
+        status, out, err = run(capsys, str(EXAMPLES / "candidate-a.json"), "--policy", str(path))
+        assert status == 2 and out == "" and err.count("\n") == 1 and "invalid policy" in err, err
+
+
+@pytest.mark.parametrize("skew", ["nan", "-1", "inf"])
+def test_a_clock_skew_that_is_not_a_finite_non_negative_number_is_refused(capsys, skew):
+    with pytest.raises(SystemExit) as exit_:
+        run(capsys, str(EXAMPLES / "candidate-a.json"), f"--clock-skew={skew}")
+    assert exit_.value.code == 2 and "finite number of seconds" in capsys.readouterr().err

@@ -72,14 +72,32 @@ CONTRADICTIONS = [
         {2, 3},
         "120 finished rollouts disagree with their latest attempt's ending",
     ),
-    ("approval at 0", _set("approvals.0.at", 0.0), {7}, "approval by alice at 1970-01-01T00:00:00Z precedes"),
+    (
+        "approval at 0",
+        _set("approvals.0.at", 0.0),
+        {7},
+        "approval of the canary by alice at 1970-01-01T00:00:00Z precedes the plan",
+    ),
     (
         "approval in 2200",
         _set("approvals.0.at", 7_258_118_400.0),
         {7},
         "2200-01-01T00:00:00Z is in the future",
     ),
-    ("approval before the receipt was created", _set("approvals.0.at", 1_796_111_000.0), {7}, "precedes the canary"),
+    (
+        "approval before the receipt was created",
+        _set("approvals.0.at", 1_796_111_000.0),
+        {7},
+        "precedes the plan",
+    ),
+    (
+        "default approved before the canary ran",
+        lambda d: d["approvals"].append(
+            {**d["approvals"][0], "step": "default", "at": d["canary"]["at"] - 1}
+        ),
+        {7},
+        "approval of the default by alice at 2026-12-01T09:29:59Z precedes the canary",
+    ),
     ("candidate before the plan", _set("candidate.created_at", 1.0), {1}, "precedes the plan"),
     ("evaluation before training", _set("holdout.at", 1_796_112_001.0), {4}, "precedes the candidate"),
     (
@@ -136,6 +154,12 @@ def test_without_family_sizes_the_plan_s_set_size_is_checked(policy):
     )
     set_path(data, "plan.protected_snapshot.n_tasks", None)
     assert run_check(5, parse_receipt(data), policy, now=NOW).status == "unavailable"
+
+
+def test_the_canary_step_may_be_approved_on_the_plan_before_training(policy):
+    # the pipeline's flow: plan, approve the canary step, then train, evaluate and run the canary
+    data = set_path(raw("a"), "approvals.0.at", raw("a")["plan"]["created_at"] + 1)
+    assert evaluate(parse_receipt(data), policy, now=NOW).checks[6].status == "pass"
 
 
 def test_approvers_must_be_known_to_the_roles_given(policy):
