@@ -30,6 +30,8 @@ T0 = 1_796_112_000.0  # 2026-12-01T08:00Z: fixed so the files do not change betw
 PARENT = "res-parent-7f3a"
 SPANS_PER_ROLLOUT = {"llm": 3, "tool": 2, "reward": 1}
 DESTINATIONS = ["file:/srv/canary/out", "db:canary.results"]
+# The actors the fixture's approvals name, in the registry's roles-file format (`gate evaluate --roles`).
+ROLES = "actors:\n  alice: [release-owner, ml-lead]\n"
 
 
 @dataclass
@@ -80,10 +82,16 @@ def plan(spec: Spec) -> R.Plan:
             snapshot_id="snap-20261130T0800Z-1a2b3c4d", content_hash="sha256:" + "1a2b" * 16, n_tasks=15
         ),
         holdout_snapshot=R.SnapshotRef(
-            snapshot_id="holdout-v3", content_hash="sha256:" + "5e6f" * 16, n_tasks=120
+            snapshot_id="holdout-v3",
+            content_hash="sha256:" + "5e6f" * 16,
+            n_tasks=120,
+            families={"arithmetic": 60, "units": 60},
         ),
         protected_snapshot=R.SnapshotRef(
-            snapshot_id="protected-v2", content_hash="sha256:" + "9c0d" * 16, n_tasks=30
+            snapshot_id="protected-v2",
+            content_hash="sha256:" + "9c0d" * 16,
+            n_tasks=30,
+            families={"arith-core": 20, "format": 10},
         ),
         evaluator=R.EvaluatorRef(name="exact-answer", version="1.4.0"),
         algorithm={"name": "grpo", "group_size": 8, "lr": 1e-4, "clip": 0.2, "seed": 0},
@@ -179,6 +187,7 @@ def build(spec: Spec) -> R.Receipt:
             parent_id=PARENT,
             model_version="8",
         ),
+        at=T0 + 1800,
     )
     parent_mean = {"arithmetic": 0.52, "units": 0.56}
     holdout = R.HoldoutComparison(
@@ -188,7 +197,13 @@ def build(spec: Spec) -> R.Receipt:
         evaluator=p.evaluator,
         seed=1234,
         families=[
-            R.FamilyScore(family=fam, n=60, candidate_mean=round(mean + spec.margin, 4), parent_mean=mean)
+            R.FamilyScore(
+                family=fam,
+                n=60,
+                distinct_tasks=60,
+                candidate_mean=round(mean + spec.margin, 4),
+                parent_mean=mean,
+            )
             for fam, mean in parent_mean.items()
         ],
     )
@@ -206,7 +221,7 @@ def build(spec: Spec) -> R.Receipt:
             R.ProtectedFamily(family="format", n=10, regressed=[], missing=0),
         ],
     )
-    receipt = R.add_evaluation(receipt, holdout, protected)
+    receipt = R.add_evaluation(receipt, holdout, protected, at=T0 + 3600)
     tasks = []
     for k in range(20):
         dest = DESTINATIONS[k % 2]
@@ -243,6 +258,7 @@ def build(spec: Spec) -> R.Receipt:
             ),
             tasks=tasks,
         ),
+        at=T0 + 5400,
     )
     ok = spec.parent_resolves
     receipt = R.add_rollback_drill(
@@ -272,7 +288,9 @@ def write(out_dir: Path) -> list[Path]:
     policy.write_text(
         resources.files("lightning_dagster.gate").joinpath("policies/default-v1.yaml").read_text()
     )
-    return [*written, policy]
+    roles = out_dir / "roles.yaml"
+    roles.write_text(ROLES)
+    return [*written, policy, roles]
 
 
 if __name__ == "__main__":

@@ -6,12 +6,15 @@ staleness and stop conditions. Pure logic: no torch, Dagster or MLflow imports.
   builders (`receipt_builders`: `from_plan`, `add_rollout_evidence`, `add_candidate`, `add_evaluation`,
   `add_canary`, `add_rollback_drill`, `add_approval`, `set_fingerprints`, `with_gate_record`).
 - `policy`: `load_policy(path=None)` (None: packaged `policies/default-v1.yaml`), `Policy.hash`.
-- `checks`: `run_check(check, receipt, policy) -> CheckResult` (bodies in `evidence_checks` and
-  `release_checks`), `evaluate(receipt, policy, current_fingerprints=None) -> Evaluation`.
+- `consistency`: `inconsistencies(receipt, roles=None, now=None, clock_skew_s=CLOCK_SKEW_S)`, the
+  cross-field validations run before judging; a contradiction fails the check it touches.
+- `checks`: `run_check(check, receipt, policy, *, roles, now, clock_skew_s) -> CheckResult` (bodies in
+  `evidence_checks` and `release_checks`), `evaluate(receipt, policy, current_fingerprints=None, *, roles,
+  now, clock_skew_s) -> Evaluation`.
 - `staleness`: `void_checks(recorded, current)` and the fingerprint -> checks table.
 - `stop`: `stop_decision(latest, policy, previous=None) -> StopDecision`.
 - `ledger`: `ReceiptLedger(store)` over the store's append-only documents; `verify_chain`.
-- `cli`: `lightning-dagster gate evaluate RECEIPT [--policy P] [--fingerprints F] [--json]`.
+- `cli`: `lightning-dagster gate evaluate RECEIPT [--policy P] [--roles R] [--fingerprints F] [--json]`.
 """
 
 from lightning_dagster.gate.check_ids import Check

@@ -1,7 +1,10 @@
-"""The gate's verdict: run the seven checks, void the stale ones, and decide.
+"""The gate's verdict: validate the evidence's consistency, run the seven checks, void the stale ones, and
+decide.
 
-The verdict is `PROMOTE TO BOUNDED CANARY` only when all seven pass and none is void by staleness;
-otherwise `HOLD`, naming every check that did not pass.
+An inconsistency (`consistency`) fails the check it touches whatever that check's own body found; a field
+the validation needs but lacks makes a passing check unavailable. The verdict is `PROMOTE TO BOUNDED
+CANARY` only when all seven pass and none is void by staleness; otherwise `HOLD`, naming every check that
+did not pass.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from lightning_dagster.gate.check_ids import Check
+from lightning_dagster.gate.consistency import CLOCK_SKEW_S, KnownActors, inconsistencies
 from lightning_dagster.gate.evidence_checks import check_pinned, check_retry_debt, check_span_coverage
-from lightning_dagster.gate.findings import CheckResult
+from lightning_dagster.gate.findings import CheckResult, Findings
 from lightning_dagster.gate.policy import Policy
 from lightning_dagster.gate.receipt_models import GateRecord, Receipt, receipt_hash
 from lightning_dagster.gate.release_checks import (
@@ -38,9 +42,41 @@ _BODIES: dict[Check, Callable[[Receipt, Policy], CheckResult]] = {
 }
 
 
-def run_check(check: Check | int, receipt: Receipt, policy: Policy) -> CheckResult:
-    """One check on a receipt under a policy (staleness aside); an unknown number raises `ValueError`."""
-    return _BODIES[Check(check)](receipt, policy)
+def run_check(
+    check: Check | int,
+    receipt: Receipt,
+    policy: Policy,
+    *,
+    roles: KnownActors | None = None,
+    now: float | None = None,
+    clock_skew_s: float = CLOCK_SKEW_S,
+) -> CheckResult:
+    """One check on a receipt under a policy (staleness aside), after the consistency validation (see
+    `consistency.inconsistencies` for `roles`, `now`, `clock_skew_s`); an unknown number is `ValueError`."""
+    check = Check(check)
+    found = inconsistencies(receipt, roles=roles, now=now, clock_skew_s=clock_skew_s)
+    return _judged(check, receipt, policy, found[check])
+
+
+def _judged(check: Check, receipt: Receipt, policy: Policy, found: Findings) -> CheckResult:
+    """The check's own verdict, overruled by the inconsistencies found in the evidence it reads."""
+    result = _BODIES[check](receipt, policy)
+    if not found.fails and not found.missing:
+        return result
+    figures = {**result.figures, "inconsistent": found.fails, "unverifiable": found.missing}
+    if found.fails:
+        reason = "inconsistent evidence: " + "; ".join(found.fails)
+        also = [result.reason] if result.status != "pass" else []
+        also += [f"unavailable: {m}" for m in found.missing]
+        if also:
+            reason += f" (also {'; '.join(also)})"
+        return result.model_copy(update={"status": "fail", "reason": reason, "figures": figures})
+    if result.status == "pass":
+        reason = "; ".join(found.missing)
+        return result.model_copy(update={"status": "unavailable", "reason": reason, "figures": figures})
+    return result.model_copy(
+        update={"reason": f"{result.reason}; {'; '.join(found.missing)}", "figures": figures}
+    )
 
 
 class Evaluation(BaseModel):
@@ -70,10 +106,18 @@ class Evaluation(BaseModel):
 
 
 def evaluate(
-    receipt: Receipt, policy: Policy, current_fingerprints: Mapping[str, str | None] | None = None
+    receipt: Receipt,
+    policy: Policy,
+    current_fingerprints: Mapping[str, str | None] | None = None,
+    *,
+    roles: KnownActors | None = None,
+    now: float | None = None,
+    clock_skew_s: float = CLOCK_SKEW_S,
 ) -> Evaluation:
-    """Run the seven checks, void the ones staleness affects, and decide the verdict."""
-    checks = [run_check(check, receipt, policy) for check in Check]
+    """Validate consistency, run the seven checks, void the ones staleness affects, and decide the verdict.
+    `roles`, `now` and `clock_skew_s` as in `consistency.inconsistencies`."""
+    found = inconsistencies(receipt, roles=roles, now=now, clock_skew_s=clock_skew_s)
+    checks = [_judged(check, receipt, policy, found[check]) for check in Check]
     void = void_checks(
         receipt.fingerprints, current_fingerprints, required=policy.staleness.required_fingerprints
     )

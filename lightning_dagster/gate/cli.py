@@ -1,19 +1,22 @@
-"""`lightning-dagster gate evaluate RECEIPT [--policy POLICY] [--json]`: judge a receipt under a policy.
-Exit status: 0 `PROMOTE TO BOUNDED CANARY`, 1 `HOLD`, 2 invalid input (the message names the field).
+"""`lightning-dagster gate evaluate RECEIPT [--policy POLICY] [--roles ROLES] [--json]`: judge a receipt under
+a policy. Exit status: 0 `PROMOTE TO BOUNDED CANARY`, 1 `HOLD`, 2 invalid input (one line naming the field:
+unreadable, undecodable, too large or too deeply nested files included).
 
 `lightning-dagster gate verify RECEIPT_ID [--store URL] [--head HASH]`: re-check a stored receipt's hash
-chain. Exit status: 0 intact, 1 tampered, 2 no such receipt.
+chain. Exit status: 0 intact, 1 tampered, 2 no such receipt or a store that cannot be read.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from lightning_dagster.gate.checks import PROMOTE, Evaluation, evaluate
+from lightning_dagster.gate.consistency import CLOCK_SKEW_S, KnownActors
 from lightning_dagster.gate.errors import InvalidInput
-from lightning_dagster.gate.policy import load_policy
+from lightning_dagster.gate.policy import Policy, load_policy
 from lightning_dagster.gate.receipt import load_receipt, read_json
 
 
@@ -23,6 +26,18 @@ def register(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("receipt", help="receipt JSON file")
     ev.add_argument("--policy", help="policy YAML/JSON file (default: the packaged default-v1)")
     ev.add_argument("--fingerprints", help="JSON object of current fingerprints, to void stale checks")
+    ev.add_argument(
+        "--roles",
+        help="roles file (`actors: {name: [role, ...]}`) every approving actor must be known to;"
+        " without it no actor is known and any approval fails check 7",
+    )
+    ev.add_argument(
+        "--clock-skew",
+        type=_seconds,
+        default=CLOCK_SKEW_S,
+        metavar="SECONDS",
+        help=f"how far a recorded time may lie ahead of this machine's clock (default {CLOCK_SKEW_S:g})",
+    )
     ev.add_argument("--json", action="store_true", help="print the evaluation as JSON")
     ev.set_defaults(handler=_evaluate)
     ve = sub.add_parser("verify", help="re-check the hash chain of a receipt stored in the ledger")
@@ -34,12 +49,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _evaluate(args: argparse.Namespace) -> int:
     try:
-        policy = load_policy(args.policy)
+        policy = _policy(args.policy)
         receipt = load_receipt(args.receipt)
         current = read_json(args.fingerprints, "fingerprints") if args.fingerprints else None
         if current is not None and not isinstance(current, dict):
             raise InvalidInput("fingerprints", [("", "expected a JSON object")])
-        result = evaluate(receipt, policy, current)
+        roles = _roles(args.roles)
+        result = evaluate(receipt, policy, current, roles=roles, clock_skew_s=args.clock_skew)
     except InvalidInput as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -47,12 +63,51 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0 if result.verdict == PROMOTE else 1
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _policy(path: str | None) -> Policy:
+    """`load_policy`, with a file that is not text or nests too deeply for the YAML parser as bad input."""
+    try:
+        return load_policy(path)
+    except UnicodeDecodeError as err:
+        raise InvalidInput("policy", [("", f"not UTF-8 text: byte {err.start} cannot be decoded")]) from None
+    except RecursionError:
+        raise InvalidInput("policy", [("", "nested too deeply")]) from None
+
+
+def _roles(path: str | None) -> KnownActors:
+    """The actors of a roles file, read as the registry reads it; none without a file."""
+    if path is None:
+        return {}
+    # The registry pulls in MLflow: imported only when a roles file is given.
+    from lightning_dagster.registry.errors import RolesConfigError
+    from lightning_dagster.registry.roles import load_roles
+
+    try:
+        return load_roles(path).actors
+    except RolesConfigError as err:
+        raise InvalidInput("roles", [("", str(err))]) from None
+
+
 def _verify(args: argparse.Namespace) -> int:
     # The store pulls in SQLAlchemy: imported here so that `gate evaluate` stays light.
+    from sqlalchemy.exc import SQLAlchemyError
+
     from lightning_dagster.gate.ledger import ReceiptLedger
     from lightning_dagster.store import Store
 
-    report = ReceiptLedger(Store(args.store)).verify_chain(args.receipt_id, expected_head=args.head)
+    try:
+        report = ReceiptLedger(Store(args.store)).verify_chain(args.receipt_id, expected_head=args.head)
+    except (SQLAlchemyError, OSError, ValueError, RecursionError) as err:
+        # one line: the first line of the driver's message names the cause ("file is not a database")
+        cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"error: cannot read the store {args.store or '(default)'}: {cause}", file=sys.stderr)
+        return 2
     if report.versions == 0:
         print(f"error: no receipt {args.receipt_id!r} in the ledger", file=sys.stderr)
         return 2

@@ -2,16 +2,19 @@
 
 `from_plan` (phase 1), `add_rollout_evidence` (phase 2), then `add_candidate`, `add_evaluation`,
 `add_canary`, `add_rollback_drill`, `add_approval`, `set_fingerprints` and `with_gate_record` (phase 3).
+Phase-3 builders stamp the time a stage finished (`at`, default the clock) unless the evidence carries one:
+the gate checks that plan, training, evaluation, canary and approval happened in that order.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from statistics import fmean
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from lightning_dagster.gate.errors import InvalidInput, from_validation_error
 from lightning_dagster.gate.receipt_models import (
@@ -113,36 +116,57 @@ def add_rollout_evidence(
     return _with(receipt, rollouts=evidence)
 
 
-def add_candidate(receipt: Receipt, candidate: CandidateArtifact) -> Receipt:
-    return _with(receipt, candidate=candidate)
+def _stamped(model: Any, field: str, at: float | None, recorded: BaseModel | None) -> Any:
+    """`model` with its time `field` set (to `at`, else now) unless it already records one (anything but a
+    model is left for validation to refuse). Evidence equal to what the receipt already holds keeps the
+    recorded time, so that re-running a stage amends nothing."""
+    if not isinstance(model, BaseModel) or getattr(model, field) is not None:
+        return model
+    if recorded is not None and recorded.model_copy(update={field: None}) == model:
+        return recorded
+    return model.model_copy(update={field: time.time() if at is None else at})
+
+
+def add_candidate(receipt: Receipt, candidate: CandidateArtifact, *, at: float | None = None) -> Receipt:
+    return _with(receipt, candidate=_stamped(candidate, "created_at", at, receipt.candidate))
 
 
 def family_scores(
-    candidate: Mapping[str, Sequence[float]], parent: Mapping[str, Sequence[float]]
+    candidate: Mapping[str, Mapping[str, float]], parent: Mapping[str, Mapping[str, float]]
 ) -> list[FamilyScore]:
-    """Per-family means from per-task rewards; a family one side lacks gets None on that side (unavailable).
-    `n` is the number of tasks both sides were scored on (the smaller count)."""
+    """Per-family means from per-task rewards (family -> task id -> reward); a family one side lacks gets
+    None on that side (unavailable). `n` counts the tasks both sides were scored on, and so does
+    `distinct_tasks`, recorded apart so that the gate can tell an edited `n` from the tasks behind it."""
     scores = []
     for family in sorted(set(candidate) | set(parent)):
-        c, p = candidate.get(family) or [], parent.get(family) or []
+        c, p = candidate.get(family) or {}, parent.get(family) or {}
+        n = len(c.keys() & p.keys()) if c and p else max(len(c), len(p))
         scores.append(
             FamilyScore(
                 family=family,
-                n=min(len(c), len(p)) if c and p else max(len(c), len(p)),
-                candidate_mean=fmean(c) if c else None,
-                parent_mean=fmean(p) if p else None,
+                n=n,
+                distinct_tasks=n,
+                candidate_mean=fmean(c.values()) if c else None,
+                parent_mean=fmean(p.values()) if p else None,
             )
         )
     return scores
 
 
-def add_evaluation(receipt: Receipt, holdout: HoldoutComparison, protected: ProtectedResults) -> Receipt:
+def add_evaluation(
+    receipt: Receipt, holdout: HoldoutComparison, protected: ProtectedResults, *, at: float | None = None
+) -> Receipt:
     """Phase 3a: held-out comparison and protected cases, both against the exact parent."""
-    return _with(receipt, holdout=holdout, protected=protected)
+    at = time.time() if at is None else at  # one evaluation stage: one time for both
+    return _with(
+        receipt,
+        holdout=_stamped(holdout, "at", at, receipt.holdout),
+        protected=_stamped(protected, "at", at, receipt.protected),
+    )
 
 
-def add_canary(receipt: Receipt, canary: CanaryReport) -> Receipt:
-    return _with(receipt, canary=canary)
+def add_canary(receipt: Receipt, canary: CanaryReport, *, at: float | None = None) -> Receipt:
+    return _with(receipt, canary=_stamped(canary, "at", at, receipt.canary))
 
 
 def add_rollback_drill(receipt: Receipt, drill: RollbackDrill) -> Receipt:

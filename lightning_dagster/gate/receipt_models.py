@@ -23,6 +23,11 @@ from lightning_dagster.gate.hashing import content_hash
 from lightning_dagster.types import AttemptState, RetryKind, RolloutKind, RolloutStatus
 
 RECEIPT_SCHEMA_VERSION = 1
+# Larger files are refused before reading: a million rollouts in columnar form stay well below this.
+MAX_JSON_BYTES = 256 * 2**20
+# Free-form algorithm settings nesting deeper than this are refused before validation, hashing or
+# serialisation would recurse through them.
+MAX_DEPTH = 64
 
 NonEmpty = Annotated[str, Field(min_length=1)]
 Count = Annotated[int, Field(ge=0)]
@@ -53,6 +58,8 @@ class SnapshotRef(_Model):
     snapshot_id: NonEmpty
     content_hash: NonEmpty
     n_tasks: Count | None = None
+    # family -> planned tasks of that family; None: not declared (then only `n_tasks` is checked)
+    families: dict[NonEmpty, Count] | None = None
 
 
 class ParentRef(_Model):
@@ -165,13 +172,16 @@ class CandidateArtifact(_Model):
     weights_hash: str | None = None
     parent_id: NonEmpty
     model_version: str | None = None  # the registry's version (e.g. "3"), when registered
+    created_at: float | None = None  # when training produced it (unix seconds)
 
 
 class FamilyScore(_Model):
-    """Mean reward of candidate and parent on one task family; None: that side was not evaluated."""
+    """Mean reward of candidate and parent on one task family; None: that side was not evaluated.
+    `distinct_tasks` counts the distinct task ids behind `n` (None: not recorded)."""
 
     family: NonEmpty
     n: Count
+    distinct_tasks: Count | None = None
     candidate_mean: float | None
     parent_mean: float | None
 
@@ -183,6 +193,7 @@ class HoldoutComparison(_Model):
     evaluator: EvaluatorRef
     seed: int | None = None
     families: list[FamilyScore]
+    at: float | None = None  # when the comparison finished
 
 
 class ProtectedFamily(_Model):
@@ -209,6 +220,7 @@ class ProtectedResults(_Model):
     parent_id: NonEmpty
     candidate_id: NonEmpty
     families: list[ProtectedFamily]
+    at: float | None = None
 
 
 class CanaryLimits(_Model):
@@ -245,6 +257,7 @@ class CanaryReport(_Model):
     limits: CanaryLimits
     usage: CanaryUsage | None
     tasks: list[CanaryTask]
+    at: float | None = None  # when the canary finished
 
 
 class RollbackDrill(_Model):
@@ -319,6 +332,21 @@ def receipt_hash(receipt: Receipt) -> str:
 # ---------------------------------------------------------------- parsing
 
 
+def _too_deep(data: Any, limit: int) -> str | None:
+    """The path of the first value nested deeper than `limit`, else None (iterative: any depth is safe)."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > limit:
+            return path
+        # only containers nest: scalars (most of a columnar receipt) are not pushed
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        stack += [
+            (v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in items if isinstance(v, dict | list)
+        ]
+    return None
+
+
 def parse_receipt(data: Any) -> Receipt:
     """Validate a JSON-shaped receipt; raises `InvalidInput` naming each bad field."""
     if not isinstance(data, dict):
@@ -329,23 +357,40 @@ def parse_receipt(data: Any) -> Receipt:
             "receipt",
             [("schema_version", f"receipt schema {version!r} is not supported (this gate reads 1)")],
         )
+    # Only the free-form algorithm settings can nest without bound: typed fields refuse a nested value at
+    # its first level.
+    plan = data.get("plan")
+    algorithm = plan.get("algorithm") if isinstance(plan, dict) else None
+    if isinstance(algorithm, dict) and (deep := _too_deep(algorithm, MAX_DEPTH)) is not None:
+        deep = f"plan.algorithm.{deep}"
+        where = ".".join(deep.split(".")[:6])
+        raise InvalidInput("receipt", [(where, f"nested too deeply (over {MAX_DEPTH} levels)")])
     try:
         return Receipt.model_validate(data)
     except ValidationError as err:
         raise from_validation_error("receipt", err) from None
 
 
-def read_json(path: str | Path, what: str) -> Any:
-    """Read a JSON file; unreadable or malformed JSON is `InvalidInput` (NaN/Infinity parse, then fail
-    validation with their field named)."""
+def read_json(path: str | Path, what: str, max_bytes: int | None = None) -> Any:
+    """Read a JSON file; unreadable, oversized (over `max_bytes`, default `MAX_JSON_BYTES`), undecodable,
+    too deeply nested or malformed JSON is `InvalidInput` (NaN/Infinity parse, then fail validation with
+    their field named)."""
+    limit = MAX_JSON_BYTES if max_bytes is None else max_bytes
     try:
-        text = Path(path).read_text()
+        size = Path(path).stat().st_size
+        if size > limit:
+            raise InvalidInput(what, [("", f"{path} has {size} bytes, more than the limit of {limit}")])
+        text = Path(path).read_bytes().decode("utf-8")
     except OSError as err:
         raise InvalidInput(what, [("", f"cannot read {path}: {err.strerror}")]) from None
+    except UnicodeDecodeError as err:
+        raise InvalidInput(what, [("", f"not UTF-8 text: byte {err.start} cannot be decoded")]) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise InvalidInput(what, [("", f"not JSON: {err.msg} at line {err.lineno}")]) from None
+    except RecursionError:
+        raise InvalidInput(what, [("", "JSON nested too deeply")]) from None
 
 
 def load_receipt(path: str | Path) -> Receipt:

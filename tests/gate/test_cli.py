@@ -1,4 +1,4 @@
-"""`lightning-dagster gate evaluate`: exit 0 promote, 1 hold, 2 invalid input naming the field."""
+"""`lightning-dagster gate evaluate`: exit 0 promote, 1 hold, 2 invalid input in one line naming the field."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import yaml
 
 from lightning_dagster.cli import main
 from tests.gate.conftest import EXAMPLES, raw, set_path
+
+ROLES = str(EXAMPLES / "roles.yaml")
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
@@ -38,7 +40,12 @@ def write_policy(tmp_path: Path, edit) -> str:
 @pytest.mark.parametrize("name, code", [("a", 0), ("b", 1), ("c", 1), ("d", 1)])
 def test_exit_status_follows_the_verdict(capsys, name, code):
     status, out, _ = run(
-        capsys, str(EXAMPLES / f"candidate-{name}.json"), "--policy", str(EXAMPLES / "policy.yaml")
+        capsys,
+        str(EXAMPLES / f"candidate-{name}.json"),
+        "--policy",
+        str(EXAMPLES / "policy.yaml"),
+        "--roles",
+        ROLES,
     )
     assert status == code
     assert ("PROMOTE TO BOUNDED CANARY" in out) == (code == 0)
@@ -197,6 +204,8 @@ def test_installed_command_runs_as_a_subprocess():
             "gate",
             "evaluate",
             str(EXAMPLES / "candidate-b.json"),
+            "--roles",
+            ROLES,
             "--json",
         ],
         capture_output=True,
@@ -215,3 +224,65 @@ def test_the_gate_imports_no_torch_dagster_or_mlflow():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_an_approval_without_roles_or_by_an_unknown_actor_holds_on_check_7(capsys, tmp_path):
+    status, out, _ = run(capsys, str(EXAMPLES / "candidate-a.json"), "--json")
+    check7 = json.loads(out)["checks"][6]
+    assert status == 1 and check7["status"] == "fail" and "no roles were given" in check7["reason"]
+    data = set_path(raw("a"), "approvals.0.actor", "mallory")
+    status, out, _ = run(capsys, write_receipt(tmp_path, data), "--roles", ROLES, "--json")
+    doc = json.loads(out)
+    assert status == 1 and [c["id"] for c in doc["checks"] if c["status"] != "pass"] == [7]
+    assert "approval by mallory: an actor the roles given do not know" in doc["checks"][6]["reason"]
+
+
+def test_a_roles_file_that_cannot_be_read_exits_2(capsys, tmp_path):
+    status, out, err = run(capsys, str(EXAMPLES / "candidate-a.json"), "--roles", str(tmp_path / "no.yaml"))
+    assert status == 2 and out == "" and "roles" in err and err.count("\n") == 1
+
+
+def one_line_exit_2(capsys, path: str) -> str:
+    status, out, err = run(capsys, path)
+    assert status == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_undecodable_too_deep_and_too_large_receipts_exit_2_in_one_line(capsys, tmp_path, monkeypatch):
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b'{"receipt_id": "\xff\xfe"}')
+    assert "not UTF-8" in one_line_exit_2(capsys, str(binary))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    assert "nested too deeply" in one_line_exit_2(capsys, str(deep))
+    # a depth JSON accepts but validation cannot walk: an algorithm setting nested 900 levels
+    nested = set_path(raw("a"), "plan.algorithm.lr", "__X__")
+    text = json.dumps(nested).replace('"__X__"', "[" * 900 + "]" * 900)
+    assert "nested too deeply" in one_line_exit_2(capsys, write_receipt(tmp_path, None, text))
+    from lightning_dagster.gate import receipt_models
+
+    monkeypatch.setattr(receipt_models, "MAX_JSON_BYTES", 1000)
+    assert "more than the limit of 1000" in one_line_exit_2(capsys, str(EXAMPLES / "candidate-a.json"))
+
+
+def test_verify_on_a_store_that_is_not_a_database_exits_2_in_one_line(capsys, tmp_path):
+    garbage = tmp_path / "store.db"
+    garbage.write_bytes(bytes(range(256)) * 20)
+    status = main(["gate", "verify", "r-1", "--store", f"sqlite:///{garbage}"])
+    out, err = capsys.readouterr()
+    assert status == 2 and out == "" and err.count("\n") == 1 and "not a database" in err, err
+
+
+def test_an_undecodable_or_too_deep_policy_exits_2_in_one_line(capsys, tmp_path):
+    for name, body in (("binary.yaml", b"version: \xff\xfe\n"), ("deep.yaml", b"[" * 100_000)):
+        path = tmp_path / name
+        path.write_bytes(body)
+        status, out, err = run(capsys, str(EXAMPLES / "candidate-a.json"), "--policy", str(path))
+        assert status == 2 and out == "" and err.count("\n") == 1 and "invalid policy" in err, err
+
+
+@pytest.mark.parametrize("skew", ["nan", "-1", "inf"])
+def test_a_clock_skew_that_is_not_a_finite_non_negative_number_is_refused(capsys, skew):
+    with pytest.raises(SystemExit) as exit_:
+        run(capsys, str(EXAMPLES / "candidate-a.json"), f"--clock-skew={skew}")
+    assert exit_.value.code == 2 and "finite number of seconds" in capsys.readouterr().err

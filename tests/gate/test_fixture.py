@@ -71,7 +71,7 @@ FLIPS = [
     ("plan.code_revision", "main", 1, "fail"),
     ("candidate.weights_hash", None, 1, "unavailable"),
     ("candidate.parent_id", "res-someone-else", 1, "fail"),
-    ("rollouts.statuses.5", "failed", 2, "fail"),
+    ("rollouts.statuses.5", "cancelled", 2, "fail"),
     ("rollouts.span_counts.7.2", 0, 2, "fail"),
     ("rollouts.span_counts.7", None, 2, "unavailable"),
     ("plan.expected_rollouts.train", 121, 2, "fail"),

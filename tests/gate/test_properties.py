@@ -90,9 +90,11 @@ def single_failure(draw) -> tuple[int, dict]:
     elif check == 2:
         i = draw(st.integers(0, 119))
         if draw(st.booleans()):
-            set_path(
-                data, f"rollouts.statuses.{i}", draw(st.sampled_from(["failed", "cancelled", "running"]))
-            )
+            status = draw(st.sampled_from(["failed", "cancelled", "running"]))
+            set_path(data, f"rollouts.statuses.{i}", status)
+            if status == "failed":  # a failed rollout's latest attempt failed too (else: inconsistent)
+                last = max(k for k, j in enumerate(data["rollouts"]["attempt_rollout"]) if j == i)
+                set_path(data, f"rollouts.attempt_endings.{last}", "failed")
         else:
             set_path(data, f"rollouts.span_counts.{i}.{draw(st.integers(0, 2))}", 0)
     elif check == 3:

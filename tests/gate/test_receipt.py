@@ -89,6 +89,11 @@ def test_unreadable_spans_are_unavailable_not_zero(receipt_a):
     rollouts, attempts, _ = _world()
     plan = receipt_a.plan.model_copy(update={"expected_rollouts": None})
     ok = [r.model_copy(update={"status": RolloutStatus.succeeded}) for r in rollouts]
+    # each rollout's latest attempt agrees with its status, or the evidence would be inconsistent
+    attempts = [
+        a.model_copy(update={"state": AttemptState.succeeded}) if a.rollout_id == "r3" else a
+        for a in attempts
+    ]
     r = R.add_rollout_evidence(R.from_plan(plan), ok, attempts, None)
     assert r.rollouts.span_counts == [None, None, None]
     assert run_check(Check.span_coverage, r, _policy()).status == "unavailable"
@@ -104,8 +109,11 @@ def test_attempts_of_unknown_rollouts_are_invalid(receipt_a):
 
 
 def test_family_scores_mark_a_missing_side_unavailable():
-    scores = R.family_scores({"a": [1.0, 0.0], "b": [1.0]}, {"a": [0.0, 0.0, 1.0]})
+    scores = R.family_scores(
+        {"a": {"t1": 1.0, "t2": 0.0}, "b": {"t9": 1.0}}, {"a": {"t1": 0.0, "t2": 0.0, "t3": 1.0}}
+    )
     assert (scores[0].family, scores[0].n, scores[0].candidate_mean) == ("a", 2, 0.5)
+    assert scores[0].distinct_tasks == 2  # the tasks both sides were scored on
     assert scores[0].parent_mean == pytest.approx(1 / 3)
     assert scores[1].parent_mean is None and scores[1].candidate_mean == 1.0
 
@@ -127,3 +135,19 @@ def test_builders_type_check_what_they_add(receipt_a):
     with pytest.raises(InvalidInput) as err:
         R.add_candidate(receipt_a, {"resource_id": "res-cand-a"})
     assert "candidate.uri" in err.value.fields
+
+
+def test_builders_stamp_stage_times_and_keep_them_when_a_stage_reruns_with_equal_evidence(receipt_a):
+    unstamped = receipt_a.canary.model_copy(update={"at": None})
+    plan_only = R.from_plan(receipt_a.plan)
+    stamped = R.add_canary(plan_only, unstamped, at=123.0)
+    assert stamped.canary.at == 123.0
+    assert R.add_canary(stamped, unstamped, at=999.0).canary.at == 123.0  # same evidence: same time
+    changed = unstamped.model_copy(update={"tasks": unstamped.tasks[:1]})
+    assert R.add_canary(stamped, changed, at=999.0).canary.at == 999.0
+    scored = R.add_evaluation(
+        plan_only,
+        receipt_a.holdout.model_copy(update={"at": None}),
+        receipt_a.protected.model_copy(update={"at": None}),
+    )
+    assert scored.holdout.at is not None and scored.holdout.at == scored.protected.at  # the clock, once each

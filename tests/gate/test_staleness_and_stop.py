@@ -70,7 +70,11 @@ def test_each_stop_condition_pauses_with_its_reason(policy, name, fragment):
 
 def test_coverage_drop_against_the_previous_receipt_pauses(receipt_a, policy):
     lenient = with_threshold(policy, Check.span_coverage, min_complete_share=0.5)
-    latest = parse_receipt(set_path(raw("a"), "rollouts.statuses.0", "failed"))
+    # rollout 0 failed: its status and its latest attempt (a sample retry, attempt 1) say so
+    failed = set_path(
+        set_path(raw("a"), "rollouts.statuses.0", "failed"), "rollouts.attempt_endings.1", "failed"
+    )
+    latest = parse_receipt(failed)
     assert evaluate(latest, lenient).checks[1].status == "pass"  # above the gate's floor...
     decision = stop_decision(latest, lenient, previous=receipt_a)
     assert decision.pause and "dropped from 1.0 to 0.991667" in decision.reasons[0]  # ...but falling

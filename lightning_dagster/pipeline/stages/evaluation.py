@@ -66,11 +66,11 @@ def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
     ctx.save_stage(store, key, "holdout_evaluation", {"scores": scores})
     families = {task["task_id"]: task["family"] for task in holdout + protected}
 
-    def per_family(side: str) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {}
+    def per_family(side: str) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
         for task_id, reward in scores[side]["holdout"].items():
             # A rollout that never posted a reward scored nothing: 0, as `RolloutBatch.success` counts it.
-            out.setdefault(families[task_id], []).append(reward or 0.0)
+            out.setdefault(families[task_id], {})[task_id] = reward or 0.0
         return out
 
     comparison = R.HoldoutComparison(
@@ -122,8 +122,8 @@ def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
     )
 
 
-def _mean(groups: dict[str, list[float]]) -> float:
-    values = [v for vs in groups.values() for v in vs]
+def _mean(groups: dict[str, dict[str, float]]) -> float:
+    values = [v for vs in groups.values() for v in vs.values()]
     return round(sum(values) / len(values), 4) if values else 0.0
 
 
