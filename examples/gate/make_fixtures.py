@@ -9,13 +9,17 @@ byte-for-byte reproducible (tests/gate check that).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from lightning_dagster.gate import receipt as R
+from lightning_dagster.gate.approvals import approval_message, evidence_hash
 from lightning_dagster.gate.hashing import fingerprint
 from lightning_dagster.types import (
     Attempt,
@@ -30,8 +34,27 @@ T0 = 1_796_112_000.0  # 2026-12-01T08:00Z: fixed so the files do not change betw
 PARENT = "res-parent-7f3a"
 SPANS_PER_ROLLOUT = {"llm": 3, "tool": 2, "reward": 1}
 DESTINATIONS = ["file:/srv/canary/out", "db:canary.results"]
-# The actors the fixture's approvals name, in the registry's roles-file format (`gate evaluate --roles`).
-ROLES = "actors:\n  alice: [release-owner, ml-lead]\n"
+# alice's signing key, derived from a public seed so that the files are reproducible: an example key that
+# anyone can rebuild, never one to approve anything real with.
+ALICE_KEY = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"lightning-dagster example alice").digest())
+
+
+def roles_text() -> str:
+    """The approvers the fixture's signatures verify against, in the roles-file format (`gate evaluate --roles`)."""
+    from lightning_dagster.registry.signing import public_key_line
+
+    key = public_key_line(ALICE_KEY)
+    return f"actors:\n  alice:\n    roles: [release-owner, ml-lead]\n    key: {key}\n"
+
+
+def signed(receipt: R.Receipt, *, actor: str, role: str, step: str, at: float) -> R.Approval:
+    from lightning_dagster.registry.signing import sign
+
+    evidence = evidence_hash(receipt)
+    message = approval_message(receipt.receipt_id, evidence, step, actor, role, at)
+    return R.Approval(
+        actor=actor, role=role, step=step, at=at, evidence_hash=evidence, signature=sign(ALICE_KEY, message)
+    )
 
 
 @dataclass
@@ -273,7 +296,7 @@ def build(spec: Spec) -> R.Receipt:
         ),
     )
     return R.add_approval(
-        receipt, R.Approval(actor="alice", role="release-owner", step="canary", at=T0 + 7300)
+        receipt, signed(receipt, actor="alice", role="release-owner", step="canary", at=T0 + 7300)
     )
 
 
@@ -289,7 +312,7 @@ def write(out_dir: Path) -> list[Path]:
         resources.files("lightning_dagster.gate").joinpath("policies/default-v1.yaml").read_text()
     )
     roles = out_dir / "roles.yaml"
-    roles.write_text(ROLES)
+    roles.write_text(roles_text())
     return [*written, policy, roles]
 
 

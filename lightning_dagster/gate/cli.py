@@ -28,8 +28,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--fingerprints", help="JSON object of current fingerprints, to void stale checks")
     ev.add_argument(
         "--roles",
-        help="roles file (`actors: {name: [role, ...]}`) every approving actor must be known to;"
-        " without it no actor is known and any approval fails check 7",
+        help="approvers file (`actors: {name: {roles: [...], key: ed25519:...}}`) every approval must be"
+        " signed by; without it no actor is known and any approval fails check 7",
     )
     ev.add_argument(
         "--clock-skew",
@@ -86,10 +86,10 @@ def _roles(path: str | None) -> KnownActors:
         return {}
     # The registry pulls in MLflow: imported only when a roles file is given.
     from lightning_dagster.registry.errors import RolesConfigError
-    from lightning_dagster.registry.roles import load_roles
+    from lightning_dagster.registry.roles import read_roles_file
 
     try:
-        return load_roles(path).actors
+        return read_roles_file(path).actors
     except RolesConfigError as err:
         raise InvalidInput("roles", [("", str(err))]) from None
 

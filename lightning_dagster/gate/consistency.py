@@ -10,8 +10,9 @@ import datetime as dt
 import math
 import time
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 
+from lightning_dagster.gate.approvals import ActorKey, approval_problem, evidence_hash
 from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.findings import Findings
 from lightning_dagster.gate.receipt_models import Receipt, SnapshotRef
@@ -20,8 +21,8 @@ from lightning_dagster.types import AttemptState, RolloutKind, RolloutStatus
 # Seconds a recorded time may lie ahead of the judging clock (machines' clocks differ a little).
 CLOCK_SKEW_S = 300.0
 
-# actor -> roles that actor holds (a roles file's `actors`, or the policy's)
-KnownActors = Mapping[str, Collection[str]]
+# actor -> the roles they hold and their public key: the deployment's pinned approvers
+KnownActors = Mapping[str, ActorKey]
 
 
 def inconsistencies(
@@ -33,8 +34,8 @@ def inconsistencies(
 ) -> dict[Check, Findings]:
     """Per check, the contradictions (failures) and missing fields (unavailable) found in the receipt.
 
-    `roles`: when given, every approval's actor must hold the approved role in it (None: the caller
-    verifies approvers itself). `now` (default: the clock) plus `clock_skew_s` bounds every recorded time.
+    `roles`: when given, every approval must be signed by an actor holding the approved role in it, over
+    this receipt (None: the caller verifies approvals itself). `now` (default: the clock) plus `clock_skew_s` bounds every recorded time.
     """
     if not math.isfinite(clock_skew_s) or clock_skew_s < 0:
         # a NaN skew would compare false with every time and let any future time through
@@ -192,9 +193,11 @@ def _canary(r: Receipt, f: Findings) -> None:
 def _approvers(r: Receipt, f: Findings, roles: KnownActors | None) -> None:
     if roles is None:
         return
+    current = evidence_hash(r)
     for a in r.approvals:
-        if a.actor not in roles:
-            given = "" if roles else " (no roles were given)"
-            f.fail(f"approval by {a.actor}: an actor the roles given do not know{given}")
-        elif a.role not in roles[a.actor]:
-            f.fail(f"approval by {a.actor} as {a.role}: a role the roles given do not grant them")
+        # A default approval signs the evidence as it stands. A canary approval precedes its own evidence:
+        # it signs an earlier version of this receipt, which only the ledger can name (promotion checks
+        # that); here its signature must verify over this receipt's id, its step, actor, role and time.
+        accepted = {current} if a.step == "default" else {current, a.evidence_hash or current}
+        if (problem := approval_problem(r, a, roles, accepted)) is not None:
+            f.fail(problem + ("" if roles else " (no approvers were given)"))

@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any
 from lightning_dagster import config
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from lightning_dagster.gate.approvals import ActorKey
     from lightning_dagster.gate.ledger import LedgerEntry
     from lightning_dagster.gate.policy import Policy
     from lightning_dagster.gate.receipt import CandidateArtifact, ParentRef, Receipt
@@ -47,6 +50,17 @@ def registry(p: Pipeline) -> Registry:
         p.mlflow.model_name,
         roles_file=p.gate.roles_path or None,
     )
+
+
+def approvers(p: Pipeline) -> Mapping[str, ActorKey]:
+    """The deployment's pinned approvers, whose signatures check 7 verifies; none (so every approval fails
+    check 7, never passes unverified) when no roles are configured or pinned."""
+    from lightning_dagster.registry.errors import RolesConfigError
+
+    try:
+        return registry(p).roles().actors
+    except RolesConfigError:
+        return {}
 
 
 def policy(p: Pipeline) -> Policy:

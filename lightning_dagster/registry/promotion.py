@@ -63,7 +63,7 @@ def promote(
     stored = receipts.load(reg.store, receipt)
     facts = receipts.facts(stored.receipt, reg.model_name)
     policy = policy if isinstance(policy, Policy) else load_policy(policy)
-    evaluation = evaluate(stored.receipt, policy, current_fingerprints)
+    evaluation = evaluate(stored.receipt, policy, current_fingerprints, roles=reg.roles().actors)
     if evaluation.verdict != PROMOTE or evaluation.stale_checks:
         raise PromotionRefused(
             f"receipt {facts.receipt_id} (version {stored.version}) is {evaluation.verdict} under "

@@ -71,7 +71,7 @@ def judge(p: Pipeline, key: str, check: Check) -> CheckOutcome:
 
     receipt = first_batch_receipt(p, key) if check in FIRST_BATCH_CHECKS else reverified_receipt(p, key)
     pol = ctx.policy(p)
-    result = run_check(check, receipt, pol)
+    result = run_check(check, receipt, pol, roles=ctx.approvers(p))
     void = void_checks(
         receipt.fingerprints, ctx.current_fingerprints(p, key), required=pol.staleness.required_fingerprints
     )
@@ -91,7 +91,7 @@ def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
     store = p.get_store()
     receipt = reverified_receipt(p, key)
     pol = ctx.policy(p)
-    evaluation = evaluate(receipt, pol, ctx.current_fingerprints(p, key))
+    evaluation = evaluate(receipt, pol, ctx.current_fingerprints(p, key), roles=ctx.approvers(p))
     final = R.with_gate_record(receipt, evaluation.to_record())
     stored = ctx.append_receipt(store, key, final)
     return StageResult(
