@@ -14,6 +14,25 @@ from lightning_dagster.gate.policy import Policy, load_policy
 from lightning_dagster.gate.receipt import Receipt, parse_receipt
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "gate"
+
+
+def resign_approval(data: dict[str, Any], index: int) -> None:
+    """Sign approval `index` of a receipt dict again with the example key, as its actor would sign it now."""
+    import runpy
+
+    signed = runpy.run_path(str(EXAMPLES / "make_fixtures.py"))["signed"]
+    a = data["approvals"][index]
+    approval = signed(parse_receipt(data), actor=a["actor"], role=a["role"], step=a["step"], at=a["at"])
+    data["approvals"][index] = approval.model_dump(mode="json")
+
+
+def example_approvers():
+    """The approvers the example receipts' signatures verify against (`examples/gate/roles.yaml`)."""
+    from lightning_dagster.registry.roles import read_roles_file
+
+    return read_roles_file(EXAMPLES / "roles.yaml").actors
+
+
 _RAW = {name: json.loads((EXAMPLES / f"candidate-{name}.json").read_text()) for name in "abcd"}
 
 

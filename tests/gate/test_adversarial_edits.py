@@ -15,12 +15,12 @@ from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.checks import HOLD, PROMOTE, Evaluation, evaluate
 from lightning_dagster.gate.policy import Policy
 from lightning_dagster.gate.receipt import parse_receipt
-from tests.gate.conftest import raw
+from tests.gate.conftest import example_approvers, raw, resign_approval
 
 SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-ROLES = {"alice": {"release-owner", "ml-lead"}}
+ROLES = example_approvers()
 A = raw("a")
 T0 = A["plan"]["created_at"]
 NOW = T0 + 86_400.0  # judged a day after the plan: every honest time of A lies before it
@@ -220,9 +220,14 @@ def harmless_edit(draw) -> Edit:
         return lambda d: d["canary"]["tasks"][k].update(evidence=text)
     if kind == 2:
         return lambda d: d["plan"].update(scope=text)
-    if kind == 3:  # an approval a little later, still before now
+    if kind == 3:  # an approval signed a little later, still before now
         delay = draw(st.floats(0, NOW - A["approvals"][0]["at"], allow_nan=False))
-        return lambda d: d["approvals"][0].update(at=d["approvals"][0]["at"] + delay)
+
+        def later(d: dict[str, Any]) -> None:
+            d["approvals"][0].update(at=d["approvals"][0]["at"] + delay)
+            resign_approval(d, 0)
+
+        return later
     if kind == 4:  # a faster canary
         seconds = draw(st.floats(0, 900, allow_nan=False))
         return lambda d: d["canary"]["usage"].update(seconds=seconds)

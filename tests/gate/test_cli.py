@@ -229,12 +229,12 @@ def test_the_gate_imports_no_torch_dagster_or_mlflow():
 def test_an_approval_without_roles_or_by_an_unknown_actor_holds_on_check_7(capsys, tmp_path):
     status, out, _ = run(capsys, str(EXAMPLES / "candidate-a.json"), "--json")
     check7 = json.loads(out)["checks"][6]
-    assert status == 1 and check7["status"] == "fail" and "no roles were given" in check7["reason"]
+    assert status == 1 and check7["status"] == "fail" and "no approvers were given" in check7["reason"]
     data = set_path(raw("a"), "approvals.0.actor", "mallory")
     status, out, _ = run(capsys, write_receipt(tmp_path, data), "--roles", ROLES, "--json")
     doc = json.loads(out)
     assert status == 1 and [c["id"] for c in doc["checks"] if c["status"] != "pass"] == [7]
-    assert "approval by mallory: an actor the roles given do not know" in doc["checks"][6]["reason"]
+    assert "actor 'mallory' is not among the deployment's approvers" in doc["checks"][6]["reason"]
 
 
 def test_a_roles_file_that_cannot_be_read_exits_2(capsys, tmp_path):

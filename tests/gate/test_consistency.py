@@ -8,10 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from lightning_dagster.gate.approvals import ActorKey
 from lightning_dagster.gate.checks import HOLD, evaluate, run_check
 from lightning_dagster.gate.receipt import parse_receipt
-from tests.gate.conftest import raw, set_path
+from lightning_dagster.registry.signing import public_key_line
+from tests.gate.conftest import example_approvers, raw, set_path
 
 NOW = raw("a")["plan"]["created_at"] + 86_400.0
 
@@ -162,14 +165,23 @@ def test_the_canary_step_may_be_approved_on_the_plan_before_training(policy):
     assert evaluate(parse_receipt(data), policy, now=NOW).checks[6].status == "pass"
 
 
-def test_approvers_must_be_known_to_the_roles_given(policy):
+def test_approvals_must_be_signed_by_an_approver_holding_the_role(policy):
     receipt = parse_receipt(raw("a"))
-    known = {"alice": ["release-owner"]}
+    known = example_approvers()
+    alice = known["alice"]
     assert run_check(7, receipt, policy, roles=known, now=NOW).status == "pass"
-    demoted = run_check(7, receipt, policy, roles={"alice": ["ml-lead"]}, now=NOW)
-    assert demoted.status == "fail" and "a role the roles given do not grant them" in demoted.reason
-    stranger = run_check(7, receipt, policy, roles={"bob": ["release-owner"]}, now=NOW)
+    demoted = {"alice": ActorKey(frozenset({"ml-lead"}), alice.public_key)}
+    result = run_check(7, receipt, policy, roles=demoted, now=NOW)
+    assert result.status == "fail" and "actor 'alice' does not hold role 'release-owner'" in result.reason
+    stranger = run_check(7, receipt, policy, roles={"bob": alice}, now=NOW)
     assert (
         stranger.status == "fail"
-        and "approval by alice: an actor the roles given do not know" in stranger.reason
+        and "actor 'alice' is not among the deployment's approvers" in stranger.reason
     )
+    other_key = public_key_line(Ed25519PrivateKey.generate())
+    forged = {"alice": ActorKey(alice.roles, other_key)}
+    result = run_check(7, receipt, policy, roles=forged, now=NOW)
+    assert result.status == "fail" and "signature does not verify with alice's key" in result.reason
+    unsigned = parse_receipt(set_path(raw("a"), "approvals.0.signature", None))
+    result = run_check(7, unsigned, policy, roles=known, now=NOW)
+    assert result.status == "fail" and "not signed" in result.reason

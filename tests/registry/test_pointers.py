@@ -169,7 +169,7 @@ def test_eight_processes_race_exactly_one_wins(
 
 def test_promotion_refusals(registry, variant, approver_keys):
     keys = approver_keys
-    parent, (cand,) = _bootstrap(registry, variant)
+    parent, (cand, other) = _bootstrap(registry, variant, 2)
     receipt = passing_receipt(registry, parent, cand, "rec-refusals", keys)
     with pytest.raises(ApprovalRefused, match="does not hold role"):
         approve(registry, receipt, keys, "bob")  # bob holds only ml-lead
@@ -193,7 +193,8 @@ def test_promotion_refusals(registry, variant, approver_keys):
     with pytest.raises(PromotionRefused, match="check 6"):
         registry.promote("rec-hold", "alice")
 
-    wrong_parent = passing_receipt(registry, cand, cand, "rec-wrong-parent", keys)
+    # A passing receipt whose parent is not the approved default: the compare-and-set refuses the move.
+    wrong_parent = passing_receipt(registry, cand, other, "rec-wrong-parent", keys)
     approve(registry, wrong_parent, keys, "alice")
     with pytest.raises(PointerConflict):
         registry.promote("rec-wrong-parent", "alice")
