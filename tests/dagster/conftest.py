@@ -25,7 +25,17 @@ ACTORS = {"alice": "release-owner", "bob": "default-approver"}
 
 
 def tiny_training(**overrides) -> TrainingResource:
-    return TrainingResource(**{**QUICK_TRAINING, "min_serve_rollouts": 3, **overrides})
+    # A parent warm-started long enough to solve some tasks: a parent that solves none gives every group
+    # the same reward, so RL has nothing to learn from and the candidate is the parent (check 1 holds it).
+    return TrainingResource(
+        **{
+            **QUICK_TRAINING,
+            "min_serve_rollouts": 3,
+            "warm_start_max_steps": 200,
+            "warm_start_demos": 512,
+            **overrides,
+        }
+    )
 
 
 def pipeline_for(
