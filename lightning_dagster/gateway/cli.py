@@ -127,6 +127,7 @@ def serve(args: argparse.Namespace) -> int:
         write_behind_ms=args.write_behind_ms,
         fsync_spans=args.fsync_spans,
         model_roots=args.model_root,
+        model_aliases=args.model_alias or ("policy",),
     )
     with gateway:
         print(f"gateway on {gateway.url}/v1 ({gateway.backend_kind})", flush=True)
@@ -179,6 +180,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--exit-with-parent", action="store_true", help="stop when the process that started this one exits"
     )
     p.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    p.add_argument("--model-alias", action="append", default=None, metavar="NAME",
+                   help="a model name served besides the model's own (repeatable; default: policy)")  # fmt: skip
     p.add_argument("--model-root", action="append", default=None, metavar="DIR",
                    help="a directory POST /admin/weights may read (repeatable; default: the models directory)")  # fmt: skip
     p.add_argument(

@@ -31,6 +31,7 @@ class LocalGateway:
     interpreter lock; it needs a store another process can open (a SQLite file or PostgreSQL).
     `upstream_url`: every call goes to that OpenAI-compatible server instead of the embedded engine;
     `model_dir` is then optional (it only provides `codec`), and `load_weights` raises `WeightsNotServed`.
+    `model_aliases`: the model names served besides the model's own (what the harness sends).
     `model_roots`: the directories `POST /admin/weights` may read (default: the models directory; a process
     child also reads the folder its parent writes pushed weights to).
     `port=0` picks a free port; `secret=None` generates a fresh one (keys then die with this gateway).
@@ -59,6 +60,7 @@ class LocalGateway:
         write_behind_ms: float = 0.0,
         fsync_spans: bool = False,
         model_roots: Sequence[Path | str] | None = None,
+        model_aliases: Sequence[str] = ("policy",),
     ) -> None:
         if serving not in ("thread", "process"):
             raise ValueError(f"serving must be 'thread' or 'process', got {serving!r}")
@@ -78,6 +80,7 @@ class LocalGateway:
             "max_body_bytes": max_body_bytes,
             "write_behind_ms": write_behind_ms,
             "fsync_spans": fsync_spans,
+            "model_aliases": tuple(model_aliases),
         }
         if model_roots is not None:
             options["model_roots"] = [Path(r) for r in model_roots]

@@ -72,6 +72,7 @@ class GatewayProcess:
         write_behind_ms: float = 0.0,
         fsync_spans: bool = False,
         model_roots: Sequence[Path] | None = None,
+        model_aliases: Sequence[str] = ("policy",),
         start_timeout_s: float = 120.0,
     ) -> None:
         self.store_url = store_url
@@ -101,6 +102,8 @@ class GatewayProcess:
         # The child reads pushed weights from our workdir only, plus any roots the caller allows.
         for root in (*(model_roots or ()), self.workdir):
             options += ["--model-root", str(root)]
+        for alias in model_aliases:
+            options.append(f"--model-alias={alias}")  # `=`: a name may start with "-"
         # The secrets travel on the child's standard input, never in its environment or command line, where
         # any process of this user (a harness included) could read them in /proc.
         handed = json.dumps(

@@ -54,6 +54,7 @@ class HarnessSpec:
     timeout_s: float = 120.0
     max_attempts: int = 1
     tools: list[dict[str, Any]] = field(default_factory=list, hash=False)
+    model_names: tuple[str, ...] = ("policy",)  # the model names the agent sends; the gateway serves each
 
     def __post_init__(self) -> None:
         if self.command() is None and self.run_task is None:

@@ -72,6 +72,9 @@ class Harness(_Section):
     env_map: dict[str, str] = Field(default_factory=dict)
     prepare: str | None = None
     verify: str | None = None
+    # The model names the agent sends (e.g. the one it uses in production): the gateway serves the policy
+    # under each, and answers any other name with 404 model_not_found, as OpenAI does.
+    model_names: tuple[str, ...] = ("policy",)
 
     @field_validator("command")
     @classmethod
@@ -87,6 +90,16 @@ class Harness(_Section):
     def _callable(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None:
             resolve_callable(value, _root(info))
+        return value
+
+    @field_validator("model_names")
+    @classmethod
+    def _names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("needs at least one model name")
+        for name in value:
+            if not name.strip() or len(name) > 256 or "\x00" in name:
+                raise ValueError(f"{name!r} is not a model name (1-256 characters, no NUL)")
         return value
 
     @field_validator("agl")

@@ -88,4 +88,5 @@ def harness_spec(project: Project) -> HarnessSpec:
         timeout_s=harness.timeout_s,
         max_attempts=harness.max_attempts,
         tools=_declared_tools(harness.python or harness.agl),
+        model_names=harness.model_names,
     )

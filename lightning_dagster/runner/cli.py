@@ -144,7 +144,12 @@ def _run(args: argparse.Namespace) -> int:
             build_base_model(model_dir, corpus=training_corpus())
         resource_id = model_resource(store, model_dir).resource_id
     with LocalGateway(
-        store, model_dir, serving=args.serving, upstream_url=args.upstream_url, resource_id=resource_id
+        store,
+        model_dir,
+        serving=args.serving,
+        upstream_url=args.upstream_url,
+        resource_id=resource_id,
+        model_aliases=spec.model_names,
     ) as gateway:
         decode = gateway.codec.decode if gateway.codec is not None else None
         return execute(gateway.url, gateway.secret, resource_id, decode)

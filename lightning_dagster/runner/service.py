@@ -108,6 +108,7 @@ class RolloutService:
             max_batch=max_batch,
             threads=threads,
             resource_id=resource_id,
+            model_aliases=self.harness.model_names,
         )
         try:
             self.runner = Runner(

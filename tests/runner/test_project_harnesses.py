@@ -211,6 +211,40 @@ print(json.dumps({
 """
 
 
+NAMED = (
+    CHAT.replace('"model": "policy"', '"model": sys.argv[1]')
+    + """
+import sys
+chat("hi")  # an unknown model name raises HTTPError (404): the attempt fails
+req = urllib.request.Request(os.environ["AGL_EVENT_URL"], method="POST",
+    data=json.dumps({"event_type": "reward", "data": {"value": 1.0}}).encode(),
+    headers={"Authorization": "Bearer " + os.environ["AGL_KEY"], "Content-Type": "application/json"})
+urllib.request.urlopen(req).read()
+"""
+)
+
+
+def test_the_model_names_a_project_declares_are_served_and_any_other_is_404_model_not_found(
+    store, model_dir, tmp_path, capsys
+):
+    harness = {"command": [sys.executable, "named.py", "gpt-4o-mini"], "model_names": ["gpt-4o-mini"]}
+    folder = make_project(tmp_path / "named", harness, {"named.py": NAMED})
+    assert harness_spec(load_project(folder)).model_names == ("gpt-4o-mini",)
+    argv = ["rollouts", "run", "--project", str(folder), "--model", str(model_dir), "--store", store.url]
+    assert main([*argv, "--n", "1", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["rollouts_by_status"] == {"succeeded": 1} and summary["rewards"] == 1
+
+    # Without the declaration only the default name `policy` is served: the agent's own name is a 404.
+    make_project(tmp_path / "named", {"command": harness["command"]}, {"named.py": NAMED})
+    main([*argv, "--n", "1", "--json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["rollouts_by_status"] == {"failed": 1} and summary["rewards"] == 0
+    (rollout_id,) = summary["rollout_ids"]
+    (attempt,) = store.list_attempts(rollout_id=rollout_id)
+    assert attempt.reason_code == "exit_nonzero" and "404" in (attempt.reason_message or "")
+
+
 def test_a_command_harness_gets_its_task_in_ld_task_and_on_stdin_and_env_map_in_variables(
     store, gateway, tmp_path
 ):
