@@ -55,6 +55,9 @@ class HarnessSpec:
     max_attempts: int = 1
     tools: list[dict[str, Any]] = field(default_factory=list, hash=False)
     model_names: tuple[str, ...] = ("policy",)  # the model names the agent sends; the gateway serves each
+    env_passthrough: tuple[
+        str, ...
+    ] = ()  # variables of ours a subprocess harness inherits besides the allowlist
 
     def __post_init__(self) -> None:
         if self.command() is None and self.run_task is None:

@@ -118,6 +118,7 @@ def rollout_service(
         parallel=p.gateway.parallel,
         serving="thread" if serves_parent else "process",
         runner_mode=p.gateway.runner_mode,  # type: ignore[arg-type]
+        sandbox=p.gateway.sandbox,  # type: ignore[arg-type]
         retry_policy=retry_policy(p, harness),
         upstream_url=upstream if serves_parent else None,
         host=p.gateway.host,

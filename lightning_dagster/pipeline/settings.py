@@ -30,6 +30,7 @@ class GatewaySettings(Protocol):
     port: int
     secret: str
     runner_mode: str
+    sandbox: str
     parallel: int
 
 

@@ -75,6 +75,9 @@ class Harness(_Section):
     # The model names the agent sends (e.g. the one it uses in production): the gateway serves the policy
     # under each, and answers any other name with 404 model_not_found, as OpenAI does.
     model_names: tuple[str, ...] = ("policy",)
+    # Variables of the launching environment a `command` harness inherits besides the basic allowlist
+    # (PATH, HOME, locale, ...), e.g. a tool's API key; LD_* and MLFLOW_* are never passed.
+    env_passthrough: tuple[str, ...] = ()
 
     @field_validator("command")
     @classmethod
@@ -91,6 +94,13 @@ class Harness(_Section):
         if value is not None:
             resolve_callable(value, _root(info))
         return value
+
+    @field_validator("env_passthrough")
+    @classmethod
+    def _passable(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from lightning_dagster.runner.execute import check_passthrough
+
+        return check_passthrough(value)
 
     @field_validator("model_names")
     @classmethod

@@ -89,4 +89,5 @@ def harness_spec(project: Project) -> HarnessSpec:
         max_attempts=harness.max_attempts,
         tools=_declared_tools(harness.python or harness.agl),
         model_names=harness.model_names,
+        env_passthrough=harness.env_passthrough,
     )

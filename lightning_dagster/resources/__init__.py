@@ -88,6 +88,9 @@ class GatewayResource(dg.ConfigurableResource):
     # "inprocess": harness attempts run as threads of the asset's process; "subprocess": each attempt is a
     # child process (the harness's command line), killed on timeout or cancel
     runner_mode: str = "inprocess"
+    # "bwrap": each subprocess attempt runs under bubblewrap in a PID namespace of its own, away from the
+    # gateway's /proc and the lightning-dagster home (needs runner_mode "subprocess"; docs/SECURITY.md)
+    sandbox: str = "none"
     # harness attempts the runner runs at once
     parallel: int = 16
 

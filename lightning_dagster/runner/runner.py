@@ -102,7 +102,7 @@ class Runner:
         self.workdir = workdir or config.home() / "attempts"
         self.decode = decode
         self.sandbox = sandbox
-        self.env_passthrough = check_passthrough(env_passthrough)
+        self.env_passthrough = check_passthrough((*harness.env_passthrough, *env_passthrough))
         self.runner_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._lock = threading.Lock()
         self._busy = 0  # rollouts a worker or the reaper is handling right now

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from lightning_dagster.gateway.local import LocalGateway, Serving
 from lightning_dagster.harnesses.registry import HarnessSpec
 from lightning_dagster.project.examples import example_harness
+from lightning_dagster.runner.execute import Sandbox
 from lightning_dagster.runner.policy import RetryPolicy
 from lightning_dagster.runner.rollouts import enqueue_tasks
 from lightning_dagster.runner.runner import Runner
@@ -86,6 +87,7 @@ class RolloutService:
         parallel: int = 16,
         serving: Serving = "thread",
         runner_mode: Literal["inprocess", "subprocess"] = "inprocess",
+        sandbox: Sandbox = "none",
         retry_policy: RetryPolicy | None = None,
         upstream_url: str | None = None,
         host: str = "127.0.0.1",
@@ -119,6 +121,7 @@ class RolloutService:
                 parallel=parallel,
                 policy=self.retry_policy,
                 mode=runner_mode,
+                sandbox=sandbox,
                 decode=self.gateway.codec.decode if self.gateway.codec is not None else None,
             )
         except BaseException:

@@ -26,6 +26,17 @@ from lightning_dagster.registry.errors import PromotionRefused
 from tests.dagster.conftest import pipeline_for, tiny_training
 
 
+def _usable_sandbox() -> str:
+    """bwrap where it runs (the test setup installs it), else none: the setting must reach the runner."""
+    from lightning_dagster.runner.execute import SandboxUnavailable, check_sandbox
+
+    try:
+        check_sandbox("bwrap")
+    except SandboxUnavailable:
+        return "none"
+    return "bwrap"
+
+
 def test_manifest_round_trips_through_the_store_and_names_its_key(embedded_home):
     p = pipeline_for()
     manifest = build_manifest(p, train_seed=7, serve_rollout_ids=["ro-b", "ro-a"])
@@ -114,11 +125,14 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
         example_harness("calc"), argv=(sys.executable, "-m", "lightning_dagster.harnesses.calc.agent")
     )
     port = free_port()
+    sandbox = _usable_sandbox()
     with GatewayServer(create_stub_app()) as upstream:
         p = pipeline_for().model_copy(
             update={
                 "model": PolicyModelResource(upstream_url=upstream.url, max_batch=4, engine_threads=1),
-                "gateway": GatewayResource(runner_mode="subprocess", port=port, secret="s3cret", parallel=2),
+                "gateway": GatewayResource(
+                    runner_mode="subprocess", sandbox=sandbox, port=port, secret="s3cret", parallel=2
+                ),
                 "training": tiny_training(max_attempts=2),
             }
         )
@@ -131,7 +145,7 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
             serves_parent=True,
         ) as parent:
             service = parent.service
-            assert service.runner.mode == "subprocess"
+            assert service.runner.mode == "subprocess" and service.runner.sandbox == sandbox
             assert service.retry_policy == retry_policy(p, calc)
             assert service.retry_policy.max_attempts == 2
             assert service.gateway.url.endswith(f":{port}") and service.gateway.secret == "s3cret"
@@ -149,7 +163,9 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
             resource_id="res-c",
             serves_parent=False,
         ) as candidate:
-            assert candidate.service.runner.mode == "subprocess"
+            assert (
+                candidate.service.runner.mode == "subprocess" and candidate.service.runner.sandbox == sandbox
+            )
             batch = candidate.run(
                 tasks[:1], group=1, kind=RolloutKind.train, sampling=Sampling(), seed=1, tag="c"
             )

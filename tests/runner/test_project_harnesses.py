@@ -207,6 +207,7 @@ print(json.dumps({
     "stdin": sys.stdin.read(),
     "cwd": os.getcwd(),
     "mapped": {name: os.environ.get(name) for name in ("QUESTION", "ANSWER", "META", "OPENAI_API_KEY")},
+    "inherited": {name: os.environ.get(name) for name in ("TOOL_API_KEY", "UNLISTED_VAR")},
 }))
 """
 
@@ -246,16 +247,18 @@ def test_the_model_names_a_project_declares_are_served_and_any_other_is_404_mode
 
 
 def test_a_command_harness_gets_its_task_in_ld_task_and_on_stdin_and_env_map_in_variables(
-    store, gateway, tmp_path
+    store, gateway, tmp_path, monkeypatch
 ):
     rows = [{**row, "meta": {"level": i}} for i, row in enumerate(task_rows())]
     env_map = {"QUESTION": "question", "ANSWER": "answer", "META": "meta", "OPENAI_API_KEY": "question"}
     folder = make_project(
         tmp_path / "probe",
-        {"command": ["python", "probe.py"], "env_map": env_map},
+        {"command": ["python", "probe.py"], "env_map": env_map, "env_passthrough": ["TOOL_API_KEY"]},
         {"probe.py": PROBE},
         rows=rows,
     )
+    monkeypatch.setenv("TOOL_API_KEY", "tool-secret")
+    monkeypatch.setenv("UNLISTED_VAR", "not for harnesses")
     _, summary, (rollout,) = run_project(store, gateway, folder, tmp_path)
     attempt = only_attempt(store, rollout.rollout_id)
     printed = json.loads(
@@ -269,6 +272,8 @@ def test_a_command_harness_gets_its_task_in_ld_task_and_on_stdin_and_env_map_in_
     assert json.loads(printed["mapped"]["META"]) == task["meta"]
     # A mapped name never replaces the attempt's own key.
     assert printed["mapped"]["OPENAI_API_KEY"] != task["question"]
+    # Of our environment, only the allowlist and the names the project passes through reach the harness.
+    assert printed["inherited"] == {"TOOL_API_KEY": "tool-secret", "UNLISTED_VAR": None}
     assert attempt.reason_code == "no_reward" and summary.missing_rewards == 1
 
 
@@ -330,6 +335,14 @@ def test_a_judge_that_breaks_fails_the_attempt_with_its_message(store, gateway, 
     [
         ({"command": ["no-such-program-here"]}, "harness.command: program 'no-such-program-here' not found"),
         ({"agl": "nowhere:Agent"}, "harness.agl: no module 'nowhere'"),
+        (
+            {"command": ["python", "a.py"], "env_passthrough": ["LD_STORE_URL"]},
+            "harness.env_passthrough: LD_STORE_URL: LD_* and MLFLOW_* variables",
+        ),
+        (
+            {"command": ["python", "a.py"], "model_names": []},
+            "harness.model_names: needs at least one model name",
+        ),
     ],
 )
 def test_a_bad_project_exits_2_with_its_message_and_no_traceback(tmp_path, capsys, harness, message):
