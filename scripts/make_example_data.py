@@ -18,7 +18,7 @@ from lightning_dagster.harnesses.ledger.tasks import make_tasks as ledger_tasks
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # Rows per split: enough for the demo's plan (128 held-out, 32 protected, 8 canary tasks) with room to spare;
 # train rows are drawn in seeded passes, so any number of RL steps is satisfiable.
-CALC_ROWS = {"train": 1024, "holdout": 256, "protected": 64, "canary": 16}
+CALC_ROWS = {"train": 1024, "holdout": 320, "protected": 64, "canary": 16}
 LEDGER_ROWS = {"train": 256, "holdout": 128, "protected": 64, "canary": 64}
 CALC_DEMOS = 1088  # 64 of them are held out by the warm start to estimate its progress
 SEED = 0
