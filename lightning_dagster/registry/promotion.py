@@ -63,6 +63,13 @@ def promote(
     stored = receipts.load(reg.store, receipt)
     facts = receipts.facts(stored.receipt, reg.model_name)
     policy = policy if isinstance(policy, Policy) else load_policy(policy)
+    judged = stored.receipt.gate
+    if judged is not None and judged.policy_hash != policy.hash:
+        # The policy is the release's contract: a caller cannot re-judge a receipt under thresholds of its own.
+        raise PromotionRefused(
+            f"receipt {facts.receipt_id} was judged under policy {judged.policy_version} ({judged.policy_hash}); "
+            f"promotion under {policy.version} ({policy.hash}) is refused"
+        )
     evaluation = evaluate(stored.receipt, policy, current_fingerprints, roles=reg.roles().actors)
     if evaluation.verdict != PROMOTE or evaluation.stale_checks:
         raise PromotionRefused(

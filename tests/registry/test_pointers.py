@@ -167,6 +167,23 @@ def test_eight_processes_race_exactly_one_wins(
     assert [e["to"] for e in json.loads(rm.tags[f"{APPROVED}.history"])] == [parent.version, winner[2]]
 
 
+def test_a_receipt_judged_under_one_policy_cannot_be_promoted_under_another(registry, variant, approver_keys):
+    from lightning_dagster.gate import evaluate, load_policy
+    from lightning_dagster.gate.receipt import with_gate_record
+
+    parent, (cand,) = _bootstrap(registry, variant)
+    receipt = passing_receipt(registry, parent, cand, "rec-policy", approver_keys)
+    default = load_policy(None)
+    judged = with_gate_record(receipt, evaluate(receipt, default).to_record())
+    approve(registry, judged, approver_keys, "alice")
+    lax = type(default).model_validate({**default.model_dump(), "version": "lax-v1"})
+    assert lax.hash != default.hash
+    with pytest.raises(PromotionRefused, match=f"judged under policy {default.version}"):
+        registry.promote("rec-policy", "alice", policy=lax)
+    assert [m.to_value for m in registry.history()] == [parent.version]
+    assert registry.promote("rec-policy", "alice", policy=default).move.to_value == cand.version
+
+
 def test_promotion_refusals(registry, variant, approver_keys):
     keys = approver_keys
     parent, (cand, other) = _bootstrap(registry, variant, 2)
