@@ -27,15 +27,18 @@ ACTORS = {"alice": "release-owner", "bob": "default-approver"}
 def tiny_training(**overrides) -> TrainingResource:
     # A parent warm-started long enough to solve some tasks: a parent that solves none gives every group
     # the same reward, so RL has nothing to learn from and the candidate is the parent (check 1 holds it).
-    return TrainingResource(
-        **{
-            **QUICK_TRAINING,
-            "min_serve_rollouts": 3,
-            "warm_start_max_steps": 200,
-            "warm_start_demos": 512,
-            **overrides,
-        }
-    )
+    # A tiny learning rate: the update changes the weights (check 1) without flipping a greedy protected
+    # case by chance, which these plumbing tests' verdicts would otherwise hang on (check 5's zero tolerance).
+    # Groups of 16: with a parent solving ~5% of sampled tasks, 2 steps x 4 tasks x 16 rollouts leave RL some
+    # group whose rewards differ; groups of 4 did not on some snapshots (every reward 0).
+    settings = {
+        "min_serve_rollouts": 3,
+        "warm_start_max_steps": 200,
+        "warm_start_demos": 512,
+        "learning_rate": 1e-6,
+        "group_size": 16,
+    }
+    return TrainingResource(**{**QUICK_TRAINING, **settings, **overrides})
 
 
 def pipeline_for(
