@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import io
 import os
-import socket
-import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -19,7 +16,7 @@ from lightning_dagster.gateway.keys import SecretError, attempt_key, read_secret
 from lightning_dagster.gateway.local import LocalGateway
 from lightning_dagster.store import Store
 from tests.gateway.conftest import ADMIN, SECRET
-from tests.support.secrets import secret_file
+from tests.support.secrets import secret_file, serve_upstream_cli, wait_healthy
 
 
 def proc_text(pid: int, part: str) -> str:
@@ -117,33 +114,8 @@ def test_secrets_stdin_refuses_anything_but_one_json_object_of_known_secrets(giv
         secrets_from_json(given)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, admin: str) -> httpx.Response:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            return httpx.get(f"{url}/admin/health", headers={"Authorization": f"Bearer {admin}"})
-        except httpx.HTTPError:
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
-
-
 def test_gateway_serve_with_secret_files_keeps_them_out_of_its_environ_and_cmdline(tmp_path, stub):
-    port = free_port()
-    cmd = [sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", "--port", str(port)]
-    cmd += ["--upstream", stub.url, "--store", f"sqlite:///{tmp_path / 'cli.db'}"]
-    cmd += [
-        "--secret-file",
-        secret_file(tmp_path, SECRET),
-        "--admin-key-file",
-        secret_file(tmp_path, ADMIN, "a"),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, port = serve_upstream_cli(tmp_path, stub.url, SECRET, ADMIN)
     try:
         assert wait_healthy(proc, f"http://127.0.0.1:{port}", ADMIN).status_code == 200
         environ, cmdline = proc_text(proc.pid, "environ"), proc_text(proc.pid, "cmdline")

@@ -106,36 +106,11 @@ def test_write_behind_spans_are_committed_before_the_reward_is_acknowledged(stor
 
 
 def test_cli_serves_upstream_mode_on_loopback(tmp_path, stub):
-    import socket
-    import subprocess
-    import sys
-    import time
+    from tests.support.secrets import serve_upstream_cli, wait_healthy
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    from tests.support.secrets import secret_file
-
-    cmd = [sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", "--port", str(port)]
-    cmd += ["--upstream", stub.url, "--store", f"sqlite:///{tmp_path / 'cli.db'}"]
-    cmd += [
-        "--secret-file",
-        secret_file(tmp_path, SECRET),
-        "--admin-key-file",
-        secret_file(tmp_path, ADMIN, "admin"),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, port = serve_upstream_cli(tmp_path, stub.url, SECRET, ADMIN)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                r = httpx.get(
-                    f"http://127.0.0.1:{port}/admin/health", headers={"Authorization": f"Bearer {ADMIN}"}
-                )
-                break
-            except httpx.HTTPError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.2)
+        r = wait_healthy(proc, f"http://127.0.0.1:{port}", ADMIN)
         assert r.json()["backend"] == "upstream"
         assert proc.pid and psutil_listens_on_loopback(proc.pid, port)
     finally:

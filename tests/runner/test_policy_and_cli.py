@@ -9,7 +9,7 @@ import pytest
 from lightning_dagster.cli import main
 from lightning_dagster.runner import InvalidPolicy, RetryPolicy
 from lightning_dagster.types import Attempt, AttemptState, RetryKind, SpanKind
-from tests.support.secrets import secret_file
+from tests.support.secrets import gateway_args
 
 
 def ended(state: str, reason: str | None = None, seq: int = 1) -> Attempt:
@@ -37,14 +37,7 @@ def test_an_unusable_policy_is_refused(kwargs):
 
 def test_cli_runs_rollouts_through_a_gateway_and_prints_the_summary(store, gateway, capsys, tmp_path):
     argv = ["rollouts", "run", "--harness", "calc", "--split", "holdout", "--n", "1", "--group", "2"]
-    argv += [
-        "--gateway",
-        gateway.url,
-        "--secret-file",
-        secret_file(tmp_path, gateway.secret),
-        "--store",
-        store.url,
-    ]
+    argv += gateway_args(gateway, store, tmp_path)
     assert main(argv + ["--mode", "inprocess", "--json"]) == 0
     out = capsys.readouterr().out
     summary = json.loads(out)

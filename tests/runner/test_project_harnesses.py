@@ -21,7 +21,7 @@ from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
 from lightning_dagster.types import AttemptState, SpanKind
 from tests.project.helpers import task_rows, write_jsonl
 from tests.support.project_imports import restore_import_state  # noqa: F401 (autouse)
-from tests.support.secrets import secret_file
+from tests.support.secrets import gateway_args
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_EXAMPLE = REPO / "examples" / "node-agent"
@@ -88,15 +88,7 @@ def test_the_starter_project_runs_through_the_cli_and_records_a_reward_per_rollo
 ):
     write_starter(tmp_path / "starter")
     argv = ["rollouts", "run", "--project", str(tmp_path / "starter"), "--split", "holdout", "--n", "2"]
-    argv += [
-        "--gateway",
-        gateway.url,
-        "--secret-file",
-        secret_file(tmp_path, gateway.secret),
-        "--store",
-        store.url,
-        "--json",
-    ]
+    argv += [*gateway_args(gateway, store, tmp_path), "--json"]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["harness"] == "my-agent" and summary["rollouts_by_status"] == {"succeeded": 2}
