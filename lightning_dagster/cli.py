@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("lightning_dagster.engine.cli", "build or inspect the embedded policy model"),
     "gateway": ("lightning_dagster.gateway.cli", "serve the OpenAI-compatible LLM proxy"),
     "rollouts": ("lightning_dagster.runner.cli", "run harness rollouts through a gateway"),
+    "runner": ("lightning_dagster.runner.worker", "a fleet worker: claim and run queued rollouts"),
     "train": ("lightning_dagster.training.cli", "warm-start a parent and train a candidate with RL"),
     "gate": ("lightning_dagster.gate.cli", "evaluate an update receipt under a policy"),
     "registry": ("lightning_dagster.registry.cli", "candidate lineage and the two pointers in MLflow"),

@@ -1,6 +1,13 @@
 """Attribution: which attempt a request writes to (per-attempt key, path, or serve session), and the state the
 gateway keeps per attempt (last call for token-in, span sequence, the rollout's seed and sampling).
 
+That state is a cache of the store: a context loaded for an attempt that already has spans (another gateway
+replica served it, or this gateway restarted) is rebuilt from them: the span sequence, the call count that
+seeds the next call, the token-in statistics and the last call's exact ids; the last call's conversation is
+matched by the digest its span records (`conversation`), so token-in continues exactly. Over a PostgreSQL
+store, where replicas share attempts, every call re-reads the attempt's state and highest span sequence and
+catches up when another replica wrote meanwhile (so an ended attempt is refused at once, too).
+
 Serve sessions: a serve call names its session in `X-Session-Id` (1 to 256 characters); a call without one
 opens a new session, whose id the response returns in `X-Session-Id` for the client's next call. A session
 belongs to the serve key that opened it: another key naming it is refused with 403. Sessions are never
@@ -9,11 +16,13 @@ matched by content (two clients with the same first message are two sessions).""
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from cachetools import LRUCache
@@ -22,9 +31,9 @@ from pydantic import ValidationError
 
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.keys import parse_attempt_key, same_key
-from lightning_dagster.gateway.tokenin import LastCall, TokenInStats
+from lightning_dagster.gateway.tokenin import LastCall, TokenInStats, normalize_messages
 from lightning_dagster.store.errors import NotFound
-from lightning_dagster.types import AttemptState, RolloutKind, Sampling
+from lightning_dagster.types import AttemptState, RolloutKind, Sampling, Span, SpanKind
 
 MAX_SESSION_ID = 256  # the store's session column
 
@@ -39,6 +48,21 @@ class Caller:
 
 def key_id(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _digest(normalized: list[dict], tools: list[dict] | None) -> str:
+    text = json.dumps([normalized, tools], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def conversation(last: LastCall) -> dict[str, Any]:
+    """What an LLM span records of its call's conversation so any replica can continue it exactly: the
+    number of messages (the request's plus the reply), their digest, and the reply as rendered."""
+    return {
+        "messages": len(last.messages),
+        "digest": _digest(last.messages, last.tools),
+        "assistant": last.raw_messages[-1],
+    }
 
 
 @dataclass
@@ -57,6 +81,23 @@ class AttemptContext:
     last_ids: array | None = None
     session: str | None = None  # serve rollouts: the client's session id
     stats: TokenInStats = field(default_factory=TokenInStats)
+    # the last call as its span recorded it (`conversation`), when the context was rebuilt from the store;
+    # `resume` turns it into `last` once the next request's messages are known
+    recorded: dict[str, Any] | None = None
+
+    def resume(self, messages: list[dict], tools: list[dict] | None) -> None:
+        """Rebuild `last` from the recorded last call if `messages` continue its conversation (the same test
+        `tokenin.continues` makes on a live `last`)."""
+        recorded, self.recorded = self.recorded, None
+        if recorded is None or self.last_ids is None:
+            return
+        n = recorded["messages"]
+        if len(messages) <= n:
+            return
+        raw = [*messages[: n - 1], recorded["assistant"]]
+        normalized = normalize_messages(raw)
+        if _digest(normalized, tools) == recorded["digest"]:
+            self.last = LastCall(normalized, raw, tools, self.last_ids)
 
     def take_sequence(self) -> int:
         self.next_sequence += 1
@@ -93,6 +134,8 @@ class Attempts:
         self.admin_key = admin_key
         self.serve_keys = tuple(k for k in serve_keys if k)
         self.state_ttl_s = state_ttl_s
+        # replicas share attempts only through a server database; a SQLite file is one host's
+        self.shared = store.engine.url.get_backend_name() != "sqlite"
         self.contexts: LRUCache[str, AttemptContext] = LRUCache(max_contexts)
         # serve session -> (key id of its owner, rollout id, attempt id)
         self.sessions: LRUCache[str, tuple[str, str, str]] = LRUCache(max_contexts)
@@ -136,7 +179,7 @@ class Attempts:
                 raise GatewayError(
                     500, f"rollout {rollout_id} has an invalid metadata.sampling: {exc}"
                 ) from exc
-            return AttemptContext(
+            ctx = AttemptContext(
                 rollout_id=rollout_id,
                 attempt_id=attempt_id,
                 kind=kind,
@@ -144,10 +187,46 @@ class Attempts:
                 sampling=decided,
                 state=state,
                 checked_at=time.monotonic(),
-                next_sequence=0 if highest is None else highest + 1,
+                next_sequence=0,
             )
+            if highest is not None:
+                self._catch_up(ctx, highest)
+            return ctx
 
         return await anyio.to_thread.run_sync(load)
+
+    def _catch_up(self, ctx: AttemptContext, highest: int) -> None:
+        """Rebuild what the attempt's recorded spans say (see the module docstring); blocking."""
+        calls = [
+            s
+            for s in self.store.list_spans(attempt_id=ctx.attempt_id, kind=SpanKind.llm)
+            if s.status == "ok" and s.prompt_token_ids is not None
+        ]
+        ctx.next_sequence = highest + 1
+        ctx.stats = TokenInStats(
+            calls=len(calls),
+            continuations=max(len(calls) - 1, 0),
+            token_in=sum(bool(s.attributes.get("token_in")) for s in calls),
+            fallbacks=sum(bool(s.attributes.get("token_in_fallback")) for s in calls),
+        )
+        ctx.last = None
+        ctx.last_ids = ctx.recorded = None
+        if calls:
+            last: Span = calls[-1]
+            ctx.last_ids = array("i", last.prompt_token_ids)
+            ctx.last_ids.extend(last.response_token_ids or [])
+            ctx.recorded = last.attributes.get("conversation")
+
+    async def _refresh(self, ctx: AttemptContext) -> None:
+        """Shared store: the attempt's state, and what another replica recorded since our last call."""
+
+        def refresh() -> None:
+            _, state, _, _, highest = self.store.attempt_facts(ctx.attempt_id)
+            ctx.state, ctx.checked_at = state, time.monotonic()
+            if highest is not None and highest >= ctx.next_sequence:
+                self._catch_up(ctx, highest)
+
+        await anyio.to_thread.run_sync(refresh)
 
     async def context(
         self, rollout_id: str, attempt_id: str, *, require_running: bool = True
@@ -156,6 +235,8 @@ class Attempts:
         if ctx is None or ctx.rollout_id != rollout_id:
             loaded = await self._load(rollout_id, attempt_id)
             ctx = self.contexts.setdefault(attempt_id, loaded)  # a racing request may have loaded it first
+        elif self.shared:
+            await self._refresh(ctx)
         elif time.monotonic() - ctx.checked_at > self.state_ttl_s:
             attempt = await anyio.to_thread.run_sync(self.store.get_attempt, attempt_id)
             ctx.state, ctx.checked_at = attempt.state, time.monotonic()

@@ -12,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from lightning_dagster.gateway import schemas
-from lightning_dagster.gateway.attempts import AttemptContext
+from lightning_dagster.gateway.attempts import AttemptContext, conversation
 from lightning_dagster.gateway.backends import CallSampling, Completion
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.tokenin import LastCall, continues, extends
@@ -43,6 +43,7 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
     gw.check_model(req.model)
     messages = [m.plain() for m in req.messages] if chat else []
     ctx = await gw.attempts.target(request, caller, path, serve=True)
+    ctx.resume(messages, req.tools if chat else None)  # a context rebuilt from the store (another replica's)
     previous, previous_ids = ctx.last, ctx.last_ids
     if chat:
         want_logprobs = bool(req.logprobs)
@@ -86,15 +87,18 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
         "tool_calls": len(c.tool_calls),
         "latency_s": round(latency, 6),
     }
-    span = _llm_span(gw, ctx, chat, c, started, latency, attributes)
-    await gw.record(ctx, span, wait=gw.durable, sync=gw.fsync_spans)
-    ctx.last_ids = array("i", c.prompt_ids)
-    ctx.last_ids.extend(c.response_ids)
-    ctx.last = (
+    last = (
         LastCall.of(messages, schemas.assistant_message(c), req.tools, c.prompt_ids, c.response_ids)
         if chat and backend.token_in
         else None
     )
+    if last is not None:
+        attributes["conversation"] = conversation(last)
+    span = _llm_span(gw, ctx, chat, c, started, latency, attributes)
+    await gw.record(ctx, span, wait=gw.durable, sync=gw.fsync_spans)
+    ctx.last_ids = array("i", c.prompt_ids)
+    ctx.last_ids.extend(c.response_ids)
+    ctx.last = last
     response = (schemas.chat_response if chat else schemas.completion_response)(c, want_logprobs)
     headers = {
         "x-ld-rollout-id": ctx.rollout_id,

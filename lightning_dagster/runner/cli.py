@@ -1,15 +1,19 @@
-"""`lightning-dagster rollouts run`: enqueue N rollouts of a harness and run them through a gateway.
+"""`lightning-dagster rollouts run`: enqueue N rollouts of a harness and run them through a gateway;
+`rollouts enqueue`: only queue them, for `lightning-dagster runner` workers (`runner.worker`) to claim.
 
 The harness and tasks are a project's (`--project PATH`, default the working directory's project file;
 `--harness calc` / `--harness ledger` name the built-in example projects): the first N tasks of the split
-in its tasks file. Exit status: 0 ran, 2 bad arguments or a bad project."""
+in its tasks file. `--run-id` names the run: the same command again resumes its unfinished rollouts instead
+of queuing new ones (a killed run's attempts are ended by the reaper after the heartbeat timeout and
+retried). Exit status: 0 ran, 2 bad arguments or a bad project."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning_dagster import config
 from lightning_dagster.gateway.cli import add_removed_secret_option
@@ -19,40 +23,65 @@ from lightning_dagster.harnesses.splits import SPLITS
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
 from lightning_dagster.project.examples import EXAMPLES
 from lightning_dagster.runner.execute import SANDBOXES, SandboxUnavailable, check_sandbox
+from lightning_dagster.runner.policy import RetryPolicy
+from lightning_dagster.types import Rollout, new_id
 
 if TYPE_CHECKING:
     from lightning_dagster.runner.transcript import Decode
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="action", metavar="ACTION")
-    run = sub.add_parser("run", help="run N rollouts of a harness and print the summary")
-    which = run.add_mutually_exclusive_group()
+def add_harness_options(parser: argparse.ArgumentParser) -> None:
+    """Which project's harness (shared with `lightning-dagster runner`)."""
+    which = parser.add_mutually_exclusive_group()
     which.add_argument("--harness", choices=EXAMPLES, help="a built-in example project (examples/NAME)")
     add_project_option(which)
-    run.add_argument("--split", default="train", choices=SPLITS)
-    run.add_argument("--n", type=int, required=True, help="number of tasks")
-    run.add_argument("--group", type=int, default=1, help="rollouts per task (a GRPO group); N x G rollouts")
-    run.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--store", help="store URL (default: config.store_url())")
+
+
+def add_runner_options(parser: argparse.ArgumentParser) -> None:
+    """How attempts run: gateway, sandbox, parallelism and the retry policy (shared with the worker)."""
+    parser.add_argument("--secret-file", help="file holding the gateway's attempt-key secret, mode 0600 "
+                        "(-: read it from standard input)")  # fmt: skip
+    add_removed_secret_option(parser)
+    parser.add_argument("--sandbox", choices=SANDBOXES, default="none", help="bwrap: each harness subprocess "
+                        "in a PID namespace of its own, away from the gateway's /proc (docs/SECURITY.md)")  # fmt: skip
+    parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--mode", choices=("subprocess", "inprocess"), default="subprocess",
+                        help="for a harness that can run either way")  # fmt: skip
+    parser.add_argument("--timeout", type=float, help="seconds per attempt (default: the harness's)")
+    parser.add_argument("--max-attempts", type=int, help="attempts per rollout (default: the harness's)")
+    parser.add_argument("--heartbeat-timeout", type=float, help="seconds without a heartbeat after which "
+                        "any runner's reaper ends an attempt unresponsive (default 30)")  # fmt: skip
+    parser.add_argument("--backoff-max", type=float, help="cap of the infrastructure retries' exponential "
+                        "backoff, and the longest claims pause while the gateway is down (default 30)")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _task_options(parser: argparse.ArgumentParser) -> None:
+    add_harness_options(parser)
+    parser.add_argument("--split", default="train", choices=SPLITS)
+    parser.add_argument("--n", type=int, required=True, help="number of tasks")
+    parser.add_argument("--group", type=int, default=1, help="rollouts per task (a GRPO group); N x G")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--run-id", help="names the run (group ids RUN-gI); the same id again resumes its "
+                        "unfinished rollouts instead of queuing new ones (default: a new id, printed)")  # fmt: skip
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    enqueue = sub.add_parser("enqueue", help="queue N rollouts for `lightning-dagster runner` workers")
+    _task_options(enqueue)
+    enqueue.set_defaults(handler=_enqueue)
+    run = sub.add_parser("run", help="run N rollouts of a harness and print the summary")
+    _task_options(run)
+    add_runner_options(run)
     run.add_argument("--gateway", help="URL of a running gateway (default: a local one, see --serving)")
-    run.add_argument("--secret-file", help="file holding that gateway's attempt-key secret, mode 0600 "
-                     "(-: read it from standard input)")  # fmt: skip
-    add_removed_secret_option(run)
-    run.add_argument("--sandbox", choices=SANDBOXES, default="none", help="bwrap: each harness subprocess in "
-                     "a PID namespace of its own, away from the gateway's /proc (docs/SECURITY.md)")  # fmt: skip
     run.add_argument("--model", type=Path, help="model directory for the local gateway "
                      "(default: <home>/models/base, built if absent)")  # fmt: skip
     run.add_argument("--serving", choices=("thread", "process"), default="thread",
                      help="the local gateway in this process or in a child process")  # fmt: skip
     run.add_argument("--upstream-url", help="the local gateway forwards every call to this OpenAI-compatible "
                      "server instead of the embedded engine")  # fmt: skip
-    run.add_argument("--store", help="store URL (default: config.store_url())")
-    run.add_argument("--parallel", type=int, default=8)
-    run.add_argument("--mode", choices=("subprocess", "inprocess"), default="subprocess",
-                     help="for a harness that can run either way")  # fmt: skip
-    run.add_argument("--timeout", type=float, help="seconds per attempt (default: the harness's)")
-    run.add_argument("--max-attempts", type=int, help="attempts per rollout (default: the harness's)")
-    run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.set_defaults(handler=_run)
 
 
@@ -70,22 +99,77 @@ def _secret(args: argparse.Namespace) -> str | None:
     return read_secret_file(args.secret_file)
 
 
-def _harness_and_tasks(args: argparse.Namespace) -> tuple[HarnessSpec, list[dict]]:
-    from lightning_dagster.project import load_project, load_tasks
+def harness_of(args: argparse.Namespace) -> tuple[HarnessSpec, Any]:
+    """The harness spec and the project of `--project` / `--harness`."""
+    from lightning_dagster.project import load_project
     from lightning_dagster.project.examples import project_file
     from lightning_dagster.project.harness import harness_spec
 
     project = load_project(project_file(args.project, args.harness))
+    return harness_spec(project), project
+
+
+def policy_of(args: argparse.Namespace, spec: HarnessSpec) -> RetryPolicy:
+    """The harness's retry policy with the command line's overrides (raises `InvalidPolicy`)."""
+    overrides = {
+        "max_attempts": args.max_attempts,
+        "timeout_s": args.timeout,
+        "heartbeat_timeout_s": args.heartbeat_timeout,
+        "backoff_max_s": args.backoff_max,
+    }
+    if args.backoff_max is not None:  # a cap below the default first delay lowers that delay with it
+        overrides["backoff_s"] = min(RetryPolicy.backoff_s, args.backoff_max)
+    return spec.retry_policy(**{name: value for name, value in overrides.items() if value is not None})
+
+
+def rollouts_of(
+    args: argparse.Namespace, store: Any, spec: HarnessSpec, project: Any, **enqueue_kw: Any
+) -> list[Rollout]:
+    """The run's rollouts: those already queued under `--run-id` (a resumed run), else new ones."""
+    from lightning_dagster.project import load_tasks
+    from lightning_dagster.runner.rollouts import enqueue_tasks, run_rollouts
+
     tasks = load_tasks(project)
     tasks.require_splits([args.split])
-    return harness_spec(project), tasks.splits[args.split][: args.n]
+    chosen = tasks.splits[args.split][: args.n]
+    if args.run_id is None:
+        args.run_id = new_id("run")
+        print(
+            f"run id: {args.run_id} (the same command with --run-id {args.run_id} resumes it)",
+            file=sys.stderr,
+        )
+    found = run_rollouts(store, args.run_id, len(chosen))
+    if found:
+        return found
+    return enqueue_tasks(
+        store,
+        spec,
+        chosen,
+        kind=args.split,
+        group_size=args.group,
+        seed=args.seed,
+        tag=args.run_id,
+        **enqueue_kw,
+    )
+
+
+@exits_2_on_project_error
+def _enqueue(args: argparse.Namespace) -> int:
+    from lightning_dagster.store import Store
+
+    if args.n < 1 or args.group < 1:
+        print("error: --n and --group must be >= 1", file=sys.stderr)
+        return 2
+    spec, project = harness_of(args)
+    rollouts = rollouts_of(args, Store(args.store), spec, project)
+    print(json.dumps({"run_id": args.run_id, "rollouts": len(rollouts), "harness": spec.name}))
+    return 0
 
 
 @exits_2_on_project_error
 def _run(args: argparse.Namespace) -> int:
     from lightning_dagster.gateway.local import LocalGateway
     from lightning_dagster.runner.policy import InvalidPolicy
-    from lightning_dagster.runner.rollouts import enqueue_tasks
     from lightning_dagster.runner.runner import Runner
     from lightning_dagster.store import Store
 
@@ -98,30 +182,21 @@ def _run(args: argparse.Namespace) -> int:
     except (SecretError, SandboxUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    spec, tasks = _harness_and_tasks(args)
+    spec, project = harness_of(args)
     if args.sandbox != "none" and spec.run_mode(args.mode) == "inprocess":
         print(
             f"error: --sandbox {args.sandbox} needs --mode subprocess and a harness command", file=sys.stderr
         )
         return 2
-    overrides = {"max_attempts": args.max_attempts, "timeout_s": args.timeout}
     try:
-        policy = spec.retry_policy(**{name: value for name, value in overrides.items() if value is not None})
+        policy = policy_of(args, spec)
     except InvalidPolicy as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     store = Store(args.store)
 
     def execute(url: str, key: str, resource_id: str | None, decode: Decode | None) -> int:
-        rollouts = enqueue_tasks(
-            store,
-            spec,
-            tasks,
-            kind=args.split,
-            group_size=args.group,
-            seed=args.seed,
-            resource_id=resource_id,
-        )
+        rollouts = rollouts_of(args, store, spec, project, resource_id=resource_id)
         runner = Runner(
             store, url, secret=key, harness=spec, parallel=args.parallel, policy=policy, mode=args.mode,
             decode=decode, sandbox=args.sandbox,

@@ -52,6 +52,10 @@ FORBIDDEN_PREFIXES = ("LD_", "MLFLOW_")
 Sandbox = Literal["none", "bwrap"]
 SANDBOXES = ("none", "bwrap")
 # The whole filesystem as it is, a PID namespace of its own and a /proc that shows only that namespace.
+# A harness dies with the runner thread that started it: a runner killed with SIGKILL leaves no harness
+# posting into attempts another runner's reaper has ended. setpriv sets PR_SET_PDEATHSIG, kept across exec.
+_SETPRIV = shutil.which("setpriv")
+DIE_WITH_RUNNER = (_SETPRIV, "--pdeathsig", "KILL", "--") if _SETPRIV else ()
 BWRAP = ("bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc")
 
 
@@ -198,7 +202,7 @@ def run_subprocess(
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "stdin").write_text(env["LD_TASK"])
     expose = [workdir.resolve()] + ([Path(cwd).resolve()] if cwd is not None else [])
-    command = sandboxed(argv, sandbox, hide=hide, expose=expose)
+    command = [*DIE_WITH_RUNNER, *sandboxed(argv, sandbox, hide=hide, expose=expose)]
     with (
         (workdir / "stdin").open("rb") as task_in,
         (workdir / "stdout").open("wb") as out,

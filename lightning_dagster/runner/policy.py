@@ -4,6 +4,9 @@ An attempt's *ending* is its final state (`failed`, `timeout`, ...) or its reaso
 `no_reward`, ...); the policy names endings, so it can be as coarse or as precise as the harness needs.
 An ending in `sample_retry_on` is an expected sample retry (part of the agent's method); one in `retry_on`
 is an infrastructure retry (paid for a broken worker, gateway or timeout). The gate tells them apart.
+Infrastructure retries back off: retry k is not claimed before `backoff_s * 2**(k-1)` seconds (at most
+`backoff_max_s`) after the ending, and while the gateway is unreachable a runner starts no attempt for up to
+`backoff_max_s`, so an outage shorter than that costs each rollout at most the attempt it interrupted.
 """
 
 from __future__ import annotations
@@ -25,12 +28,18 @@ class RetryPolicy:
     sample_retry_on: tuple[str, ...] = ()
     timeout_s: float = 60.0
     heartbeat_timeout_s: float = 30.0
+    backoff_s: float = 0.5
+    backoff_max_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise InvalidPolicy(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.timeout_s <= 0 or self.heartbeat_timeout_s <= 0:
             raise InvalidPolicy("timeout_s and heartbeat_timeout_s must be positive")
+        if self.backoff_s < 0 or self.backoff_max_s < self.backoff_s:
+            raise InvalidPolicy(
+                f"backoff needs 0 <= backoff_s <= backoff_max_s, got {self.backoff_s} and {self.backoff_max_s}"
+            )
         # Accept lists from JSON/YAML configs but keep the policy hashable and immutable.
         object.__setattr__(self, "retry_on", tuple(self.retry_on))
         object.__setattr__(self, "sample_retry_on", tuple(self.sample_retry_on))
@@ -50,6 +59,13 @@ class RetryPolicy:
         if endings & set(self.retry_on):
             return RetryKind.infrastructure
         return None
+
+    def delay_s(self, ended: Attempt, kind: RetryKind) -> float:
+        """How long the retry of `ended` waits before any runner may claim it: none for a sample retry,
+        exponential in the attempt's number with a cap for an infrastructure retry."""
+        if kind is not RetryKind.infrastructure:
+            return 0.0
+        return min(self.backoff_max_s, self.backoff_s * 2 ** (ended.sequence_id - 1))
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}

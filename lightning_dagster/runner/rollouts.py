@@ -57,3 +57,9 @@ def enqueue_tasks(
                 )
             )
     return store.enqueue_rollouts(rollouts)
+
+
+def run_rollouts(store: Store, tag: str, n_tasks: int) -> list[Rollout]:
+    """The rollouts `enqueue_tasks(..., tag=tag)` queued for `n_tasks` tasks (empty: none yet), so a
+    restarted run finds its own rollouts instead of queuing new ones."""
+    return store.query_rollouts(group_ids=[f"{tag}-g{t}" for t in range(n_tasks)])

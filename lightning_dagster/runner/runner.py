@@ -6,6 +6,11 @@ whether that retry is an expected sample retry or an infrastructure retry. A rea
 heartbeat went stale (a crashed worker, here or in another process) `unresponsive` and applies the same
 policy, so no rollout is left `running` forever. An attempt that finished without posting a reward is scored
 by the harness's judge, when it has one, from its transcript (see `runner.transcript`).
+
+`run(ids)` drives one run's rollouts to their end; `work()` is a fleet worker: it claims any queued rollout
+of its harness from the store, whoever enqueued it, so any number of runner processes on any machines share
+one PostgreSQL queue. A failed attempt while the gateway does not answer ends `gateway_unreachable`, and
+claims pause (see `RetryPolicy`) until it answers again.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ import os
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -55,6 +62,7 @@ FINAL_ROLLOUT = frozenset({RolloutStatus.succeeded, RolloutStatus.failed, Rollou
 RUNNER_SPAN_SEQUENCE = 1_000_000
 # An idle worker's store polls: first wait, then doubling up to the second.
 IDLE_POLL_S = (0.05, 1.0)
+GATEWAY_PROBE_S = 2.0  # how long a health probe waits for the gateway to answer
 
 
 class WrongHarness(ValueError):
@@ -107,6 +115,8 @@ class Runner:
         self._lock = threading.Lock()
         self._busy = 0  # rollouts a worker or the reaper is handling right now
         self._active: set[str] = set()  # attempt ids a live worker of ours is running or ending
+        self._outage_since: float | None = None  # monotonic time an attempt first found the gateway down
+        self.driven = 0  # rollouts this runner claimed
 
     # -- public -------------------------------------------------------------------------------------------
 
@@ -118,21 +128,7 @@ class Runner:
             rollout_ids = [r.rollout_id for r in queued if r.harness == self.harness.name]
         ids = list(rollout_ids)
         self._check(ids)
-        stop = threading.Event()
-        threads = [threading.Thread(target=self._reap_loop, args=(ids, stop), name="reaper", daemon=True)]
-        threads += [
-            threading.Thread(target=self._work_loop, args=(f"{self.runner_id}-w{i}", ids, stop), daemon=True)
-            for i in range(self.parallel)
-        ]
-        for thread in threads:
-            thread.start()
-        try:
-            while not self._all_final(ids):
-                time.sleep(0.1)
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join()
+        self._loop(ids, lambda: self._all_final(ids), threading.Event())
         return summarize(
             self.store,
             ids,
@@ -141,6 +137,42 @@ class Runner:
             wall_s=time.monotonic() - started,
             mode=self.mode,
         )
+
+    def work(self, *, until_idle: bool = False, stop: threading.Event | None = None) -> int:
+        """Fleet worker: claim and run this harness's queued rollouts until `stop` is set or, `until_idle`,
+        until none of them is queued or running anywhere. Returns how many rollouts this runner claimed."""
+        stop = stop or threading.Event()
+
+        def done() -> bool:
+            if stop.is_set():
+                return True
+            if not until_idle:
+                return False
+            with self._lock:
+                if self._busy:
+                    return False
+            live = (RolloutStatus.queued, RolloutStatus.running)
+            return not self.store.query_rollouts(harness=self.harness.name, status=live, limit=1)
+
+        self._loop(None, done, stop)
+        return self.driven
+
+    def _loop(self, ids: list[str] | None, done: Callable[[], bool], stop: threading.Event) -> None:
+        """Workers and the reaper over `ids` (None: every rollout of this harness) until `done()`."""
+        threads = [threading.Thread(target=self._reap_loop, args=(ids, stop), name="reaper", daemon=True)]
+        threads += [
+            threading.Thread(target=self._work_loop, args=(f"{self.runner_id}-w{i}", ids, stop), daemon=True)
+            for i in range(self.parallel)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            while not done():
+                stop.wait(0.1)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
 
     def _check(self, ids: list[str]) -> None:
         """Refuse, before anything runs, rollout ids that do not exist or belong to another harness."""
@@ -160,7 +192,7 @@ class Runner:
                 return False
         return all(r.status in FINAL_ROLLOUT for r in self.store.query_rollouts(rollout_ids=ids))
 
-    def _next(self, worker_id: str, ids: list[str]) -> tuple[Rollout, Attempt] | None:
+    def _next(self, worker_id: str, ids: list[str] | None) -> tuple[Rollout, Attempt] | None:
         """Claim a queued rollout (with its queued retry attempt, if any). Counted busy from here on, so
         the run cannot look finished between a claim and the rollout's final status."""
         with self._lock:
@@ -169,20 +201,28 @@ class Runner:
         try:
             # A read first: claiming takes the write lock, and idle workers would otherwise keep taking
             # it away from the gateway's span writes.
-            if self.store.query_rollouts(rollout_ids=ids, status=RolloutStatus.queued, limit=1):
-                claimed = self.store.claim_rollout(worker_id, rollout_ids=ids)
+            scope = {"rollout_ids": ids} if ids is not None else {"harness": self.harness.name}
+            if self.store.query_rollouts(status=RolloutStatus.queued, limit=1, **scope):
+                claimed = self.store.claim_rollout(worker_id, **scope)
         finally:
             if claimed is None:
                 self._release()
+        if claimed is not None:
+            with self._lock:
+                self.driven += 1
         return claimed
 
     def _release(self) -> None:
         with self._lock:
             self._busy -= 1
 
-    def _work_loop(self, worker_id: str, ids: list[str], stop: threading.Event) -> None:
+    def _work_loop(self, worker_id: str, ids: list[str] | None, stop: threading.Event) -> None:
         idle = IDLE_POLL_S[0]
         while not stop.is_set():
+            if self._holding():
+                stop.wait(idle)
+                idle = min(idle * 2, IDLE_POLL_S[1])
+                continue
             try:
                 claimed = self._next(worker_id, ids)
             except Exception:  # noqa: BLE001 - a store hiccup must not kill the worker
@@ -215,7 +255,7 @@ class Runner:
                     outcome = self._attempt(rollout, attempt)
                 except Exception as exc:  # noqa: BLE001 - a runner-side failure still ends the attempt
                     outcome = Outcome(AttemptState.failed, "runner_error", f"{type(exc).__name__}: {exc}")
-                retry = self._after(self._end(attempt, outcome))
+                retry = self._after(self._end(attempt, self._blame_gateway(outcome)))
             finally:
                 with self._lock:
                     self._active.discard(attempt.attempt_id)
@@ -241,19 +281,61 @@ class Runner:
             return self.store.get_attempt(attempt.attempt_id)
 
     def _after(self, ended: Attempt) -> Attempt | None:
-        """Apply the policy to an ended attempt: a new queued attempt, or the rollout's final status."""
+        """Apply the policy to an ended attempt: a new queued attempt, or the rollout's final status.
+        Returns the retry when it may start at once (no backoff); a delayed one waits in the queue."""
         kind = self.policy.retry_kind(ended)
         if kind is not None:
+            delay = self.policy.delay_s(ended, kind)
             try:
-                return self.store.retry_rollout(ended.rollout_id, kind)
+                retry = self.store.retry_rollout(ended.rollout_id, kind, delay_s=delay)
             except Conflict:
                 return None  # another runner process already retried it
+            return retry if delay == 0 else None
         final = {
             AttemptState.succeeded: RolloutStatus.succeeded,
             AttemptState.cancelled: RolloutStatus.cancelled,
         }.get(ended.state, RolloutStatus.failed)
         self.store.finish_rollout(ended.rollout_id, final)
         return None
+
+    # -- the gateway's health ---------------------------------------------------------------------------
+
+    def _unreachable(self) -> str | None:
+        """Why the gateway does not answer, or None when it does (any HTTP status counts as an answer)."""
+        try:
+            urllib.request.urlopen(f"{self.gateway_url}/v1/models", timeout=GATEWAY_PROBE_S).close()
+        except urllib.error.HTTPError:
+            return None
+        except (urllib.error.URLError, OSError) as exc:
+            return str(getattr(exc, "reason", exc))
+        return None
+
+    def _blame_gateway(self, outcome: Outcome | None) -> Outcome | None:
+        """A failed or timed-out attempt while the gateway does not answer is the gateway's failure: its
+        ending says so first (the harness's own tail follows), and claims pause (`_holding`)."""
+        if outcome is None or outcome.state not in (AttemptState.failed, AttemptState.timeout):
+            return outcome
+        why = self._unreachable()
+        if why is None:
+            return outcome
+        with self._lock:
+            if self._outage_since is None:
+                self._outage_since = time.monotonic()
+        message = f"gateway unreachable at {self.gateway_url}: {why}\n{outcome.reason_message or ''}"
+        return Outcome(outcome.state, "gateway_unreachable", message.strip())
+
+    def _holding(self) -> bool:
+        """Whether to start no attempt now: the gateway was found down less than `backoff_max_s` ago and
+        still does not answer. Past that, attempts start again and spend their budget (with backoff)."""
+        with self._lock:
+            since = self._outage_since
+        if since is None or time.monotonic() - since >= self.policy.backoff_max_s:
+            return False
+        if self._unreachable() is not None:
+            return True
+        with self._lock:
+            self._outage_since = None
+        return False
 
     # -- one attempt ------------------------------------------------------------------------------------------
 
@@ -335,7 +417,7 @@ class Runner:
 
     # -- reaper -------------------------------------------------------------------------------------------------
 
-    def _reap_loop(self, ids: list[str], stop: threading.Event) -> None:
+    def _reap_loop(self, ids: list[str] | None, stop: threading.Event) -> None:
         interval = min(self.policy.heartbeat_timeout_s / 4, 1.0)
         while not stop.wait(interval):
             try:
@@ -343,15 +425,15 @@ class Runner:
             except Exception:  # noqa: BLE001 - try again next round rather than stop reaping
                 log.exception("reaping failed")
 
-    def reap(self, ids: list[str]) -> list[str]:
-        """Mark running attempts with a stale heartbeat `unresponsive` and apply the policy to those no
-        worker of ours is running (ours notice at their next heartbeat). Returns the reaped attempt ids."""
+    def reap(self, ids: list[str] | None) -> list[str]:
+        """Mark running attempts (of `ids`; None: of this harness, whichever process runs them) with a stale
+        heartbeat `unresponsive` and apply the policy to those no worker of ours is running (ours notice at
+        their next heartbeat). Returns the reaped attempt ids."""
         cutoff = time.time() - self.policy.heartbeat_timeout_s
+        scope = {"rollout_ids": ids} if ids is not None else {"harness": self.harness.name}
         reaped = []
-        for attempt in self.store.list_attempts(rollout_ids=ids, state=AttemptState.running):
+        for attempt in self.store.stale_attempts(cutoff, **scope):
             last = attempt.heartbeat_at or attempt.started_at or 0.0
-            if last >= cutoff:
-                continue
             with self._lock:
                 ours = attempt.attempt_id in self._active
                 self._busy += 1

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from lightning_dagster.store import schema
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-HEAD = "0002"  # the newest revision in migrations/versions (a test keeps the two in step)
+HEAD = "0003"  # the newest revision in migrations/versions (a test keeps the two in step)
 _PG_LOCK_KEY = 0x4C445354  # any constant, shared by every process migrating this schema
 
 

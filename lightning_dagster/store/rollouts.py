@@ -79,9 +79,19 @@ class RolloutQueue(Connection):
 
     @staticmethod
     def _rollout_filters(
-        snapshot_key=None, kind=None, status=None, created_after=None, rollout_ids=None
+        snapshot_key=None,
+        kind=None,
+        status=None,
+        created_after=None,
+        rollout_ids=None,
+        group_ids=None,
+        harness=None,
     ) -> list[sa.ColumnElement[bool]]:
         where = []
+        if group_ids is not None:
+            where.append(R.group_id.in_(list(group_ids)))
+        if harness is not None:
+            where.append(R.harness == harness)
         if snapshot_key is not None:
             where.append(R.snapshot_key == snapshot_key)
         if kind is not None:
@@ -102,10 +112,15 @@ class RolloutQueue(Connection):
         status: RolloutStatus | str | Iterable[RolloutStatus | str] | None = None,
         created_after: float | None = None,
         rollout_ids: Iterable[str] | None = None,
+        group_ids: Iterable[str] | None = None,
+        harness: str | None = None,
         limit: int | None = None,
     ) -> list[Rollout]:
-        """Oldest first. `kind` and `status` take one value or several."""
-        where = self._rollout_filters(snapshot_key, kind, status, created_after, rollout_ids)
+        """Oldest first. `kind` and `status` take one value or several; `group_ids` and `harness` (additions
+        to the contract) select a run's groups or one harness's rollouts."""
+        where = self._rollout_filters(
+            snapshot_key, kind, status, created_after, rollout_ids, group_ids, harness
+        )
         query = sa.select(schema.rollouts).where(*where).order_by(R.id)
         return self._all(Rollout, query if limit is None else query.limit(int(limit)))
 
@@ -116,9 +131,16 @@ class RolloutQueue(Connection):
         kinds: RolloutKind | str | Iterable[RolloutKind | str] | None = None,
         snapshot_key: str | None = None,
         rollout_ids: Iterable[str] | None = None,
+        harness: str | None = None,
     ) -> tuple[Rollout, Attempt] | None:
-        """The oldest queued rollout, with its queued retry attempt (or a new first attempt) now running."""
-        where = self._rollout_filters(snapshot_key, kinds, RolloutStatus.queued, None, rollout_ids)
+        """The oldest queued rollout whose retry backoff is over, with its queued retry attempt (or a new
+        first attempt) now running. Any number of processes may claim at once: a rollout another claim holds
+        is skipped (`SKIP LOCKED`), never claimed twice. `harness` (an addition to the contract): only its
+        rollouts."""
+        where = self._rollout_filters(
+            snapshot_key, kinds, RolloutStatus.queued, None, rollout_ids, None, harness
+        )
+        where.append(sa.or_(R.not_before.is_(None), R.not_before <= now()))
         query = (
             sa.select(schema.rollouts)
             .where(*where)
@@ -147,8 +169,9 @@ class RolloutQueue(Connection):
                 self._add_attempt(c, attempt)
         return from_row(Rollout, row).model_copy(update={"status": RolloutStatus.running}), attempt
 
-    def retry_rollout(self, rollout_id: str, retry_kind: RetryKind) -> Attempt:
-        """A new queued attempt (sequence + 1) after a finished one; the rollout is queued again."""
+    def retry_rollout(self, rollout_id: str, retry_kind: RetryKind, *, delay_s: float = 0.0) -> Attempt:
+        """A new queued attempt (sequence + 1) after a finished one; the rollout is queued again, claimable
+        `delay_s` from now (an addition to the contract: the retry policy's backoff)."""
         kind = RetryKind(retry_kind)
         if kind is RetryKind.first:
             raise InvalidInput("retry_kind 'first' belongs to a rollout's first attempt")
@@ -160,6 +183,10 @@ class RolloutQueue(Connection):
                 raise Conflict(f"rollout {rollout_id!r}: cannot retry while its latest attempt is {state}")
             attempt = Attempt(rollout_id=rollout_id, sequence_id=latest.sequence_id + 1, retry_kind=kind)
             self._add_attempt(c, attempt)
+            not_before = now() + delay_s if delay_s > 0 else None
+            c.execute(
+                sa.update(schema.rollouts).where(R.rollout_id == rollout_id).values(not_before=not_before)
+            )
         return attempt
 
     def start_attempt(self, attempt_id: str, worker_id: str) -> Attempt:
@@ -221,6 +248,20 @@ class RolloutQueue(Connection):
         if state is not None:
             query = query.where(A.state.in_(enum_values(AttemptState, state)))
         return self._all(Attempt, query)
+
+    def stale_attempts(
+        self, cutoff: float, *, harness: str | None = None, rollout_ids: Iterable[str] | None = None
+    ) -> list[Attempt]:
+        """Running attempts (of `harness`'s rollouts, or of `rollout_ids`) whose last heartbeat (or start)
+        is older than `cutoff`: what a reaper ends (an addition to the contract)."""
+        last = sa.func.coalesce(A.heartbeat_at, A.started_at, 0.0)
+        query = sa.select(schema.attempts).where(A.state == AttemptState.running.value, last < cutoff)
+        if harness is not None or rollout_ids is not None:
+            rollouts = sa.select(R.rollout_id).where(
+                *self._rollout_filters(rollout_ids=rollout_ids, harness=harness)
+            )
+            query = query.where(A.rollout_id.in_(rollouts))
+        return self._all(Attempt, query.order_by(A.id))
 
     def get_or_create_serve_rollout(
         self, session: str, resource_id: str | None, *, owner: str | None = None

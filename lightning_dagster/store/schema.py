@@ -50,7 +50,10 @@ rollouts = sa.Table(
     sa.Column("metadata", sa.JSON, nullable=False),
     # serve rollouts only: one rollout per client session, unique so concurrent first calls agree
     sa.Column("session", sa.String(256), unique=True),
+    # a queued infrastructure retry is not claimed before this time (the retry policy's backoff)
+    sa.Column("not_before", sa.Double),
     sa.Index("ix_rollouts_status_id", "status", "id"),
+    sa.Index("ix_rollouts_group_id", "group_id"),
 )
 
 attempts = sa.Table(

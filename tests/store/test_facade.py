@@ -18,8 +18,8 @@ PUBLIC_METHODS = {
     "previous_hash: 'str | None') -> 'int'",
     "attempt_facts": "(self, attempt_id: 'str') -> 'tuple[str, AttemptState, RolloutKind, dict, int | None]'",
     "claim_rollout": "(self, worker_id: 'str', *, kinds: 'RolloutKind | str | Iterable[RolloutKind | str] | "
-    "None' = None, snapshot_key: 'str | None' = None, rollout_ids: 'Iterable[str] | None' = None) -> "
-    "'tuple[Rollout, Attempt] | None'",
+    "None' = None, snapshot_key: 'str | None' = None, rollout_ids: 'Iterable[str] | None' = None, harness: "
+    "'str | None' = None) -> 'tuple[Rollout, Attempt] | None'",
     "close": "(self) -> 'None'",
     "count_spans": "(self, *, rollout_ids: 'Iterable[str] | None' = None, kind: 'SpanKind | str | "
     "Iterable[SpanKind | str] | None' = None, rollout_id: 'str | None' = None, attempt_id: 'str | None' = "
@@ -51,9 +51,13 @@ PUBLIC_METHODS = {
     "query_rollouts": "(self, *, snapshot_key: 'str | None' = None, kind: 'RolloutKind | str | "
     "Iterable[RolloutKind | str] | None' = None, status: 'RolloutStatus | str | Iterable[RolloutStatus | "
     "str] | None' = None, created_after: 'float | None' = None, rollout_ids: 'Iterable[str] | None' = None, "
-    "limit: 'int | None' = None) -> 'list[Rollout]'",
-    "retry_rollout": "(self, rollout_id: 'str', retry_kind: 'RetryKind') -> 'Attempt'",
+    "group_ids: 'Iterable[str] | None' = None, harness: 'str | None' = None, limit: 'int | None' = None) -> "
+    "'list[Rollout]'",
+    "retry_rollout": "(self, rollout_id: 'str', retry_kind: 'RetryKind', *, delay_s: 'float' = 0.0) -> "
+    "'Attempt'",
     "set_flag": "(self, key: 'str', value: 'dict') -> 'None'",
+    "stale_attempts": "(self, cutoff: 'float', *, harness: 'str | None' = None, rollout_ids: "
+    "'Iterable[str] | None' = None) -> 'list[Attempt]'",
     "start_attempt": "(self, attempt_id: 'str', worker_id: 'str') -> 'Attempt'",
     "transition_attempt": "(self, attempt_id: 'str', target: 'AttemptState', *, reason_code: 'str | None' = "
     "None, reason_message: 'str | None' = None) -> 'Attempt'",

@@ -1,0 +1,59 @@
+"""`lightning-dagster runner`: a fleet worker. It claims any queued rollout of its harness from the store
+(`SKIP LOCKED` on PostgreSQL: any number of workers on any machines, no rollout claimed twice), runs it
+against a running gateway, and reaps the stale attempts of workers that died. Rollouts are queued with
+`lightning-dagster rollouts enqueue` (or by a `rollouts run`, which works alongside). Exit status: 0 done
+(`--until-idle`, or SIGTERM/SIGINT), 2 bad arguments or a bad project."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+
+from lightning_dagster.gateway.keys import SecretError, read_secret_file, refuse_env_secrets
+from lightning_dagster.project.cli import exits_2_on_project_error
+from lightning_dagster.runner.cli import add_harness_options, add_runner_options, harness_of, policy_of
+from lightning_dagster.runner.execute import SandboxUnavailable, check_sandbox
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    add_harness_options(parser)
+    add_runner_options(parser)
+    parser.add_argument("--gateway", required=True, help="URL of a running gateway (any replica)")
+    parser.add_argument("--until-idle", action="store_true", help="exit once no rollout of the harness is "
+                        "queued or running (default: keep claiming until SIGTERM)")  # fmt: skip
+    parser.set_defaults(handler=_work)
+
+
+@exits_2_on_project_error
+def _work(args: argparse.Namespace) -> int:
+    from lightning_dagster.runner.policy import InvalidPolicy
+    from lightning_dagster.runner.runner import Runner
+    from lightning_dagster.store import Store
+
+    try:
+        refuse_env_secrets()
+        if not args.secret_file:
+            raise SecretError("--gateway needs that gateway's secret: --secret-file PATH (mode 0600), or -")
+        secret = read_secret_file(args.secret_file)
+        check_sandbox(args.sandbox)
+        spec, _ = harness_of(args)
+        policy = policy_of(args, spec)
+    except (SecretError, SandboxUnavailable, InvalidPolicy) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    store = Store(args.store)
+    runner = Runner(
+        store, args.gateway, secret=secret, harness=spec, parallel=args.parallel, policy=policy,
+        mode=args.mode, sandbox=args.sandbox,
+    )  # fmt: skip
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    claimed = runner.work(until_idle=args.until_idle, stop=stop)
+    result = {"runner_id": runner.runner_id, "harness": spec.name, "claimed": claimed}
+    print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
+    store.close()
+    return 0

@@ -1,0 +1,86 @@
+"""The fleet's processes: a gateway CLI per replica, a tiny in-process project, runner CLIs, all over one
+PostgreSQL store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from lightning_dagster.engine import build_base_model
+from lightning_dagster.harnesses.registry import training_corpus
+from tests.support.secrets import free_port, secret_file
+
+SECRET, ADMIN = "s" * 32, "a" * 32
+AGENT = """
+import os, time
+
+
+def solve(task, client):
+    fd = os.open(os.environ["FLEET_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.write(fd, f"{task['task_id']} {os.getpid()}\\n".encode())
+    os.close(fd)
+    time.sleep(float(os.environ.get("FLEET_SLEEP", "0.05")))
+    return 1.0
+"""
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    return build_base_model(tmp_path_factory.mktemp("model") / "base", corpus=training_corpus())
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lightning_dagster.cli", *args]
+
+
+def make_project(root: Path, n: int) -> Path:
+    """A project whose harness only logs its run, sleeps `FLEET_SLEEP` and returns reward 1."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "fleet_agent.py").write_text(AGENT)
+    rows = [{"task_id": f"t{i}", "family": "f", "split": "train"} for i in range(n)]
+    (root / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "lightning-dagster.yaml").write_text(
+        "name: fleet\nharness:\n  python: fleet_agent:solve\n  timeout_s: 60\n  max_attempts: 3\n"
+        "  expected_spans: [reward]\ntasks:\n  path: tasks.jsonl\n  id_column: task_id\n"
+        "  family_column: family\n  split_column: split\n"
+    )
+    return root
+
+
+def child_env(project: Path, log: Path, **extra: str) -> dict[str, str]:
+    path = os.pathsep.join([os.getcwd(), str(project), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "FLEET_LOG": str(log), **extra}
+
+
+class Gateway:
+    """`lightning-dagster gateway serve` over `store_url` in a child process, sharing the fleet's secret."""
+
+    def __init__(self, directory: Path, store_url: str, model_dir: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = cli(
+            "gateway", "serve", "--port", str(self.port), "--model", str(model_dir), "--store", store_url
+        )
+        cmd += ["--secret-file", secret_file(directory, SECRET), "--threads", "1"]
+        cmd += ["--admin-key-file", secret_file(directory, ADMIN, "admin")]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                httpx.get(f"{self.url}/admin/health", headers={"Authorization": f"Bearer {ADMIN}"})
+                return
+            except httpx.HTTPError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"gateway did not start: {self.proc.stderr.read()}") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
