@@ -195,7 +195,7 @@ def greedy_solved(
 ) -> frozenset[str]:
     """The validation cases the served model solves greedily. These rollouts carry no snapshot key: they are
     the trainer's own evidence, not part of the snapshot's planned rollouts."""
-    batch = service.run(tasks, group=1, kind=RolloutKind.holdout, sampling=GREEDY, seed=seed, tag=tag)
+    batch = service.run(tasks, group=1, kind=RolloutKind.validation, sampling=GREEDY, seed=seed, tag=tag)
     return solved_cases({r.task_id: batch.rewards.get(r.rollout_id) for r in batch.rollouts}, threshold)
 
 
