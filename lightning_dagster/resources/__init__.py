@@ -122,12 +122,14 @@ class TrainingResource(dg.ConfigurableResource):
     kl_coef: float = 0.1
     # Checkpoint selection (training.selection): every `validation_every` steps and at the last, the
     # candidate is decoded greedily on `validation_tasks` train-split tasks it does not train on; the
-    # proposed checkpoint is the best one that keeps every validation case the parent solved, and training
-    # stops once `validation_patience` evaluations in a row regressed (0: never early). 0 tasks: the last
-    # checkpoint, as without selection.
+    # proposed checkpoint is the best one that keeps every validation case the parent solved. 0 tasks: the
+    # last checkpoint, as without selection.
     validation_tasks: int = 64
     validation_every: int = 2
-    validation_patience: int = 2
+    # evaluations in a row that regressed before training stops early; 0 (the default here): never. A run
+    # that stops early records fewer train rollouts than the plan expects, and the receipt does not yet say
+    # why, so check 2 would count them as never recorded; selection alone already keeps the parent's cases.
+    validation_patience: int = 0
     # The first parent's supervised warm start (training.warmstart): stops once sampled success enters
     # the window (at its target), or after `warm_start_max_steps`.
     warm_start_max_steps: int = 300
