@@ -29,6 +29,9 @@ class RolloutKind(str, enum.Enum):
     protected = "protected"
     canary = "canary"
     serve = "serve"
+    # a trainer's greedy check of its checkpoints on train-split tasks it does not train on
+    # (training.selection); never part of a snapshot's planned rollouts
+    validation = "validation"
 
 
 class RolloutStatus(str, enum.Enum):

@@ -45,7 +45,7 @@ def trainer_config(p: Pipeline) -> TrainerConfig:
     from lightning_dagster.training.trainer import TrainerConfig
 
     t = p.training
-    loss = LossConfig(normalization=t.loss_normalization, constant=t.loss_constant)  # type: ignore[arg-type]
+    loss = LossConfig(normalization=t.loss_normalization, constant=t.loss_constant, kl_coef=t.kl_coef)  # type: ignore[arg-type]
     return TrainerConfig(lr=t.learning_rate, loss=loss)
 
 

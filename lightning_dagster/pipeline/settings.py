@@ -49,6 +49,10 @@ class TrainingSettings(Protocol):
     advantage: str
     loss_normalization: str
     loss_constant: float | None
+    kl_coef: float
+    validation_tasks: int
+    validation_every: int
+    validation_patience: int
     warm_start_max_steps: int
     warm_start_probe_tasks: int
     warm_start_demos: int

@@ -117,6 +117,19 @@ class TrainingResource(dg.ConfigurableResource):
     # constant (Dr. GRPO's fixed denominator, `loss_constant`, e.g. the token budget of a step)
     loss_normalization: str = "token_mean"
     loss_constant: float | None = None
+    # weight of the k3 KL to the exact parent in the RL loss (a frozen copy of the parent scores the sampled
+    # tokens; training.loss): keeps the parent's greedy behaviour while RL lifts sampled success; 0: off
+    kl_coef: float = 0.1
+    # Checkpoint selection (training.selection): every `validation_every` steps and at the last, the
+    # candidate is decoded greedily on `validation_tasks` train-split tasks it does not train on; the
+    # proposed checkpoint is the best one that keeps every validation case the parent solved. 0 tasks: the
+    # last checkpoint, as without selection.
+    validation_tasks: int = 64
+    validation_every: int = 2
+    # evaluations in a row that regressed before training stops early; 0 (the default here): never. A run
+    # that stops early records fewer train rollouts than the plan expects, and the receipt does not yet say
+    # why, so check 2 would count them as never recorded; selection alone already keeps the parent's cases.
+    validation_patience: int = 0
     # The first parent's supervised warm start (training.warmstart): stops once sampled success enters
     # the window (at its target), or after `warm_start_max_steps`.
     warm_start_max_steps: int = 300

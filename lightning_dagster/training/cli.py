@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from lightning_dagster import config
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
 from lightning_dagster.project.examples import EXAMPLES
+from lightning_dagster.training.selection import ValidationSettings
 
 if TYPE_CHECKING:
     from lightning_dagster.project import Project
@@ -36,6 +37,16 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "weighs one) or constant (Dr. GRPO, needs --loss-constant); see training.loss")  # fmt: skip
     parser.add_argument("--loss-constant", type=float, default=None,
                         help="the fixed denominator of --loss-normalization constant")  # fmt: skip
+    parser.add_argument("--kl-coef", type=float, default=None,
+                        help="weight of the k3 KL to the exact parent in the RL loss (0: off; default: "
+                        "training.loss.KL_COEF)")  # fmt: skip
+    parser.add_argument("--validation-tasks", type=int, default=ValidationSettings.tasks,
+                        help="train-split tasks outside the train pool each checkpoint is judged on greedily; "
+                        "the proposed checkpoint keeps every one the parent solved (0: the last checkpoint)")  # fmt: skip
+    parser.add_argument("--validation-every", type=int, default=ValidationSettings.every,
+                        help="judge a checkpoint every N steps (and the last)")  # fmt: skip
+    parser.add_argument("--validation-patience", type=int, default=ValidationSettings.patience,
+                        help="stop after N validation evaluations in a row that regressed (0: never)")  # fmt: skip
     parser.add_argument("--serving", choices=("thread", "process"), default="process",
                         help="the gateway + engine in this process or in a child process")  # fmt: skip
     parser.add_argument("--runner-mode", choices=("inprocess", "subprocess"), default="inprocess",
@@ -80,6 +91,7 @@ def _train(args: argparse.Namespace) -> int:
     from lightning_dagster.store import Store
     from lightning_dagster.training.loop import RLConfig, StepSettings, train_rl
     from lightning_dagster.training.loss import LossConfig, LossConfigError
+    from lightning_dagster.training.selection import ValidationConfigError
     from lightning_dagster.training.trainer import TrainerConfig
     from lightning_dagster.types import Resource
 
@@ -87,8 +99,12 @@ def _train(args: argparse.Namespace) -> int:
         print("error: --steps, --tasks-per-step, --heldout must be >= 1 and --group >= 2", file=sys.stderr)
         return 2
     try:
-        loss = LossConfig(normalization=args.loss_normalization, constant=args.loss_constant)
-    except LossConfigError as exc:
+        kl = {} if args.kl_coef is None else {"kl_coef": args.kl_coef}
+        loss = LossConfig(normalization=args.loss_normalization, constant=args.loss_constant, **kl)
+        validation = ValidationSettings(
+            tasks=args.validation_tasks, every=args.validation_every, patience=args.validation_patience
+        )
+    except (LossConfigError, ValidationConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     project = load_project(project_file(args.project, args.harness))
@@ -116,6 +132,7 @@ def _train(args: argparse.Namespace) -> int:
         step=StepSettings(group_size=args.group),
         heldout_tasks=args.heldout,
         eval_every=args.eval_every,
+        validation=validation,
         seed=args.seed,
         serving=args.serving,
         runner_mode=args.runner_mode,
@@ -129,7 +146,12 @@ def _train(args: argparse.Namespace) -> int:
             uri=str(result.checkpoint),
             parent_id=parent_id,
             weights_hash=checkpoint_hash(result.checkpoint),
-            metadata={"role": "rl_candidate", "project": project.name, "rl": rl.to_dict()},
+            metadata={
+                "role": "rl_candidate",
+                "project": project.name,
+                "rl": rl.to_dict(),
+                "selection": result.selection,
+            },
         )
     )
     summary = {
@@ -139,6 +161,11 @@ def _train(args: argparse.Namespace) -> int:
         "candidate_greedy": result.candidate.get("greedy"),
         "heldout_tasks": result.parent["tasks"],
         "steps": len(result.steps),
+        "chosen_step": result.selection["chosen_step"],
+        "kept_parent_cases": result.selection.get("kept_parent_cases"),
+        "early_stop": result.selection["early_stop"],
+        "kl_coef": result.selection["kl_coef"],
+        "validation_tasks": result.selection["validation_tasks"],
         "seconds": time.perf_counter() - started,
         "rl_seconds": result.rl_seconds,
         "candidate_resource_id": candidate.resource_id,

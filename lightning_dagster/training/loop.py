@@ -7,6 +7,8 @@ one RL step (`rl_step`, also the pipeline's steps):
     -> load_weights(new weights), so the next step samples from the new policy
 every `eval_every` steps: held-out success sampled at T=1.0 with one fixed evaluation seed (common random
 numbers: the gateway derives each call's seed from the rollout's `sampling_seed`), greedy beside it.
+every `validation.every` steps and the last: the checkpoint decoded greedily on the validation split
+(`CheckpointKeeper`); the run proposes the checkpoint `selection.select` picks and may stop early.
 """
 
 from __future__ import annotations
@@ -17,12 +19,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lightning_dagster.gateway.local import Serving
-from lightning_dagster.project import load_project, load_tasks
+from lightning_dagster.project import TaskSet, load_project, load_tasks
 from lightning_dagster.project.examples import example_file
 from lightning_dagster.project.harness import harness_spec
 from lightning_dagster.runner.service import RolloutBatch, RolloutService
 from lightning_dagster.store import Store
 from lightning_dagster.training.advantages import AdvantageMode, Advantages, RolloutReward, compute_advantages
+from lightning_dagster.training.selection import (
+    CheckpointEval,
+    EmptyValidationSplit,
+    Selection,
+    ValidationSettings,
+    judge,
+    select,
+    solved_cases,
+    stop_reason,
+)
 from lightning_dagster.training.trainer import Trainer, TrainerConfig
 from lightning_dagster.training.transitions import Row, TransitionConfig, merge_calls
 from lightning_dagster.types import RolloutKind, Sampling
@@ -53,6 +65,7 @@ class RLConfig:
     heldout_tasks: int = 300
     eval_seed: int = 20261130
     greedy_every_eval: bool = False  # greedy only for the parent and the final candidate unless set
+    validation: ValidationSettings = field(default_factory=ValidationSettings)
     seed: int = 0  # task pools and the base of every step's sampling seed (`step_seed`)
     parallel: int = 64
     # The gateway + engine in a child process: faster rollouts on calc (benchmarks/README.md, training).
@@ -165,15 +178,111 @@ def rows_and_rewards(
     return rows, rewards, {f"merge_{k}": v for k, v in merge.items()}
 
 
+# ----------------------------------------------------------------------------------------------------------
+# validation and checkpoint selection
+
+
+def validation_split(tasks: TaskSet, n: int, seed: int, trained: list[dict]) -> list[dict]:
+    """Up to `n` tasks of the train split (the training distribution; disjoint from holdout, protected and
+    canary by the project's split) that the run does not train on, in `TaskSet.draw`'s seeded order."""
+    taken = {task["task_id"] for task in trained}
+    pool = tasks.draw("train", len(tasks.splits["train"]), seed)
+    return [task for task in pool if task["task_id"] not in taken][:n]
+
+
+def greedy_solved(
+    service: RolloutService, tasks: list[dict], *, seed: int, tag: str, threshold: float
+) -> frozenset[str]:
+    """The validation cases the served model solves greedily. These rollouts carry no snapshot key: they are
+    the trainer's own evidence, not part of the snapshot's planned rollouts."""
+    batch = service.run(tasks, group=1, kind=RolloutKind.validation, sampling=GREEDY, seed=seed, tag=tag)
+    return solved_cases({r.task_id: batch.rewards.get(r.rollout_id) for r in batch.rollouts}, threshold)
+
+
+class CheckpointKeeper:
+    """Judges checkpoints on the validation split as training goes, keeps the weights of the one
+    `selection.select` proposes, and says when validation regressed for `patience` evaluations in a row.
+    Built while `service` serves the parent (it is judged first); after each step the service must serve
+    the trainer's current weights."""
+
+    def __init__(
+        self, service: RolloutService, tasks: list[dict], settings: ValidationSettings, *, seed: int, tag: str
+    ) -> None:
+        if not tasks:
+            raise EmptyValidationSplit(
+                "the validation split is empty: the run trains on every task of the train split; lower "
+                "steps x tasks per step, or set validation tasks to 0"
+            )
+        self.service, self.tasks, self.settings, self.seed, self.tag = service, tasks, settings, seed, tag
+        self.parent_solved = self._solved("parent")
+        self.parent_success = len(self.parent_solved) / len(tasks)
+        self.evals: list[CheckpointEval] = []
+        self.kept: dict | None = None
+        self.early_stop: str | None = None
+
+    def _solved(self, name: str) -> frozenset[str]:
+        return greedy_solved(
+            self.service,
+            self.tasks,
+            seed=self.seed,
+            tag=f"{self.tag}-val-{name}",
+            threshold=self.settings.success_threshold,
+        )
+
+    def after_step(self, step: int, last_step: int, trainer: Trainer) -> CheckpointEval | None:
+        """Judge checkpoint `step` if it is due; returns its evaluation (None: not due)."""
+        if not self.settings.due(step, last_step):
+            return None
+        ev = judge(step, self._solved(f"s{step}"), self.parent_solved, len(self.tasks))
+        self.evals.append(ev)
+        if select(self.evals).step == step:
+            self.kept = trainer.state_dict()
+        self.early_stop = stop_reason(self.evals, self.parent_success, self.settings.patience)
+        return ev
+
+    def restore(self, trainer: Trainer) -> Selection:
+        """Put the proposed checkpoint's weights into the trainer; returns the selection."""
+        chosen = select(self.evals)
+        assert self.kept is not None  # `select` chose an evaluated step, whose weights were kept then
+        if chosen.step != self.evals[-1].step:
+            trainer.model.load_state_dict(self.kept)
+        return chosen
+
+
+def selection_summary(
+    kl_coef: float, steps_run: int, keeper: CheckpointKeeper | None, chosen: Selection | None
+) -> dict[str, Any]:
+    """What a run records of its regularization and choice: the KL weight, the steps it ran, the validation
+    size, the parent's and every checkpoint's validation, the proposed step and why, and any early stop.
+    Without validation the last checkpoint is the candidate."""
+    if keeper is None or chosen is None:
+        return {"kl_coef": kl_coef, "steps_run": steps_run, "validation_tasks": 0, "chosen_step": steps_run,
+                "early_stop": None}  # fmt: skip
+    return {
+        "kl_coef": kl_coef,
+        "steps_run": steps_run,
+        "validation_tasks": len(keeper.tasks),
+        "parent_validation_success": keeper.parent_success,
+        "parent_solved": len(keeper.parent_solved),
+        "checkpoints": [e.to_dict() for e in keeper.evals],
+        "chosen_step": chosen.step,
+        "kept_parent_cases": chosen.kept_parent_cases,
+        "selection": chosen.reason,
+        "early_stop": keeper.early_stop,
+    }
+
+
 @dataclass
 class RLResult:
     parent: dict
-    candidate: dict
+    candidate: dict  # the evaluation of the proposed checkpoint, with its `step`
     curve: list[dict]  # one entry per evaluation: step, rl_seconds, success (and greedy when measured)
     steps: list[dict]  # trainer metrics per step
     seconds: float
     rl_seconds: float
     checkpoint: Path | None
+    # kl_coef, validation size, every checkpoint's validation, the chosen step, why training stopped early
+    selection: dict[str, Any]
 
 
 def train_rl(
@@ -185,7 +294,8 @@ def train_rl(
     out_dir: Path | str | None = None,
     log: Any = None,
 ) -> RLResult:
-    """RL from `parent_dir`; returns the evaluations, per-step metrics and (with `out_dir`) the checkpoint."""
+    """RL from `parent_dir`; returns the evaluations, per-step metrics, the checkpoint selection and (with
+    `out_dir`) the proposed checkpoint."""
     started = time.perf_counter()
     project = load_project(config.project)
     tasks = load_tasks(project)
@@ -193,10 +303,12 @@ def train_rl(
     harness = harness_spec(project)
     heldout = tasks.draw("holdout", config.heldout_tasks, config.seed)
     train_pool = tasks.draw("train", config.steps * config.tasks_per_step, config.seed)
+    validation = validation_split(tasks, config.validation.tasks, config.eval_seed, train_pool)
     trainer = Trainer(parent_dir, config.trainer)
     curve: list[dict] = []
     metrics: list[dict] = []
     rl_seconds = 0.0
+    chosen: Selection | None = None
 
     def record(step: int, greedy: bool) -> dict:
         ev = evaluate(service, heldout, seed=config.eval_seed, tag=f"eval{step}", greedy=greedy)
@@ -216,6 +328,11 @@ def train_rl(
         runner_mode=config.runner_mode,
     ) as service:
         parent = record(0, greedy=True)
+        keeper = (
+            CheckpointKeeper(service, validation, config.validation, seed=config.eval_seed, tag="rl")
+            if config.validation.tasks
+            else None
+        )
         for step in range(1, config.steps + 1):
             t0 = time.perf_counter()
             _, m = rl_step(
@@ -229,13 +346,24 @@ def train_rl(
             )
             rl_seconds += time.perf_counter() - t0
             m["rl_seconds"] = rl_seconds
+            if keeper is not None and (ev := keeper.after_step(step, config.steps, trainer)) is not None:
+                m.update(validation_success=ev.success, validation_lost_parent_cases=len(ev.lost))
             metrics.append(m)
             if log:
                 log(m)
-            last = step == config.steps
+            stop = keeper is not None and keeper.early_stop is not None
+            last = step == config.steps or stop
             if last or step % config.eval_every == 0:
                 record(step, greedy=last or config.greedy_every_eval)
+            if stop:
+                break
         candidate = curve[-1]
+        if keeper is not None:
+            chosen = keeper.restore(trainer)
+            if chosen.step != candidate["step"]:
+                service.load_weights(trainer.state_dict())
+                ev = evaluate(service, heldout, seed=config.eval_seed, tag=f"candidate{chosen.step}")
+                candidate = {"step": chosen.step, "rl_seconds": rl_seconds, **ev}
     checkpoint = trainer.save(out_dir) if out_dir is not None else None
     return RLResult(
         parent=parent,
@@ -245,4 +373,5 @@ def train_rl(
         seconds=time.perf_counter() - started,
         rl_seconds=rl_seconds,
         checkpoint=checkpoint,
+        selection=selection_summary(config.trainer.loss.kl_coef, len(metrics), keeper, chosen),
     )

@@ -1,5 +1,5 @@
 """The policy loss: PPO clip with separate lower/upper epsilons, truncated importance sampling against the
-recorded behaviour logprobs, an optional k3 KL to the parent, and three normalizations.
+recorded behaviour logprobs, a k3 KL to the exact parent (on by default), and three normalizations.
 
 Per trained token t of row b (A_b is the rollout's advantage, broadcast):
 
@@ -21,6 +21,14 @@ rows (a prefix break, a `length` cut, a temperature change) still weighs 1 / rol
 exactly as if it had stayed one row. Weighing rows instead would give a rollout more say the more often its
 merge broke. `token_mean` and `constant` weigh tokens, so splitting changes nothing there either.
 
+The KL term keeps the policy near its exact parent (`ref`: the parent's logprobs from a frozen copy of the
+parent, scored at each row's temperature; the recorded behaviour logprobs are the parent's only at the first
+step, so they cannot serve). k3 on the sampled tokens is zero with zero gradient where policy == parent, and
+its gradient per token, (1 - exp(ref - logp)) * grad(logp), moves each sampled token's logprob toward the
+parent's; in expectation over on-policy samples it is the gradient of KL(parent || policy), which grows when
+the policy drops what the parent did: the protected greedy cases a candidate must keep. `kl_coef = 0` leaves
+the loss, and so the update, exactly as without the term (no parent copy is even loaded).
+
 `constant` is Dr. GRPO's fixed denominator: each trained token weighs 1 / C whatever the step holds, so a
 response's weight does not shrink with its length nor with its batch mates'. Dr. GRPO's "sum over a
 sequence / max response tokens, mean over sequences" is C = rollouts per step * max response tokens. Rows
@@ -38,6 +46,8 @@ import torch
 
 Normalization = Literal["token_mean", "seq_mean_token_mean", "constant"]
 NORMALIZATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "constant")
+# On by default: a candidate must keep the parent's protected greedy cases, and RL alone drifts off them.
+KL_COEF = 0.1
 
 
 class LossConfigError(ValueError):
@@ -48,7 +58,7 @@ class LossConfigError(ValueError):
 class LossConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
-    kl_coef: float = 0.0
+    kl_coef: float = KL_COEF  # weight of the k3 KL to the parent; 0: off
     normalization: Normalization = "token_mean"
     constant: float | None = None  # C of `constant` normalization: required there, refused elsewhere
     tis: Literal["none", "token", "sequence"] = "token"
@@ -73,6 +83,8 @@ class LossConfig:
             raise LossConfigError(f"unknown truncated importance sampling level {self.tis!r}")
         if self.tis_cap <= 0:
             raise LossConfigError("tis_cap must be positive")
+        if not math.isfinite(self.kl_coef) or self.kl_coef < 0:
+            raise LossConfigError(f"kl_coef must be a finite number >= 0, got {self.kl_coef!r}")
 
 
 def row_weights(trained_tokens: Sequence[int], rollout_ids: Sequence[str], config: LossConfig) -> list[float]:

@@ -156,11 +156,20 @@ class Trainer:
             betas=self.config.betas,
             weight_decay=self.config.weight_decay,
         )
-        self.ref_model = None
-        if self.config.loss.kl_coef:
-            self.ref_model = load_model(ref_model_dir or model_dir)
-            self.ref_model.requires_grad_(False)
+        self.ref_model_dir = Path(ref_model_dir or model_dir)
+        self._ref_model: torch.nn.Module | None = None
         self.steps = 0
+
+    @property
+    def ref_model(self) -> torch.nn.Module | None:
+        """The frozen parent the KL term measures against: loaded at the first RL step that needs it, so a
+        supervised warm start or `kl_coef=0` never holds a second copy of the weights."""
+        if not self.config.loss.kl_coef:
+            return None
+        if self._ref_model is None:
+            self._ref_model = load_model(self.ref_model_dir)
+            self._ref_model.requires_grad_(False)
+        return self._ref_model
 
     def _no_grad_logprobs(self, model: torch.nn.Module, batches: list[MicroBatch]) -> list[torch.Tensor]:
         with torch.no_grad():
@@ -183,7 +192,7 @@ class Trainer:
                 torch.tensor([advantages.values[kept[i].rollout_id] for i in mb.index]) for mb in batches
             ],
             weights=[torch.tensor([weights[i] for i in mb.index]) for mb in batches],
-            refs=self._no_grad_logprobs(self.ref_model, batches) if self.ref_model is not None else None,
+            refs=self._no_grad_logprobs(ref, batches) if (ref := self.ref_model) is not None else None,
             olds=self._no_grad_logprobs(self.model, batches) if cfg.epochs > 1 else None,
         )
 

@@ -20,7 +20,8 @@ def test_train_json_prints_parent_and_candidate_success(tmp_path, base_model_dir
     url = f"sqlite:///{tmp_path / 'store.db'}"
     argv = ["train", "--harness", "calc", "--parent", str(base_model_dir), "--steps", "1", "--group", "2",
             "--tasks-per-step", "2", "--heldout", "4", "--store", url, "--json", "--serving", "thread",
-            "--loss-normalization", "constant", "--loss-constant", "64"]  # fmt: skip
+            "--loss-normalization", "constant", "--loss-constant", "64", "--kl-coef", "0.25",
+            "--validation-tasks", "3", "--validation-every", "1", "--validation-patience", "0"]  # fmt: skip
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert KEYS <= out.keys() and out["heldout_tasks"] == 4 and out["steps"] == 1 and out["seconds"] > 0
@@ -36,6 +37,18 @@ def test_train_json_prints_parent_and_candidate_success(tmp_path, base_model_dir
     rl = candidate.metadata["rl"]
     assert rl["serving"] == "thread" and rl["step"]["group_size"] == 2
     assert (rl["trainer"]["loss"]["normalization"], rl["trainer"]["loss"]["constant"]) == ("constant", 64.0)
+    assert rl["trainer"]["loss"]["kl_coef"] == 0.25 and rl["validation"] == {
+        "tasks": 3, "every": 1, "patience": 0, "success_threshold": 0.5}  # fmt: skip
+    # the one step was judged on 3 validation cases and proposed (nothing else to choose from)
+    assert (out["kl_coef"], out["validation_tasks"], out["chosen_step"], out["early_stop"]) == (
+        0.25,
+        3,
+        1,
+        None,
+    )
+    (checkpoint,) = candidate.metadata["selection"]["checkpoints"]
+    assert checkpoint["step"] == 1
+    assert len(store.query_rollouts(kind=RolloutKind.validation)) == 2 * 3  # the parent and step 1
 
 
 def test_train_rejects_bad_arguments(capsys):
@@ -45,6 +58,10 @@ def test_train_rejects_bad_arguments(capsys):
     assert "needs a positive finite `constant`" in capsys.readouterr().err
     assert main(["train", "--loss-normalization", "sum"]) == 2
     assert "unknown normalization 'sum'" in capsys.readouterr().err
+    assert main(["train", "--kl-coef", "-1"]) == 2
+    assert "kl_coef must be a finite number >= 0" in capsys.readouterr().err
+    assert main(["train", "--validation-every", "0"]) == 2
+    assert "validation every must be >= 1" in capsys.readouterr().err
 
 
 def test_train_project_samples_its_train_split_and_evaluates_on_its_holdout_split(
@@ -73,6 +90,9 @@ def test_train_project_samples_its_train_split_and_evaluates_on_its_holdout_spli
     assert trained and trained <= {row["task_id"] for row in rows[:3]}
     held = {r.task["task_id"] for r in store.query_rollouts(kind=RolloutKind.holdout)}
     assert held == {row["task_id"] for row in rows[3:]}
+    # the one train task the run does not train on is its validation split
+    validated = {r.task["task_id"] for r in store.query_rollouts(kind=RolloutKind.validation)}
+    assert validated == {row["task_id"] for row in rows[:3]} - trained and out["validation_tasks"] == 1
 
 
 def test_train_with_a_missing_project_file_exits_2_naming_it(tmp_path, capsys):

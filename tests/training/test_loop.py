@@ -23,6 +23,7 @@ from lightning_dagster.training.loop import (
     step_seed,
     train_rl,
 )
+from lightning_dagster.training.selection import ValidationSettings
 from lightning_dagster.training.trainer import Trainer, TrainerConfig
 from lightning_dagster.types import RolloutKind, Sampling, SpanKind
 
@@ -105,7 +106,8 @@ def test_greedy_evaluation_ignores_the_sampling_seed(tmp_path, base_model_dir):
 def test_train_rl_runs_steps_and_reports_metrics(tmp_path, base_model_dir):
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
     config = RLConfig(steps=2, tasks_per_step=2, step=StepSettings(group_size=4), heldout_tasks=6,
-                      eval_every=2, parallel=8, trainer=TrainerConfig(lr=1e-4))  # fmt: skip
+                      eval_every=2, parallel=8, trainer=TrainerConfig(lr=1e-4),
+                      validation=ValidationSettings(tasks=3, every=1, patience=0))  # fmt: skip
     result = train_rl(store, base_model_dir, config, out_dir=tmp_path / "cand")
     assert [p["step"] for p in result.curve] == [0, 2]
     assert "greedy" in result.parent and "greedy" in result.candidate
@@ -122,3 +124,11 @@ def test_train_rl_runs_steps_and_reports_metrics(tmp_path, base_model_dir):
         rw.rollout_id: rw.value for rw in store.list_rewards(rollout_ids=[r.rollout_id for r in final])
     }
     assert len(final) == 6 and result.candidate["success"] == pytest.approx(sum(rewards.values()) / 6)
+    # both checkpoints judged greedily on 3 train tasks the run does not train on; the proposed one is saved
+    selection = result.selection
+    assert [c["step"] for c in selection["checkpoints"]] == [1, 2] and selection["validation_tasks"] == 3
+    assert selection["kl_coef"] == config.trainer.loss.kl_coef and selection["chosen_step"] in (1, 2)
+    assert [m["step"] for m in result.steps if "validation_success" in m] == [1, 2]
+    validated = store.query_rollouts(kind=RolloutKind.validation)
+    assert len(validated) == 3 * 3 and all(r.sampling() == Sampling(temperature=0.0) for r in validated)
+    assert not {r.task_id for r in validated} & {r.task_id for r in train}

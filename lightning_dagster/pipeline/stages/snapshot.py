@@ -156,5 +156,9 @@ def algorithm(p: Pipeline, harness: str) -> dict[str, Any]:
         "temperature": t.temperature,
         "loss_normalization": t.loss_normalization,
         "loss_constant": t.loss_constant,
+        "kl_coef": t.kl_coef,
+        "validation_tasks": t.validation_tasks,
+        "validation_every": t.validation_every,
+        "validation_patience": t.validation_patience,
         "harness": harness,
     }

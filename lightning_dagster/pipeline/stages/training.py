@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import SnapshotRef
     from lightning_dagster.pipeline.settings import Pipeline
     from lightning_dagster.pipeline.snapshots import Manifest, Split
+    from lightning_dagster.training.selection import ValidationSettings
 
 
 def training_transitions(p: Pipeline, key: str) -> StageResult:
@@ -42,11 +43,13 @@ def training_transitions(p: Pipeline, key: str) -> StageResult:
 
 def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
     """Step 1 trains on `training_transitions`; steps 2.. sample on-policy from the updated weights through
-    the same gateway and runner (recorded in the store like the first batch), as GRPO needs fresh samples."""
+    the same gateway and runner (recorded in the store like the first batch), as GRPO needs fresh samples.
+    With a validation split, each due checkpoint is decoded greedily on it, the proposed checkpoint is the
+    best that keeps the parent's validation cases, and training stops early when validation regresses."""
     from lightning_dagster.gate import receipt as R
     from lightning_dagster.gate import receipt_hash
     from lightning_dagster.pipeline.transitions_file import read_transitions
-    from lightning_dagster.training.loop import rl_step
+    from lightning_dagster.training.loop import CheckpointKeeper, rl_step, selection_summary, validation_split
     from lightning_dagster.training.trainer import Trainer
 
     store, reg = p.get_store(), ctx.registry(p)
@@ -55,39 +58,54 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResul
     parent_version = ctx.registered_version(receipt.plan.parent)
     parent_dir = reg.download(parent_version)
     t = p.training
-    trainer = Trainer(parent_dir, trainer_config(p))
+    config = trainer_config(p)
+    validation = validation_settings(p)
+    trainer = Trainer(parent_dir, config)
     rows, advantages = read_transitions(ctx.load_stage(store, key, "training_transitions")["uri"])
     curve = [trainer.step(rows, advantages)]
-    if t.steps > 1:
+    keeper, chosen = None, None
+    if t.steps > 1 or validation.tasks:
+        source = ctx.harness_source(p)
         with rollout_service(
             p,
             parent_dir,
             snapshot_key=key,
-            harness=ctx.harness_source(p).spec,
-            resource_id=f"{candidate_id}@1",
+            harness=source.spec,
+            resource_id=receipt.plan.parent.resource_id,
             serves_parent=False,
         ) as service:
-            service.load_weights(trainer.state_dict(), f"{candidate_id}@1")
-            for step in range(2, t.steps + 1):
-                _, m = rl_step(
-                    service.service,
-                    trainer,
-                    manifest.splits.train[(step - 1) * t.tasks_per_step : step * t.tasks_per_step],
-                    step=step,
-                    settings=step_settings(p),
-                    base_seed=manifest.base_seed,
-                    tag=f"{key}-s{step}",
-                    resource_id=f"{candidate_id}@{step}",
-                    snapshot_key=key,
-                )
-                curve.append(m)
+            if validation.tasks:
+                tasks = validation_split(source.dataset, validation.tasks, t.eval_seed, manifest.splits.train)
+                keeper = CheckpointKeeper(service.service, tasks, validation, seed=t.eval_seed, tag=key)
+            for step in range(1, t.steps + 1):
+                if step > 1:
+                    _, m = rl_step(
+                        service.service,
+                        trainer,
+                        manifest.splits.train[(step - 1) * t.tasks_per_step : step * t.tasks_per_step],
+                        step=step,
+                        settings=step_settings(p),
+                        base_seed=manifest.base_seed,
+                        tag=f"{key}-s{step}",
+                        resource_id=f"{candidate_id}@{step}",
+                        snapshot_key=key,
+                    )
+                    curve.append(m)
+                else:
+                    service.load_weights(trainer.state_dict(), f"{candidate_id}@1")
+                if keeper is not None and (ev := keeper.after_step(step, t.steps, trainer)) is not None:
+                    curve[-1].update(validation_success=ev.success, validation_lost_parent_cases=len(ev.lost))
+                    if keeper.early_stop is not None:
+                        break
+        chosen = keeper.restore(trainer) if keeper is not None else None
+    selection = selection_summary(config.loss.kl_coef, len(curve), keeper, chosen)
     out = trainer.save(ctx.candidate_dir(key))
     refs = snapshot_refs(manifest)
     version = reg.log_candidate(
         out,
         parent_version=parent_version,
         snapshot_key=key,
-        algorithm_config=receipt.plan.algorithm,
+        algorithm_config={**receipt.plan.algorithm, "selection": _selection_params(selection)},
         metrics_per_step=[_numeric(m) for m in curve],
         train_snapshot=_dataset(manifest, key, "train", refs["train"]),
         heldout_snapshot=_dataset(manifest, key, "holdout", refs["holdout"]),
@@ -101,7 +119,12 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResul
         store,
         key,
         "candidate_resource",
-        {"checkpoint": str(out), "version": version.version, "run_id": version.run_id},
+        {
+            "checkpoint": str(out),
+            "version": version.version,
+            "run_id": version.run_id,
+            "selection": selection,
+        },
     )
     receipt = R.add_candidate(
         receipt,
@@ -124,6 +147,15 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResul
             "snapshot": key,
             "evaluator": f"{receipt.plan.evaluator.name}@{receipt.plan.evaluator.version}",
             "steps": len(curve),
+            "kl_coef": config.loss.kl_coef,
+            "validation_tasks": selection["validation_tasks"],
+            "chosen_step": selection["chosen_step"],
+            "kept_parent_cases": selection.get("kept_parent_cases"),
+            "early_stop": selection["early_stop"] or "",
+            "validation_curve": [
+                [c["step"], round(c["success"], 4), c["lost_parent_cases"]]
+                for c in selection.get("checkpoints", [])
+            ],
             "reward_curve": [round(float(m.get("success", 0.0)), 4) for m in curve],
             "loss_curve": [round(float(m.get("loss", 0.0)), 6) for m in curve],
             "receipt_version": stored.version,
@@ -131,6 +163,25 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResul
         },
         data_version=version.weights_hash,
     )
+
+
+def validation_settings(p: Pipeline) -> ValidationSettings:
+    """The checkpoint selection the training resource asks for (the protected cases' success threshold)."""
+    from lightning_dagster.training.selection import ValidationSettings
+
+    t = p.training
+    return ValidationSettings(
+        tasks=t.validation_tasks,
+        every=t.validation_every,
+        patience=t.validation_patience,
+        success_threshold=t.success_threshold,
+    )
+
+
+def _selection_params(selection: dict[str, Any]) -> dict[str, Any]:
+    """The run's selection as MLflow parameters: the figures, not the per-checkpoint lists (those are the
+    `validation_*` metrics of each evaluated step)."""
+    return {k: v for k, v in selection.items() if k != "checkpoints"}
 
 
 def _dataset(manifest: Manifest, key: str, split: Split, ref: SnapshotRef) -> dict[str, Any]:
