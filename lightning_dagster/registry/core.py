@@ -15,17 +15,24 @@ from mlflow.exceptions import MlflowException, RestException
 
 from lightning_dagster import config
 from lightning_dagster.gate.receipt import Approval
-from lightning_dagster.registry import incidents, pointers, promotion, receipts
+from lightning_dagster.registry import incidents, links, pointers, promotion, receipt_tags, receipts
 from lightning_dagster.registry.checkpoints import cached_checkpoint
 from lightning_dagster.registry.drill import DrillResult, rollback_drill
 from lightning_dagster.registry.errors import PointerConflict, RegistryUnavailable, UnknownVersion
 from lightning_dagster.registry.incidents import PointerIncident
-from lightning_dagster.registry.lineage import CandidateVersion, SnapshotRef, register_version
+from lightning_dagster.registry.lineage import CandidateVersion, SnapshotRef, Timing, register_version
 from lightning_dagster.registry.pointers import APPROVED, LATEST, ReconcileResult, ResolvedVersion
 from lightning_dagster.registry.promotion import DEFAULT_APPROVER, PromotionResult
+from lightning_dagster.registry.receipt_tags import ReceiptTags
 from lightning_dagster.registry.roles import Roles, deployment_roles
 from lightning_dagster.registry.serving import approved_for_serving
-from lightning_dagster.registry.tracking import ensure_tracking_store, is_http, probe
+from lightning_dagster.registry.tracking import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    ensure_tracking_store,
+    is_http,
+    probe,
+)
 
 DEFAULT_MODEL_NAME = "lightning-dagster-policy"
 
@@ -95,7 +102,9 @@ class Registry:
             location = self.artifact_root.resolve().as_uri() if self.artifact_root else None
             try:
                 self.experiment_id = self.client.create_experiment(
-                    self.experiment_name, artifact_location=location
+                    self.experiment_name,
+                    artifact_location=location,
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
                 )
             except MlflowException as exc:  # another process created it first
                 if not _already_exists(exc):
@@ -103,6 +112,14 @@ class Registry:
                 self.experiment_id = self.client.get_experiment_by_name(self.experiment_name).experiment_id
         else:
             self.experiment_id = exp.experiment_id
+            if EXPERIMENT_KIND_TAG not in exp.tags:  # an experiment made before the kind was set
+                self.call_mlflow(
+                    "set experiment tag",
+                    self.client.set_experiment_tag,
+                    self.experiment_id,
+                    EXPERIMENT_KIND_TAG,
+                    EXPERIMENT_KIND,
+                )
         try:
             self.call_mlflow("create registered model", self.client.create_registered_model, self.model_name)
         except MlflowException as exc:
@@ -156,30 +173,40 @@ class Registry:
         heldout_snapshot: SnapshotRef | Mapping[str, Any],
         receipt: Any = None,
         receipt_id: str | None = None,
-        receipt_hash: str | None = None,
         code_revision: str = "",
         evaluator_version: str = "",
         orchestrator_run_id: str = "",
+        started_at: float | None = None,
+        ended_at: float | None = None,
     ) -> CandidateVersion:
         """Log a trained candidate as a run and a registered version, then move `latest-candidate` to it.
 
         The parent must be a registered version: its weights hash is copied into the lineage. `receipt` is
-        a gate `Receipt` (its id and hash are taken from it) or its JSON dict."""
+        a gate `Receipt` (its id is taken from it) or its JSON dict. The version's receipt tags name the
+        ledger's head of that receipt now (`receipt_version`, `receipt_hash`, verdict `pending`); each
+        later receipt version rewrites them (`record_receipt`). `started_at`/`ended_at` (epoch seconds,
+        both or neither) are when the training ran: the MLflow run spans them."""
         self.reconcile()
         if receipt is not None and hasattr(receipt, "to_json_dict"):
-            from lightning_dagster.gate import receipt_hash as gate_receipt_hash
-
             receipt_id = receipt_id or receipt.receipt_id
-            receipt_hash = receipt_hash or gate_receipt_hash(receipt)
             receipt = receipt.to_json_dict()
+        receipt_id = receipt_id or (str(receipt.get("receipt_id", "")) if receipt else "")
+        if (started_at is None) != (ended_at is None):
+            raise ValueError("started_at and ended_at are given together or not at all")
+        ledger_head = receipt_tags.head(self.store, receipt_id) if receipt_id else None
         parent = self.model_version(parent_version)
         tags = {
             "kind": "candidate",
             "parent_version": parent.version,
             "parent_weights_hash": parent.weights_hash,
             "snapshot_key": snapshot_key,
-            "receipt_id": receipt_id or (str(receipt.get("receipt_id", "")) if receipt else ""),
-            "receipt_hash": receipt_hash or "",
+            "receipt_id": receipt_id,
+            **(
+                {"receipt_version": str(ledger_head[0]), "receipt_hash": ledger_head[1]}
+                if ledger_head
+                else {}
+            ),
+            "verdict": receipt_tags.PENDING if receipt_id else "",
             "code_revision": code_revision,
             "evaluator_version": evaluator_version,
             "orchestrator_run_id": orchestrator_run_id,
@@ -196,6 +223,7 @@ class Registry:
                 (SnapshotRef.of(heldout_snapshot), "evaluation"),
             ],
             receipt=receipt,
+            timing=None if started_at is None else Timing(started_at, ended_at),
         )
         self.call_mlflow(
             "set alias", self.client.set_registered_model_alias, self.model_name, LATEST, candidate.version
@@ -264,8 +292,17 @@ class Registry:
     # ---- approval, promotion, rollback -------------------------------------------------------------
     def approve(self, receipt: Any, approval: Approval) -> receipts.StoredReceipt:
         """Record a signed approval (`signing.sign_approval`) as a new receipt version; refuse one that does
-        not verify against the deployment's roles or names a role the receipt does not."""
-        return receipts.record_approval(self.store, receipt, approval, self.roles())
+        not verify against the deployment's roles or names a role the receipt does not. The candidate's
+        version tags then name the new receipt version (best effort, see `receipt_tags.write_after`)."""
+        stored = receipts.record_approval(self.store, receipt, approval, self.roles())
+        receipt_tags.write_after(self, stored)
+        return stored
+
+    def record_receipt(self, receipt: Any) -> ReceiptTags | None:
+        """Tag the receipt's candidate version with the ledger's head of the receipt (id, version, hash,
+        verdict); call after appending a receipt version. None while the receipt names no candidate."""
+        self.connect()
+        return receipt_tags.write(self, receipt)
 
     def promote(
         self,
@@ -289,6 +326,18 @@ class Registry:
         return rollback_drill(self, parent_version, record=record)
 
     # ---- inspection --------------------------------------------------------------------------------
+    def ui_links(self, run_id: str, version: str, ui: str | None = None) -> dict[str, str]:
+        """MLflow UI addresses of a lineage run and a model version (`mlflow_run`, `mlflow_model_version`)
+        under `ui` (default: `links.ui_url`); {} when no UI address is known."""
+        base = links.ui_url(self.tracking_uri) if ui is None else ui
+        if not base:
+            return {}
+        self.connect()
+        return {
+            "mlflow_run": links.run_url(base, str(self.experiment_id), run_id),
+            "mlflow_model_version": links.model_version_url(base, self.model_name, version),
+        }
+
     def show(self) -> dict[str, Any]:
         """Both pointers, the MLflow mirror's view, and the registered versions (newest first)."""
         rec = self.reconcile()

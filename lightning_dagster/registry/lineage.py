@@ -109,6 +109,21 @@ def step_metrics(metrics_per_step: Sequence[Mapping[str, float]]) -> list[Metric
     return metrics
 
 
+# The training plot's panels: (title, metric key). The reward is the trainer's `reward_mean` (the mean reward
+# of the rollouts the step trained on), logged under that name.
+PLOT_PANELS = (("reward (mean per step)", "reward_mean"), ("loss", "loss"))
+
+
+def plot_series(metrics_per_step: Sequence[Mapping[str, float]]) -> dict[str, list[tuple[int, float]]]:
+    """The points each panel of the training plot draws: metric key -> [(step, value)] in step order."""
+    return {
+        key: sorted(
+            (int(r.get("step", j)), float(r[key])) for j, r in enumerate(metrics_per_step) if key in r
+        )
+        for _, key in PLOT_PANELS
+    }
+
+
 def training_plot_png(metrics_per_step: Sequence[Mapping[str, float]]) -> bytes:
     """Reward and loss over training steps, as PNG bytes (Agg backend: no display needed)."""
     import matplotlib
@@ -116,17 +131,16 @@ def training_plot_png(metrics_per_step: Sequence[Mapping[str, float]]) -> bytes:
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
+    series = plot_series(metrics_per_step)
     fig = Figure(figsize=(8, 3.2), dpi=100)
-    for i, name in enumerate(("reward", "loss")):
+    for i, (title, key) in enumerate(PLOT_PANELS):
         ax = fig.add_subplot(1, 2, i + 1)
-        points = [
-            (int(r.get("step", j)), float(r[name])) for j, r in enumerate(metrics_per_step) if name in r
-        ]
+        points = series[key]
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker=".")
         else:
-            ax.text(0.5, 0.5, f"no {name} recorded", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(name)
+            ax.text(0.5, 0.5, f"no {key} recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -159,6 +173,33 @@ def dataset_input(snapshot: SnapshotRef, context: str) -> DatasetInput:
     return DatasetInput(dataset=Dataset(**dataset), tags=[InputTag(key="mlflow.data.context", value=context)])
 
 
+@dataclass(frozen=True)
+class LineageRun:
+    """A finished lineage run: its id, the URI of its checkpoint, and the MLflow logged model it output."""
+
+    run_id: str
+    checkpoint_uri: str
+    model_id: str
+
+
+@dataclass(frozen=True)
+class Timing:
+    """When the work a run records started and ended (seconds since the epoch), e.g. the training."""
+
+    started_at: float
+    ended_at: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.started_at) and math.isfinite(self.ended_at)):
+            raise ValueError(f"run times must be finite: {self.started_at}, {self.ended_at}")
+        if self.ended_at < self.started_at:
+            raise ValueError(f"run ends ({self.ended_at}) before it starts ({self.started_at})")
+
+
+def _ms(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
+
 def log_lineage_run(
     client: MlflowClient,
     experiment_id: str,
@@ -170,10 +211,16 @@ def log_lineage_run(
     metrics_per_step: Sequence[Mapping[str, float]] = (),
     snapshots: Sequence[tuple[SnapshotRef, str]] = (),
     receipt: Mapping[str, Any] | None = None,
-) -> tuple[str, str]:
-    """Log a finished run holding the checkpoint (under `checkpoint/`); returns (run_id, checkpoint URI)."""
+    timing: Timing | None = None,
+) -> LineageRun:
+    """Log a finished run holding the checkpoint (under `checkpoint/`), spanning `timing` when given (else
+    the logging itself), with an MLflow logged model as its output: MLflow 3 files a run with a model
+    output as a training run, and one without as an evaluation run."""
+    from mlflow.entities import LoggedModelOutput
+
     metrics = step_metrics(metrics_per_step)  # validate before anything is written
-    run = client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
+    start = None if timing is None else _ms(timing.started_at)
+    run = client.create_run(experiment_id, start_time=start, run_name=run_name, tags=dict(tags))
     run_id = run.info.run_id
     try:
         flat = [Param(k, v) for k, v in flatten_params(params).items()]
@@ -188,15 +235,27 @@ def log_lineage_run(
             client.log_dict(run_id, dict(receipt), "receipt/receipt.json")
         if metrics_per_step:
             _log_bytes(client, run_id, training_plot_png(metrics_per_step), "plots/training.png")
+        checkpoint_uri = f"{run.info.artifact_uri}/checkpoint"
+        # The logged model is a record (the checkpoint stays in the run's artifacts, never copied twice).
+        model = client.create_logged_model(
+            experiment_id,
+            name=run_name,
+            source_run_id=run_id,
+            tags={**tags, "checkpoint_uri": checkpoint_uri},
+            model_type="checkpoint",
+        )
+        client.finalize_logged_model(model.model_id, "READY")
+        last_step = max((m.step for m in metrics), default=0)
+        client.log_outputs(run_id, [LoggedModelOutput(model.model_id, last_step)])
         client.log_batch(run_id, tags=[RunTag("lightning_dagster.status", "complete")])
-        client.set_terminated(run_id, "FINISHED")
+        client.set_terminated(run_id, "FINISHED", end_time=None if timing is None else _ms(timing.ended_at))
     except BaseException:
         try:
             client.set_terminated(run_id, "FAILED")
         except Exception:  # the original error is the one worth reporting
             pass
         raise
-    return run_id, f"{run.info.artifact_uri}/checkpoint"
+    return LineageRun(run_id, checkpoint_uri, model.model_id)
 
 
 def _log_bytes(client: MlflowClient, run_id: str, data: bytes, artifact_file: str) -> None:
@@ -218,9 +277,10 @@ def register_version(
     metrics_per_step: Sequence[Mapping[str, float]] = (),
     snapshots: Sequence[tuple[SnapshotRef, str]] = (),
     receipt: Mapping[str, Any] | None = None,
+    timing: Timing | None = None,
 ) -> CandidateVersion:
     """One function for every kind of version: hash the weights, log the run with its lineage, then register
-    the version with the same tags (the weights hash among them)."""
+    the version with the same tags (the weights hash among them); the run's logged model names the version."""
     from lightning_dagster.registry.checkpoints import weights_hash as hash_weights
 
     if not checkpoint_dir.is_dir():
@@ -228,7 +288,7 @@ def register_version(
     reg.connect()
     weights_hash = hash_weights(checkpoint_dir)
     all_tags = {k: str(v) for k, v in tags.items() if v not in (None, "")} | {"weights_hash": weights_hash}
-    run_id, source = reg.call_mlflow(
+    run = reg.call_mlflow(
         "log lineage run",
         log_lineage_run,
         reg.client,
@@ -240,14 +300,22 @@ def register_version(
         metrics_per_step=metrics_per_step,
         snapshots=snapshots,
         receipt=receipt,
+        timing=timing,
     )
     mv = reg.call_mlflow(
         "create model version",
         reg.client.create_model_version,
         reg.model_name,
-        source,
-        run_id=run_id,
+        run.checkpoint_uri,
+        run_id=run.run_id,
         tags=all_tags,
     )
+    # As MLflow's own `register_model` does: the logged model names its registered versions.
+    reg.call_mlflow(
+        "tag logged model",
+        reg.client.set_logged_model_tags,
+        run.model_id,
+        {"mlflow.modelVersions": json.dumps([{"name": reg.model_name, "version": str(mv.version)}])},
+    )
     # Built from what was just written: a server's reply need not echo the tags.
-    return CandidateVersion(str(mv.version), run_id, weights_hash, model_uri(reg.model_name, mv.version))
+    return CandidateVersion(str(mv.version), run.run_id, weights_hash, model_uri(reg.model_name, mv.version))

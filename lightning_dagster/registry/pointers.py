@@ -34,6 +34,9 @@ APPROVED = "approved-default"
 LATEST = "latest-candidate"
 ALIASES = (APPROVED, LATEST)
 HISTORY_TAG_ENTRIES = 20  # the MLflow mirror keeps the newest moves; the store keeps all of them
+# A version tag, "true" on the version `approved-default` points at and "false" on those it left: MLflow's
+# model list shows one alias per version and hides the rest behind "+1", but lists tags and filters on them.
+APPROVED_FLAG = "approved_default"
 
 
 @dataclass(frozen=True)
@@ -62,12 +65,16 @@ def check_alias(alias: str) -> None:
 
 def approved_hash(move: Any) -> str | None:
     """The weights hash recorded when `move` was made: version numbers can be reused, this cannot."""
-    if move is None:
-        return None
+    return None if move is None else _note(move).get("weights_hash")
+
+
+def _note(move: Any) -> dict[str, Any]:
+    """The JSON body `move` records with a pointer move; {} for a note written by hand, not by the registry."""
     try:
-        return json.loads(move.note or "{}").get("weights_hash")
-    except (ValueError, AttributeError):  # a note written by hand, not by this registry
-        return None
+        body = json.loads(move.note or "{}")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def move_dict(move: Any) -> dict[str, Any]:
@@ -88,6 +95,12 @@ def iso(ts: float) -> str:
 
 def _seq(mv: Any) -> str:
     return "" if mv is None else mv.tags.get(f"{APPROVED}.seq", "")
+
+
+def _flagged(mv: Any, last: Any) -> bool:
+    """Whether the alias's version carries the approved flag (a mirror written before the flag existed
+    is rewritten once)."""
+    return last is None or (mv is not None and mv.tags.get(APPROVED_FLAG) == "true")
 
 
 def mirror_flag(pointer: str) -> str:
@@ -115,7 +128,7 @@ def reconcile(reg: Registry, *, last_verified: float | None = None) -> Reconcile
         last = history[-1] if history else None
         pointer = last.to_value if last else None
         alias = None if mv is None else str(mv.version)
-        if alias == pointer and _seq(mv) == (str(last.seq) if last else ""):
+        if alias == pointer and _seq(mv) == (str(last.seq) if last else "") and _flagged(mv, last):
             _note_mirrored(reg, last, mirrored)
             return ReconcileResult(
                 pointer, changed=False, last_move=last, model_version=mv, incident=incident
@@ -193,7 +206,13 @@ def _write_mirror(reg: Registry, history: list, alias: str | None) -> None:
     expected, actual = approved_hash(last), reg.model_version(last.to_value).weights_hash
     if expected and expected != actual:
         raise WeightsMismatch(last.to_value, expected, actual)
+    flagged = call(
+        "search versions", c.search_model_versions, f"name='{m}' and tags.{APPROVED_FLAG} = 'true'"
+    )
+    for left in {str(v.version) for v in flagged} - {last.to_value}:
+        call("set version tag", c.set_model_version_tag, m, left, APPROVED_FLAG, "false")
     for key, value in {
+        APPROVED_FLAG: "true",
         f"{APPROVED}.approved_by": last.actor,
         f"{APPROVED}.approved_at": iso(last.moved_at),
         f"{APPROVED}.receipt_id": last.receipt_id or "",
@@ -203,7 +222,18 @@ def _write_mirror(reg: Registry, history: list, alias: str | None) -> None:
     entries = [move_dict(mv) for mv in history[-HISTORY_TAG_ENTRIES:]]
     call("set tag", c.set_registered_model_tag, m, f"{APPROVED}.history", json.dumps(entries))
     call("set tag", c.set_registered_model_tag, m, f"{APPROVED}.moves", str(len(history)))
+    call("update description", c.update_registered_model, m, description(last))
     call("set alias", c.set_registered_model_alias, m, APPROVED, last.to_value)
+
+
+def description(last: Any) -> str:
+    """The registered model's description: which version `approved-default` names, since when and why."""
+    receipt = f", receipt {last.receipt_id}" if last.receipt_id else ""
+    return (
+        f"{APPROVED}: version {last.to_value} ({_note(last).get('note') or 'moved'} by "
+        f"{last.actor} at {iso(last.moved_at)}{receipt}). The registry's store holds this pointer; the "
+        f"`{APPROVED}` alias and the `{APPROVED_FLAG}` version tag mirror it."
+    )
 
 
 def mirror_after_move(reg: Registry) -> str | None:

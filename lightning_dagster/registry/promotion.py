@@ -1,7 +1,7 @@
 """Moving `approved-default`: promotion to a passing receipt's candidate, and rollback to an earlier value.
 
 Both are a compare-and-set in the store (`PointerConflict` if another move came first), mirrored to MLflow
-afterwards; a failed mirror leaves the move standing and is repaired by the next operation."""
+afterwards (alias, `approved_default` flag, receipt tags); a failed mirror leaves the move standing and is repaired by the next operation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lightning_dagster.registry import pointers, receipts
+from lightning_dagster.registry import pointers, receipt_tags, receipts
 from lightning_dagster.registry.errors import (
     NotAuthorized,
     PointerConflict,
@@ -108,7 +108,8 @@ def promote(
         receipt_version=stored.version,
         policy=f"{policy.version} {policy.hash}",
     )
-    error = pointers.mirror_after_move(reg)
+    # The version's receipt tags then name the very receipt version and hash the move records.
+    error = pointers.mirror_after_move(reg) or receipt_tags.write_after(reg, stored)
     return PromotionResult(move=move, mirrored=error is None, mirror_error=error)
 
 

@@ -24,6 +24,11 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
+# The experiment's type in MLflow 3 (`mlflow.experimentKind`): a classic ML experiment (runs, metrics,
+# models), not GenAI development (traces), which the UI assumes for an experiment without the tag.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
 _initialised: set[str] = set()
 
 

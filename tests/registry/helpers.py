@@ -13,7 +13,9 @@ def candidate_kwargs(parent_version: str, step_count: int = 3) -> dict:
         "parent_version": parent_version,
         "snapshot_key": "snap-20261130T0800Z-1a2b3c4d",
         "algorithm_config": {"name": "grpo", "lr": 1e-4, "group_size": 8, "optim": {"betas": [0.9, 0.99]}},
-        "metrics_per_step": [{"reward": 0.3 + 0.05 * s, "loss": 1.0 - 0.1 * s} for s in range(step_count)],
+        "metrics_per_step": [
+            {"reward_mean": 0.3 + 0.05 * s, "loss": 1.0 - 0.1 * s} for s in range(step_count)
+        ],
         "train_snapshot": {
             "name": "snap-20261130T0800Z-1a2b3c4d",
             "content_hash": "sha256:" + "1a" * 32,

@@ -34,7 +34,7 @@ def test_snapshots_become_dataset_inputs_with_the_schema_of_their_rows(client, t
         (SnapshotRef("snap-1/holdout", "sha256:" + "cd" * 32, 40), "evaluation"),
     ]
     experiment = client.create_experiment("lineage")
-    run_id, _ = log_lineage_run(
+    run_id = log_lineage_run(
         client,
         experiment,
         run_name="candidate-snap-1",
@@ -42,7 +42,7 @@ def test_snapshots_become_dataset_inputs_with_the_schema_of_their_rows(client, t
         params={},
         tags={},
         snapshots=snapshots,
-    )
+    ).run_id
     inputs = {d.dataset.name: d for d in client.get_run(run_id).inputs.dataset_inputs}
     assert set(inputs) == {"snap-1/train", "snap-1/holdout"}
     trained = inputs["snap-1/train"]

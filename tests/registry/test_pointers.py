@@ -46,7 +46,7 @@ def test_lineage_run_and_version_tags(registry, variant, tracking):
     client = MlflowClient(tracking.uri, tracking.uri)
     run = client.get_run(cand.run_id)
     assert run.data.params["lr"] == "0.0001" and run.data.params["optim.betas"] == "[0.9, 0.99]"
-    rewards = client.get_metric_history(cand.run_id, "reward")
+    rewards = client.get_metric_history(cand.run_id, "reward_mean")
     assert [(m.step, round(m.value, 3)) for m in rewards] == [(0, 0.3), (1, 0.35), (2, 0.4)]
     inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
     assert set(inputs) == {"snap-20261130T0800Z-1a2b3c4d", "holdout-v3"}

@@ -1,0 +1,44 @@
+"""Addresses in the MLflow UI of an experiment, a run and a model version, for links in asset metadata.
+
+Every address asks for MLflow's classic ML view (`workflowType=machine_learning`): MLflow 3's UI otherwise
+opens in the GenAI view it remembers per browser, on an empty traces page.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import quote
+
+from lightning_dagster.registry.tracking import is_http
+
+# Where the `mlflow ui` command the demo prints serves (`-h 127.0.0.1 -p 5000`).
+DEFAULT_UI_URL = "http://127.0.0.1:5000"
+UI_URL_ENV = "LD_MLFLOW_UI_URL"
+WORKFLOW = "workflowType=machine_learning"
+
+
+def ui_url(tracking_uri: str) -> str:
+    """The MLflow UI's base URL: `$LD_MLFLOW_UI_URL` when set (empty: no links), else the tracking server
+    itself when the tracking URI is one, else `DEFAULT_UI_URL` (the demo's `mlflow ui` over the local
+    store)."""
+    if UI_URL_ENV in os.environ:
+        return os.environ[UI_URL_ENV].rstrip("/")
+    return tracking_uri.rstrip("/") if is_http(tracking_uri) else DEFAULT_UI_URL
+
+
+def experiment_url(ui: str, experiment_id: str) -> str:
+    """The experiment's runs table."""
+    return f"{ui.rstrip('/')}/#/experiments/{quote(str(experiment_id), safe='')}/runs?{WORKFLOW}"
+
+
+def run_url(ui: str, experiment_id: str, run_id: str) -> str:
+    """A run's page (parameters, metrics, dataset inputs, artifacts with the training plot)."""
+    return (
+        f"{ui.rstrip('/')}/#/experiments/{quote(str(experiment_id), safe='')}/runs/"
+        f"{quote(run_id, safe='')}?{WORKFLOW}"
+    )
+
+
+def model_version_url(ui: str, model_name: str, version: str | int) -> str:
+    """A registered model version's page (its tags: verdict, receipt version and hash, approved flag)."""
+    return f"{ui.rstrip('/')}/#/models/{quote(model_name, safe='')}/versions/{quote(str(version), safe='')}?{WORKFLOW}"

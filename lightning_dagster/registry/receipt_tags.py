@@ -1,0 +1,96 @@
+"""The receipt on the model version it judged: MLflow version tags repeating the ledger's head of that
+receipt (its id, ledger version, ledger hash and the gate's verdict), rewritten at every new receipt version.
+
+`receipt_hash` is the ledger's hash of the version named by `receipt_version` (`StoredReceipt.content_hash`,
+the hash `release_receipt` reports and a promotion records), never the gate's evidence hash.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mlflow.exceptions import MlflowException
+
+from lightning_dagster.registry import receipts
+from lightning_dagster.registry.errors import RegistryError, WeightsMismatch
+
+if TYPE_CHECKING:
+    from lightning_dagster.registry.core import Registry
+
+log = logging.getLogger(__name__)
+
+PENDING = "pending"  # the verdict tag of a version whose receipt the gate has not judged yet
+
+
+@dataclass(frozen=True)
+class ReceiptTags:
+    """What a model version's tags say about the receipt that judged it."""
+
+    model_version: str
+    receipt_id: str
+    receipt_version: int
+    receipt_hash: str
+    verdict: str  # the gate's verdict on that receipt version, or `PENDING`
+
+    def as_tags(self) -> dict[str, str]:
+        return {
+            "receipt_id": self.receipt_id,
+            "receipt_version": str(self.receipt_version),
+            "receipt_hash": self.receipt_hash,
+            "verdict": self.verdict,
+        }
+
+
+def of_stored(stored: receipts.StoredReceipt) -> ReceiptTags | None:
+    """The tags a stored receipt version gives its candidate's version; None before a candidate is recorded."""
+    candidate = stored.receipt.candidate
+    if candidate is None or candidate.model_version is None:
+        return None
+    gate = stored.receipt.gate
+    return ReceiptTags(
+        model_version=candidate.model_version,
+        receipt_id=stored.receipt.receipt_id,
+        receipt_version=stored.version,
+        receipt_hash=stored.content_hash,
+        verdict=PENDING if gate is None else gate.verdict,
+    )
+
+
+def head(store: Any, receipt_id: str) -> tuple[int, str] | None:
+    """The ledger's newest (version, hash) of a receipt, or None if the ledger has none of it."""
+    from lightning_dagster.gate.ledger import ReceiptLedger
+
+    entries = ReceiptLedger(store).history(receipt_id)
+    return (entries[-1].version, entries[-1].content_hash) if entries else None
+
+
+def write(reg: Registry, value: Any) -> ReceiptTags | None:
+    """Tag the receipt's candidate version with the ledger head of the receipt (given by id, `Receipt` or
+    `StoredReceipt`). Refused with `WeightsMismatch` when the version holds other weights than the receipt
+    names (a re-created registered model reuses version numbers)."""
+    stored = value if isinstance(value, receipts.StoredReceipt) else receipts.load(reg.store, value)
+    tags = of_stored(stored)
+    if tags is None:
+        return None
+    version = reg.model_version(tags.model_version)
+    named = stored.receipt.candidate.weights_hash if stored.receipt.candidate else None
+    if named and not receipts.same_hash(named, version.weights_hash):
+        raise WeightsMismatch(version.version, named, version.weights_hash)
+    for key, text in tags.as_tags().items():
+        reg.call_mlflow(
+            "set version tag", reg.client.set_model_version_tag, reg.model_name, version.version, key, text
+        )
+    return tags
+
+
+def write_after(reg: Registry, value: Any) -> str | None:
+    """`write` after the store already changed (an approval, a promotion): an MLflow failure is reported,
+    not raised; the next receipt operation writes the tags again."""
+    try:
+        write(reg, value)
+        return None
+    except (RegistryError, MlflowException, OSError) as exc:
+        log.warning("receipt recorded in the store but its version tags were not written: %s", exc)
+        return str(exc)
