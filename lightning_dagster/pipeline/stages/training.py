@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,6 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResul
     With a validation split, each due checkpoint is decoded greedily on it, the proposed checkpoint is the
     best that keeps the parent's validation cases, and training stops early when validation regresses."""
     from lightning_dagster.gate import receipt as R
-    from lightning_dagster.gate import receipt_hash
     from lightning_dagster.pipeline.transitions_file import read_transitions
     from lightning_dagster.training.loop import CheckpointKeeper, rl_step, selection_summary, validation_split
     from lightning_dagster.training.trainer import Trainer
@@ -60,6 +60,7 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResul
     t = p.training
     config = trainer_config(p)
     validation = validation_settings(p)
+    started = time.time()
     trainer = Trainer(parent_dir, config)
     rows, advantages = read_transitions(ctx.load_stage(store, key, "training_transitions")["uri"])
     curve = [trainer.step(rows, advantages)]
@@ -110,7 +111,8 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResul
         train_snapshot=_dataset(manifest, key, "train", refs["train"]),
         heldout_snapshot=_dataset(manifest, key, "holdout", refs["holdout"]),
         receipt_id=receipt.receipt_id,
-        receipt_hash=receipt_hash(receipt),
+        started_at=started,
+        ended_at=time.time(),
         code_revision=receipt.plan.code_revision,
         evaluator_version=f"{receipt.plan.evaluator.name}@{receipt.plan.evaluator.version}",
         orchestrator_run_id=run_id,
