@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "registry": ("lightning_dagster.registry.cli", "candidate lineage and the two pointers in MLflow"),
     "init": ("lightning_dagster.project.scaffold", "write a starter project into a new folder"),
     "project": ("lightning_dagster.project.cli", "validate a project file and summarize its tasks"),
+    "loop": ("lightning_dagster.pipeline.cli", "the continual-learning loop: status, history, signed resume"),
     "demo": ("lightning_dagster.demo", "run the whole pipeline once on the embedded default"),
 }
 

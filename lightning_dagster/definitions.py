@@ -6,7 +6,7 @@ import dagster as dg
 
 from lightning_dagster.assets import snapshot_assets
 from lightning_dagster.assets.checks import GATE_CHECKS
-from lightning_dagster.jobs import approve, continual_learning, promote, rollback
+from lightning_dagster.jobs import approve, continual_learning, promote, resume, rollback
 from lightning_dagster.resources import default_pipeline
 from lightning_dagster.sensors import (
     approved_alias_sensor,
@@ -24,7 +24,7 @@ def build_definitions(
     return dg.Definitions(
         assets=snapshot_assets,
         asset_checks=GATE_CHECKS,
-        jobs=[continual_learning, approve, promote, rollback],
+        jobs=[continual_learning, approve, promote, rollback, resume],
         sensors=[continual_learning_sensor, stale_evidence_sensor, approved_alias_sensor],
         schedules=[nightly_snapshot],
         resources={"pipeline": default_pipeline(deferred=deferred, **resource_overrides)},

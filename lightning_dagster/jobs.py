@@ -97,3 +97,43 @@ def promote() -> None:
 )
 def rollback() -> None:
     rollback_default()
+
+
+# ---------------------------------------------------------------- resume the continual-learning loop
+
+
+class ResumeConfig(dg.Config):
+    """An authorized actor's signed resume of the paused continual-learning loop: the fields
+    `lightning-dagster loop sign --actor --role --key --reason` prints (the signature covers them and the
+    pause in force). The actor must hold one of the deployment's default-approver roles."""
+
+    actor: str
+    role: str = "default-approver"
+    reason: str
+    at: float
+    pause_hash: str
+    signature: str
+
+
+@dg.op(description="Record a signed resume of the paused loop once it verifies; the history is the output.")
+def resume_loop(config: ResumeConfig, pipeline: PipelineResource) -> dg.Output:
+    from lightning_dagster.gate.pauses import ResumeRequest
+    from lightning_dagster.pipeline import pauses
+    from lightning_dagster.pipeline.context import approvers
+
+    store = pipeline.get_store()
+    recorded = pauses.resume(
+        store,
+        ResumeRequest.model_validate(config.model_dump()),
+        actors=approvers(pipeline),
+        allowed_roles=pipeline.gate.default_approver_roles,
+    )
+    return dg.Output(None, metadata=to_metadata(pauses.decision_metadata(store, recorded)))
+
+
+@dg.job(
+    description="Resume the paused continual-learning loop by an authorized actor's signed decision "
+    "(run config: the fields `lightning-dagster loop sign` prints)."
+)
+def resume() -> None:
+    resume_loop()

@@ -36,17 +36,32 @@ def _keys(instance: dg.DagsterInstance) -> list[str]:
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.STOPPED,
     description="Cuts a content-hashed snapshot when enough new rewarded serve rollouts or new tasks arrive, "
-    "unless a stop condition holds (then it pauses and records why).",
+    "unless the loop is paused: a stop condition pauses it as a recorded decision (condition and receipt), "
+    "lifted by an authorized actor's `resume` job or `lightning-dagster loop resume`, or by a newer receipt "
+    "that clears it. Each pause and resume is an observation on release_receipt with the loop's history.",
 )
 def continual_learning_sensor(context: dg.SensorEvaluationContext, pipeline: PipelineResource):
+    from lightning_dagster.pipeline.pauses import decision_metadata
+
     watermark = Watermark.from_cursor(context.cursor)
     stop = triggers.stop_decision(pipeline, _keys(context.instance))
+    observed = []
+    if stop.recorded is not None:
+        observed.append(
+            dg.AssetObservation(
+                asset_key=release_receipt.key,
+                description=f"continual learning {stop.recorded.decision.action}d",
+                metadata=to_metadata(decision_metadata(pipeline.get_store(), stop.recorded)),
+            )
+        )
     if stop.pause:
-        # The reason is kept in the store too, so `lightning-dagster` and the UI agree on why it paused.
-        return dg.SkipReason(f"paused: {stop.reason}")
+        # The decision is kept in the store, so `lightning-dagster loop` and the UI agree on why it paused.
+        return dg.SensorResult(skip_reason=f"paused: {stop.reason}", asset_events=observed)
     evidence = triggers.new_evidence(pipeline, watermark)
     if not evidence.enough:
-        return dg.SensorResult(skip_reason=f"waiting: {evidence.summary}", cursor=watermark.to_cursor())
+        return dg.SensorResult(
+            skip_reason=f"waiting: {evidence.summary}", cursor=watermark.to_cursor(), asset_events=observed
+        )
     key = triggers.cut_snapshot(pipeline, evidence, _now())
     return dg.SensorResult(
         dynamic_partitions_requests=[snapshots.build_add_request([key])],
@@ -54,6 +69,7 @@ def continual_learning_sensor(context: dg.SensorEvaluationContext, pipeline: Pip
             dg.RunRequest(partition_key=key, run_key=key, tags={"trigger": "continual_learning_sensor"})
         ],
         cursor=evidence.watermark.to_cursor(),
+        asset_events=observed,
     )
 
 

@@ -5,6 +5,10 @@ An inconsistency (`consistency`) fails the check it touches whatever that check'
 the validation needs but lacks makes a passing check unavailable. The verdict is `PROMOTE TO BOUNDED
 CANARY` only when all seven pass and none is void by staleness; otherwise `HOLD`, naming every check that
 did not pass.
+
+When a blocking check stopped the graph, the stages after it left no evidence: the checks that need it are
+unavailable and say which stage did not run and which upstream check stopped it (`stages.stop_causes`);
+the checks are judged twice then, the second time with those causes (the statuses cannot change).
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ from lightning_dagster.gate.release_checks import (
     check_protected_cases,
     check_rollback_and_approval,
 )
+from lightning_dagster.gate.stages import NO_CAUSES, STAGES, Causes, ran, stop_causes
 from lightning_dagster.gate.staleness import void_checks
 
 PROMOTE = "PROMOTE TO BOUNDED CANARY"
 HOLD = "HOLD"
 
-_BODIES: dict[Check, Callable[[Receipt, Policy], CheckResult]] = {
+_BODIES: dict[Check, Callable[[Receipt, Policy, Causes], CheckResult]] = {
     Check.pinned: check_pinned,
     Check.span_coverage: check_span_coverage,
     Check.retry_debt: check_retry_debt,
@@ -55,12 +60,27 @@ def run_check(
     `consistency.inconsistencies` for `roles`, `now`, `clock_skew_s`); an unknown number is `ValueError`."""
     check = Check(check)
     found = inconsistencies(receipt, roles=roles, now=now, clock_skew_s=clock_skew_s)
-    return _judged(check, receipt, policy, found[check])
+    if all(ran(receipt, stage.name) for stage in STAGES):
+        return _judged(check, receipt, policy, found[check])
+    return _judged_all(receipt, policy, found)[0][check]
 
 
-def _judged(check: Check, receipt: Receipt, policy: Policy, found: Findings) -> CheckResult:
+def _judged_all(
+    receipt: Receipt, policy: Policy, found: dict[Check, Findings]
+) -> tuple[dict[Check, CheckResult], dict[str, str]]:
+    """All seven checks, their findings naming why stages that did not run did not; and those causes."""
+    results = {check: _judged(check, receipt, policy, found[check]) for check in Check}
+    causes = stop_causes(receipt, {check: r.status for check, r in results.items()})
+    if causes:
+        results = {check: _judged(check, receipt, policy, found[check], causes) for check in Check}
+    return results, causes
+
+
+def _judged(
+    check: Check, receipt: Receipt, policy: Policy, found: Findings, causes: Causes = NO_CAUSES
+) -> CheckResult:
     """The check's own verdict, overruled by the inconsistencies found in the evidence it reads."""
-    result = _BODIES[check](receipt, policy)
+    result = _BODIES[check](receipt, policy, causes)
     if not found.fails and not found.missing:
         return result
     figures = {**result.figures, "inconsistent": found.fails, "unverifiable": found.missing}
@@ -88,6 +108,8 @@ class Evaluation(BaseModel):
     receipt_hash: str
     stale_checks: list[Check]
     hold_reasons: list[str]
+    # stage -> why it did not run (a blocking check upstream did not pass); empty when nothing was stopped
+    not_run: dict[str, str] = {}
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -117,7 +139,8 @@ def evaluate(
     """Validate consistency, run the seven checks, void the ones staleness affects, and decide the verdict.
     `roles`, `now` and `clock_skew_s` as in `consistency.inconsistencies`."""
     found = inconsistencies(receipt, roles=roles, now=now, clock_skew_s=clock_skew_s)
-    checks = [_judged(check, receipt, policy, found[check]) for check in Check]
+    judged, causes = _judged_all(receipt, policy, found)
+    checks = list(judged.values())
     void = void_checks(
         receipt.fingerprints, current_fingerprints, required=policy.staleness.required_fingerprints
     )
@@ -138,4 +161,5 @@ def evaluate(
         receipt_hash=receipt_hash(receipt),
         stale_checks=sorted(void),
         hold_reasons=hold,
+        not_run=causes,
     )

@@ -130,5 +130,6 @@ def render(ev: Evaluation) -> str:
     lines += ["", f"verdict: {ev.verdict}"]
     if ev.stale_checks:
         lines.append(f"stale checks: {', '.join(map(str, ev.stale_checks))}")
+    lines += [f"stopped: {stage} did not run: {why}" for stage, why in ev.not_run.items()]
     lines += [f"  - {reason}" for reason in ev.hold_reasons]
     return "\n".join(lines)

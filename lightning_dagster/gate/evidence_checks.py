@@ -8,13 +8,23 @@ from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.findings import CheckResult, Findings, rounded
 from lightning_dagster.gate.policy import Policy
 from lightning_dagster.gate.receipt_models import Receipt
+from lightning_dagster.gate.stages import (
+    NO_CAUSES,
+    ROLLOUTS,
+    STAGES,
+    TRAINING,
+    Causes,
+    first_batch_size,
+    not_run,
+    ran,
+)
 from lightning_dagster.types import AttemptState, RetryKind, RolloutKind, RolloutStatus
 
 # Identifiers that name a moving target rather than an exact version.
 UNPINNED = frozenset({"", "latest", "head", "main", "master", "current", "*"})
 
 
-def check_pinned(r: Receipt, policy: Policy) -> CheckResult:
+def check_pinned(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> CheckResult:
     """The candidate resource, the exact parent (resolves and loads), the snapshots and the evaluator."""
     p, plan, cfg = r.plan.parent, r.plan, policy.checks.pinned
     f = Findings()
@@ -24,7 +34,7 @@ def check_pinned(r: Receipt, policy: Policy) -> CheckResult:
         f.miss("parent weights hash not recorded")
     c = r.candidate
     if c is None:
-        f.miss("candidate artifact not recorded")
+        f.miss(not_run(TRAINING, causes, "candidate artifact not recorded"))
     else:
         if c.resource_id != plan.candidate_id:
             f.fail(f"candidate artifact {c.resource_id} is not the planned candidate {plan.candidate_id}")
@@ -61,13 +71,51 @@ def check_pinned(r: Receipt, policy: Policy) -> CheckResult:
     )
 
 
-def check_span_coverage(r: Receipt, policy: Policy) -> CheckResult:
-    """Every planned rollout finished with at least one span of each expected family for its kind.
-    Unfinished rollouts and rollouts never recorded count as incomplete; unreadable spans as unknown."""
+def expected_of_stages_that_ran(r: Receipt, causes: Causes) -> tuple[dict[RolloutKind, int], dict[str, dict]]:
+    """Per kind, the rollouts the plan expects of the stages that ran; and per stage that did not, the
+    rollouts it would have started and why it did not run. Before training runs only the first batch of
+    train rollouts is expected (all of them when the plan does not say how large that batch is)."""
+    expected = dict(r.plan.expected_rollouts or {})
+    skipped: dict[str, dict] = {}
+    for stage in STAGES:
+        if ran(r, stage.name):
+            continue
+        for kind in stage.kinds:
+            if kind not in expected:
+                continue
+            keep = 0
+            if stage.name == TRAINING:
+                batch = first_batch_size(r)
+                keep = expected[kind] if batch is None else min(batch, expected[kind])
+            elif kind is RolloutKind.train:
+                continue  # the first batch's train rollouts are judged with training's
+            if expected[kind] > keep:
+                entry = skipped.setdefault(
+                    stage.name, {"rollouts": {}, "why": causes.get(stage.name, "has not run")}
+                )
+                entry["rollouts"][kind.value] = expected[kind] - keep
+                expected[kind] = keep
+    return expected, skipped
+
+
+def _never_started(skipped: dict[str, dict]) -> str:
+    parts = []
+    for name, entry in skipped.items():
+        counts = ", ".join(f"{n} {kind}" for kind, n in entry["rollouts"].items())
+        why = entry["why"] if entry["why"] == "has not run" else f"did not run: {entry['why']}"
+        parts.append(f"{counts} expected rollouts never started ({name} {why})")
+    return "; ".join(parts)
+
+
+def check_span_coverage(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> CheckResult:
+    """Every rollout the plan expects of the stages that ran finished with at least one span of each
+    expected family for its kind. Unfinished rollouts and rollouts never recorded count as incomplete;
+    unreadable spans as unknown. Rollouts of stages that did not run are named, with why, not counted:
+    those stages' own checks are unavailable, so the verdict holds all the same."""
     ev, f = r.rollouts, Findings()
     need = policy.checks.span_coverage.min_complete_share
     if ev is None:
-        f.miss("no rollout evidence recorded")
+        f.miss(not_run(ROLLOUTS, causes, "no rollout evidence recorded"))
         return f.result(Check.span_coverage, "", {"min_complete_share": need})
     column = {fam: j for j, fam in enumerate(ev.families)}
     expected = r.plan.expected_span_families
@@ -94,8 +142,9 @@ def check_span_coverage(r: Receipt, policy: Policy) -> CheckResult:
         else:
             complete += 1
     recorded = Counter(ev.kinds)
-    planned_by_kind = {k: max(n, (r.plan.expected_rollouts or {}).get(k, 0)) for k, n in recorded.items()}
-    for k, n in (r.plan.expected_rollouts or {}).items():
+    expected, skipped = expected_of_stages_that_ran(r, causes)
+    planned_by_kind = {k: max(n, expected.get(k, 0)) for k, n in recorded.items()}
+    for k, n in expected.items():
         planned_by_kind.setdefault(k, n)
     planned = sum(planned_by_kind.values())
     never_recorded = planned - len(ev.kinds)
@@ -112,11 +161,14 @@ def check_span_coverage(r: Receipt, policy: Policy) -> CheckResult:
         "min_complete_share": need,
         "missing_by_family": dict(sorted(missing_by_family.items())),
         "spans": ev.total_spans,
+        "never_started": skipped,
     }
     if planned == 0:
         f.miss("no rollouts planned or recorded")
         return f.result(Check.span_coverage, "", figures)
     summary = f"{complete} of {planned} rollouts complete (need share {need})"
+    if skipped:
+        summary += f"; {_never_started(skipped)}"
     if (complete + unknown) / planned < need:
         f.fail(
             f"{summary}: {unfinished} unfinished, {incomplete} finished without every expected span"
@@ -129,14 +181,14 @@ def check_span_coverage(r: Receipt, policy: Policy) -> CheckResult:
     return f.result(Check.span_coverage, summary, figures)
 
 
-def check_retry_debt(r: Receipt, policy: Policy) -> CheckResult:
+def check_retry_debt(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> CheckResult:
     """Retries beyond the plan's budget (sample and infrastructure counted apart), plus retries whose
     kind was never classified (a second `first` attempt), are unexpected retry debt."""
     ev, f = r.rollouts, Findings()
     limit = policy.checks.retry_debt.max_unexpected_retries
     budget = r.plan.retry_budget
     if ev is None:
-        f.miss("no rollout evidence recorded")
+        f.miss(not_run(ROLLOUTS, causes, "no rollout evidence recorded"))
         return f.result(Check.retry_debt, "", {"max_unexpected_retries": limit})
     kinds = Counter(ev.attempt_retry_kinds)
     first_rollouts = {

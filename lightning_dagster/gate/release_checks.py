@@ -7,13 +7,14 @@ from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.findings import CheckResult, Findings, rounded
 from lightning_dagster.gate.policy import Policy
 from lightning_dagster.gate.receipt_models import Receipt
+from lightning_dagster.gate.stages import CANARY, DRILL, EVALUATION, NO_CAUSES, Causes, not_run
 
 
-def check_heldout_margin(r: Receipt, policy: Policy) -> CheckResult:
+def check_heldout_margin(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> CheckResult:
     """On the closed held-out set, same evaluator, the candidate beats its exact parent by the margin."""
     h, f, cfg, plan = r.holdout, Findings(), policy.checks.heldout_margin, r.plan
     if h is None:
-        f.miss("no held-out comparison recorded")
+        f.miss(not_run(EVALUATION, causes, "no held-out comparison recorded"))
         return f.result(Check.heldout_margin, "", {"min_margin": cfg.min_margin, "min_n": cfg.min_n})
     if h.parent_id != plan.parent.resource_id:
         f.fail(f"compared against {h.parent_id}, not the exact parent {plan.parent.resource_id}")
@@ -73,11 +74,11 @@ def check_heldout_margin(r: Receipt, policy: Policy) -> CheckResult:
     )
 
 
-def check_protected_cases(r: Receipt, policy: Policy) -> CheckResult:
+def check_protected_cases(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> CheckResult:
     """Protected cases regress at most the policy's tolerance per family (zero by default)."""
     pr, f, cfg, plan = r.protected, Findings(), policy.checks.protected_cases, r.plan
     if pr is None or not pr.families:
-        f.miss("no protected-case results recorded")
+        f.miss(not_run(EVALUATION, causes, "no protected-case results recorded"))
         return f.result(Check.protected_cases, "", {"default_tolerance": cfg.default_tolerance})
     if pr.parent_id != plan.parent.resource_id:
         f.fail(
@@ -112,12 +113,12 @@ def check_protected_cases(r: Receipt, policy: Policy) -> CheckResult:
     )
 
 
-def check_canary_verified(r: Receipt, policy: Policy) -> CheckResult:
+def check_canary_verified(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> CheckResult:
     """The bounded canary ran the candidate within its limits, every task's destination was verified
     (at least the policy's share) and no harmful effect was recorded."""
     c, f, need = r.canary, Findings(), policy.checks.canary_verified.min_verified_share
     if c is None:
-        f.miss("no canary recorded")
+        f.miss(not_run(CANARY, causes, "no canary recorded"))
         return f.result(Check.canary_verified, "", {"min_verified_share": need})
     if c.serving_resource_id != r.plan.candidate_id:
         f.fail(f"canary served {c.serving_resource_id}, not the candidate {r.plan.candidate_id}")
@@ -178,13 +179,13 @@ def check_canary_verified(r: Receipt, policy: Policy) -> CheckResult:
     )
 
 
-def check_rollback_and_approval(r: Receipt, policy: Policy) -> CheckResult:
+def check_rollback_and_approval(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> CheckResult:
     """The rollback drill resolved and loaded the exact parent and routed back to it, and every role the
     policy requires approved the canary step, each role being one the plan authorises."""
     d, f, plan = r.rollback_drill, Findings(), r.plan
     required = policy.checks.rollback_and_approval.required_roles
     if d is None:
-        f.miss("no rollback drill recorded")
+        f.miss(not_run(DRILL, causes, "no rollback drill recorded"))
     else:
         if d.parent_id != plan.parent.resource_id:
             f.fail(f"rollback drill targeted {d.parent_id}, not the exact parent {plan.parent.resource_id}")

@@ -25,7 +25,12 @@ def family_table(splits: dict[str, list[dict]]) -> str:
 
 
 def markdown_checks(evaluation: Evaluation) -> str:
-    lines = [f"**{evaluation.verdict}**", "", "| # | check | status | reason |", "|---|---|---|---|"]
+    """The verdict, the stages a blocking check stopped (with why), and one row per check."""
+    lines = [f"**{evaluation.verdict}**", ""]
+    lines += [f"- `{stage}` did not run: {why}" for stage, why in evaluation.not_run.items()]
+    if evaluation.not_run:
+        lines.append("")
+    lines += ["| # | check | status | reason |", "|---|---|---|---|"]
     for c in evaluation.checks:
         status = c.status + (" (void)" if c.void else "")
         reason = (c.reason + ("; void: " + "; ".join(c.void) if c.void else "")).replace("|", "/")

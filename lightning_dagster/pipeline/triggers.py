@@ -18,10 +18,9 @@ from lightning_dagster.pipeline.snapshots import build_manifest, save_manifest, 
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import Receipt
+    from lightning_dagster.pipeline.pauses import Recorded
     from lightning_dagster.pipeline.settings import Pipeline
     from lightning_dagster.store import Store
-
-PAUSE_FLAG = "continual_learning"
 
 
 @dataclass
@@ -53,6 +52,7 @@ class Stop:
     pause: bool
     reason: str
     receipt_id: str | None = None
+    recorded: Recorded | None = None  # the pause or resume this evaluation recorded, if any
 
 
 def new_evidence(p: Pipeline, watermark: Watermark, *, force: bool = False) -> NewEvidence:
@@ -103,37 +103,29 @@ def _gated(store: Store, keys: list[str]) -> list[tuple[str, Receipt]]:
 
 
 def stop_decision(p: Pipeline, keys: list[str]) -> Stop:
-    """Pause on the gate's stop conditions for the latest judged receipt, or when the parent is unavailable;
-    the decision and its reason are kept in the store (flag `continual_learning`)."""
+    """The loop's state after this tick: a stop condition of the latest judged receipt (or a parent that
+    does not resolve now) pauses it as a recorded decision naming the conditions and the receipt; it stays
+    paused until an authorized actor resumes it (`pipeline.pauses.resume`) or a newer judged receipt meets
+    no stop condition (recorded as a resume by that receipt). See `gate.pauses`."""
     from lightning_dagster.gate.stop import stop_decision as gate_stop
+    from lightning_dagster.pipeline.pauses import tick
     from lightning_dagster.registry.core import APPROVED
     from lightning_dagster.registry.errors import RegistryError
 
     store = p.get_store()
-    reasons: list[str] = []
-    receipt_id = None
+    live: list[str] = []
     try:
         ctx.registry(p).resolve(APPROVED, download=False)
     except RegistryError as exc:
-        reasons.append(f"parent unavailable: {exc}")
+        live.append(f"parent unavailable: {exc}")
     gated = _gated(store, keys[-20:])
+    latest_id, conditions = None, []
     if gated:
         latest, previous = gated[-1][1], (gated[-2][1] if len(gated) > 1 else None)
-        receipt_id = latest.receipt_id
-        reasons.extend(gate_stop(latest, ctx.policy(p), previous).reasons)
-    stop = Stop(
-        pause=bool(reasons), reason="; ".join(reasons) or "no stop condition holds", receipt_id=receipt_id
-    )
-    store.set_flag(
-        PAUSE_FLAG,
-        {
-            "state": "paused" if stop.pause else "running",
-            "reason": stop.reason,
-            "receipt_id": receipt_id,
-            "at": time.time(),
-        },
-    )
-    return stop
+        latest_id = latest.receipt_id
+        conditions = gate_stop(latest, ctx.policy(p), previous).reasons
+    state = tick(store, latest_id, conditions, live)
+    return Stop(pause=state.paused, reason=state.reason, receipt_id=state.receipt_id, recorded=state.recorded)
 
 
 @dataclass

@@ -75,6 +75,7 @@ def test_jobs_sensors_schedule_and_trainer_pool():
         "approve",
         "promote",
         "rollback",
+        "resume",
     }
     sensors = {s.name: s for s in repo.sensor_defs}
     assert set(sensors) == {"continual_learning_sensor", "stale_evidence_sensor", "approved_alias_sensor"}

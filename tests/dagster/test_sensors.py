@@ -1,6 +1,7 @@
 """Sensor ticks with `dg.build_sensor_context`: new evidence cuts a partition and requests a run, a stop
-condition pauses with its reason (kept in the store), the watermark cursor advances, and the alias watch
-restores an MLflow alias moved behind the registry's back."""
+condition pauses as a recorded decision (condition and receipt) that only an authorized signed resume or a
+clearing receipt lifts, the watermark cursor advances, and the alias watch restores an MLflow alias moved
+behind the registry's back."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 from mlflow import MlflowClient
 
 from lightning_dagster.partitions import snapshots
+from lightning_dagster.pipeline import pauses
 from lightning_dagster.pipeline.snapshots import SNAPSHOT_KEY_PATTERN, load_manifest
-from lightning_dagster.pipeline.triggers import PAUSE_FLAG
 from lightning_dagster.resources import MLflowResource
 from lightning_dagster.sensors import approved_alias_sensor, continual_learning_sensor, nightly_snapshot
 from lightning_dagster.types import AttemptState, Reward
@@ -67,17 +68,133 @@ def test_new_evidence_cuts_a_partition_and_the_cursor_advances(bootstrapped):
     (key2,) = fresh.dynamic_partitions_requests[0].partition_keys
     assert key2 != key and len(load_manifest(p, key2).serve_rollout_ids) == 3
     assert json.loads(fresh.cursor)["serve_after"] > cursor["serve_after"]
-    assert p.get_store().get_flag(PAUSE_FLAG)["state"] == "running"
+    assert pauses.current_pause(p.get_store()) is None
 
 
 def test_stop_condition_pauses_with_its_reason(bootstrapped):
     # A registered model with no approved-default: the parent is unavailable, so learning must pause.
     p = pipeline_for(mlflow=MLflowResource(model_name="never-approved-policy"))
     result = _tick(p, dg.DagsterInstance.ephemeral())
-    assert isinstance(result, dg.SkipReason)
-    assert result.skip_message.startswith("paused: parent unavailable")
-    flag = p.get_store().get_flag(PAUSE_FLAG)
-    assert flag["state"] == "paused" and "parent unavailable" in flag["reason"]
+    assert not result.run_requests
+    assert result.skip_reason.skip_message.startswith("paused: parent unavailable")
+    pause = pauses.current_pause(p.get_store())
+    assert pause is not None and pause.decision.conditions[0].startswith("parent unavailable")
+    (observation,) = result.asset_events  # the UI sees the pause on release_receipt
+    assert observation.metadata["loop_decision"].value == "pause"
+
+
+def _judged(p, key: str, name: str) -> str:
+    """A gate fixture receipt (`tests/gate`) as snapshot `key`'s judged receipt, as if made by hand."""
+    from lightning_dagster.gate.checks import evaluate
+    from lightning_dagster.gate.receipt import parse_receipt, with_gate_record
+    from lightning_dagster.pipeline import context as ctx
+    from tests.gate.conftest import raw
+
+    data = raw(name)
+    data["receipt_id"] = ctx.receipt_id(key)
+    receipt = parse_receipt(data)
+    ctx.append_receipt(
+        p.get_store(), key, with_gate_record(receipt, evaluate(receipt, ctx.policy(p)).to_record())
+    )
+    return receipt.receipt_id
+
+
+def _resume_job(p, request) -> bool:
+    from lightning_dagster.jobs import resume
+
+    result = resume.execute_in_process(
+        run_config={"ops": {"resume_loop": {"config": request.model_dump(mode="json")}}},
+        resources={"pipeline": p},
+        raise_on_error=False,
+    )
+    return result.success
+
+
+@pytest.mark.slow
+def test_a_paused_loop_resumes_only_by_an_authorized_signed_decision_or_a_clearing_receipt(
+    bootstrapped, monkeypatch
+):
+    from lightning_dagster.cli import main
+    from lightning_dagster.demo import approver_keys
+    from lightning_dagster.gate.pauses import ResumeRequest
+    from lightning_dagster.pipeline.context import approvers
+
+    p = pipeline_for()
+    store, instance = p.get_store(), dg.DagsterInstance.ephemeral()
+    keys_dir = approver_keys()
+    if pauses.current_pause(store) is not None:  # left paused by an earlier test of the session's store
+        request = pauses.sign_resume(
+            store, actor="bob", role="default-approver", key=keys_dir / "bob.key", reason="t"
+        )
+        pauses.resume(store, request, actors=approvers(p), allowed_roles=["default-approver"])
+    start = len(pauses.history(store))
+    keys = ["snap-pause-1", "snap-pause-2", "snap-pause-3"]
+
+    # A receipt with a protected regression: the tick pauses, naming the condition and the receipt.
+    instance.add_dynamic_partitions(snapshots.name, keys[:1])
+    regressed = _judged(p, keys[0], "c")
+    paused = _tick(p, instance)
+    assert not paused.run_requests and paused.skip_reason.skip_message.startswith(
+        "paused: protected set regressed"
+    )
+    pause = pauses.current_pause(store)
+    assert pause.decision.receipt_id == regressed and pause.decision.by == "sensor"
+    assert paused.asset_events[0].metadata["receipt_id"].value == regressed
+
+    reason = ["--reason", "regression reviewed"]
+    # Unsigned, by an actor without the role, or signed with another actor's key: refused, still paused.
+    unsigned = ResumeRequest(actor="bob", role="default-approver", reason="x", at=1.0, pause_hash=pause.hash)
+    assert not _resume_job(p, unsigned)
+    assert (
+        main(
+            [
+                "loop",
+                "resume",
+                "--actor",
+                "alice",
+                "--role",
+                "release-owner",
+                "--key",
+                str(keys_dir / "alice.key"),
+                *reason,
+            ]
+        )
+        == 1
+    )
+    assert main(["loop", "resume", "--actor", "bob", "--key", str(keys_dir / "alice.key"), *reason]) == 1
+    still = _tick(p, instance)
+    assert still.skip_reason.skip_message.startswith("paused:") and not still.asset_events
+    assert pauses.current_pause(store).hash == pause.hash
+
+    # Bob, a default-approver, signs (`loop sign`) and the resume job records it: the loop learns again.
+    signed = pauses.sign_resume(
+        store, actor="bob", role="default-approver", key=keys_dir / "bob.key", reason="ok"
+    )
+    assert _resume_job(p, signed)
+    running = _tick(p, instance)
+    assert running.run_requests and pauses.current_pause(store) is None
+
+    # A newer receipt with the same condition pauses again; a newer one made by hand that clears it resumes.
+    instance.add_dynamic_partitions(snapshots.name, keys[1:2])
+    _judged(p, keys[1], "c")
+    assert _tick(p, instance).skip_reason.skip_message.startswith("paused: protected set regressed")
+    instance.add_dynamic_partitions(snapshots.name, keys[2:])
+    clearing = _judged(p, keys[2], "a")
+    cleared = _tick(p, instance)
+    assert cleared.asset_events[0].metadata["loop_decision"].value == "resume"
+
+    history = [
+        (r.decision.action, r.decision.by, r.decision.receipt_id) for r in pauses.history(store)[start:]
+    ]
+    assert history == [
+        ("pause", "sensor", regressed),
+        ("resume", "actor", regressed),
+        ("pause", "sensor", "rcpt-snap-pause-2"),
+        ("resume", "receipt", clearing),
+    ]
+    assert pauses.history(store)[start + 1].decision.actor == "bob"
+    monkeypatch.setenv("LD_STORE_URL", store.url)
+    assert main(["loop", "history", "--json"]) == 0
 
 
 def _nightly(p, instance, when):

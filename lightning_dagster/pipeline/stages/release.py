@@ -84,7 +84,9 @@ def judge(p: Pipeline, key: str, check: Check) -> CheckOutcome:
 
 
 def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
-    """Phases 2 and 3 re-verified, all seven checks under the policy, the verdict; appended immutably."""
+    """Phases 2 and 3 re-verified, all seven checks under the policy, the verdict; appended immutably. When a
+    blocking check stopped the graph, `not_run` names each stage that did not run and the check that
+    stopped it."""
     from lightning_dagster.gate import receipt as R
     from lightning_dagster.gate.checks import evaluate
 
@@ -103,6 +105,7 @@ def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
             "policy": f"{pol.version} ({pol.hash[:19]})",
             "checks": Markdown(markdown_checks(evaluation)),
             "hold_reasons": evaluation.hold_reasons,
+            "not_run": evaluation.not_run,
             "stale_checks": evaluation.stale_checks,
             "orchestrator_run_id": run_id,
         },

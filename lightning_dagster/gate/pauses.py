@@ -1,0 +1,145 @@
+"""Pause and resume of the continual-learning loop as recorded decisions: what each says, what a resume
+signs, and what the next tick decides. Pure: the history comes from the caller (`pipeline.pauses`).
+
+A pause names its stop conditions and the receipt that met them. It is lifted by an authorized actor's
+signed resume (which accepts that receipt's conditions: the same receipt does not pause the loop again), or
+by itself when a newer judged receipt meets no stop condition. Conditions that are not a receipt's (the
+parent cannot be resolved now) pause again on every tick while they hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lightning_dagster.gate.approvals import ActorKey, verify_signature
+from lightning_dagster.gate.hashing import canonical_json
+
+LOOP = "continual_learning"
+MESSAGE_PURPOSE = "lightning-dagster loop resume v1"
+
+
+class LoopDecision(BaseModel):
+    """One pause or resume. `by`: the sensor (a stop condition held), an actor (signed resume) or a
+    receipt (a newer judged receipt cleared the conditions). `receipt_id`: for a pause, the latest judged
+    receipt then (None: there was none); for an actor's resume, the paused receipt whose conditions it
+    accepts; for a receipt's resume, the clearing receipt. A resume names the pause it lifts by the hash
+    under which the history recorded it (`pause_hash`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    action: Literal["pause", "resume"]
+    by: Literal["sensor", "actor", "receipt"]
+    at: float
+    loop: str = LOOP
+    conditions: list[str] = []
+    receipt_id: str | None = None
+    pause_hash: str | None = None
+    actor: str | None = None
+    role: str | None = None
+    reason: str = ""
+    signature: str | None = None
+
+
+class ResumeRequest(BaseModel):
+    """What an actor signs to resume (`resume_message`), as the `resume` job's config and `loop sign` print
+    it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    actor: str = Field(min_length=1)
+    role: str = Field(min_length=1)
+    reason: str = Field(min_length=1)
+    at: float
+    pause_hash: str = Field(min_length=1)
+    signature: str = ""
+
+
+def resume_message(pause_hash: str, actor: str, role: str, reason: str, at: float) -> bytes:
+    """The exact bytes a resume's Ed25519 signature covers: bound to one recorded pause, so a signature
+    cannot lift a later pause."""
+    return canonical_json(
+        {
+            "purpose": MESSAGE_PURPOSE,
+            "pause_hash": pause_hash,
+            "actor": actor,
+            "role": role,
+            "reason": reason,
+            "at": at,
+        }
+    )
+
+
+def resume_problem(
+    request: ResumeRequest,
+    current_pause: str | None,
+    actors: Mapping[str, ActorKey],
+    allowed_roles: Collection[str],
+) -> str | None:
+    """Why `request` may not resume the loop (None: it may). `current_pause`: the hash of the pause in
+    force (None: the loop is not paused)."""
+    who = f"resume by {request.actor} as {request.role}"
+    if current_pause is None:
+        return f"{who}: the loop is not paused"
+    if request.pause_hash != current_pause:
+        return f"{who}: signs pause {request.pause_hash}, not the pause in force {current_pause}"
+    if request.role not in allowed_roles:
+        return f"{who}: role {request.role!r} may not resume (allowed: {sorted(allowed_roles)})"
+    entry = actors.get(request.actor)
+    if entry is None:
+        return f"{who}: actor {request.actor!r} is not among the deployment's approvers"
+    if request.role not in entry.roles:
+        return f"{who}: actor {request.actor!r} does not hold role {request.role!r}"
+    if not request.signature:
+        return f"{who}: not signed"
+    message = resume_message(request.pause_hash, request.actor, request.role, request.reason, request.at)
+    if not verify_signature(entry.public_key, message, request.signature):
+        return f"{who}: signature does not verify with {request.actor}'s key"
+    return None
+
+
+def actor_resume(request: ResumeRequest, paused: LoopDecision) -> LoopDecision:
+    """The decision recorded for a verified resume of the pause `paused`."""
+    return LoopDecision(
+        action="resume",
+        by="actor",
+        at=request.at,
+        loop=paused.loop,
+        receipt_id=paused.receipt_id,
+        pause_hash=request.pause_hash,
+        actor=request.actor,
+        role=request.role,
+        reason=request.reason,
+        signature=request.signature,
+    )
+
+
+def next_decision(
+    history: Sequence[LoopDecision],
+    latest_receipt: str | None,
+    receipt_conditions: Sequence[str],
+    live_conditions: Sequence[str],
+    now: float,
+) -> LoopDecision | None:
+    """The decision a tick records, None when the state stays as it is. `receipt_conditions` are the stop
+    conditions `latest_receipt` meets; `live_conditions` those holding now whatever the receipts say."""
+    last = history[-1] if history else None
+    if last is not None and last.action == "pause":
+        cleared = not receipt_conditions and not live_conditions
+        if latest_receipt is not None and latest_receipt != last.receipt_id and cleared:
+            return LoopDecision(
+                action="resume",
+                by="receipt",
+                at=now,
+                loop=last.loop,
+                receipt_id=latest_receipt,
+                reason=f"receipt {latest_receipt} meets no stop condition",
+            )
+        return None
+    accepted = {d.receipt_id for d in history if d.action == "resume" and d.by == "actor"}
+    conditions = [*live_conditions, *([] if latest_receipt in accepted else receipt_conditions)]
+    if not conditions:
+        return None
+    return LoopDecision(action="pause", by="sensor", at=now, conditions=conditions, receipt_id=latest_receipt)

@@ -1,0 +1,108 @@
+"""The graph's stages as the gate sees them: which evidence each produces, which rollout kinds it starts,
+and which blocking checks stop every stage after it. With it a stopped graph reads as a diagnosis: a stage
+whose evidence is absent after a stage whose checks did not pass "did not run" because of those checks.
+
+The names are the Dagster assets that produce the evidence (`assets.checks.JUDGED_ASSET` judges each
+check on the same stage; a test keeps the two tables equal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from lightning_dagster.gate.check_ids import Check
+from lightning_dagster.gate.receipt_models import Receipt
+from lightning_dagster.types import RolloutKind
+
+# stage name -> why it did not run ("check 4 (held-out vs exact parent) failed upstream")
+Causes = Mapping[str, str]
+NO_CAUSES: Causes = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    kinds: tuple[RolloutKind, ...]  # rollout kinds the stage starts
+    blocking: tuple[Check, ...]  # blocking checks judged on its evidence: one not passing stops what follows
+    has_evidence: Callable[[Receipt], bool]
+
+
+ROLLOUTS, TRAINING, EVALUATION, CANARY, DRILL = (
+    "rollouts",
+    "candidate_resource",
+    "holdout_evaluation",
+    "canary_results",
+    "rollback_drill",
+)
+
+# In graph order. The first batch of train rollouts comes from `rollouts`; later RL steps' train rollouts
+# from training, so the train kind belongs to both (see `first_batch_size`).
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        ROLLOUTS,
+        (RolloutKind.train,),
+        (Check.retry_debt, Check.span_coverage),
+        lambda r: r.rollouts is not None,
+    ),
+    Stage(TRAINING, (RolloutKind.train,), (Check.pinned,), lambda r: r.candidate is not None),
+    Stage(
+        EVALUATION,
+        (RolloutKind.holdout, RolloutKind.protected),
+        (Check.heldout_margin, Check.protected_cases),
+        lambda r: r.holdout is not None or r.protected is not None,
+    ),
+    Stage(CANARY, (RolloutKind.canary,), (Check.canary_verified,), lambda r: r.canary is not None),
+    Stage(DRILL, (), (Check.rollback_and_approval,), lambda r: r.rollback_drill is not None),
+)
+BY_NAME = {s.name: s for s in STAGES}
+
+
+def ran(receipt: Receipt, name: str) -> bool:
+    """Whether the stage left evidence: its section of the receipt, or rollouts of a kind only it starts."""
+    stage = BY_NAME[name]
+    if stage.has_evidence(receipt):
+        return True
+    own = set(stage.kinds) - {k for s in STAGES if s.name != name for k in s.kinds}
+    return receipt.rollouts is not None and any(k in own for k in receipt.rollouts.kinds)
+
+
+def first_batch_size(receipt: Receipt) -> int | None:
+    """Train rollouts the first batch starts (`tasks_per_step` x `group_size` of the plan's algorithm, when
+    it declares both as integers): what the plan expects of train rollouts before training runs."""
+    algorithm = receipt.plan.algorithm
+    tasks, group = algorithm.get("tasks_per_step"), algorithm.get("group_size")
+    if type(tasks) is int and type(group) is int and tasks >= 0 and group >= 0:
+        return tasks * group
+    return None
+
+
+def stop_causes(receipt: Receipt, statuses: Mapping[Check, str]) -> dict[str, str]:
+    """For each stage that did not run, why: the blocking checks that did not pass on the last stage before
+    it that ran. A stage missing after a stage whose checks all passed gets no cause (it has not run yet,
+    or its evidence was lost: the checks that need it stay unavailable, naming what is missing)."""
+    causes: dict[str, str] = {}
+    last_ran: Stage | None = None
+    for stage in STAGES:
+        if ran(receipt, stage.name):
+            last_ran = stage
+            continue
+        if last_ran is None:
+            continue
+        stopped = [c for c in last_ran.blocking if statuses.get(c, "pass") != "pass"]
+        if stopped:
+            causes[stage.name] = upstream(stopped, statuses)
+    return causes
+
+
+def upstream(checks: list[Check], statuses: Mapping[Check, str]) -> str:
+    parts = [
+        f"check {int(c)} ({c.title}) {'failed' if statuses[c] == 'fail' else statuses[c]}" for c in checks
+    ]
+    return f"{' and '.join(parts)} upstream"
+
+
+def not_run(name: str, causes: Causes, otherwise: str) -> str:
+    """The finding for evidence a stage never produced: the stage and its cause, else `otherwise`."""
+    return f"{name} did not run: {causes[name]}" if name in causes else otherwise

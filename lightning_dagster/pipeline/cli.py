@@ -1,0 +1,107 @@
+"""`lightning-dagster loop status | history | sign | resume`: the continual-learning loop's pauses and the
+signed resume of an authorized actor (the same decision the Dagster `resume` job records).
+
+Exit status: 0 done, 1 refused (not paused, not authorized, no pinned roles), 2 bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+DEFAULT_ROLE = "default-approver"  # GateResource.default_approver_roles' default: who may promote may resume
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="loop_command", metavar="COMMAND")
+
+    def command(name: str, help_text: str, handler) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--store-url", help="store URL (default: $LD_STORE_URL or SQLite)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        p.set_defaults(handler=lambda args: _run(handler, args))
+        return p
+
+    command("status", "paused or running, and the pause in force (conditions, receipt, since)", _status)
+    p = command("history", "every pause and resume, oldest first", _history)
+    p.add_argument("--last", type=int, default=50, help="only the newest N decisions")
+    for name, help_text, handler in (
+        ("sign", "print a signed resume (the `resume` job's run config) without recording it", _sign),
+        ("resume", "resume the paused loop: an authorized actor's signed decision, with a reason", _resume),
+    ):
+        p = command(name, help_text, handler)
+        p.add_argument("--actor", required=True)
+        p.add_argument("--key", required=True, help="the actor's private key file")
+        p.add_argument("--reason", required=True, help="why the loop may learn again")
+        p.add_argument(
+            "--role", default=DEFAULT_ROLE, help=f"the role the actor acts in (default {DEFAULT_ROLE})"
+        )
+
+
+def _store(args: argparse.Namespace):
+    from lightning_dagster.store import Store
+
+    return Store(args.store_url)
+
+
+def _status(args: argparse.Namespace) -> tuple[Any, str]:
+    from lightning_dagster.pipeline.pauses import describe, history
+
+    past = history(_store(args))
+    last = past[-1] if past else None
+    if last is None or last.decision.action == "resume":
+        data = {"state": "running", "last": last.decision.model_dump(mode="json") if last else None}
+        text = "running" + (f" ({describe(last.decision)})" if last else " (never paused)")
+        return data, text
+    data = {"state": "paused", "pause_hash": last.hash, "pause": last.decision.model_dump(mode="json")}
+    return data, f"paused: {describe(last.decision)}\npause {last.hash}"
+
+
+def _history(args: argparse.Namespace) -> tuple[Any, str]:
+    from lightning_dagster.pipeline.pauses import history_table
+
+    table = history_table(_store(args), last=args.last)
+    data = [dict(zip(table.columns, row, strict=True)) for row in table.rows]
+    text = "\n".join("  ".join("" if c is None else str(c) for c in row) for row in table.rows)
+    return data, text or "no pause or resume recorded"
+
+
+def _signed(args: argparse.Namespace, store):
+    from lightning_dagster.pipeline.pauses import sign_resume
+
+    return sign_resume(store, actor=args.actor, role=args.role, key=args.key, reason=args.reason)
+
+
+def _sign(args: argparse.Namespace) -> tuple[Any, str]:
+    request = _signed(args, _store(args))
+    data = request.model_dump(mode="json")
+    return data, json.dumps(data, indent=2)
+
+
+def _resume(args: argparse.Namespace) -> tuple[Any, str]:
+    from lightning_dagster.pipeline.pauses import describe, resume
+    from lightning_dagster.registry.roles import deployment_roles
+
+    store = _store(args)
+    request = _signed(args, store)
+    recorded = resume(store, request, actors=deployment_roles(store).actors, allowed_roles=[DEFAULT_ROLE])
+    return recorded.decision.model_dump(
+        mode="json"
+    ), f"{describe(recorded.decision)} (decision {recorded.version})"
+
+
+def _run(handler, args: argparse.Namespace) -> int:
+    from lightning_dagster.pipeline.pauses import ResumeRefused
+    from lightning_dagster.registry.errors import KeyFileError, RolesConfigError
+
+    try:
+        data, text = handler(args)
+    except (ResumeRefused, RolesConfigError) as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 1
+    except KeyFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(data, indent=2) if args.json else text)
+    return 0

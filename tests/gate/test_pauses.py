@@ -1,0 +1,122 @@
+"""Pause and resume as decisions: a stop condition pauses naming its condition and receipt; the pause holds
+until an authorized actor's signed resume or a newer receipt that clears it; a resume signs one pause."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from lightning_dagster.gate.approvals import PUBLIC_KEY_PREFIX, ActorKey
+from lightning_dagster.gate.pauses import (
+    LoopDecision,
+    ResumeRequest,
+    actor_resume,
+    next_decision,
+    resume_message,
+    resume_problem,
+)
+
+KEY = Ed25519PrivateKey.generate()
+PUBLIC = (
+    PUBLIC_KEY_PREFIX
+    + base64.b64encode(
+        KEY.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    ).decode()
+)
+ACTORS = {
+    "bob": ActorKey(frozenset({"default-approver"}), PUBLIC),
+    "eve": ActorKey(frozenset({"viewer"}), PUBLIC),
+}
+PROTECTED = ["protected set regressed: family arith: 1 regressed (tolerance 0): p-1"]
+
+
+def signed(
+    actor: str = "bob", role: str = "default-approver", pause: str = "sha256:p1", **kw
+) -> ResumeRequest:
+    fields = {
+        "actor": actor,
+        "role": role,
+        "reason": "regression accepted by owner",
+        "at": 10.0,
+        "pause_hash": pause,
+    }
+    fields.update(kw)
+    message = resume_message(
+        fields["pause_hash"], fields["actor"], fields["role"], fields["reason"], fields["at"]
+    )
+    return ResumeRequest(**fields, signature=base64.b64encode(KEY.sign(message)).decode())
+
+
+def test_a_stop_condition_pauses_naming_the_condition_and_the_receipt():
+    pause = next_decision([], "rcpt-1", PROTECTED, [], now=1.0)
+    assert pause is not None and (pause.action, pause.by) == ("pause", "sensor")
+    assert pause.conditions == PROTECTED and pause.receipt_id == "rcpt-1"
+    assert next_decision([], "rcpt-1", [], [], now=1.0) is None  # nothing holds: no decision
+
+
+def test_a_paused_loop_stays_paused_on_the_same_receipt_or_a_newer_one_that_still_stops():
+    pause = next_decision([], "rcpt-1", PROTECTED, [], now=1.0)
+    assert next_decision([pause], "rcpt-1", PROTECTED, [], now=2.0) is None
+    assert next_decision([pause], "rcpt-2", PROTECTED, [], now=2.0) is None
+    assert next_decision([pause], "rcpt-1", [], [], now=2.0) is None  # same receipt: not a clearing one
+
+
+def test_a_newer_receipt_meeting_no_condition_resumes_by_itself():
+    pause = next_decision([], "rcpt-1", PROTECTED, [], now=1.0)
+    cleared = next_decision([pause], "rcpt-2", [], [], now=2.0)
+    assert cleared is not None and (cleared.action, cleared.by, cleared.receipt_id) == (
+        "resume",
+        "receipt",
+        "rcpt-2",
+    )
+    assert next_decision([pause], "rcpt-2", [], ["parent unavailable: x"], now=2.0) is None
+
+
+def test_an_actors_resume_accepts_that_receipt_but_not_a_newer_one_nor_live_conditions():
+    pause = next_decision([], "rcpt-1", PROTECTED, [], now=1.0)
+    resumed = actor_resume(signed(), pause)
+    assert (resumed.action, resumed.by, resumed.receipt_id, resumed.actor) == (
+        "resume",
+        "actor",
+        "rcpt-1",
+        "bob",
+    )
+    assert next_decision([pause, resumed], "rcpt-1", PROTECTED, [], now=3.0) is None
+    again = next_decision([pause, resumed], "rcpt-2", PROTECTED, [], now=3.0)
+    assert again is not None and again.action == "pause" and again.receipt_id == "rcpt-2"
+    live = next_decision([pause, resumed], "rcpt-1", PROTECTED, ["parent unavailable: gone"], now=3.0)
+    assert live is not None and live.conditions == ["parent unavailable: gone"]
+
+
+def test_an_authorized_signed_resume_of_the_pause_in_force_verifies():
+    assert resume_problem(signed(), "sha256:p1", ACTORS, ["default-approver"]) is None
+
+
+@pytest.mark.parametrize(
+    "request_, pause, fragment",
+    [
+        (signed().model_copy(update={"signature": ""}), "sha256:p1", "not signed"),
+        (signed(actor="eve", role="viewer"), "sha256:p1", "may not resume"),
+        (signed(actor="eve"), "sha256:p1", "does not hold role"),
+        (signed(actor="mallory"), "sha256:p1", "not among the deployment's approvers"),
+        (signed(pause="sha256:p0"), "sha256:p1", "not the pause in force"),
+        (signed().model_copy(update={"reason": "edited after signing"}), "sha256:p1", "does not verify"),
+        (signed(), None, "not paused"),
+    ],
+)
+def test_an_unsigned_unauthorized_or_replayed_resume_is_refused(request_, pause, fragment):
+    problem = resume_problem(request_, pause, ACTORS, ["default-approver"])
+    assert problem is not None and fragment in problem
+
+
+def test_a_resume_needs_a_reason():
+    with pytest.raises(ValueError, match="reason"):
+        ResumeRequest(actor="bob", role="default-approver", reason="", at=1.0, pause_hash="sha256:p1")
+
+
+def test_decisions_refuse_unknown_fields():
+    with pytest.raises(ValueError, match="extra"):
+        LoopDecision.model_validate({"action": "pause", "by": "sensor", "at": 1.0, "why": "x"})
