@@ -39,11 +39,8 @@ def markdown_checks(evaluation: Evaluation) -> str:
 
 
 def mlflow_links(p: Pipeline, reg: Registry, run_id: str, version: str) -> dict[str, Any]:
-    """Links into the MLflow UI when its URL is configured; the ids otherwise."""
-    out: dict[str, Any] = {"mlflow_run_id": run_id, "mlflow_model_version": version}
-    ui = p.mlflow.ui_url.rstrip("/")
-    if ui:
-        experiment = reg.client.get_run(run_id).info.experiment_id
-        out["mlflow_run"] = Link(f"{ui}/#/experiments/{experiment}/runs/{run_id}")
-        out["mlflow_model"] = Link(f"{ui}/#/models/{p.mlflow.model_name}/versions/{version}")
-    return out
+    """The run and version ids, and links into the MLflow UI when its address is known (`LD_MLFLOW_UI_URL`,
+    an HTTP tracking server, else where the demo's printed `mlflow ui` command serves)."""
+    links = reg.ui_links(run_id, version, ui=p.mlflow.ui_url or None)
+    ids = {"mlflow_run_id": run_id, "mlflow_version": version}
+    return {**ids, **{f"{name}_link": Link(url) for name, url in links.items()}}

@@ -89,6 +89,7 @@ def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
     stopped it."""
     from lightning_dagster.gate import receipt as R
     from lightning_dagster.gate.checks import evaluate
+    from lightning_dagster.registry import receipt_tags
 
     store = p.get_store()
     receipt = reverified_receipt(p, key)
@@ -96,6 +97,9 @@ def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
     evaluation = evaluate(receipt, pol, ctx.current_fingerprints(p, key), roles=ctx.approvers(p))
     final = R.with_gate_record(receipt, evaluation.to_record())
     stored = ctx.append_receipt(store, key, final)
+    # The candidate's MLflow version tags name this receipt version and verdict (best effort: the ledger
+    # is the record; the next receipt operation writes them again).
+    tag_error = receipt_tags.write_after(ctx.registry(p), stored)
     return StageResult(
         metadata={
             "verdict": evaluation.verdict,
@@ -108,6 +112,7 @@ def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
             "not_run": evaluation.not_run,
             "stale_checks": evaluation.stale_checks,
             "orchestrator_run_id": run_id,
+            **({"mlflow_tags_not_written": tag_error} if tag_error else {}),
         },
         data_version=stored.content_hash,
     )
