@@ -118,7 +118,10 @@ def mount(app: FastAPI, gw: Gateway, agl: Agl) -> None:
         fresh = [
             store_agl.new_rollout(
                 i.rollout_id or uuid.uuid4().hex,
-                {**i.model_dump(exclude={"rollout_id"}), "config": (i.config or RolloutConfig()).model_dump()},
+                {
+                    **i.model_dump(exclude={"rollout_id"}),
+                    "config": (i.config or RolloutConfig()).model_dump(),
+                },
                 sampling[i.is_train],
             )
             for i in items
