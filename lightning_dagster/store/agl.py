@@ -10,12 +10,15 @@ rollout has no column for (`k8s_job_name`, `last_attempt_id`, `error_message`, `
 
 from __future__ import annotations
 
-from typing import Any
+import sqlite3
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
+import pydantic_core
 import sqlalchemy as sa
 
 from lightning_dagster.store import schema
-from lightning_dagster.store.connection import checked, from_row, to_row
+from lightning_dagster.store.connection import checked, dump_json, from_row, to_row
 from lightning_dagster.store.errors import Conflict, NotFound
 from lightning_dagster.types import (
     Attempt,
@@ -33,13 +36,8 @@ HARNESS = "agl"
 DELETED = "agl-deleted"  # deleted through the API: hidden from it, kept for lineage
 TERMINAL_COUNTER = "agl.terminal_seq"
 
-AGL_STATE = {
-    RolloutStatus.queued: "queuing",
-    RolloutStatus.running: "running",
-    RolloutStatus.succeeded: "succeeded",
-    RolloutStatus.failed: "failed",
-    RolloutStatus.cancelled: "failed",
-}
+AGL_STATE = {"queued": "queuing", "running": "running", "succeeded": "succeeded", "failed": "failed",
+             "cancelled": "failed"}  # fmt: skip
 OUR_STATUS = {"queuing": [RolloutStatus.queued], "running": [RolloutStatus.running],
               "succeeded": [RolloutStatus.succeeded],
               "failed": [RolloutStatus.failed, RolloutStatus.cancelled]}  # fmt: skip
@@ -51,52 +49,207 @@ class IllegalMove(Conflict):
     """A lifecycle move Agent Lightning's state machine does not have (409)."""
 
 
-def create(store, rollouts: list[Rollout]) -> list[Rollout]:
-    """Insert the rollouts whose id is new; an existing id (ours, not deleted) returns the stored rollout
-    unchanged, so a client retrying a batch with its own ids creates each once."""
+class AglRow(NamedTuple):
+    """What the API shows of a rollout, read without building a `Rollout` (the API's reads are its hot
+    path: a plain sqlite3 read of 50 rows costs a tenth of SQLAlchemy plus pydantic)."""
+
+    rollout_id: str
+    status: str  # ours
+    task: dict
+    metadata: dict
+    created_at: float
+    task_id: str
+
+    @classmethod
+    def of(cls, r: Rollout) -> AglRow:
+        return cls(r.rollout_id, r.status.value, r.task, r.metadata, r.created_at, r.task_id)
+
+
+_COLUMNS = (R.rollout_id, R.status, R.task, R.metadata, R.created_at, R.task_id)
+_SELECT = "SELECT rollout_id, status, task, metadata, created_at, task_id FROM rollouts WHERE "
+
+
+def fast_reads(store) -> bool:
+    """Whether reads take the plain sqlite3 path (a SQLite file), cheap enough for an event loop."""
+    return store._raw_path is not None
+
+
+def _read(store, where_sql: str, params: tuple, where: Callable[[], list]) -> list[AglRow]:
+    """Rows matching `where_sql` (SQLite file, plain sqlite3) or `where()` (SQLAlchemy, any store)."""
+    if store._raw_path is not None:
+        conn, _ = store._raw_sqlite(nowait=False)
+        try:
+            rows = conn.execute(_SELECT + where_sql, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            store._raise_named(exc)
+            raise
+        load = pydantic_core.from_json
+        return [AglRow(r[0], r[1], load(r[2]), load(r[3]), r[4], r[5]) for r in rows]
+    query = sa.select(*_COLUMNS).where(*where())
+    with store.engine.connect() as c:
+        return [AglRow(*row) for row in c.execute(query)]
+
+
+def create(store, rollouts: list[Rollout], *, nowait: bool = False) -> list[AglRow] | None:
+    """Insert the rollouts whose id is new, in one transaction; an existing id (ours, not deleted) returns
+    the stored rollout unchanged, so a client retrying a batch with its own ids creates each once.
+    `nowait` (SQLite files): None, nothing written, if another writer holds the lock (never waits, so an
+    event loop may call it)."""
     ids = [r.rollout_id for r in rollouts]
+    if store._raw_path is not None:
+        return _create_raw(store, rollouts, ids, nowait)
+    if nowait:
+        return None
     with store._write() as c:
-        rows = c.execute(sa.select(schema.rollouts).where(R.rollout_id.in_(ids))).all()
-        found = {row.rollout_id: row for row in rows}
-        out, fresh = [], []
-        for r in rollouts:
-            row = found.get(r.rollout_id)
-            if row is not None and row.harness != HARNESS:
-                raise Conflict(f"rollout_id: {r.rollout_id!r} is taken by a rollout not of this API")
-            if row is None:
-                found[r.rollout_id] = r  # a repeated id within one batch is created once
-                fresh.append(checked(schema.rollouts, to_row(r)))
-                out.append(r)
-            else:
-                out.append(row if isinstance(row, Rollout) else from_row(Rollout, row))
+        rows = c.execute(sa.select(*_COLUMNS, R.harness).where(R.rollout_id.in_(ids))).all()
+        out, fresh = _plan(rollouts, {row[0]: (row[-1], AglRow(*row[:-1])) for row in rows})
         if fresh:
             c.execute(schema.rollouts.insert(), fresh)
     return out
 
 
-def get(store, rollout_id: str) -> Rollout:
-    rollout = store.get_rollout(rollout_id)
-    if rollout.harness != HARNESS:
+def _plan(rollouts: list[Rollout], found: dict[str, tuple[str, AglRow]]) -> tuple[list[AglRow], list[dict]]:
+    """(what to answer, rows to insert) given the stored rollouts with these ids (id -> harness, row)."""
+    out, fresh = [], []
+    for r in rollouts:
+        if r.rollout_id in found:
+            harness, row = found[r.rollout_id]
+            if harness != HARNESS:
+                raise Conflict(f"rollout_id: {r.rollout_id!r} is taken by a rollout not of this API")
+            out.append(row)
+        else:
+            row = AglRow.of(r)
+            found[r.rollout_id] = (HARNESS, row)  # a repeated id within one batch is created once
+            fresh.append(checked(schema.rollouts, to_row(r)))
+            out.append(row)
+    return out, fresh
+
+
+_INSERTED = [c for c in schema.rollouts.c if c.name != "id"]
+_INSERT = f"INSERT INTO rollouts ({', '.join(c.name for c in _INSERTED)}) VALUES ({', '.join('?' * len(_INSERTED))})"
+
+
+def _create_raw(store, rollouts: list[Rollout], ids: list[str], nowait: bool) -> list[AglRow] | None:
+    """`create` on plain sqlite3 (same rows and JSON text as the SQLAlchemy path). Committed without an
+    fsync, as the gateway commits LLM spans: it survives a crash of the server process and reaches the disk
+    with the next synced commit (a lifecycle move, a reward, a checkpoint)."""
+    conn, state = store._raw_sqlite(nowait)
+    if state["synchronous"] != 1:
+        conn.execute("PRAGMA synchronous = 1")
+        state["synchronous"] = 1
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if nowait and ("locked" in str(exc) or "busy" in str(exc)):
+            return None
+        store._raise_named(exc)
+        raise
+    try:
+        marks = ",".join("?" * len(ids))
+        rows = conn.execute(
+            "SELECT rollout_id, status, task, metadata, created_at, task_id, harness FROM rollouts "
+            f"WHERE rollout_id IN ({marks})",
+            ids,
+        ).fetchall()
+        load = pydantic_core.from_json
+        found = {r[0]: (r[6], AglRow(r[0], r[1], load(r[2]), load(r[3]), r[4], r[5])) for r in rows}
+        out, fresh = _plan(rollouts, found)
+        json_columns = {c.name for c in _INSERTED if isinstance(c.type, sa.JSON)}
+        params = [
+            tuple(dump_json(row[c.name]) if c.name in json_columns else row.get(c.name) for c in _INSERTED)
+            for row in fresh
+        ]
+        conn.executemany(_INSERT, params)
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.IntegrityError):
+            raise Conflict(str(exc).strip()) from exc
+        store._raise_named(exc)
+        raise
+    return out
+
+
+def get(store, rollout_id: str) -> AglRow:
+    found = _read(
+        store,
+        "rollout_id = ? AND harness = ?",
+        (rollout_id, HARNESS),
+        lambda: [R.rollout_id == rollout_id, R.harness == HARNESS],
+    )
+    if not found:
         raise NotFound(f"rollout {rollout_id!r} not found")
-    return rollout
+    return found[0]
 
 
-def query(store, states: list[str], limit: int) -> list[Rollout]:
-    """Rollouts of this API in the given Agent Lightning states, oldest first (the status index)."""
-    statuses = [s.value for state in states for s in OUR_STATUS[state]]
-    q = sa.select(schema.rollouts).where(R.status.in_(statuses), R.harness == HARNESS).order_by(R.id)
-    return store._all(Rollout, q.limit(limit))
+def exists(store, rollout_id: str) -> bool:
+    """Whether this API shows the rollout (ours, not deleted)."""
+    if store._raw_path is not None:
+        conn, _ = store._raw_sqlite(nowait=False)
+        sql = "SELECT 1 FROM rollouts WHERE rollout_id = ? AND harness = ?"
+        return conn.execute(sql, (rollout_id, HARNESS)).fetchone() is not None
+    with store.engine.connect() as c:
+        q = sa.select(R.id).where(R.rollout_id == rollout_id, R.harness == HARNESS)
+        return c.execute(q).first() is not None
 
 
-def terminal_page(store, after: int, limit: int) -> tuple[list[Rollout], int, int]:
+def attempt_ids(store, rollout_id: str) -> list[str]:
+    """The rollout's attempts, oldest first."""
+    if store._raw_path is not None:
+        conn, _ = store._raw_sqlite(nowait=False)
+        sql = "SELECT attempt_id FROM attempts WHERE rollout_id = ? ORDER BY id"
+        return [r[0] for r in conn.execute(sql, (rollout_id,))]
+    with store.engine.connect() as c:
+        return list(
+            c.execute(sa.select(A.attempt_id).where(A.rollout_id == rollout_id).order_by(A.id)).scalars()
+        )
+
+
+def query(store, states: list[str], limit: int) -> list[tuple[str, str, int]]:
+    """(rollout id, status, version) of this API's rollouts in the given Agent Lightning states, oldest
+    first (the status index): a rollout's content changes only with its status or version."""
+    statuses = sorted({s.value for state in states for s in OUR_STATUS[state]})
+    if store._raw_path is not None:
+        conn, _ = store._raw_sqlite(nowait=False)
+        sql = (
+            "SELECT rollout_id, status, json_extract(metadata, '$.agl.status.version') FROM rollouts "
+            f"WHERE status IN ({','.join('?' * len(statuses))}) AND harness = ? ORDER BY id LIMIT ?"
+        )
+        return conn.execute(sql, (*statuses, HARNESS, limit)).fetchall()
+    version = R.metadata[("agl", "status", "version")].as_integer()
+    q = sa.select(R.rollout_id, R.status, version).where(R.status.in_(statuses), R.harness == HARNESS)
+    with store.engine.connect() as c:
+        return [tuple(row) for row in c.execute(q.order_by(R.id).limit(limit))]
+
+
+def get_many(store, ids: list[str]) -> list[AglRow]:
+    marks = ",".join("?" * len(ids))
+    return _read(store, f"rollout_id IN ({marks})", tuple(ids), lambda: [R.rollout_id.in_(ids)])
+
+
+def span_marker(store, attempt_id: str) -> tuple[int, int | None]:
+    """(count, highest sequence) of an attempt's spans: spans are only ever added, so this names what a
+    read of them returns."""
+    if store._raw_path is not None:
+        conn, _ = store._raw_sqlite(nowait=False)
+        sql = "SELECT count(*), max(sequence) FROM spans WHERE attempt_id = ?"
+        return conn.execute(sql, (attempt_id,)).fetchone()
+    S = schema.spans.c
+    with store.engine.connect() as c:
+        q = sa.select(sa.func.count(), sa.func.max(S.sequence)).where(S.attempt_id == attempt_id)
+        return tuple(c.execute(q).one())
+
+
+def terminal_page(store, after: int, limit: int) -> tuple[list[AglRow], int, int]:
     """Terminal rollouts in completion order after position `after`: (rollouts, next_after, total). A
     deleted rollout keeps its position (skipped in the page), so a cursor never misses one."""
     seq = R.metadata[("agl", "status", "terminal_seq")].as_integer()
     with store.engine.connect() as c:
         total = _counter(c)
         stop = min(after + limit, total)
-        q = sa.select(schema.rollouts).where(R.harness == HARNESS, seq > after, seq <= stop).order_by(seq)
-        rows = [from_row(Rollout, row) for row in c.execute(q)]
+        q = sa.select(*_COLUMNS).where(R.harness == HARNESS, seq > after, seq <= stop).order_by(seq)
+        rows = [AglRow(*row) for row in c.execute(q)]
     return rows, max(stop, after), total
 
 
@@ -114,7 +267,7 @@ def _bump_counter(c: sa.Connection) -> int:
     return seq
 
 
-def move(store, rollout_id: str, fields: dict[str, Any], worker_id: str) -> Rollout:
+def move(store, rollout_id: str, fields: dict[str, Any], worker_id: str) -> AglRow:
     """Apply one status patch in one transaction: `state` moves the rollout along Agent Lightning's
     lifecycle through our attempt state machine (running: a new running attempt; succeeded/failed: its
     current attempt ends so; queuing -> failed: no attempt ran); the other fields are kept in
@@ -138,7 +291,7 @@ def move(store, rollout_id: str, fields: dict[str, Any], worker_id: str) -> Roll
         rollout.metadata = {**rollout.metadata, "agl": {**agl, "status": status}}
         values = checked(schema.rollouts, {"metadata": rollout.metadata, "status": rollout.status.value})
         c.execute(sa.update(schema.rollouts).where(R.id == row.id).values(values))
-    return rollout
+    return AglRow.of(rollout)
 
 
 def _step(store, c, rollout: Rollout, target: str, worker_id: str, error: str | None) -> int | None:
@@ -180,7 +333,7 @@ def current_attempt(store, rollout_id: str, worker_id: str) -> Attempt:
     attempts = store.list_attempts(rollout_id=rollout_id)
     if attempts and attempts[-1].state != AttemptState.queued:
         return attempts[-1]
-    if rollout.status is RolloutStatus.queued:
+    if rollout.status == RolloutStatus.queued.value:
         try:
             move(store, rollout_id, {"state": "running"}, worker_id)
         except IllegalMove:

@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from cachetools import LRUCache
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
@@ -136,8 +137,11 @@ def last_per_prompt(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def mount(app: FastAPI, gw: Gateway, agl: Agl) -> None:
+def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
+    """(path, endpoint, method) of this module's routes."""
     store = gw.store
+    # (rollout, attempt, span count, highest sequence, event_type, format) -> the answer's JSON
+    rendered: LRUCache[tuple, bytes] = LRUCache(1_000)
 
     async def post_event(request: Request) -> Response:
         path = dict(request.path_params)
@@ -156,9 +160,10 @@ def mount(app: FastAPI, gw: Gateway, agl: Agl) -> None:
             extra = {k: v for k, v in data.items() if k in REWARD_EXTRAS}
             await gateway_events.add_reward(gw, ctx, r, extra, retry_id)
         elif req.event_type == "model_request" and (span := _model_request_span(ctx, data)) is not None:
-            await gw.record(ctx, span)
+            await gw.record(ctx, span, sync=gw.fsync_spans)
         else:
-            await gateway_events.record_event(gw, ctx, req.event_type, SpanKind.custom, data)
+            span = gateway_events._span(ctx, req.event_type, SpanKind.custom, data)
+            await gw.record(ctx, span, sync=gw.fsync_spans)
         event = {
             "event_type": req.event_type,
             "rollout_id": ctx.rollout_id,
@@ -176,18 +181,31 @@ def mount(app: FastAPI, gw: Gateway, agl: Agl) -> None:
         if fmt not in (None, "triplet"):
             raise GatewayError(422, f"format: {fmt!r} is not 'triplet'", param="format")
 
-        def read() -> list[Span]:
-            store_agl.get(store, rid)
-            attempts = store.list_attempts(rollout_id=rid)
-            return store.list_spans(attempt_id=attempts[-1].attempt_id) if attempts else []
+        if not gw.writer.idle:  # spans acknowledged before this read are committed first
+            await gw.writer.write([], sync=False)
 
-        await gw.writer.write([])  # spans acknowledged before this read are committed first
-        events = [as_event(s) for s in await anyio.to_thread.run_sync(read)]
-        if event_type is not None:
-            events = [e for e in events if e["event_type"] == event_type]
-        if fmt == "triplet":
-            events = last_per_prompt([as_triplet(e) for e in events])
-        return reply(events)
+        def where() -> tuple:
+            """The current attempt and what its spans are now (spans are only added, never changed)."""
+            if not store_agl.exists(store, rid):
+                raise GatewayError(404, f"rollout {rid} not found")
+            attempts = store_agl.attempt_ids(store, rid)
+            if not attempts:
+                return ()
+            return (rid, attempts[-1], *store_agl.span_marker(store, attempts[-1]), event_type, fmt)
 
-    app.add_route("/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", post_event, methods=["POST"])
-    app.add_route("/api/rollouts/{rollout_id}/events", get_events, methods=["GET"])
+        key = where() if store_agl.fast_reads(store) else await anyio.to_thread.run_sync(where)
+        body = rendered.get(key) if key else b"[]"
+        if body is None:
+            spans = await anyio.to_thread.run_sync(lambda: store.list_spans(attempt_id=key[1]))
+            events = [as_event(s) for s in spans]
+            if event_type is not None:
+                events = [e for e in events if e["event_type"] == event_type]
+            if fmt == "triplet":
+                events = last_per_prompt([as_triplet(e) for e in events])
+            body = rendered[key] = schemas.dumps(events)
+        return Response(body, media_type="application/json")
+
+    return [
+        ("/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", post_event, "POST"),
+        ("/api/rollouts/{rollout_id}/events", get_events, "GET"),
+    ]

@@ -174,7 +174,8 @@ def _inner_request(request: Request, body: bytes, key: str, rollout_id: str, att
     return Request(scope, receive)
 
 
-def mount(app: FastAPI, gw: Gateway, agl: Agl) -> None:
+def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
+    """(path, endpoint, method) of this module's routes."""
     store = gw.store
     routed = RoutedBackend(gw.backend)
     gw.backend = routed
@@ -272,9 +273,11 @@ def mount(app: FastAPI, gw: Gateway, agl: Agl) -> None:
 
     app.router.lifespan_context = lifespan
     prefix = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1/{upstream_path:path}"
-    app.add_route(prefix, proxied, methods=["POST"])
-    app.add_route("/api/models", register, methods=["POST"])
-    app.add_route("/api/models", unregister, methods=["DELETE"])
-    app.add_route("/proxy/pause", pause_route, methods=["POST"])
-    app.add_route("/proxy/resume", resume_route, methods=["POST"])
-    app.add_route("/proxy/state", state_route, methods=["GET"])
+    return [
+        (prefix, proxied, "POST"),
+        ("/api/models", register, "POST"),
+        ("/api/models", unregister, "DELETE"),
+        ("/proxy/pause", pause_route, "POST"),
+        ("/proxy/resume", resume_route, "POST"),
+        ("/proxy/state", state_route, "GET"),
+    ]
