@@ -156,7 +156,8 @@ class Attempts:
         if ctx is None or ctx.rollout_id != rollout_id:
             loaded = await self._load(rollout_id, attempt_id)
             ctx = self.contexts.setdefault(attempt_id, loaded)  # a racing request may have loaded it first
-        elif time.monotonic() - ctx.checked_at > self.state_ttl_s:
+        elif require_running and time.monotonic() - ctx.checked_at > self.state_ttl_s:
+            # only a caller that needs `running` needs the state fresh (it re-reads a stale one)
             attempt = await anyio.to_thread.run_sync(self.store.get_attempt, attempt_id)
             ctx.state, ctx.checked_at = attempt.state, time.monotonic()
         if require_running and ctx.state != AttemptState.running:
