@@ -71,7 +71,10 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def two_ranks(tiny_model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(run_rank, args=(2, free_port(), str(tiny_model_dir), str(out)), nprocs=2, join=True)
+    # fork: the children share the imported modules instead of importing torch and transformers again
+    mp.start_processes(
+        run_rank, args=(2, free_port(), str(tiny_model_dir), str(out)), nprocs=2, start_method="fork"
+    )
     return out
 
 
@@ -105,3 +108,19 @@ def test_follow_refuses_rank_zero(tiny_model_dir):
     trainer = Trainer(tiny_model_dir, TrainerConfig(device="cpu"))
     with pytest.raises(distributed.DistributedError, match="ranks 1.. of a process group"):
         distributed.follow(trainer)
+
+
+def test_train_nproc_2_runs_two_ranks_and_reports_world_size(tmp_path, base_model_dir, monkeypatch, capfd):
+    from lightning_dagster.cli import main
+
+    monkeypatch.setenv("LIGHTNING_DAGSTER_HOME", str(tmp_path / "home"))
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    argv = ["train", "--harness", "calc", "--parent", str(base_model_dir), "--steps", "1", "--group", "2",
+            "--tasks-per-step", "2", "--heldout", "2", "--store", url, "--json", "--serving", "thread",
+            "--validation-tasks", "0", "--nproc", "2", "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    lines = [line for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
+    (out,) = lines  # rank 0 alone prints
+    result = json.loads(out)
+    assert result["world_size"] == 2 and result["steps"] == 1
+    assert (Path(result["checkpoint"]) / "config.json").exists()  # written by rank 0
