@@ -147,11 +147,18 @@ def release(group: Group) -> None:
     broadcast(None, group)
 
 
-def launch(argv: Sequence[str], nproc: int) -> int:
-    """Run `lightning-dagster ARGV` as `nproc` ranks under `torch.distributed.run` on this machine (rendezvous
-    on a free local port); returns its exit status. Only rank 0 prints."""
+def command(nproc: int, module: str, *argv: str) -> list[str]:
+    """`python -m MODULE ARGV`, as `nproc` ranks under `torch.distributed.run` on this machine (rendezvous on
+    a free local port) when nproc > 1."""
     if nproc < 1:
         raise DistributedError(f"nproc must be >= 1, got {nproc}")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "--no-python", sys.executable, "-m", "lightning_dagster.cli", *argv]  # fmt: skip
-    return subprocess.run(command, check=False).returncode
+    python = [sys.executable, "-m", module, *argv]
+    if nproc == 1:
+        return python
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "--no-python", *python]  # fmt: skip
+
+
+def launch(argv: Sequence[str], nproc: int) -> int:
+    """Run `lightning-dagster ARGV` as `nproc` ranks; returns its exit status. Only rank 0 prints."""
+    return subprocess.run(command(nproc, "lightning_dagster.cli", *argv), check=False).returncode
