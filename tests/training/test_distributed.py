@@ -124,3 +124,12 @@ def test_train_nproc_2_runs_two_ranks_and_reports_world_size(tmp_path, base_mode
     result = json.loads(out)
     assert result["world_size"] == 2 and result["steps"] == 1
     assert (Path(result["checkpoint"]) / "config.json").exists()  # written by rank 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_trainer_steps_under_bf16_autocast_like_cpu(tiny_model_dir):
+    cpu = Trainer(tiny_model_dir, config(LOSSES["token_mean"]))
+    cuda = Trainer(tiny_model_dir, TrainerConfig(**{**vars(config(LOSSES["token_mean"])), "device": "cuda"}))
+    expected, got = cpu.step(*batch(ROLLOUTS, REWARDS)), cuda.step(*batch(ROLLOUTS, REWARDS))
+    assert cuda.device.type == "cuda" and got["trained_tokens"] == expected["trained_tokens"]
+    assert got["loss"] == pytest.approx(expected["loss"], rel=0.05)  # bf16 matmuls, fp32 logprobs
