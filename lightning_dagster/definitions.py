@@ -27,7 +27,11 @@ def build_definitions(
         jobs=[continual_learning, approve, promote, rollback, resume],
         sensors=[continual_learning_sensor, stale_evidence_sensor, approved_alias_sensor],
         schedules=[nightly_snapshot],
-        resources={"pipeline": default_pipeline(deferred=deferred, **resource_overrides)},
+        resources={
+            "pipeline": default_pipeline(deferred=deferred, **resource_overrides),
+            # where candidate_resource's training runs; a cluster swaps in dagster_k8s.PipesK8sClient (README)
+            "trainer_pipes": dg.PipesSubprocessClient(),
+        },
     )
 
 

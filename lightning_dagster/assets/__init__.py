@@ -12,7 +12,9 @@ from lightning_dagster.partitions import snapshots
 from lightning_dagster.pipeline.stages import evaluation, release, snapshot, training
 from lightning_dagster.pipeline.stages import rollouts as rollout_stages
 from lightning_dagster.pipeline.versions import code_version
+from lightning_dagster.pipes_child import decode, pipes_settings
 from lightning_dagster.resources import PipelineResource
+from lightning_dagster.training.distributed import command
 
 TRAINER_POOL = "trainer"
 
@@ -88,9 +90,34 @@ def training_transitions(
     code_version=code_version("training", "registry"),
     pool=TRAINER_POOL,
 )
-def candidate_resource(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """The parent updated by the trainer: checkpoint, MLflow model version with lineage, `latest-candidate`."""
-    return materialized(training.candidate_resource(pipeline, context.partition_key, run_id=context.run_id))
+def candidate_resource(
+    context: dg.AssetExecutionContext,
+    pipeline: PipelineResource,
+    trainer_pipes: dg.ResourceParam[dg.PipesClient],
+) -> dg.MaterializeResult:
+    """The parent updated by the trainer: checkpoint, MLflow model version with lineage, `latest-candidate`.
+    The training runs in its own process (`nproc` ranks) launched through Dagster Pipes (`trainer_pipes`)."""
+    t = pipeline.training
+    return through_pipes(
+        context,
+        trainer_pipes,
+        command(t.nproc, "lightning_dagster.pipes_child", t.device),
+        {
+            "pipeline": pipes_settings(pipeline),
+            "partition_key": context.partition_key,
+            "run_id": context.run_id,
+        },
+    )
+
+
+def through_pipes(
+    context: dg.AssetExecutionContext, client: dg.PipesClient, command: list[str], extras: dict
+) -> dg.MaterializeResult:
+    """Run a stage in a process launched by a Pipes client; its one reported stage result becomes the
+    asset's metadata exactly as `materialized` makes it in process."""
+    invocation = client.run(context=context, command=command, extras=extras)
+    (message,) = invocation.get_custom_messages()
+    return materialized(decode(message))
 
 
 @dg.asset(

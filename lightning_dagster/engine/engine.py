@@ -4,6 +4,7 @@ over the model's forward that returns the exact logprob of every sampled token. 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
@@ -25,6 +26,20 @@ class StateDictMismatch(ValueError):
     """`load_weights` got a state dict that does not fit the model; nothing was changed."""
 
 
+def resolve_device(device: str = "auto") -> torch.device:
+    """`auto`: CUDA when present, else CPU; any other value is a torch device name (`cpu`, `cuda`, `cuda:1`)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA; CPU runs in float32, exactly as the trainer scores."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 class Engine(ChatCodec):
     """A checkpoint's text side (`ChatCodec`: render, encode, decode, parse_assistant) and its model.
     Loads any HF causal LM directory in float32 (a bf16 checkpoint would otherwise stay bf16, and the
@@ -42,7 +57,12 @@ class Engine(ChatCodec):
     """
 
     def __init__(
-        self, model_dir: Path | str, *, threads: int | None = None, prefix_cache_mb: int = 256
+        self,
+        model_dir: Path | str,
+        *,
+        threads: int | None = None,
+        prefix_cache_mb: int = 256,
+        device: str = "auto",
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -51,7 +71,8 @@ class Engine(ChatCodec):
         torch.set_num_threads(threads or int(os.environ.get("LD_ENGINE_THREADS", "1")))
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         tokenizer.padding_side = "left"
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.device = resolve_device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         self.model.eval()
         sources = [getattr(self.model, "generation_config", None), self.model.config]
         super().__init__(model_dir, tokenizer, eos_ids(sources, tokenizer))  # the text side
@@ -195,15 +216,17 @@ class Engine(ChatCodec):
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
     ) -> torch.Tensor:
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return out.logits[:, -1, :].float()  # RunningBatch checks each row for NaN/inf
+        with autocast(self.device):
+            out = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=positions.to(self.device),
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        # sampling runs on CPU generators; RunningBatch checks each row for NaN/inf
+        return out.logits[:, -1, :].float().cpu()
 
     def _seed(self, p: SamplingParams) -> int:
         # any int is a valid request seed; torch takes [0, 2**64)

@@ -46,7 +46,7 @@ def trainer_config(p: Pipeline) -> TrainerConfig:
 
     t = p.training
     loss = LossConfig(normalization=t.loss_normalization, constant=t.loss_constant, kl_coef=t.kl_coef)  # type: ignore[arg-type]
-    return TrainerConfig(lr=t.learning_rate, loss=loss)
+    return TrainerConfig(lr=t.learning_rate, loss=loss, device=t.device)
 
 
 class SnapshotService:

@@ -58,6 +58,8 @@ class TrainingSettings(Protocol):
     warm_start_demos: int
     min_serve_rollouts: int
     success_threshold: float
+    nproc: int
+    device: str
 
 
 class GateSettings(Protocol):

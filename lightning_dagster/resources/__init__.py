@@ -138,6 +138,11 @@ class TrainingResource(dg.ConfigurableResource):
     warm_start_demos: int = 2000  # demonstrations the warm start trains on
     min_serve_rollouts: int = 32  # new rewarded serve rollouts that justify a new snapshot
     success_threshold: float = 0.5  # a task counts as solved (protected cases) at or above this reward
+    # training processes of `candidate_resource` (DistributedDataParallel ranks under torch.distributed.run,
+    # launched through the `trainer_pipes` client; training.distributed)
+    nproc: int = 1
+    # where the trainer runs: auto (CUDA when present, bf16 autocast; else CPU), cpu, cuda
+    device: str = "auto"
 
 
 class GateResource(dg.ConfigurableResource):

@@ -1,6 +1,7 @@
-"""`lightning-dagster train [--project PATH | --harness calc] [--steps N] [--json]`: warm-start a parent if
-there is none, run RL on the project's train split through the embedded gateway and runner, print the
-parent's and the candidate's success on its holdout split. Exit status 2 on a bad project."""
+"""`lightning-dagster train [--project PATH | --harness calc] [--steps N] [--nproc N] [--json]`: warm-start a
+parent if there is none, run RL on the project's train split through the embedded gateway and runner, print
+the parent's and the candidate's success on its holdout split. `--nproc N` runs the same command as N ranks
+under torch.distributed.run (training.distributed). Exit status 2 on a bad project."""
 
 from __future__ import annotations
 
@@ -57,7 +58,25 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", help="store URL (default: config.store_url())")
     parser.add_argument("--metrics", type=Path, help="write per-step metrics and evaluations as JSONL")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    parser.set_defaults(handler=_train)
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="training processes (DistributedDataParallel ranks: gloo on CPU, NCCL on GPU); "
+                        "rank 0 samples, evaluates and saves")  # fmt: skip
+    parser.add_argument("--device", default="auto",
+                        help="where the trainer runs: auto (CUDA when present, bf16 autocast; else CPU), cpu, "
+                        "cuda")  # fmt: skip
+    parser.set_defaults(handler=_train, rank_argv=lambda args: _rank_argv(parser, args))
+
+
+def _rank_argv(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The `train` command line every rank runs: the options given, except --nproc."""
+    argv = ["train"]
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if not action.option_strings or action.dest in ("help", "nproc") or value == action.default:
+            continue
+        flag = action.option_strings[-1]
+        argv += [flag] if isinstance(action, argparse._StoreTrueAction) else [flag, str(value)]
+    return argv
 
 
 def find_or_build_parent(store: Store, project: Project, *, seed: int, log) -> tuple[Path, str | None]:
@@ -86,17 +105,22 @@ def _train(args: argparse.Namespace) -> int:
     import torch
 
     from lightning_dagster.engine.build import checkpoint_hash
+    from lightning_dagster.engine.engine import resolve_device
     from lightning_dagster.project import load_project, load_tasks
     from lightning_dagster.project.examples import project_file
     from lightning_dagster.store import Store
+    from lightning_dagster.training import distributed
     from lightning_dagster.training.loop import RLConfig, StepSettings, train_rl
     from lightning_dagster.training.loss import LossConfig, LossConfigError
     from lightning_dagster.training.selection import ValidationConfigError
-    from lightning_dagster.training.trainer import TrainerConfig
+    from lightning_dagster.training.trainer import Trainer, TrainerConfig
     from lightning_dagster.types import Resource
 
-    if args.steps < 1 or args.group < 2 or args.tasks_per_step < 1 or args.heldout < 1:
-        print("error: --steps, --tasks-per-step, --heldout must be >= 1 and --group >= 2", file=sys.stderr)
+    if args.steps < 1 or args.group < 2 or args.tasks_per_step < 1 or args.heldout < 1 or args.nproc < 1:
+        print(
+            "error: --steps, --tasks-per-step, --heldout, --nproc must be >= 1 and --group >= 2",
+            file=sys.stderr,
+        )
         return 2
     try:
         kl = {} if args.kl_coef is None else {"kl_coef": args.kl_coef}
@@ -109,7 +133,15 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     project = load_project(project_file(args.project, args.harness))
     load_tasks(project).require_splits(["train", "holdout"])  # before any model is built
+    if args.nproc > 1 and distributed.launched_world_size() == 1:
+        return distributed.launch(args.rank_argv(args), args.nproc)
+    group = distributed.join(resolve_device(args.device)) if distributed.launched_world_size() > 1 else None
+    trainer_config = TrainerConfig(lr=args.lr, loss=loss, device=args.device)
     torch.manual_seed(args.seed)
+    if group is not None and not group.leader:  # a follower: rank 0 names the parent, then sends each step
+        parent_dir, _ = distributed.broadcast(None, group)
+        distributed.follow(Trainer(parent_dir, trainer_config, group=group))
+        return 0
     started = time.perf_counter()
     store = Store(args.store)
     metrics_file = args.metrics.open("w") if args.metrics else None
@@ -125,6 +157,8 @@ def _train(args: argparse.Namespace) -> int:
         parent_dir, parent_id = args.parent, None
     else:
         parent_dir, parent_id = find_or_build_parent(store, project, seed=args.seed, log=log)
+    if group is not None:
+        distributed.broadcast((parent_dir, parent_id), group)
     rl = RLConfig(
         project=str(project.file),
         steps=args.steps,
@@ -136,10 +170,10 @@ def _train(args: argparse.Namespace) -> int:
         seed=args.seed,
         serving=args.serving,
         runner_mode=args.runner_mode,
-        trainer=TrainerConfig(lr=args.lr, loss=loss),
+        trainer=trainer_config,
     )
     out = args.out or config.models_dir() / f"{project.name}-candidate-{time.strftime('%Y%m%dT%H%M%S')}"
-    result = train_rl(store, parent_dir, rl, parent_resource_id=parent_id, out_dir=out, log=log)
+    result = train_rl(store, parent_dir, rl, parent_resource_id=parent_id, out_dir=out, log=log, group=group)
     assert result.checkpoint is not None
     candidate = store.add_resource(
         Resource(
@@ -171,6 +205,7 @@ def _train(args: argparse.Namespace) -> int:
         "candidate_resource_id": candidate.resource_id,
         "parent_resource_id": parent_id,
         "checkpoint": str(result.checkpoint),
+        "world_size": group.world_size if group is not None else 1,
     }
     if metrics_file:
         metrics_file.close()

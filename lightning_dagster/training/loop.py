@@ -24,6 +24,7 @@ from lightning_dagster.project.examples import example_file
 from lightning_dagster.project.harness import harness_spec
 from lightning_dagster.runner.service import RolloutBatch, RolloutService
 from lightning_dagster.store import Store
+from lightning_dagster.training import distributed
 from lightning_dagster.training.advantages import AdvantageMode, Advantages, RolloutReward, compute_advantages
 from lightning_dagster.training.selection import (
     CheckpointEval,
@@ -293,9 +294,11 @@ def train_rl(
     parent_resource_id: str | None = None,
     out_dir: Path | str | None = None,
     log: Any = None,
+    group: distributed.Group | None = None,
 ) -> RLResult:
     """RL from `parent_dir`; returns the evaluations, per-step metrics, the checkpoint selection and (with
-    `out_dir`) the proposed checkpoint."""
+    `out_dir`) the proposed checkpoint. With `group` this is rank 0 of a process group: every step is also
+    trained by the other ranks (`distributed.follow`), released when training ends."""
     started = time.perf_counter()
     project = load_project(config.project)
     tasks = load_tasks(project)
@@ -304,7 +307,7 @@ def train_rl(
     heldout = tasks.draw("holdout", config.heldout_tasks, config.seed)
     train_pool = tasks.draw("train", config.steps * config.tasks_per_step, config.seed)
     validation = validation_split(tasks, config.validation.tasks, config.eval_seed, train_pool)
-    trainer = Trainer(parent_dir, config.trainer)
+    trainer = Trainer(parent_dir, config.trainer, group=group)
     curve: list[dict] = []
     metrics: list[dict] = []
     rl_seconds = 0.0
@@ -364,6 +367,8 @@ def train_rl(
                 service.load_weights(trainer.state_dict())
                 ev = evaluate(service, heldout, seed=config.eval_seed, tag=f"candidate{chosen.step}")
                 candidate = {"step": chosen.step, "rl_seconds": rl_seconds, **ev}
+    if group is not None:
+        distributed.release(group)
     checkpoint = trainer.save(out_dir) if out_dir is not None else None
     return RLResult(
         parent=parent,

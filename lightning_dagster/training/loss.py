@@ -87,11 +87,19 @@ class LossConfig:
             raise LossConfigError(f"kl_coef must be a finite number >= 0, got {self.kl_coef!r}")
 
 
-def row_weights(trained_tokens: Sequence[int], rollout_ids: Sequence[str], config: LossConfig) -> list[float]:
-    """The per-token weight of every row of one optimizer step (see the module docstring)."""
+def row_weights(
+    trained_tokens: Sequence[int],
+    rollout_ids: Sequence[str],
+    config: LossConfig,
+    *,
+    totals: tuple[int, int] | None = None,
+) -> list[float]:
+    """The per-token weight of every row of one optimizer step (see the module docstring). When the rows are
+    one rank's share of the step (`training.distributed`, each rollout whole on one rank), `totals` are the
+    whole step's trained tokens and rollouts, so every rank weighs its tokens as one process would."""
     mode = config.normalization
     if mode == "token_mean":
-        total = sum(trained_tokens)
+        total = totals[0] if totals is not None else sum(trained_tokens)
         return [1.0 / total if total else 0.0 for _ in trained_tokens]
     if mode == "constant":
         assert config.constant is not None  # LossConfig refuses `constant` without one
@@ -99,7 +107,7 @@ def row_weights(trained_tokens: Sequence[int], rollout_ids: Sequence[str], confi
     per_rollout: dict[str, int] = {}
     for rid, t in zip(rollout_ids, trained_tokens, strict=True):
         per_rollout[rid] = per_rollout.get(rid, 0) + t
-    n = len(per_rollout)
+    n = totals[1] if totals is not None else len(per_rollout)
     return [1.0 / (n * per_rollout[rid]) if per_rollout[rid] else 0.0 for rid in rollout_ids]
 
 

@@ -4,6 +4,7 @@ rows + rollout advantages
   -> drop rows of rollouts without an advantage (zero-variance groups)
   -> per-row token weights for the whole step (loss.row_weights)
   -> micro-batches (right-padded, attention mask)
+  -> under a process group (training.distributed): this rank's share, weighed by the step's global totals
   -> fp32 teacher-forced logprobs of the policy at each row's sampling temperature: log_softmax(logits / T_row)
   -> policy_loss, backward (gradients accumulate to exactly one pass), clip, Adam step
   -> one metrics dict per step
@@ -20,9 +21,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
+from lightning_dagster.engine.engine import autocast, resolve_device
+from lightning_dagster.training import distributed
 from lightning_dagster.training.advantages import Advantages
 from lightning_dagster.training.loss import LossConfig, LossParts, policy_loss, row_weights
 from lightning_dagster.training.transitions import Row
@@ -42,6 +46,7 @@ class TrainerConfig:
     # torch threads during a step (None: one per core). torch has one process-wide setting, and an engine
     # in the same process sets it to 1 for sampling; a step sets its own and restores it.
     threads: int | None = None
+    device: str = "auto"  # auto: CUDA when present (bf16 autocast), else CPU; or a torch device name
     loss: LossConfig = field(default_factory=LossConfig)
 
     def to_dict(self) -> dict:
@@ -62,6 +67,10 @@ class MicroBatch:
     behaviour: torch.Tensor  # [B, R] recorded logprobs
     temperatures: torch.Tensor  # [B] the temperature each row is scored at
     index: list[int]  # which rows of the step these are
+
+    def to(self, device: torch.device) -> MicroBatch:
+        tensors = {k: v.to(device) for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
+        return MicroBatch(**tensors, index=self.index)
 
 
 def micro_batches(rows: Sequence[Row], max_tokens: int) -> Iterator[MicroBatch]:
@@ -109,18 +118,20 @@ def collate(rows: Sequence[Row], index: list[int]) -> MicroBatch:
 def response_logprobs(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
     """fp32 log_softmax(logits / T_row) of each response token, teacher-forced: the trainer's view of
     exactly the distribution the engine sampled each row from."""
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+    with autocast(mb.input_ids.device):
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
     vocab = logits.shape[-1]
     picked = logits.gather(1, mb.positions[..., None].expand(-1, -1, vocab)).float()
     logp = torch.log_softmax(picked / mb.temperatures[:, None, None], dim=-1)
     return logp.gather(-1, mb.targets[..., None]).squeeze(-1)
 
 
-def load_model(model_dir: Path | str) -> torch.nn.Module:
+def load_model(model_dir: Path | str, device: torch.device | None = None) -> torch.nn.Module:
     hf_logging.disable_progress_bar()
     # dtype pinned: from_pretrained keeps a checkpoint's dtype, and the engine samples in float32: the
     # ratio to its logprobs is 1 only if the trainer scores in float32 too.
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.to(device or torch.device("cpu"))
     model.eval()  # no dropout: the ratio to the behaviour policy must be exactly 1 before the first step
     return model
 
@@ -131,7 +142,8 @@ def load_model(model_dir: Path | str) -> torch.nn.Module:
 
 @dataclass
 class Prepared:
-    rows: list[Row]
+    rows: list[Row]  # the step's kept rows (every rank)
+    local: list[Row]  # this rank's share of them (all of them in one process)
     batches: list[MicroBatch]
     advantages: list[torch.Tensor]  # [B] per micro-batch
     weights: list[torch.Tensor]  # [B] per micro-batch
@@ -140,16 +152,31 @@ class Prepared:
 
 
 class Trainer:
+    """One process's trainer. Under a process group (`group`, training.distributed) every rank holds one and
+    rank 0 drives: its `step` sends the rows to the others (`distributed.follow`), each rank backpropagates
+    its share through DistributedDataParallel, and every rank ends the step with the same weights."""
+
     def __init__(
         self,
         model_dir: Path | str,
         config: TrainerConfig | None = None,
         *,
         ref_model_dir: Path | str | None = None,
+        group: distributed.Group | None = None,
     ):
         self.model_dir = Path(model_dir)
         self.config = config or TrainerConfig()
-        self.model = load_model(model_dir)
+        self.group = group
+        self.device = distributed.rank_device(resolve_device(self.config.device), group)
+        self.model = load_model(model_dir, self.device)
+        # the module the loss backpropagates through: DDP averages the ranks' gradients on the last backward
+        self.train_model: torch.nn.Module = (
+            DistributedDataParallel(
+                self.model, device_ids=[self.device] if self.device.type == "cuda" else None
+            )
+            if group is not None
+            else self.model
+        )
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=self.config.lr,
@@ -167,7 +194,7 @@ class Trainer:
         if not self.config.loss.kl_coef:
             return None
         if self._ref_model is None:
-            self._ref_model = load_model(self.ref_model_dir)
+            self._ref_model = load_model(self.ref_model_dir, self.device)
             self._ref_model.requires_grad_(False)
         return self._ref_model
 
@@ -183,32 +210,63 @@ class Trainer:
         kept = [r for r in rows if r.rollout_id in advantages.values and r.trained_tokens > 0]
         if not kept:
             return None
-        weights = row_weights([r.trained_tokens for r in kept], [r.rollout_id for r in kept], cfg.loss)
-        batches = list(micro_batches(kept, cfg.micro_batch_tokens))
+        local, totals = kept, None
+        if self.group is not None:
+            local = distributed.shard(kept, self.group)
+            totals = distributed.step_totals(local, self.group)
+        weights = row_weights(
+            [r.trained_tokens for r in local], [r.rollout_id for r in local], cfg.loss, totals=totals
+        )
+        batches = [mb.to(self.device) for mb in micro_batches(local, cfg.micro_batch_tokens)] if local else []
         return Prepared(
             rows=kept,
+            local=local,
             batches=batches,
             advantages=[
-                torch.tensor([advantages.values[kept[i].rollout_id] for i in mb.index]) for mb in batches
+                torch.tensor([advantages.values[local[i].rollout_id] for i in mb.index], device=self.device)
+                for mb in batches
             ],
-            weights=[torch.tensor([weights[i] for i in mb.index]) for mb in batches],
+            weights=[torch.tensor([weights[i] for i in mb.index], device=self.device) for mb in batches],
             refs=self._no_grad_logprobs(ref, batches) if (ref := self.ref_model) is not None else None,
             olds=self._no_grad_logprobs(self.model, batches) if cfg.epochs > 1 else None,
         )
 
     def backward(self, prep: Prepared) -> LossParts:
-        """Zero the gradients, then accumulate the step's loss over its micro-batches."""
+        """Zero the gradients, then accumulate the step's loss over its micro-batches (over every rank's)."""
         self.optimizer.zero_grad(set_to_none=True)
+        if self.group is None:
+            return self._accumulate(prep)
+        if not prep.batches:  # a rank without rows still joins the gradient all_reduce, with zeros
+            out = self.train_model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device))
+            (out.logits.sum() * 0.0).backward()
+            return distributed.reduce_parts(LossParts(loss=torch.zeros(())), self.group)
+        return distributed.reduce_parts(self._accumulate(prep), self.group)
+
+    def _accumulate(self, prep: Prepared) -> LossParts:
         total: LossParts | None = None
+        # DDP averages gradients over ranks; the loss weights already divide by the whole step's totals, so
+        # each rank's loss is scaled by the world size to make the average the sum (a power of two is exact)
+        scale = float(self.group.world_size) if self.group is not None else 1.0
+        last = len(prep.batches) - 1
         for k, mb in enumerate(prep.batches):
-            logp = response_logprobs(self.model, mb)
-            # One update per batch: the "old" policy is the current one, so ratio == 1 with a live gradient.
-            old = prep.olds[k] if prep.olds is not None else logp.detach()
-            ref = prep.refs[k] if prep.refs is not None else None
-            parts = policy_loss(
-                logp, old, mb.behaviour, prep.advantages[k], mb.mask, prep.weights[k], self.config.loss, ref
-            )
-            parts.loss.backward()
+            # only the last backward of a step syncs gradients across ranks
+            sync = contextlib.nullcontext() if k == last or self.group is None else self.train_model.no_sync()
+            with sync:
+                logp = response_logprobs(self.train_model, mb)
+                # One update per batch: the "old" policy is the current one, so ratio == 1 with a live gradient.
+                old = prep.olds[k] if prep.olds is not None else logp.detach()
+                ref = prep.refs[k] if prep.refs is not None else None
+                parts = policy_loss(
+                    logp,
+                    old,
+                    mb.behaviour,
+                    prep.advantages[k],
+                    mb.mask,
+                    prep.weights[k],
+                    self.config.loss,
+                    ref,
+                )
+                (parts.loss * scale if scale != 1.0 else parts.loss).backward()
             total = parts if total is None else total.merge(parts)
         assert total is not None
         return total
@@ -216,14 +274,19 @@ class Trainer:
     @contextlib.contextmanager
     def _threads(self) -> Iterator[None]:
         before = torch.get_num_threads()
-        torch.set_num_threads(self.config.threads or os.cpu_count() or 1)
+        # ranks on one machine share its cores
+        ranks = self.group.world_size if self.group is not None else 1
+        torch.set_num_threads(self.config.threads or max(1, (os.cpu_count() or 1) // ranks))
         try:
             yield
         finally:
             torch.set_num_threads(before)
 
     def step(self, rows: Sequence[Row], advantages: Advantages, extra: dict | None = None) -> dict:
-        """One RL update (`epochs` optimizer steps) over the rows of one batch of rollouts."""
+        """One RL update (`epochs` optimizer steps) over the rows of one batch of rollouts. On rank 0 of a
+        process group it first sends them to the other ranks' `distributed.follow`."""
+        if self.group is not None and self.group.leader:
+            distributed.broadcast((list(rows), advantages, extra), self.group)
         with self._threads():
             return self._step(rows, advantages, extra)
 
@@ -251,7 +314,11 @@ class Trainer:
 
     def supervised_step(self, rows: Sequence[Row]) -> dict:
         """One cross-entropy step on the masked tokens (the warm start), each row at its own temperature
-        (demonstrations: 1), token mean over the step."""
+        (demonstrations: 1), token mean over the step. One process only: a warm start is not sharded."""
+        if self.group is not None:
+            raise distributed.DistributedError(
+                "supervised_step runs in one process, not under a process group"
+            )
         with self._threads():
             return self._supervised_step(rows)
 
@@ -261,7 +328,7 @@ class Trainer:
         total_tokens = sum(r.trained_tokens for r in rows)
         loss_sum = 0.0
         for mb in micro_batches(rows, self.config.micro_batch_tokens):
-            logp = response_logprobs(self.model, mb)
+            logp = response_logprobs(self.model, mb.to(self.device))
             loss = -(logp * mb.mask).sum() / total_tokens
             loss.backward()
             loss_sum += float(loss.detach())

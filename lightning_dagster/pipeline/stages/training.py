@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import SnapshotRef
     from lightning_dagster.pipeline.settings import Pipeline
     from lightning_dagster.pipeline.snapshots import Manifest, Split
+    from lightning_dagster.training.distributed import Group
     from lightning_dagster.training.selection import ValidationSettings
 
 
@@ -42,13 +43,16 @@ def training_transitions(p: Pipeline, key: str) -> StageResult:
     )
 
 
-def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
+def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group | None = None) -> StageResult:
     """Step 1 trains on `training_transitions`; steps 2.. sample on-policy from the updated weights through
     the same gateway and runner (recorded in the store like the first batch), as GRPO needs fresh samples.
     With a validation split, each due checkpoint is decoded greedily on it, the proposed checkpoint is the
-    best that keeps the parent's validation cases, and training stops early when validation regresses."""
+    best that keeps the parent's validation cases, and training stops early when validation regresses.
+    With `group` this is rank 0 of a process group: the other ranks get the parent and trainer settings, then
+    train every step with it (`training.distributed.follow`)."""
     from lightning_dagster.gate import receipt as R
     from lightning_dagster.pipeline.transitions_file import read_transitions
+    from lightning_dagster.training import distributed
     from lightning_dagster.training.loop import CheckpointKeeper, rl_step, selection_summary, validation_split
     from lightning_dagster.training.trainer import Trainer
 
@@ -61,7 +65,9 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResul
     config = trainer_config(p)
     validation = validation_settings(p)
     started = time.time()
-    trainer = Trainer(parent_dir, config)
+    if group is not None:
+        distributed.broadcast((parent_dir, config), group)
+    trainer = Trainer(parent_dir, config, group=group)
     rows, advantages = read_transitions(ctx.load_stage(store, key, "training_transitions")["uri"])
     curve = [trainer.step(rows, advantages)]
     keeper, chosen = None, None
@@ -99,6 +105,8 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResul
                     if keeper.early_stop is not None:
                         break
         chosen = keeper.restore(trainer) if keeper is not None else None
+    if group is not None:
+        distributed.release(group)
     selection = selection_summary(config.loss.kl_coef, len(curve), keeper, chosen)
     out = trainer.save(ctx.candidate_dir(key))
     refs = snapshot_refs(manifest)
