@@ -234,22 +234,28 @@ def checkpoint_hash(model_dir: Path | str) -> str:
 
     model_dir = Path(model_dir)
     files = sorted(model_dir.glob("*.safetensors"))
-    digest = hashlib.sha256()
     if files:
         tensors = {}
         for f in files:
             with safe_open(str(f), framework="pt") as handle:
                 for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
                     tensors[name] = handle.get_tensor(name)
-        for name in sorted(tensors):
-            t = tensors[name].contiguous()
-            digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
-            digest.update(t.view(torch.uint8).numpy().tobytes())
-        return digest.hexdigest()
+        return tensors_hash(tensors)
+    digest = hashlib.sha256()
     bins = sorted(model_dir.glob("*.bin"))
     if not bins:
         raise FileNotFoundError(f"no weight files (*.safetensors, *.bin) in {model_dir}")
     for f in bins:
         digest.update(f.name.encode())
         digest.update(f.read_bytes())
+    return digest.hexdigest()
+
+
+def tensors_hash(tensors: Mapping[str, torch.Tensor]) -> str:
+    """`checkpoint_hash` of tensors in memory (what a checkpoint holding exactly these tensors hashes to)."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()

@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from lightning_dagster.gateway import schemas
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.keys import attempt_key
+from lightning_dagster.gateway.weightsync import ServedWeights, read_weights, weights_hash
 
 if TYPE_CHECKING:
     from lightning_dagster.gateway.app import Gateway
@@ -48,12 +49,35 @@ def admin_router(gw: Gateway) -> APIRouter:
     @router.post("/weights")
     async def load_weights(request: Request) -> dict:
         """A trainer in another process pushes its new policy: the file is read here, so no tensors travel
-        over HTTP. Calls sampled after this returns use the new weights and record `resource_id`. Only files
-        under the gateway's model roots are read (403 otherwise)."""
+        over HTTP. The push goes through the weight gate (new calls wait, calls in flight finish on the old
+        weights); calls sampled after this returns use the new weights and record `resource_id` and their
+        hash. Only files under the gateway's model roots are read (403 otherwise)."""
         req = schemas.validate(schemas.WeightsRequest, await gw.body(request))
+        if not backend.loads_weights:
+            raise GatewayError(
+                409, f"a {backend.kind} backend cannot load weights; push them to the server it calls"
+            )
         path = gw.weights_file(req.path)
-        await anyio.to_thread.run_sync(backend.load_weights, str(path), req.resource_id)
-        return {"status": "ok", "model": backend.model, "resource_id": backend.resource_id}
+
+        def load() -> ServedWeights:
+            state = read_weights(path)
+            backend.load_weights(state, req.resource_id)
+            return ServedWeights(None, req.resource_id, weights_hash(state))
+
+        served = await gw.weights.swap(load)
+        return {
+            "status": "ok",
+            "model": backend.model,
+            "resource_id": served.resource_id,
+            "weights": served.attributes(),
+        }
+
+    @router.get("/weights")
+    async def weights_state() -> dict:
+        """What serves now, whether new calls are held and how many are in flight, and this process's
+        report to the fleet (None when it takes no part in weight sync)."""
+        report = gw.sync.report.model_dump() if gw.sync is not None else None
+        return {**gw.weights.state(), "fleet": report}
 
     @router.post("/keys")
     async def mint_key(request: Request) -> dict:

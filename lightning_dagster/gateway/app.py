@@ -7,6 +7,7 @@ another attempt's key, 404 unknown, 409 not running) -> backend -> span committe
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
@@ -26,6 +27,7 @@ from lightning_dagster.gateway.backends import Backend
 from lightning_dagster.gateway.calls import llm_call
 from lightning_dagster.gateway.errors import GatewayError, store_error
 from lightning_dagster.gateway.recorder import SpanWriter
+from lightning_dagster.gateway.weightsync import ServedWeights, WeightGate, WeightSync
 from lightning_dagster.store.errors import Conflict, InvalidInput, NotFound, StoreUnavailable
 from lightning_dagster.types import IllegalTransition, Span
 
@@ -35,7 +37,8 @@ PREFIX = "/rollouts/{rollout_id}/attempts/{attempt_id}"
 
 
 class Gateway:
-    """What every route shares: the store, the backend, attribution, the span writer and token-in stats."""
+    """What every route shares: the store, the backend, attribution, the span writer, token-in stats and the
+    weight gate (with the fleet's weight sync, when this process takes part in it)."""
 
     def __init__(
         self,
@@ -48,6 +51,7 @@ class Gateway:
         fsync_spans: bool,
         model_aliases: Sequence[str],
         model_roots: Sequence[Path],
+        weights_wait_s: float,
     ):
         self.store = store
         self.model_aliases = tuple(model_aliases)
@@ -59,6 +63,8 @@ class Gateway:
         self.fsync_spans = fsync_spans
         self.writer = SpanWriter(store, linger_s=max(write_behind_ms, 0) / 1000)
         self.stats = TokenInStats()
+        self.weights = WeightGate(ServedWeights(None, backend.resource_id, None), wait_s=weights_wait_s)
+        self.sync: WeightSync | None = None
 
     async def body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length")
@@ -123,6 +129,9 @@ def create_app(
     model_aliases: Sequence[str] = ("policy",),
     model_roots: Sequence[Path | str] | None = None,
     agl: AglSettings | None = None,
+    weight_sync: bool | None = None,
+    weight_sync_poll_s: float = 0.5,
+    weights_wait_s: float = 30.0,
 ) -> FastAPI:
     """The gateway app. `state_ttl_s`: how long an attempt's `running` state is trusted before re-reading it
     from the store (a finished attempt is refused with 409 at most this long after it ends).
@@ -133,7 +142,11 @@ def create_app(
     or at every call with `fsync_spans=True`. `model_aliases`: model names accepted besides the served
     model's own (the example harnesses ask for `policy`); any other name is a 404 `model_not_found`.
     `model_roots`: the only directories `POST /admin/weights` reads from (default: the models directory,
-    `config.models_dir()`). `agl`: also serve Agent Lightning v1.0's server surface (`gateway.agl`)."""
+    `config.models_dir()`). `agl`: also serve Agent Lightning v1.0's server surface (`gateway.agl`).
+    `weight_sync`: follow the policy versions published in the store and report what
+    this process serves (`gateway.weightsync`; default: when the store is shared, PostgreSQL, and the backend
+    loads weights), polling every `weight_sync_poll_s`. `weights_wait_s`: how long a call waits while the
+    weights are being swapped, or for the policy version its rollout is tagged with, before a 503."""
     attempts = Attempts(
         store,
         backend,
@@ -152,13 +165,31 @@ def create_app(
         fsync_spans=fsync_spans,
         model_aliases=model_aliases,
         model_roots=[config.models_dir()] if model_roots is None else [Path(r) for r in model_roots],
+        weights_wait_s=weights_wait_s,
     )
+    if weight_sync is None:
+        weight_sync = attempts.shared and backend.loads_weights
+    if weight_sync:
+        gw.sync = WeightSync(gw, poll_s=weight_sync_poll_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        gw.weights.bind()
+        if backend.loads_weights:  # what spans name until the first swap: the checkpoint served
+            from lightning_dagster.engine.build import checkpoint_hash
+
+            digest = await anyio.to_thread.run_sync(checkpoint_hash, backend.engine.model_dir)
+            gw.weights.current = ServedWeights(None, backend.resource_id, digest)
+        sync = asyncio.create_task(gw.sync.run()) if gw.sync is not None else None
         try:
             yield
         finally:
+            if sync is not None:
+                sync.cancel()
+                try:
+                    await gw.sync.stop()
+                except Exception:  # noqa: BLE001 - the report ages out of the live set anyway
+                    log.exception("could not report this gateway stopped")
             await backend.aclose()
             await anyio.to_thread.run_sync(gw.writer.close)
 

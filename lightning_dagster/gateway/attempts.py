@@ -75,6 +75,7 @@ class AttemptContext:
     kind: RolloutKind
     sampling_seed: int | None
     sampling: Sampling | None  # the rollout's decided sampling; None: each call's own request decides
+    policy_version: int | None  # the published policy version its calls must sample from (None: any)
     state: AttemptState
     checked_at: float
     next_sequence: int
@@ -174,6 +175,7 @@ class Attempts:
             if owner != rollout_id:
                 raise GatewayError(404, f"attempt {attempt_id} is not an attempt of rollout {rollout_id}")
             seed, sampling = metadata.get("sampling_seed"), metadata.get("sampling")
+            version = metadata.get("policy_version")
             try:
                 decided = Sampling.model_validate(sampling) if sampling is not None else None
             except ValidationError as exc:
@@ -186,6 +188,7 @@ class Attempts:
                 kind=kind,
                 sampling_seed=int(seed) if seed is not None else None,
                 sampling=decided,
+                policy_version=int(version) if version is not None else None,
                 state=state,
                 checked_at=time.monotonic(),
                 next_sequence=0,

@@ -21,6 +21,8 @@ from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.tokenin import LastCall, closing_tokens, continue_prompt
 
 if TYPE_CHECKING:
+    import torch
+
     from lightning_dagster.engine import BatchingEngine
 
 
@@ -60,6 +62,9 @@ class Backend(abc.ABC):
     resource_id: str | None = None
     kind: str = "backend"
     token_in: bool = False  # whether `chat` builds prompts from the previous call (needs `LastCall`)
+    # whether `load_weights(state, resource_id)` swaps the weights served (the embedded engine); an upstream
+    # serves what its server loaded
+    loads_weights: bool = False
 
     @property
     @abc.abstractmethod
@@ -90,12 +95,6 @@ class Backend(abc.ABC):
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         pass
 
-    def load_weights(self, path: str, resource_id: str | None) -> None:
-        """Serve new weights from a safetensors file (a trainer's push); engine backends only."""
-        raise GatewayError(
-            409, f"a {self.kind} backend cannot load weights; push them to the server it calls"
-        )
-
 
 def tool_call_ids(calls: list[dict]) -> list[dict]:
     # The template does not render call ids, so fresh ones cost nothing and let harnesses answer calls.
@@ -117,6 +116,7 @@ class EngineBackend(Backend):
 
     kind = "engine"
     token_in = True
+    loads_weights = True
 
     def __init__(self, engine: BatchingEngine, resource_id: str | None = None):
         self.batching = engine
@@ -133,22 +133,15 @@ class EngineBackend(Backend):
     ) -> list[int]:
         return self.engine.render(messages, tools, add_generation_prompt=add_generation_prompt)
 
-    def load_weights(self, path: str, resource_id: str | None) -> None:
+    def load_weights(self, state: dict[str, torch.Tensor], resource_id: str | None) -> None:
         """Blocking (run it off the event loop): waits for the engine's running step, then swaps all
         weights at once; on any error the old weights keep serving."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         from lightning_dagster.engine.engine import StateDictMismatch
 
         try:
-            state = load_file(path)
-        except (OSError, SafetensorError) as exc:
-            raise GatewayError(400, f"cannot read weights from {path!r}: {exc}") from exc
-        try:
             self.engine.load_weights(state)
         except StateDictMismatch as exc:
-            raise GatewayError(400, f"the weights in {path!r} do not fit the served model: {exc}") from exc
+            raise GatewayError(400, f"the weights do not fit the served model: {exc}", param="path") from exc
         self.resource_id = resource_id
 
     async def _generate(self, prompt_ids: list[int], sampling: CallSampling) -> Any:

@@ -16,6 +16,7 @@ from lightning_dagster.gateway.attempts import AttemptContext, conversation
 from lightning_dagster.gateway.backends import CallSampling, Completion
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.tokenin import LastCall, continues, extends
+from lightning_dagster.gateway.weightsync import ServedWeights
 from lightning_dagster.types import Sampling, Span, SpanKind
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
         max_tokens = req.max_tokens
     requested = {"temperature": req.temperature, "top_p": req.top_p, "max_tokens": max_tokens}
     sampling = apply_rollout_sampling(req.sampling(ctx.call_seed(), want_logprobs, max_tokens), ctx.sampling)
+    served = await gw.weights.enter(ctx.policy_version)  # held until sampled: no swap meanwhile
     started, t0 = time.time(), time.perf_counter()
     backend = gw.backend
     try:
@@ -64,8 +66,10 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
             c = await backend.complete(req.single_prompt(), sampling, body, route=ctx.rollout_id)
     except GatewayError as exc:
         if exc.status >= 500:  # the backend failed, not the request: keep the failure on record
-            await gw.record(ctx, _error_span(gw, ctx, chat, started, exc))
+            await gw.record(ctx, _error_span(gw, ctx, chat, started, exc, served))
         raise
+    finally:
+        gw.weights.leave()
     latency = time.perf_counter() - t0
     extended = extends(c.prompt_ids, previous_ids)
     # the conversation continued but the prompt does not extend the last call's ids: the template rewrote
@@ -89,6 +93,7 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
         "token_in_share": ctx.stats.as_dict()["token_in_share"],
         "tool_calls": len(c.tool_calls),
         "latency_s": round(latency, 6),
+        "weights": served.attributes(),  # the weights that sampled this call
     }
     last = (
         LastCall.of(messages, schemas.assistant_message(c), req.tools, c.prompt_ids, c.response_ids)
@@ -97,7 +102,7 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
     )
     if last is not None:
         attributes["conversation"] = conversation(last)
-    span = _llm_span(gw, ctx, chat, c, started, latency, attributes)
+    span = _llm_span(ctx, chat, c, started, latency, attributes, served)
     await gw.record(ctx, span, wait=gw.durable, sync=gw.fsync_spans)
     ctx.last_ids = array("i", c.prompt_ids)
     ctx.last_ids.extend(c.response_ids)
@@ -116,8 +121,9 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
     return Response(schemas.dumps(response), media_type="application/json", headers=headers)
 
 
-def _call_span(gw: Gateway, ctx: AttemptContext, chat: bool, started: float, **fields: Any) -> Span:
-    """An LLM span of this attempt's call; `fields` are what the call produced (ids, or its error)."""
+def _call_span(ctx: AttemptContext, chat: bool, started: float, served: ServedWeights, **fields: Any) -> Span:
+    """An LLM span of this attempt's call, sampled from `served`; `fields` are what the call produced (ids,
+    or its error)."""
     return Span(
         trace_id=ctx.attempt_id,
         rollout_id=ctx.rollout_id,
@@ -125,25 +131,25 @@ def _call_span(gw: Gateway, ctx: AttemptContext, chat: bool, started: float, **f
         name="chat.completions" if chat else "completions",
         kind=SpanKind.llm,
         start_time=started,
-        resource_id=gw.backend.resource_id,
+        resource_id=served.resource_id,
         **fields,
     )
 
 
 def _llm_span(
-    gw: Gateway,
     ctx: AttemptContext,
     chat: bool,
     c: Completion,
     started: float,
     latency: float,
     attributes: dict[str, Any],
+    served: ServedWeights,
 ) -> Span:
     return _call_span(
-        gw,
         ctx,
         chat,
         started,
+        served,
         end_time=started + latency,
         attributes=attributes,
         prompt_token_ids=c.prompt_ids,
@@ -153,13 +159,16 @@ def _llm_span(
     )
 
 
-def _error_span(gw: Gateway, ctx: AttemptContext, chat: bool, started: float, exc: GatewayError) -> Span:
+def _error_span(
+    gw: Gateway, ctx: AttemptContext, chat: bool, started: float, exc: GatewayError, served: ServedWeights
+) -> Span:
+    attributes = {"backend": gw.backend.kind, "error": exc.message[:500], "http_status": exc.status}
     return _call_span(
-        gw,
         ctx,
         chat,
         started,
+        served,
         end_time=time.time(),
         status="error",
-        attributes={"backend": gw.backend.kind, "error": exc.message[:500], "http_status": exc.status},
+        attributes={**attributes, "weights": served.attributes()},
     )

@@ -195,8 +195,14 @@ class LocalGateway:
         if self._process is not None:
             self._process.load_weights(state_dict, resource_id)
         else:
-            self.codec.load_weights(state_dict)
-            self._backend.resource_id = resource_id
+            from lightning_dagster.gateway.weightsync import ServedWeights, weights_hash
+
+            def load() -> ServedWeights:
+                self.codec.load_weights(state_dict)
+                self._backend.resource_id = resource_id
+                return ServedWeights(None, resource_id, weights_hash(state_dict))
+
+            self._server.app.state.gateway.weights.swap_from_thread(load)  # calls in flight finish first
         self.resource_id = resource_id
 
     def close(self) -> None:

@@ -203,7 +203,11 @@ class Runner:
             # it away from the gateway's span writes.
             scope = {"rollout_ids": ids} if ids is not None else {"harness": self.harness.name}
             if self.store.query_rollouts(status=RolloutStatus.queued, limit=1, **scope):
-                claimed = self.store.claim_rollout(worker_id, **scope)
+                # a rollout tagged with a policy version starts only once every live serving process
+                # serves that version (`gateway.weightsync`); untagged rollouts start at once
+                ready = self.store.fleet_version()
+                versions = () if ready is None else (ready,)
+                claimed = self.store.claim_rollout(worker_id, policy_versions=versions, **scope)
         finally:
             if claimed is None:
                 self._release()

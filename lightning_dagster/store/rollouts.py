@@ -132,15 +132,20 @@ class RolloutQueue(Connection):
         snapshot_key: str | None = None,
         rollout_ids: Iterable[str] | None = None,
         harness: str | None = None,
+        policy_versions: Iterable[int] | None = None,
     ) -> tuple[Rollout, Attempt] | None:
         """The oldest queued rollout whose retry backoff is over, with its queued retry attempt (or a new
         first attempt) now running. Any number of processes may claim at once: a rollout another claim holds
         is skipped (`SKIP LOCKED`), never claimed twice. `harness` (an addition to the contract): only its
-        rollouts."""
+        rollouts. `policy_versions` (an addition): only rollouts tagged with none (`metadata.policy_version`)
+        or with one of these versions; None: any."""
         where = self._rollout_filters(
             snapshot_key, kinds, RolloutStatus.queued, None, rollout_ids, None, harness
         )
         where.append(sa.or_(R.not_before.is_(None), R.not_before <= now()))
+        if policy_versions is not None:
+            tag = schema.rollouts.c["metadata"]["policy_version"].as_integer()
+            where.append(sa.or_(tag.is_(None), tag.in_([int(v) for v in policy_versions])))
         query = (
             sa.select(schema.rollouts)
             .where(*where)

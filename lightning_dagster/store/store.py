@@ -3,19 +3,19 @@
 SQLAlchemy Core over SQLite (default; WAL, busy timeout, writes in `BEGIN IMMEDIATE`) or PostgreSQL (row
 locks with `FOR NO KEY UPDATE`, queue claims with `SKIP LOCKED`). Every public method is one transaction.
 `Store` is composed of one mixin per concern: `connection` (engine, pragmas, migrations), `rollouts` (the
-queue and the attempt state machine), `spans` (spans, token packing, rewards) and `documents` (documents,
-pointers, flags).
+queue and the attempt state machine), `spans` (spans, token packing, rewards), `documents` (documents,
+pointers, flags) and `weights` (published policy versions and what each serving process serves).
 """
 
 from __future__ import annotations
 
 from lightning_dagster import config
-from lightning_dagster.store.documents import DocumentStore
 from lightning_dagster.store.rollouts import RolloutQueue
 from lightning_dagster.store.spans import SpanStore
+from lightning_dagster.store.weights import WeightVersions
 
 
-class Store(SpanStore, RolloutQueue, DocumentStore):
+class Store(SpanStore, RolloutQueue, WeightVersions):
     """See docs/CONTRACTS.md `store`. Thread-safe; in a forked child, open a new Store."""
 
     def __init__(self, url: str | None = None, *, busy_timeout_s: float = 30.0):

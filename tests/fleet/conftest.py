@@ -62,14 +62,14 @@ def child_env(project: Path, log: Path, **extra: str) -> dict[str, str]:
 class Gateway:
     """`lightning-dagster gateway serve` over `store_url` in a child process, sharing the fleet's secret."""
 
-    def __init__(self, directory: Path, store_url: str, model_dir: Path):
+    def __init__(self, directory: Path, store_url: str, model_dir: Path, *extra: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = cli(
             "gateway", "serve", "--port", str(self.port), "--model", str(model_dir), "--store", store_url
         )
         cmd += ["--secret-file", secret_file(directory, SECRET), "--threads", "1"]
-        cmd += ["--admin-key-file", secret_file(directory, ADMIN, "admin")]
+        cmd += ["--admin-key-file", secret_file(directory, ADMIN, "admin"), *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 90
         while True:
