@@ -8,9 +8,9 @@ episode is the calc agent's (tool calls parsed and run, the tool turn appended t
 calls), every call seeded as the gateway seeds it, so both sides sample the same tokens (checked).
 
 Prints rollouts/s of both, the ratio, and where the path's extra time goes: engine occupancy (rows per decode
-step, decode steps, the engine's busy share of the wall), CPU of the runner's process and of the gateway's
-(what is not the engine's forward: HTTP, JSON, rendering, store writes), and per-call costs of the gateway's
-own steps replayed on the run's calls.
+step, decode steps, admissions, the engine's busy share of the wall, from the gateway's `/admin/stats`), CPU
+of the runner's process and of the gateway's against the bare loop's, and the summed call latency. For a
+profile of either process, attach py-spy to the pids during a round (benchmarks/README.md has one).
 
 Run: .venv/bin/python benchmarks/rollout_path.py [--parent DIR] [--rounds 3] [--parallel 16]
 (without --parent it builds the base model and gives it `--sft-steps` supervised steps on the calc
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -256,7 +255,8 @@ def main() -> int:
                 if side == "path":
                     res = run_path(svc, chunk, args.group, seed, f"r{r}")
                 else:
-                    engine.prefix_cache and engine.prefix_cache.clear()
+                    if engine.prefix_cache is not None:  # no reuse of the previous round's keys
+                        engine.prefix_cache.clear()
                     res = run_bare(engine, chunk, args.group, seed, args.max_batch)
                 results[side].append(res)
             p, b = results["path"][-1], results["bare"][-1]
@@ -290,5 +290,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    random.seed(0)
     sys.exit(main())
