@@ -43,7 +43,9 @@ class BatchingEngine:
     Counters (read by tests and benchmarks): `batches_run` counts admissions, i.e. prefill forwards that
     brought requests into the running batch (in static mode, one per batch, as before); `steps_run` counts
     decode steps and `rows_stepped` sums the running rows over those steps, so
-    `rows_stepped / steps_run` is the mean running batch size.
+    `rows_stepped / steps_run` is the mean running batch size; `busy_s` sums the wall seconds the loop held
+    the engine with rows to run (admissions and decode steps), so the rest of a period is the engine idle,
+    waiting for requests.
     """
 
     def __init__(
@@ -58,11 +60,21 @@ class BatchingEngine:
         self.batches_run = 0
         self.steps_run = 0
         self.rows_stepped = 0
+        self.busy_s = 0.0
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._closed = False
         self._close_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="batching-engine", daemon=True)
         self._thread.start()
+
+    def counters(self) -> dict[str, float]:
+        """The counters above, as one dict (the gateway's `/admin/stats` reports them)."""
+        return {
+            "batches_run": self.batches_run,
+            "steps_run": self.steps_run,
+            "rows_stepped": self.rows_stepped,
+            "busy_s": self.busy_s,
+        }
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future[Generation]:
         """Queue one request. Every failure reaches the returned future: invalid input (`EngineError`) is
@@ -110,6 +122,7 @@ class BatchingEngine:
                 time.sleep(0.001)
             held: list[Outcome] = []  # static mode resolves a batch's rows together, at its end
             with self.engine.exclusive():
+                started = time.perf_counter()
                 try:
                     self._admit(batch, pending)
                     while batch:
@@ -130,6 +143,7 @@ class BatchingEngine:
                             held += outcomes
                 except Exception as exc:  # noqa: BLE001 - a bug here must not leave callers waiting forever
                     held += [(tag, exc) for tag in batch.abandon()]
+                self.busy_s += time.perf_counter() - started
             _resolve(held)
             if stop:
                 return self._drain()

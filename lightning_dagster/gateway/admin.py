@@ -29,7 +29,8 @@ def admin_router(gw: Gateway) -> APIRouter:
 
     @router.get("/stats")
     async def stats() -> dict:
-        return {"token_in": gw.stats.as_dict()}
+        batching = getattr(backend, "batching", None)  # the embedded engine's occupancy counters
+        return {"token_in": gw.stats.as_dict(), **({"engine": batching.counters()} if batching else {})}
 
     @router.get("/attempts/{attempt_id}/stats")
     async def attempt_stats(attempt_id: str) -> dict:

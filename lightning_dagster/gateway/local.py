@@ -186,6 +186,13 @@ class LocalGateway:
     def backend_kind(self) -> str:
         return "upstream" if self.upstream_url else "engine"
 
+    def stats(self) -> dict:
+        """What `/admin/stats` reports: in process mode the child's (token-in and engine counters), in thread
+        mode the engine's counters (`engine`, absent for an upstream)."""
+        if self._process is not None:
+            return self._process.stats()
+        return {"engine": self._batching.counters()} if self._batching is not None else {}
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], resource_id: str | None = None) -> None:
         """Serve `state_dict` from the next call on; spans record `resource_id`."""
         if self.upstream_url:

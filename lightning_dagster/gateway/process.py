@@ -189,6 +189,10 @@ class GatewayProcess:
                 raise GatewayProcessError(f"the gateway did not answer within {timeout_s:g}s:\n{tail}")
             time.sleep(0.1)
 
+    def stats(self) -> dict:
+        """The child's `/admin/stats`: token-in counts and the engine's occupancy counters."""
+        return self._request("GET", "/admin/stats")
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], resource_id: str | None = None) -> None:
         """Write the weights next to the child and have it load them; returns once they serve. The file
         is written under a new name and renamed, so the child never reads a half-written file."""

@@ -92,8 +92,9 @@ class GatewayResource(dg.ConfigurableResource):
     # "bwrap": each subprocess attempt runs under bubblewrap in a PID namespace of its own, away from the
     # gateway's /proc and the lightning-dagster home (needs runner_mode "subprocess"; docs/SECURITY.md)
     sandbox: str = "none"
-    # harness attempts the runner runs at once
-    parallel: int = 16
+    # harness attempts the runner runs at once; as many as the engine batches (`model.max_batch`), since
+    # each attempt has at most one call in flight (benchmarks/README.md, rollout path)
+    parallel: int = 64
 
 
 class TrainingResource(dg.ConfigurableResource):

@@ -143,10 +143,19 @@ def supervise(
 ) -> str | None:
     """Wait for the harness; heartbeat meanwhile. `wait(seconds)` blocks up to that long and returns True
     once the harness is done; `heartbeat()` returns False once the attempt is no longer ours to run.
-    Returns None on completion, `"timeout"` or `"superseded"` after calling `stop()`."""
+    Returns None on completion, `"timeout"` or `"superseded"` after calling `stop()`.
+
+    The first beat comes one interval in, not at once: starting the attempt stamped its heartbeat, and a
+    beat is a synced store write (plus a read), which an attempt shorter than the interval never needs."""
     deadline = time.monotonic() + timeout_s
     try:
         while True:
+            left = deadline - time.monotonic()
+            if wait(max(0.0, min(heartbeat_interval_s, left))):
+                return None
+            if time.monotonic() >= deadline:
+                stop()
+                return "timeout"
             try:
                 ours = heartbeat()
             except Exception:  # noqa: BLE001 - a missed beat is transient; the reaper judges a run of them
@@ -155,12 +164,6 @@ def supervise(
             if not ours:
                 stop()
                 return "superseded"
-            left = deadline - time.monotonic()
-            if wait(max(0.0, min(heartbeat_interval_s, left))):
-                return None
-            if time.monotonic() >= deadline:
-                stop()
-                return "timeout"
     except BaseException:
         stop()  # never leave a harness running unsupervised (KeyboardInterrupt included)
         raise

@@ -84,7 +84,7 @@ class RolloutService:
         *,
         harness: str | HarnessSpec,
         resource_id: str | None = None,
-        parallel: int = 16,
+        parallel: int = 64,
         serving: Serving = "thread",
         runner_mode: Literal["inprocess", "subprocess"] = "inprocess",
         sandbox: Sandbox = "none",

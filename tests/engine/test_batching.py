@@ -344,3 +344,18 @@ def test_close_finishes_the_running_rows_and_fails_the_queued_ones(engine):
         with pytest.raises(EngineClosed):
             f.result(timeout=1)
     assert not batching._thread.is_alive()
+
+
+def test_counters_report_occupancy_and_busy_time(engine):
+    requests = [_request(engine, i) for i in range(8)]
+    with BatchingEngine(engine, max_batch=64, max_wait_ms=50) as batching:
+        assert batching.counters() == {"batches_run": 0, "steps_run": 0, "rows_stepped": 0, "busy_s": 0.0}
+        started = time.perf_counter()
+        futures = [batching.submit(p, s) for p, s in requests]
+        tokens = sum(len(f.result(timeout=60).token_ids) for f in futures)
+        wall = time.perf_counter() - started
+        counters = batching.counters()
+    # every sampled token but each request's first (sampled from its prefill's logits) is one row of a step
+    assert counters["rows_stepped"] == tokens
+    assert counters["steps_run"] == batching.steps_run and counters["batches_run"] == batching.batches_run
+    assert 0 < counters["busy_s"] <= wall

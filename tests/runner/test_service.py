@@ -161,3 +161,19 @@ def test_a_local_gateway_binds_its_port_and_trusts_its_secret_and_serve_keys(sto
         assert status == 200 and body["data"][0]["id"] == "res-p"
         assert models(gw.url, attempt_key("fixed-secret", "ro-a", "at-a"))[0] == 200
         assert models(gw.url, attempt_key("another-secret", "ro-a", "at-a"))[0] == 401
+
+
+@pytest.mark.parametrize("serving", ["thread", "process"])
+def test_the_gateway_reports_how_full_its_engine_ran(store, model_dir, serving):
+    tasks = example_tasks("calc").draw("train", 2, 0)
+    with RolloutService(store, model_dir, harness="calc", parallel=4, serving=serving) as svc:
+        before = svc.gateway.stats()["engine"]
+        batch = svc.run(tasks, group=2, kind=RolloutKind.train, sampling=T1, seed=3, tag=f"stats-{serving}")
+        after = svc.gateway.stats()["engine"]
+    sampled = sum(
+        len(s.response_token_ids) for spans in batch.spans.values() for s in spans if s.kind == "llm"
+    )
+    # every sampled token is one row of one decode step
+    assert after["rows_stepped"] - before["rows_stepped"] == sampled > 0
+    assert after["steps_run"] - before["steps_run"] <= sampled
+    assert after["busy_s"] > before["busy_s"]
