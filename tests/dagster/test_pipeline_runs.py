@@ -102,7 +102,7 @@ def postgres_instance(postgres_url, tmp_path, bootstrapped):
     """A Dagster instance read from the repository's dagster.yaml, its env vars pointing at the test server."""
     home = tmp_path / "dagster_home"
     home.mkdir()
-    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(ROOT / "deploy" / "dagster.yaml", home / "dagster.yaml")
     url = urlparse(postgres_url)
     env = {
         "DAGSTER_PG_HOST": url.hostname,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.evidence import first_batch
 from lightning_dagster.pipeline.report import mlflow_links
-from lightning_dagster.pipeline.results import StageResult
+from lightning_dagster.pipeline.results import Markdown, StageResult
 from lightning_dagster.pipeline.serving import collect, rollout_service, step_settings, trainer_config
 from lightning_dagster.pipeline.snapshots import load_manifest, snapshot_refs
 
@@ -124,8 +124,9 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "") -> StageResul
             "snapshot": key,
             "evaluator": f"{receipt.plan.evaluator.name}@{receipt.plan.evaluator.version}",
             "steps": len(curve),
-            "reward_curve": [round(float(m.get("success", 0.0)), 4) for m in curve],
-            "loss_curve": [round(float(m.get("loss", 0.0)), 6) for m in curve],
+            "final_reward": round(float(curve[-1].get("success", 0.0)), 4),
+            "final_loss": round(float(curve[-1].get("loss", 0.0)), 6),
+            "curves": Markdown(curve_table(curve)),
             "receipt_version": stored.version,
             **mlflow_links(p, reg, version.run_id, version.version),
         },
@@ -142,6 +143,15 @@ def _dataset(manifest: Manifest, key: str, split: Split, ref: SnapshotRef) -> di
         "records": getattr(manifest.splits, split),
         "uri": Path(manifest.dataset.path).as_uri() if manifest.dataset else "",
     }
+
+
+def curve_table(curve: list[dict[str, Any]]) -> str:
+    """Sampled success (the reward curve) and loss per RL step, one row each: a table the UI renders."""
+    rows = [
+        f"| {step} | {float(m.get('success', 0.0)):.4f} | {float(m.get('loss', 0.0)):.6f} |"
+        for step, m in enumerate(curve, start=1)
+    ]
+    return "| step | reward (sampled success) | loss |\n|---|---|---|\n" + "\n".join(rows)
 
 
 def _numeric(metrics: dict[str, Any]) -> dict[str, float]:
