@@ -83,9 +83,10 @@ def refusals(action: str) -> Iterator[None]:
     try:
         yield
     except (RegistryError, PointerConflict, InvalidInput, StageMissing) as exc:
+        reason = " ".join(str(exc).split())
         raise dg.Failure(
-            description=f"{action} refused: {exc}",
-            metadata={"refused": type(exc).__name__, "reason": str(exc)},
+            description=reason if reason.startswith(f"{action} refused") else f"{action} refused: {reason}",
+            metadata={"refused": type(exc).__name__, "reason": reason},
             allow_retries=False,
         ) from None
 
