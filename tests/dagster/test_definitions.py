@@ -174,3 +174,24 @@ def test_job_config_fields_say_what_they_are_and_where_to_find_their_values():
 def test_span_coverage_check_says_it_judges_the_first_batch_only():
     (coverage,) = [c for c in GATE_CHECKS if next(iter(c.check_specs)).name == "span_coverage"]
     assert "first batch only" in next(iter(coverage.check_specs)).description
+
+
+def test_a_plan_too_small_for_its_policy_says_which_check_it_cannot_pass():
+    import json
+
+    from lightning_dagster.gate.policy import load_policy
+    from lightning_dagster.gate.receipt import Receipt
+    from lightning_dagster.pipeline.stages.snapshot import policy_shortfalls
+
+    data = json.loads((ROOT / "examples" / "gate" / "candidate-a.json").read_text())
+    plan = Receipt.model_validate(data).plan
+    policy = load_policy()
+    small = plan.model_copy(
+        update={"holdout_snapshot": plan.holdout_snapshot.model_copy(update={"n_tasks": 64})}
+    )
+    (reason,) = policy_shortfalls(small, policy)
+    assert reason.startswith("check 4 needs at least 100 held-out tasks") and "the plan has 64" in reason
+    large = plan.model_copy(
+        update={"holdout_snapshot": plan.holdout_snapshot.model_copy(update={"n_tasks": 128})}
+    )
+    assert policy_shortfalls(large, policy) == []

@@ -138,7 +138,8 @@ def policy_shortfalls(plan: Plan, policy: Policy) -> list[str]:
             f"check 4 needs at least {min_n} held-out tasks (policy {policy.version}); the plan has "
             f"{holdout}: raise TrainingResource.holdout_tasks or judge with a policy made for small plans"
         )
-    canary = (plan.expected_rollouts or {}).get(RolloutKind.canary, 0)
+    # Not declared (None) is not "none planned": only a declared zero cannot pass.
+    canary = (plan.expected_rollouts or {}).get(RolloutKind.canary)
     if canary == 0 and policy.checks.canary_verified.min_verified_share > 0:
         out.append("check 6 needs a verified canary; the plan runs no canary task (canary_tasks 0)")
     missing = sorted(set(policy.checks.rollback_and_approval.required_roles) - set(plan.approvers.canary))
