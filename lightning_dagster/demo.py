@@ -119,16 +119,8 @@ def demo_training(steps: int | None, quick: bool):
 
     if quick:
         return TrainingResource(**{**QUICK_TRAINING, "steps": steps or QUICK_TRAINING["steps"]})
-    # 16 tasks x group 16 per step at lr 1e-4 lifted sampled success on this model shape without greedy
-    # regressions (benchmarks/README.md, training); 128 held-out tasks clear the policy's min_n.
-    return TrainingResource(
-        steps=steps or 16,
-        tasks_per_step=16,
-        group_size=16,
-        holdout_tasks=128,
-        protected_tasks=32,
-        canary_tasks=8,
-    )
+    # The code location's defaults: the same evaluator fingerprint in the demo and in the UI.
+    return TrainingResource(**({"steps": steps} if steps else {}))
 
 
 def run_snapshot(defs: Any, instance: Any, key: str, *, approver: tuple[str, str] | None) -> list[Any]:

@@ -1,6 +1,10 @@
 """Jobs: the whole graph for one snapshot, and the three pointer operations an authorized actor runs."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import dagster as dg
+from pydantic import Field
 
 from lightning_dagster.assets import snapshot_assets
 from lightning_dagster.assets.metadata import to_metadata
@@ -13,9 +17,12 @@ continual_learning = dg.define_asset_job(
     selection=dg.AssetSelection.assets(*snapshot_assets),
     partitions_def=snapshots,
     description="Every asset of one snapshot: plan, rollouts, training, evaluation, canary, rollback drill, receipt.",
-    # One training per run; the `trainer` pool (dagster.yaml) keeps two runs from training at once.
+    # One training per run; the `trainer` pool (deploy/dagster.yaml) keeps two runs from training at once.
     tags={"dagster/max_runtime": "3600"},
 )
+
+
+WHERE = "release_receipt's metadata (`run_config`) gives the run config to paste"
 
 
 class ApproveConfig(dg.Config):
@@ -23,13 +30,18 @@ class ApproveConfig(dg.Config):
     The approver makes it with `lightning-dagster registry sign RECEIPT --actor --role --key`, which prints
     these fields; the signature covers them and the receipt's evidence hash."""
 
-    snapshot_key: str
-    actor: str
-    role: str = "release-owner"  # the canary approver role the default policy requires
-    step: str = "canary"
-    at: float
-    evidence_hash: str
-    signature: str
+    snapshot_key: str = Field(
+        description="The snapshot partition whose receipt is approved (the receipt id without `rcpt-`); "
+        + WHERE
+    )
+    actor: str = Field(description="The approver, an actor of the pinned roles (release_receipt: `actors`)")
+    role: str = Field(
+        default="release-owner", description="The role signed in; the default policy requires release-owner"
+    )
+    step: str = Field(default="canary", description="The step approved: canary or default")
+    at: float = Field(description="Signing time (Unix seconds), as `registry sign` prints it")
+    evidence_hash: str = Field(description="The receipt's evidence hash the signature covers")
+    signature: str = Field(description="The Ed25519 signature `registry sign` prints")
 
     def approval(self):
         from lightning_dagster.gate.receipt import Approval
@@ -41,23 +53,49 @@ class PromoteConfig(dg.Config):
     """Move `approved-default` to the candidate of a passing, fresh receipt whose approvals all verify and
     which holds `actor`'s signed default-step approval (`registry approve RECEIPT --role default-approver`)."""
 
-    receipt_id: str
-    actor: str
+    receipt_id: str = Field(
+        description="The receipt to promote, `rcpt-<snapshot key>` (release_receipt: `receipt_id`); " + WHERE
+    )
+    actor: str = Field(
+        description="A default-approver of the pinned roles (release_receipt: `actors`) whose signed "
+        "default-step approval the receipt holds"
+    )
 
 
 class RollbackConfig(dg.Config):
     """Move `approved-default` back to an exact earlier version from the pointer history."""
 
-    target_version: str
-    actor: str
+    target_version: str = Field(
+        description="An MLflow model version approved-default held before "
+        "(release_receipt: `rollback_targets`; `lightning-dagster registry history`)"
+    )
+    actor: str = Field(description="A default-approver of the pinned roles (release_receipt: `actors`)")
+
+
+@contextmanager
+def refusals(action: str) -> Iterator[None]:
+    """A refusal (wrong actor, HOLD or stale receipt, unknown version, a lost compare-and-set) is an expected
+    stop: a one-line `dg.Failure` with its reason as metadata, not a traceback of the registry's frames."""
+    from lightning_dagster.gate.errors import InvalidInput
+    from lightning_dagster.pipeline.context import StageMissing
+    from lightning_dagster.registry.errors import PointerConflict, RegistryError
+
+    try:
+        yield
+    except (RegistryError, PointerConflict, InvalidInput, StageMissing) as exc:
+        reason = " ".join(str(exc).split())
+        raise dg.Failure(
+            description=reason if reason.startswith(f"{action} refused") else f"{action} refused: {reason}",
+            metadata={"refused": type(exc).__name__, "reason": reason},
+            allow_retries=False,
+        ) from None
 
 
 @dg.op(description="Record a signed approval on the snapshot's receipt once it verifies.")
 def approve_receipt(config: ApproveConfig, pipeline: PipelineResource) -> dg.Output:
-    return dg.Output(
-        None,
-        metadata=to_metadata(release.approve(pipeline, config.snapshot_key, config.approval()).metadata),
-    )
+    with refusals("approval"):
+        result = release.approve(pipeline, config.snapshot_key, config.approval())
+    return dg.Output(None, metadata=to_metadata(result.metadata))
 
 
 @dg.op(
@@ -65,16 +103,16 @@ def approve_receipt(config: ApproveConfig, pipeline: PipelineResource) -> dg.Out
     "actor without a signed default-step approval."
 )
 def promote_candidate(config: PromoteConfig, pipeline: PipelineResource) -> dg.Output:
-    return dg.Output(
-        None, metadata=to_metadata(release.promote(pipeline, config.receipt_id, config.actor).metadata)
-    )
+    with refusals("promotion"):
+        result = release.promote(pipeline, config.receipt_id, config.actor)
+    return dg.Output(None, metadata=to_metadata(result.metadata))
 
 
 @dg.op(description="Roll `approved-default` back to an exact earlier version after verifying its bytes.")
 def rollback_default(config: RollbackConfig, pipeline: PipelineResource) -> dg.Output:
-    return dg.Output(
-        None, metadata=to_metadata(release.rollback(pipeline, config.target_version, config.actor).metadata)
-    )
+    with refusals("rollback"):
+        result = release.rollback(pipeline, config.target_version, config.actor)
+    return dg.Output(None, metadata=to_metadata(result.metadata))
 
 
 @dg.job(

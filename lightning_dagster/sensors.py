@@ -84,21 +84,28 @@ def stale_evidence_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
     fingerprints, stale = triggers.stale_receipts(pipeline, _keys(context.instance), context.cursor)
     if not stale:
         return dg.SensorResult(skip_reason="no receipt has stale evidence", cursor=fingerprints)
-    observations = [
-        dg.AssetObservation(
-            asset_key=release_receipt.key,
-            partition=mark.snapshot_key,
-            metadata=to_metadata(
-                {
-                    "stale": True,
-                    "void_checks": mark.void_checks,
-                    "changed": mark.changed,
-                    "receipt_id": mark.receipt_id,
-                }
-            ),
+    observations = []
+    for mark in stale:
+        settings = ctx.changed_settings(pipeline, mark.snapshot_key)
+        what = "; ".join(f"{name} ({', '.join(diffs)})" for name, diffs in settings.items())
+        observations.append(
+            dg.AssetObservation(
+                asset_key=release_receipt.key,
+                partition=mark.snapshot_key,
+                description=f"stale: {what or ', '.join(mark.changed)} changed since the gate ran",
+                metadata=to_metadata(
+                    {
+                        # `stale_checks` as the receipt's own metadata names them, so both agree.
+                        "stale": True,
+                        "stale_checks": sorted(int(c) for c in mark.void_checks),
+                        "void_checks": {str(int(k)): v for k, v in mark.void_checks.items()},
+                        "changed": mark.changed,
+                        "changed_settings": settings,
+                        "receipt_id": mark.receipt_id,
+                    }
+                ),
+            )
         )
-        for mark in stale
-    ]
     return dg.SensorResult(asset_events=observations, cursor=fingerprints)
 
 

@@ -9,6 +9,7 @@ import dagster as dg
 
 from lightning_dagster.assets.metadata import materialized
 from lightning_dagster.partitions import snapshots
+from lightning_dagster.pipeline.report import receipt_guide
 from lightning_dagster.pipeline.stages import evaluation, release, snapshot, training
 from lightning_dagster.pipeline.stages import rollouts as rollout_stages
 from lightning_dagster.pipeline.versions import code_version
@@ -39,8 +40,12 @@ def tasks(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.M
 )
 def update_plan(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Receipt phase 1: candidate id, exact parent, snapshots, evaluator, algorithm, scope, approvers, expected
-    span families and retry budget, frozen before any rollout runs."""
-    return materialized(snapshot.update_plan(pipeline, context.partition_key))
+    span families and retry budget, frozen before any rollout runs. A plan that cannot pass its policy
+    whatever the candidate does (too few held-out tasks for `min_n`, ...) says so in `cannot_pass`."""
+    result = snapshot.update_plan(pipeline, context.partition_key)
+    if not result.metadata["plan_can_pass"]:
+        context.log.warning(f"this plan cannot pass policy {result.metadata['policy']}: see `cannot_pass`")
+    return materialized(result)
 
 
 @dg.asset(
@@ -173,8 +178,12 @@ def rollback_drill(context: dg.AssetExecutionContext, pipeline: PipelineResource
 )
 def release_receipt(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Receipt phases 2 and 3 and the verdict under the versioned policy. Re-judges all seven checks itself,
-    so a run that selects only this asset bypasses nothing."""
-    return materialized(release.release_receipt(pipeline, context.partition_key, run_id=context.run_id))
+    so a run that selects only this asset bypasses nothing. Its metadata names the model judged (candidate
+    and parent versions, snapshot, evaluator, receipt version), links to MLflow, and gives the run config of
+    the approve / promote / rollback jobs with the actors and rollback targets they take."""
+    result = release.release_receipt(pipeline, context.partition_key, run_id=context.run_id)
+    result.metadata.update(receipt_guide(pipeline, context.partition_key))
+    return materialized(result)
 
 
 snapshot_assets = [

@@ -35,6 +35,16 @@ JUDGED_ASSET: dict[Check, dg.AssetsDefinition] = {
 }
 
 
+def check_description(check: Check) -> str:
+    """The gate's description, plus what this asset check judges when it is less than the receipt does."""
+    if check in release.FIRST_BATCH_CHECKS:
+        return (
+            f"{check.description} Judged here on the first batch only (the train rollouts sampled from the "
+            "parent); release_receipt judges it again over every rollout of the snapshot against the full plan."
+        )
+    return check.description
+
+
 def gate_check(check: Check) -> dg.AssetChecksDefinition:
     """One blocking check: the same body serves all seven, only the check and its asset differ."""
 
@@ -45,7 +55,7 @@ def gate_check(check: Check) -> dg.AssetChecksDefinition:
         @dg.asset_check(
             asset=JUDGED_ASSET[check],
             name=check.name,
-            description=check.description,
+            description=check_description(check),
             blocking=True,
             partitions_def=snapshots,
         )

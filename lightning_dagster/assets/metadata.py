@@ -45,14 +45,30 @@ def metadata_value(value: Any) -> Any:
         return dg.MetadataValue.url(value.url)
     if isinstance(value, dict | list):
         return dg.MetadataValue.json(value)
+    if isinstance(value, bool):
+        return dg.MetadataValue.bool(value)
+    if isinstance(value, int):
+        return dg.MetadataValue.int(value)
+    if isinstance(value, float):
+        return dg.MetadataValue.float(value)
     if value is None:
         # Missing evidence is shown as unavailable, never as a healthy-looking zero.
         return dg.MetadataValue.text("unavailable")
     return value
 
 
+# Numbers that name something (a version, a check) rather than measure it: text, so Dagster's Plots tab,
+# which charts every numeric entry per partition, charts only measurements.
+IDENTIFIERS = frozenset({"check_id", "receipt_version", "candidate_version", "parent_version"})
+
+
 def to_metadata(values: dict[str, Any]) -> dict[str, Any]:
-    return {key: metadata_value(value) for key, value in values.items()}
+    return {
+        key: dg.MetadataValue.text(str(value))
+        if key in IDENTIFIERS and value is not None
+        else metadata_value(value)
+        for key, value in values.items()
+    }
 
 
 def materialized(result: StageResult) -> dg.MaterializeResult:

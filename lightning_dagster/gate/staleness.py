@@ -19,6 +19,7 @@ the receipt lacks voids its checks even with no current values (freshness cannot
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.errors import InvalidInput
@@ -67,3 +68,28 @@ def void_checks(
         elif now is not None and now != was:
             void(name, "changed since the receipt was made")
     return dict(sorted(reasons.items()))
+
+
+def changed_settings(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Which settings behind each fingerprint changed, from the inputs a fingerprint hashes (recorded with
+    the plan, and now): `{"evaluator": ["holdout_tasks: 128 -> 64"]}`. A fingerprint's reasons say only
+    that it changed; these say what to set back."""
+    out: dict[str, list[str]] = {}
+    for name in sorted(set(recorded) & set(current)):
+        was, now = recorded[name], current[name]
+        if was == now:
+            continue
+        if isinstance(was, Mapping) and isinstance(now, Mapping):
+            out[name] = [
+                f"{field}: {_short(was.get(field))} -> {_short(now.get(field))}"
+                for field in sorted(set(was) | set(now))
+                if was.get(field) != now.get(field)
+            ]
+        else:
+            out[name] = [f"{_short(was)} -> {_short(now)}"]
+    return out
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = "(unset)" if value is None else str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

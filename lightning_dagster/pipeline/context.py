@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 SNAPSHOTS = "snapshots"  # the frozen task sets of one snapshot
 STAGES = "pipeline"  # what each stage produced for a snapshot: file URIs, checkpoints, scores
 RECEIPT_SNAPSHOTS = "receipt-snapshots"  # receipt id -> the snapshot key it was planned for
+FINGERPRINT_INPUTS = "fingerprint_inputs"  # the stage document of the settings the plan's fingerprints hash
 
 
 class StageMissing(LookupError):
@@ -227,31 +228,55 @@ def registered_version(ref: ParentRef | CandidateArtifact) -> str:
 # ---------------------------------------------------------------- fingerprints for staleness
 
 
-def global_fingerprints(p: Pipeline, parent_weights_hash: str | None) -> dict[str, str | None]:
-    """What the evidence of any receipt depends on right now, except the model it served (per receipt)."""
-    from lightning_dagster.gate.hashing import fingerprint
+def fingerprint_inputs(p: Pipeline) -> dict[str, Any]:
+    """The settings each setting-derived fingerprint hashes, kept beside the receipt (`update_plan` saves
+    them) so a changed fingerprint can say which setting changed (`gate.staleness.changed_settings`)."""
     from lightning_dagster.pipeline.serving import retry_policy
 
     source = harness_source(p)
     train, canary = source.spec, canary_source(p, source).spec
     return {
-        "evaluator": fingerprint(
-            {
-                "name": p.gate.evaluator,
-                "version": p.gate.evaluator_version,
-                "harness": train.name,
-                "holdout_tasks": p.training.holdout_tasks,
-                "protected_tasks": p.training.protected_tasks,
-                "eval_seed": p.training.eval_seed,
-            }
-        ),
-        "tool_contract": fingerprint({train.name: harness_tools(train), canary.name: harness_tools(canary)}),
-        "task_distribution": task_pool(source),
-        "parent": parent_weights_hash,
-        "retry_policy": fingerprint(retry_policy(p, train).to_dict()),
-        "permissions": fingerprint(sorted(canary_allowed_tools(p, canary))),
-        "destinations": fingerprint(sorted(canary_destinations(canary))),
+        "evaluator": {
+            "name": p.gate.evaluator,
+            "version": p.gate.evaluator_version,
+            "harness": train.name,
+            "holdout_tasks": p.training.holdout_tasks,
+            "protected_tasks": p.training.protected_tasks,
+            "eval_seed": p.training.eval_seed,
+        },
+        "tool_contract": {train.name: harness_tools(train), canary.name: harness_tools(canary)},
+        "retry_policy": retry_policy(p, train).to_dict(),
+        "permissions": sorted(canary_allowed_tools(p, canary)),
+        "destinations": sorted(canary_destinations(canary)),
     }
+
+
+def global_fingerprints(
+    p: Pipeline, parent_weights_hash: str | None, inputs: Mapping[str, Any] | None = None
+) -> dict[str, str | None]:
+    """What the evidence of any receipt depends on right now, except the model it served (per receipt):
+    the hash of each of `inputs` (default: `fingerprint_inputs(p)`), the task pool and the parent."""
+    from lightning_dagster.gate.hashing import fingerprint
+
+    inputs = fingerprint_inputs(p) if inputs is None else inputs
+    return {
+        **{name: fingerprint(value) for name, value in inputs.items()},
+        "task_distribution": task_pool(harness_source(p)),
+        "parent": parent_weights_hash,
+    }
+
+
+def save_fingerprint_inputs(store: Store, key: str, inputs: Mapping[str, Any]) -> None:
+    save_stage(store, key, FINGERPRINT_INPUTS, dict(inputs))
+
+
+def changed_settings(p: Pipeline, key: str) -> dict[str, list[str]]:
+    """Per fingerprint, the settings that differ between the snapshot's plan and now (`"holdout_tasks: 128
+    -> 64"`); a receipt planned before the inputs were kept has none to compare."""
+    from lightning_dagster.gate.staleness import changed_settings as diff
+
+    recorded = load_doc(p.get_store(), STAGES, f"{key}/{FINGERPRINT_INPUTS}")
+    return {} if recorded is None else diff(recorded, fingerprint_inputs(p))
 
 
 def task_pool(source: HarnessSource) -> str:

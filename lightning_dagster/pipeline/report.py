@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lightning_dagster.pipeline.results import Link
+import yaml
+
+from lightning_dagster.pipeline.results import Link, Markdown, Table
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.checks import Evaluation
@@ -44,3 +46,69 @@ def mlflow_links(p: Pipeline, reg: Registry, run_id: str, version: str) -> dict[
     links = reg.ui_links(run_id, version, ui=p.mlflow.ui_url or None)
     ids = {"mlflow_run_id": run_id, "mlflow_version": version}
     return {**ids, **{f"{name}_link": Link(url) for name, url in links.items()}}
+
+def run_config(op: str, **config: Any) -> str:
+    """The exact launchpad run config of a one-op job, as YAML."""
+    return yaml.safe_dump({"ops": {op: {"config": config}}}, sort_keys=False)
+
+
+def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
+    """What `release_receipt` shows besides the verdict: the model it judged (candidate and parent versions,
+    snapshot, evaluator), MLflow links, and the values the approve / promote / rollback jobs take: the run
+    config to paste, the actors of the pinned roles, the versions a rollback may target."""
+    from lightning_dagster.pipeline import context as ctx
+    from lightning_dagster.registry.errors import RegistryError
+
+    store, reg = p.get_store(), ctx.registry(p)
+    receipt = ctx.head_receipt(store, key)
+    plan, candidate = receipt.plan, receipt.candidate
+    out: dict[str, Any] = {
+        "candidate_version": candidate.model_version if candidate else None,
+        "parent_version": plan.parent.model_version,
+        "snapshot": key,
+        "evaluator": f"{plan.evaluator.name}@{plan.evaluator.version}",
+        "stale": bool(receipt.gate and receipt.gate.stale_checks),
+    }
+    stage = ctx.load_doc(store, ctx.STAGES, f"{key}/candidate_resource")
+    if stage is not None:
+        out.update(mlflow_links(p, reg, stage["run_id"], stage["version"]))
+    try:
+        actors = reg.roles().actors
+    except RegistryError:
+        actors = {}
+    out["actors"] = Table(
+        columns=["actor", "roles"], rows=[[a, ", ".join(sorted(k.roles))] for a, k in sorted(actors.items())]
+    )
+    approvers = [a for a, k in sorted(actors.items()) if set(k.roles) & set(plan.approvers.default)]
+    actor = approvers[0] if approvers else "ACTOR"
+    history = reg.history()
+    current = history[-1].to_value if history else None
+    targets = sorted({m.to_value for m in history[:-1]} - {current}, key=int)
+    rid = receipt.receipt_id
+    steps = [
+        "**approve**: `lightning-dagster registry sign "
+        f"{rid} --actor ACTOR --role ROLE --key KEYFILE` prints the fields; paste them with",
+        "```yaml\n"
+        + run_config(
+            "approve_receipt",
+            snapshot_key=key,
+            actor="ACTOR",
+            role="ROLE",
+            step="canary",
+            at="AT",
+            evidence_hash="HASH",
+            signature="SIGNATURE",
+        )
+        + "```",
+        f"**promote** (after `lightning-dagster registry approve {rid} --actor {actor} --role "
+        f"{plan.approvers.default[0] if plan.approvers.default else 'ROLE'} --key KEYFILE`):",
+        "```yaml\n" + run_config("promote_candidate", receipt_id=rid, actor=actor) + "```",
+        f"**rollback** (approved-default is {current or 'unset'}; earlier versions: "
+        f"{', '.join(targets) or 'none'}):",
+        "```yaml\n"
+        + run_config("rollback_default", target_version=targets[-1] if targets else "VERSION", actor=actor)
+        + "```",
+    ]
+    out["run_config"] = Markdown("\n\n".join(steps))
+    out["rollback_targets"] = targets
+    return out

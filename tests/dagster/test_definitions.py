@@ -97,7 +97,7 @@ def test_dagster_yaml_is_a_valid_postgres_instance_config(monkeypatch):
 
     for name, value in dict(HOST="127.0.0.1", PORT="5432", USER="dagster", PASSWORD="", DB="dagster").items():
         monkeypatch.setenv(f"DAGSTER_PG_{name}", value)
-    config = yaml.safe_load((ROOT / "dagster.yaml").read_text())
+    config = yaml.safe_load((ROOT / "deploy" / "dagster.yaml").read_text())
     assert config["storage"]["postgres"]["postgres_db"]["scheme"] == "postgresql+psycopg2"
     assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
     assert config["run_monitoring"]["enabled"] is True
@@ -123,3 +123,76 @@ def test_watermark_cursor_is_a_small_round_trip():
     cursor = mark.to_cursor()
     assert Watermark.from_cursor(cursor) == mark and len(cursor) < 200
     assert Watermark.from_cursor(None) == Watermark()
+
+
+def test_the_code_location_trains_and_judges_with_the_demos_settings_and_the_policys_minimums():
+    from lightning_dagster.demo import demo_training
+    from lightning_dagster.gate.policy import load_policy
+    from lightning_dagster.pipeline import context as ctx
+    from lightning_dagster.resources import default_pipeline
+
+    location = defs.resources["pipeline"]
+    assert location.training == demo_training(None, False)
+    demo = default_pipeline(deferred=False, training=demo_training(None, False))
+    # The same evaluator, tools, retry policy, permissions and destinations: the same fingerprints.
+    assert ctx.fingerprint_inputs(demo) == ctx.fingerprint_inputs(default_pipeline(deferred=False))
+    assert location.training.holdout_tasks >= load_policy().checks.heldout_margin.min_n
+
+
+def test_a_changed_fingerprint_names_the_setting_that_changed():
+    from lightning_dagster.gate.staleness import changed_settings
+
+    recorded = {
+        "evaluator": {"holdout_tasks": 128, "version": "1"},
+        "permissions": ["a"],
+        "destinations": ["d"],
+    }
+    now = {
+        "evaluator": {"holdout_tasks": 64, "version": "1"},
+        "permissions": ["a", "b"],
+        "destinations": ["d"],
+    }
+    assert changed_settings(recorded, now) == {
+        "evaluator": ["holdout_tasks: 128 -> 64"],
+        "permissions": ["['a'] -> ['a', 'b']"],
+    }
+
+
+def test_job_config_fields_say_what_they_are_and_where_to_find_their_values():
+    for job, op in (
+        ("approve", "approve_receipt"),
+        ("promote", "promote_candidate"),
+        ("rollback", "rollback_default"),
+    ):
+        fields = defs.resolve_job_def(job).run_config_schema.config_type.fields["ops"].config_type.fields[op]
+        for name, field in fields.config_type.fields["config"].config_type.fields.items():
+            assert field.description, f"{job}.{name} has no description"
+    promote = defs.resolve_job_def("promote").run_config_schema.config_type.fields["ops"]
+    receipt_field = promote.config_type.fields["promote_candidate"].config_type.fields["config"]
+    assert "release_receipt" in receipt_field.config_type.fields["receipt_id"].description
+
+
+def test_span_coverage_check_says_it_judges_the_first_batch_only():
+    (coverage,) = [c for c in GATE_CHECKS if next(iter(c.check_specs)).name == "span_coverage"]
+    assert "first batch only" in next(iter(coverage.check_specs)).description
+
+
+def test_a_plan_too_small_for_its_policy_says_which_check_it_cannot_pass():
+    import json
+
+    from lightning_dagster.gate.policy import load_policy
+    from lightning_dagster.gate.receipt import Receipt
+    from lightning_dagster.pipeline.stages.snapshot import policy_shortfalls
+
+    data = json.loads((ROOT / "examples" / "gate" / "candidate-a.json").read_text())
+    plan = Receipt.model_validate(data).plan
+    policy = load_policy()
+    small = plan.model_copy(
+        update={"holdout_snapshot": plan.holdout_snapshot.model_copy(update={"n_tasks": 64})}
+    )
+    (reason,) = policy_shortfalls(small, policy)
+    assert reason.startswith("check 4 needs at least 100 held-out tasks") and "the plan has 64" in reason
+    large = plan.model_copy(
+        update={"holdout_snapshot": plan.holdout_snapshot.model_copy(update={"n_tasks": 128})}
+    )
+    assert policy_shortfalls(large, policy) == []

@@ -97,12 +97,56 @@ def test_one_partition_materializes_end_to_end_on_sqlite(sqlite_snapshot):
     assert candidate.materialization.tags["dagster/data_version"] == meta["weights_hash"]
 
 
+@pytest.mark.slow
+def test_release_receipt_names_the_model_it_judged_and_the_run_config_to_paste(sqlite_snapshot):
+    key, results, p = sqlite_snapshot
+    receipt = ctx.find_receipt(p.get_store(), key)
+    (event,) = [
+        e
+        for r in results
+        for e in r.get_asset_materialization_events()
+        if e.asset_key.path == ["release_receipt"]
+    ]
+    metadata = event.materialization.metadata
+    meta = {k: v.value for k, v in metadata.items()}
+    assert meta["verdict"] == PROMOTE and meta["stale"] is False
+    assert (meta["candidate_version"], meta["parent_version"]) == (receipt.candidate.model_version, "1")
+    assert meta["snapshot"] == key and meta["evaluator"] == "heldout-sampled-success@1"
+    # Versions are identifiers, not numbers Dagster's Plots tab would chart.
+    assert isinstance(metadata["receipt_version"], dg.TextMetadataValue)
+    assert f"receipt_id: {receipt.receipt_id}" in meta["run_config"]
+    assert "promote_candidate" in meta["run_config"] and "actor: bob" in meta["run_config"]
+    assert {row.data["actor"] for row in meta["actors"].records} == {"alice", "bob"}
+
+
+@pytest.mark.slow
+def test_a_refused_promotion_is_one_line_with_its_reason_not_a_traceback(sqlite_snapshot, bootstrapped):
+    key, _, _ = sqlite_snapshot
+    defs, p = _defs()
+    before = ctx.registry(p).current(APPROVED)
+    refused = _launch(
+        defs,
+        dg.DagsterInstance.ephemeral(),
+        "promote",
+        "promote_candidate",
+        receipt_id=ctx.receipt_id(key),
+        actor="bob",
+    )
+    assert not refused.success
+    failure = refused.failure_data_for_node("promote_candidate")
+    description = failure.user_failure_data.description
+    assert description.startswith("promotion refused: ") and "\n" not in description
+    assert "no signed default-step approval" in description
+    assert failure.user_failure_data.metadata["refused"].value == "NotAuthorized"
+    assert ctx.registry(p).current(APPROVED) == before
+
+
 @pytest.fixture
 def postgres_instance(postgres_url, tmp_path, bootstrapped):
     """A Dagster instance read from the repository's dagster.yaml, its env vars pointing at the test server."""
     home = tmp_path / "dagster_home"
     home.mkdir()
-    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(ROOT / "deploy" / "dagster.yaml", home / "dagster.yaml")
     url = urlparse(postgres_url)
     env = {
         "DAGSTER_PG_HOST": url.hostname,
@@ -191,6 +235,9 @@ def test_stale_evidence_sensor_marks_receipts_judged_by_another_evaluator(sqlite
     meta = {k: v.value for k, v in obs.metadata.items()}
     assert obs.partition == key and meta["stale"] is True
     assert {"4", "5"} <= set(meta["void_checks"]) and "evaluator" in meta["changed"]
+    # Which setting changed, and the same stale checks the receipt's metadata would name.
+    assert meta["changed_settings"] == {"evaluator": ["version: 1 -> 2"]}
+    assert meta["stale_checks"] == [4, 5] and "version: 1 -> 2" in obs.description
     assert p.get_store().get_flag(f"stale/{ctx.receipt_id(key)}") is not None
     with dg.build_sensor_context(
         instance=instance, resources={"pipeline": p}, cursor=result.cursor

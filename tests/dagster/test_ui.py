@@ -15,6 +15,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -36,8 +37,8 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serve(tmp_path: Path, **env_extra: str):
-    """`dagster-webserver -w workspace.yaml` with a fresh DAGSTER_HOME (Dagster's default SQLite instance)."""
+def serve(tmp_path: Path, workspace: Path = ROOT / "workspace.yaml", **env_extra: str):
+    """`dagster-webserver -w WORKSPACE` with a fresh DAGSTER_HOME (Dagster's default SQLite instance)."""
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
     # No daemon in this test: the default coordinator launches a run straight from the UI instead of queueing
@@ -53,6 +54,7 @@ def serve(tmp_path: Path, **env_extra: str):
         **os.environ,
         "DAGSTER_HOME": str(dagster_home),
         "LIGHTNING_DAGSTER_HOME": str(tmp_path / "home"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         **env_extra,
     }
     log = open(tmp_path / "webserver.log", "w")
@@ -64,7 +66,7 @@ def serve(tmp_path: Path, **env_extra: str):
             "-p",
             str(port),
             "-w",
-            "workspace.yaml",
+            str(workspace),
         ],
         cwd=ROOT,
         env=env,
@@ -158,22 +160,43 @@ def _dismiss_welcome(driver) -> None:
         pass
 
 
-def _materialize_tasks_from_the_ui(browser, url: str, instance) -> dg.DagsterRun:
-    """Launch the `tasks` asset of partition KEY from its page and wait for the run to finish."""
-    browser.get(f"{url}/assets/tasks")
-    _click(browser, "//button[starts-with(normalize-space(.), 'Materialize')]")
+def _materialize_from_the_ui(
+    browser, url: str, instance, page: str, title: str, timeout: float = 120
+) -> dg.DagsterRun:
+    """Press Materialize on `page` for partition KEY (the dialog is titled `title`) and wait for the run."""
+    started = len(instance.get_runs())
+    browser.get(f"{url}{page}")
+    _click(browser, "//button[starts-with(normalize-space(.), 'Materialize')]", timeout=120)
     _click(browser, "//*[contains(text(), 'Select a partition')]")
     _click(browser, f"//span[normalize-space(text())='{KEY}']")
-    _click(browser, "//*[normalize-space(text())='Launch runs to materialize tasks']")  # close the picker
+    _click(browser, f"//*[starts-with(normalize-space(text()), '{title}')]")  # close the picker
     _click(browser, "//button[starts-with(normalize-space(.), 'Launch')]")
-    deadline = time.time() + 120
+    return _wait_for_run(instance, started, timeout)
+
+
+def _wait_for_run(instance, started: int, timeout: float) -> dg.DagsterRun:
+    """The run launched after `started` runs existed, once it has finished."""
+    deadline = time.time() + timeout
     while time.time() < deadline:
         runs = instance.get_runs()
-        if runs and runs[0].is_finished:
-            break
+        if len(runs) > started and runs[0].is_finished:
+            return runs[0]
         time.sleep(1)
-    (run,) = instance.get_runs()
-    return run
+    raise TimeoutError(f"no run finished within {timeout} s")
+
+
+def _materialize_tasks_from_the_ui(browser, url: str, instance) -> dg.DagsterRun:
+    return _materialize_from_the_ui(
+        browser, url, instance, "/assets/tasks", "Launch runs to materialize tasks"
+    )
+
+
+def _screenshot(browser, name: str) -> None:
+    """A test artifact, without the welcome dialog a fresh instance opens a moment after the page."""
+    time.sleep(2)
+    _dismiss_welcome(browser)
+    time.sleep(1)
+    browser.save_screenshot(str(ARTIFACTS / name))
 
 
 def test_launch_a_materialization_from_the_asset_graph(webserver, browser):
@@ -223,3 +246,80 @@ def test_with_ld_project_the_tasks_asset_shows_the_users_project_harness_and_dat
         _dismiss_welcome(browser)
         time.sleep(1)
         browser.save_screenshot(str(ARTIFACTS / "dagster-user-project-tasks.png"))
+
+
+def test_a_cycle_started_from_the_ui_is_judged_on_its_merits_and_a_refused_promotion_reads_in_one_line(
+    tmp_path, browser, bootstrapped
+):
+    """The code location (with the tests' tiny training as its defaults and a policy made for them) runs a
+    whole snapshot launched from the UI; the plan can pass, so the verdict rests on the evidence: HOLD for the
+    missing approval alone. The stale-evidence sensor then finds nothing stale, `promote` launched on the
+    HOLD receipt fails with the one-line refusal, and release_receipt's page names the candidate version."""
+    from urllib.parse import quote
+
+    from lightning_dagster.pipeline import context as ctx
+    from lightning_dagster.pipeline.report import run_config
+    from lightning_dagster.sensors import stale_evidence_sensor
+    from tests.dagster.conftest import TINY_POLICY, pipeline_for
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    workspace = tmp_path / "workspace.yaml"
+    location = {"module_name": "tests.dagster.ui_location", "location_name": "lightning_dagster"}
+    workspace.write_text(yaml.safe_dump({"load_from": [{"python_module": location}]}))
+    env = {"LIGHTNING_DAGSTER_HOME": str(bootstrapped), "LD_GATE_POLICY": str(TINY_POLICY)}
+    p = pipeline_for(TINY_POLICY)
+    with serve(tmp_path, workspace, **env) as (url, instance):
+        job = f"{url}/locations/lightning_dagster/jobs"
+        _materialize_from_the_ui(
+            browser,
+            url,
+            instance,
+            "/locations/lightning_dagster/jobs/continual_learning",
+            "Launch runs to materialize",
+            timeout=900,
+        )
+        plan = instance.get_latest_materialization_event(dg.AssetKey("update_plan")).asset_materialization
+        assert plan.metadata["plan_can_pass"].value is True
+        # Check 7 (no approval yet) blocked release_receipt in that run; materialized alone it re-judges all.
+        _materialize_from_the_ui(
+            browser,
+            url,
+            instance,
+            "/assets/release_receipt",
+            "Launch runs to materialize release_receipt",
+            timeout=300,
+        )
+        receipt = ctx.find_receipt(p.get_store(), KEY)
+        assert receipt.gate.verdict == "HOLD"
+        assert receipt.gate.failed_checks + receipt.gate.unavailable_checks == [7]
+
+        # A sensor tick over this receipt, with the code location's settings: nothing is stale.
+        with dg.build_sensor_context(instance=instance, resources={"pipeline": p}) as context:
+            ticked = stale_evidence_sensor(context)
+        assert not ticked.asset_events and p.get_store().get_flag(f"stale/{receipt.receipt_id}") is None
+
+        # release_receipt's page: the verdict and the candidate version it judged.
+        browser.get(f"{url}/assets/release_receipt?partition={KEY}")
+        meta = instance.get_latest_materialization_event(dg.AssetKey("release_receipt")).asset_materialization
+        assert meta.metadata["candidate_version"].value == receipt.candidate.model_version
+        _click(browser, "//*[normalize-space(text())='candidate_version']", click=False)
+        _click(browser, "//*[contains(text(), 'HOLD')]", click=False)
+        _screenshot(browser, "dagster-release-receipt.png")
+
+        # promote on the HOLD receipt, launched with the run config release_receipt's metadata gives.
+        started = len(instance.get_runs())
+        config = run_config("promote_candidate", receipt_id=receipt.receipt_id, actor="bob")
+        browser.get(f"{job}/promote/playground/setup?config={quote(config)}")
+        _click(browser, "//button[contains(normalize-space(.), 'Launch Run')]", timeout=120)
+        run = _wait_for_run(instance, started, 120)
+        assert run.status == dg.DagsterRunStatus.FAILURE
+        browser.get(f"{url}/runs/{run.run_id}")
+        _click(browser, "//*[contains(text(), 'promotion refused')]", click=False)
+        assert "DagsterExecutionStepExecutionError" not in browser.page_source
+        _screenshot(browser, "dagster-promote-refused.png")
+        (failure,) = [
+            e for e in instance.all_logs(run.run_id) if e.dagster_event and e.dagster_event.is_step_failure
+        ]
+        description = failure.dagster_event.step_failure_data.user_failure_data.description
+        assert description.startswith("promotion refused: ") and "HOLD" in description
+        assert "\n" not in description

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.context import StageMissing
-from lightning_dagster.pipeline.results import Markdown, StageResult
+from lightning_dagster.pipeline.results import Markdown, StageResult, Table
 from lightning_dagster.pipeline.serving import rollout_service
 from lightning_dagster.pipeline.snapshots import load_manifest
 from lightning_dagster.types import RolloutKind, Sampling, SpanKind
 
 if TYPE_CHECKING:
+    from lightning_dagster.gate.receipt import ProtectedResults
     from lightning_dagster.pipeline.settings import Pipeline
 
 # Held-out success is sampled at T=1.0 (RL's effect shows there); protected cases are decoded greedily, so
@@ -117,9 +119,41 @@ def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
             ),
             "protected_cases": len(protected),
             "protected_regressions": sum(len(f.regressed) for f in protected_results.families),
+            "regressed_cases": regressed_cases(protected, protected_results, scores),
             "receipt_version": stored.version,
         }
     )
+
+
+# Task fields that hold what the agent was asked, in the order they are looked for.
+TASK_TEXT_FIELDS = ("question", "prompt", "instruction", "input", "text")
+
+
+def task_text(task: dict[str, Any]) -> str:
+    """What the agent was asked: the first text field a task has, else the task minus its ids as JSON."""
+    for name in TASK_TEXT_FIELDS:
+        if isinstance(task.get(name), str):
+            return task[name]
+    return json.dumps({k: v for k, v in task.items() if k not in ("task_id", "split")}, sort_keys=True)
+
+
+def regressed_cases(
+    protected: list[dict[str, Any]], results: ProtectedResults, scores: dict[str, dict[str, dict]]
+) -> Table:
+    """Each protected case the candidate lost, with its text and both rewards (not only its hash)."""
+    by_id = {task["task_id"]: task for task in protected}
+    rows = [
+        [
+            family.family,
+            task_id,
+            task_text(by_id[task_id]),
+            scores["parent"]["protected"].get(task_id),
+            scores["candidate"]["protected"].get(task_id),
+        ]
+        for family in results.families
+        for task_id in family.regressed
+    ]
+    return Table(columns=["family", "task_id", "task", "parent_reward", "candidate_reward"], rows=rows)
 
 
 def _mean(groups: dict[str, dict[str, float]]) -> float:

@@ -14,7 +14,8 @@ from lightning_dagster.types import RolloutKind
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.ledger import LedgerEntry
-    from lightning_dagster.gate.receipt import Receipt
+    from lightning_dagster.gate.policy import Policy
+    from lightning_dagster.gate.receipt import Plan, Receipt
     from lightning_dagster.pipeline.settings import Pipeline
 
 
@@ -73,7 +74,7 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
     existing = ctx.find_receipt(store, key)
     if existing is not None:
         # Phase 1 is frozen: re-materializing reports the plan already in the ledger, it never re-plans.
-        return _plan_result(existing, ctx.append_receipt(store, key, existing))
+        return _plan_result(p, existing, ctx.append_receipt(store, key, existing))
     parent = reg.resolve(APPROVED)  # raises PointerNotSet: never "whatever is latest"
     Engine(parent.local_path, threads=p.model.engine_threads)  # loadable, not just resolvable
     parent_uri = f"models:/{p.mlflow.model_name}/{parent.version}"
@@ -119,15 +120,46 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
         ),
         created_at=time.time(),
     )
-    fingerprints = ctx.global_fingerprints(p, parent.weights_hash)
+    inputs = ctx.fingerprint_inputs(p)
+    ctx.save_fingerprint_inputs(store, key, inputs)
+    fingerprints = ctx.global_fingerprints(p, parent.weights_hash, inputs)
     receipt = R.from_plan(plan, receipt_id=ctx.receipt_id(key), fingerprints=R.Fingerprints(**fingerprints))
-    return _plan_result(receipt, ctx.append_receipt(store, key, receipt))
+    return _plan_result(p, receipt, ctx.append_receipt(store, key, receipt))
 
 
-def _plan_result(receipt: Receipt, stored: LedgerEntry) -> StageResult:
+def policy_shortfalls(plan: Plan, policy: Policy) -> list[str]:
+    """Why a plan cannot pass the policy that will judge it, whatever the candidate does: a closed set
+    smaller than the policy's minimum, no canary to verify, approver roles the policy needs but the plan
+    never asks for. Empty: the verdict will rest on the evidence."""
+    out = []
+    holdout, min_n = plan.holdout_snapshot.n_tasks or 0, policy.checks.heldout_margin.min_n
+    if holdout < min_n:
+        out.append(
+            f"check 4 needs at least {min_n} held-out tasks (policy {policy.version}); the plan has "
+            f"{holdout}: raise TrainingResource.holdout_tasks or judge with a policy made for small plans"
+        )
+    # Not declared (None) is not "none planned": only a declared zero cannot pass.
+    canary = (plan.expected_rollouts or {}).get(RolloutKind.canary)
+    if canary == 0 and policy.checks.canary_verified.min_verified_share > 0:
+        out.append("check 6 needs a verified canary; the plan runs no canary task (canary_tasks 0)")
+    missing = sorted(set(policy.checks.rollback_and_approval.required_roles) - set(plan.approvers.canary))
+    if missing:
+        out.append(f"check 7 needs approval by {', '.join(missing)}, a role the plan's canary approvers lack")
+    return out
+
+
+def _plan_result(p: Pipeline, receipt: Receipt, stored: LedgerEntry) -> StageResult:
     plan = receipt.plan
+    pol = ctx.policy(p)
+    shortfalls = policy_shortfalls(plan, pol)
+    warning = "\n".join(f"- {s}" for s in shortfalls)
     return StageResult(
         metadata={
+            "policy": pol.version,
+            "plan_can_pass": not shortfalls,
+            "cannot_pass": Markdown(f"**This plan cannot pass policy {pol.version}:**\n\n{warning}")
+            if shortfalls
+            else "none: every check can pass on the evidence",
             "receipt_id": receipt.receipt_id,
             "receipt_version": stored.version,
             "candidate_id": plan.candidate_id,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.evidence import first_batch
 from lightning_dagster.pipeline.report import mlflow_links
-from lightning_dagster.pipeline.results import StageResult
+from lightning_dagster.pipeline.results import Markdown, StageResult
 from lightning_dagster.pipeline.serving import collect, rollout_service, step_settings, trainer_config
 from lightning_dagster.pipeline.snapshots import load_manifest, snapshot_refs
 
@@ -160,14 +160,11 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group 
             "kl_coef": config.loss.kl_coef,
             "validation_tasks": selection["validation_tasks"],
             "chosen_step": selection["chosen_step"],
-            "kept_parent_cases": selection.get("kept_parent_cases"),
+            "kept_parent_cases": str(selection.get("kept_parent_cases")),
             "early_stop": selection["early_stop"] or "",
-            "validation_curve": [
-                [c["step"], round(c["success"], 4), c["lost_parent_cases"]]
-                for c in selection.get("checkpoints", [])
-            ],
-            "reward_curve": [round(float(m.get("success", 0.0)), 4) for m in curve],
-            "loss_curve": [round(float(m.get("loss", 0.0)), 6) for m in curve],
+            "final_reward": round(float(curve[-1].get("success", 0.0)), 4),
+            "final_loss": round(float(curve[-1].get("loss", 0.0)), 6),
+            "curves": Markdown(curve_table(curve)),
             "receipt_version": stored.version,
             **mlflow_links(p, reg, version.run_id, version.version),
         },
@@ -203,6 +200,23 @@ def _dataset(manifest: Manifest, key: str, split: Split, ref: SnapshotRef) -> di
         "records": getattr(manifest.splits, split),
         "uri": Path(manifest.dataset.path).as_uri() if manifest.dataset else "",
     }
+
+
+def curve_table(curve: list[dict[str, Any]]) -> str:
+    """Sampled success (the reward curve), loss and, at checkpoints judged on the validation split, greedy
+    validation success and the parent's validation cases lost, per RL step: a table the UI renders."""
+
+    def validation(m: dict[str, Any]) -> str:
+        if "validation_success" not in m:
+            return " | "
+        return f"{float(m['validation_success']):.4f} | {int(m['validation_lost_parent_cases'])}"
+
+    rows = [
+        f"| {step} | {float(m.get('success', 0.0)):.4f} | {float(m.get('loss', 0.0)):.6f} | {validation(m)} |"
+        for step, m in enumerate(curve, start=1)
+    ]
+    head = "| step | reward (sampled success) | loss | validation success | parent cases lost |\n"
+    return head + "|---|---|---|---|---|\n" + "\n".join(rows)
 
 
 def _numeric(metrics: dict[str, Any]) -> dict[str, float]:
