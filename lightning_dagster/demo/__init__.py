@@ -63,8 +63,7 @@ def run_demo(
     """Both cycles on a working copy of `project` with `training` settings (a `TrainingResource`), `actors`
     (role -> actor) approving; prints stage lines and the summary through `out`. Returns the two cycles."""
     from lightning_dagster import config
-    from lightning_dagster.demo.cycles import Demo
-    from lightning_dagster.demo.cycles import run_demo as run_cycles
+    from lightning_dagster.demo.cycles import Demo, run_cycles
     from lightning_dagster.demo.stages import StageLines
 
     lines = StageLines(out)

@@ -154,7 +154,7 @@ def promote(demo: Demo, cycle: Cycle) -> str:
     return after
 
 
-def run_demo(demo: Demo) -> list[Cycle]:
+def run_cycles(demo: Demo) -> list[Cycle]:
     """Bootstrap, cycle 1, promotion when earned, new tasks, the sensor's snapshot 2, cycle 2, summary."""
     from lightning_dagster.registry.core import APPROVED
 
