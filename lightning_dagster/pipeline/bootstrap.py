@@ -4,7 +4,8 @@ warm-started on the project's demonstrations when it has them, registered in MLf
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lightning_dagster import config
 from lightning_dagster.pipeline import context as ctx
@@ -15,7 +16,10 @@ if TYPE_CHECKING:
     from lightning_dagster.pipeline.settings import Pipeline
 
 
-def bootstrap_parent(p: Pipeline, *, actor: str = "bootstrap") -> StageResult:
+def bootstrap_parent(
+    p: Pipeline, *, actor: str = "bootstrap", progress: Callable[[dict[str, Any]], None] | None = None
+) -> StageResult:
+    """`progress` (optional) receives the warm start's metrics after every SFT step."""
     from lightning_dagster.registry.core import APPROVED
     from lightning_dagster.training.warmstart import WarmStartConfig, base_model, has_demos, warm_start
 
@@ -42,6 +46,7 @@ def bootstrap_parent(p: Pipeline, *, actor: str = "bootstrap") -> StageResult:
                 seed=p.model.seed,
                 parallel=p.gateway.parallel,
             ),
+            log=progress,
         )
         parent = result.model_dir
         warmed = {

@@ -1,0 +1,99 @@
+"""`lightning-dagster demo`: two continual-learning cycles on the embedded default, through real Dagster runs.
+
+Dagster's default local instance (SQLite, under `$DAGSTER_HOME`, default `<home>/dagster_home`), the SQLite
+store, a SQLite MLflow tracking store and the embedded engine: bootstrap the first parent as
+`approved-default`, let `continual_learning_sensor` cut a snapshot, run the whole graph (the canary step
+approved by the demo's release owner), promote the candidate as the demo's default approver when the gate
+says so, add the project's late train tasks so the sensor cuts snapshot 2, run the graph again from the
+current `approved-default`, and print both verdicts, the pointer history and the commands that open the
+Dagster and MLflow UIs on the same state. The graph runs a working copy (in the home) of the project given
+with `--project PATH` (`LD_PROJECT`), else of the built-in example `examples/calc`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lightning_dagster.demo.settings import QUICK_TRAINING, demo_training
+from lightning_dagster.demo.setup import (
+    DEMO_ACTORS,
+    WorkingCopy,
+    approval_config,
+    approver_keys,
+    prepare_environment,
+    use_project,
+    write_approvers,
+)
+from lightning_dagster.demo.stages import run_snapshot
+from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
+
+__all__ = [
+    "DEMO_ACTORS",
+    "QUICK_TRAINING",
+    "approval_config",
+    "approver_keys",
+    "demo_training",
+    "prepare_environment",
+    "register",
+    "run_demo",
+    "run_snapshot",
+    "write_approvers",
+]
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default: the demo's setting)")
+    parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run, not a learning one")
+    add_project_option(parser)
+    parser.set_defaults(handler=run)
+
+
+def run_demo(
+    project: Path,
+    training: Any,
+    *,
+    actors: dict[str, str] = DEMO_ACTORS,
+    out: Callable[[str], None] = print,
+) -> list[Any]:
+    """Both cycles on a working copy of `project` with `training` settings (a `TrainingResource`), `actors`
+    (role -> actor) approving; prints stage lines and the summary through `out`. Returns the two cycles."""
+    from lightning_dagster import config
+    from lightning_dagster.demo.cycles import Demo, run_cycles
+    from lightning_dagster.demo.stages import StageLines
+
+    lines = StageLines(out)
+    copy = WorkingCopy(project, config.home())
+    summary = use_project(copy.file)
+    env = prepare_environment(actors)
+    import dagster as dg
+
+    from lightning_dagster.definitions import build_definitions
+
+    defs = build_definitions(deferred=False, training=training)
+    out(f"lightning-dagster demo: home {env['LIGHTNING_DAGSTER_HOME']}")
+    out(summary)
+    with dg.DagsterInstance.get() as instance:
+        demo = Demo(defs=defs, instance=instance, copy=copy, lines=lines, env=env, actors=dict(actors))
+        try:
+            return run_cycles(demo)
+        finally:
+            defs.resources["pipeline"].get_store().engine.dispose()
+
+
+@exits_2_on_project_error
+def run(args: argparse.Namespace) -> int:
+    from lightning_dagster.project.examples import example_file
+
+    project = args.project if args.project is not None else example_file("calc")
+    cycles = run_demo(project, demo_training(args.steps, args.quick))
+    return 0 if all(c.verdict is not None for c in cycles) else 1
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="lightning-dagster demo")
+    register(parser)
+    sys.exit(run(parser.parse_args()))

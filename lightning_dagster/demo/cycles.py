@@ -1,0 +1,209 @@
+"""The demo's two release cycles: bootstrap the parent, cycle 1 through the whole graph, promotion by the
+authorized demo actor when the gate says promote, new tasks, a real `continual_learning_sensor` tick that cuts
+snapshot 2, cycle 2 from the (new) `approved-default`, and the summary."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightning_dagster.demo.setup import DEMO_ACTORS, WorkingCopy, approval_config, approver_keys
+from lightning_dagster.demo.stages import QUIET, StageLines, run_snapshot
+
+PROMOTE = "PROMOTE TO BOUNDED CANARY"
+
+
+@dataclass
+class Cycle:
+    number: int
+    key: str
+    verdict: str | None = None
+    receipt_id: str | None = None
+    not_passed: list[str] = field(default_factory=list)
+    parent_version: str | None = None
+
+    def line(self) -> str:
+        if self.verdict is None:
+            return f"verdict: cycle {self.number} ({self.key}): none -- no receipt was judged"
+        checks = f"; checks not passed: {', '.join(self.not_passed)}" if self.not_passed else ""
+        return (
+            f"verdict: cycle {self.number} ({self.key}): {self.verdict} (receipt {self.receipt_id}){checks}"
+        )
+
+
+@dataclass
+class Demo:
+    """What the demo runs on: the code location, Dagster's instance, the project's working copy."""
+
+    defs: Any
+    instance: Any
+    copy: WorkingCopy
+    lines: StageLines
+    env: dict[str, str]  # what the printed commands set (home, Dagster home, roles file, project)
+    actors: dict[str, str] = field(default_factory=lambda: dict(DEMO_ACTORS))
+    cursor: str | None = None
+
+    @property
+    def pipeline(self) -> Any:
+        return self.defs.resources["pipeline"]
+
+    def registry(self) -> Any:
+        from lightning_dagster.pipeline import context as ctx
+
+        return ctx.registry(self.pipeline)
+
+
+def bootstrap(demo: Demo) -> str:
+    """The first parent (warm start with a line per probe), made `approved-default`; returns its version."""
+    from lightning_dagster.pipeline.bootstrap import bootstrap_parent
+
+    meta = bootstrap_parent(demo.pipeline, progress=demo.lines.warm_start).metadata
+    if not meta.get("bootstrapped"):
+        how = "existing"
+    elif not meta.get("warm_start_steps"):
+        how = f"base model {meta['base_model']}, no warm start"
+    else:
+        how = f"warm start {meta['warm_start_steps']} SFT steps, probe {meta['probe_success']:.2f}, {meta['seconds']} s"
+    demo.lines.line("parent", f"approved-default = version {meta['approved_default']} ({how})")
+    return str(meta["approved_default"])
+
+
+def tick(demo: Demo) -> str | None:
+    """One real tick of `continual_learning_sensor` on the demo's instance; a cut snapshot's partition is
+    added as the daemon would. Returns the snapshot key, or None (the skip reason is printed)."""
+    import dagster as dg
+
+    from lightning_dagster.sensors import continual_learning_sensor
+
+    with dg.build_sensor_context(
+        instance=demo.instance, resources={"pipeline": demo.pipeline}, cursor=demo.cursor
+    ) as context:
+        result = continual_learning_sensor(context)
+    if isinstance(result, dg.SkipReason):
+        demo.lines.line("sensor", result.skip_message or "skipped")
+        return None
+    demo.cursor = result.cursor
+    if not result.run_requests:
+        demo.lines.line("sensor", result.skip_reason.skip_message if result.skip_reason else "skipped")
+        return None
+    keys = [k for request in result.dynamic_partitions_requests for k in request.partition_keys]
+    demo.instance.add_dynamic_partitions(result.dynamic_partitions_requests[0].partitions_def_name, keys)
+    (request,) = result.run_requests
+    demo.lines.line("sensor", f"cut snapshot {request.partition_key}")
+    return request.partition_key
+
+
+def cut_by_hand(demo: Demo, number: int) -> str:
+    """A snapshot cut without the sensor (used when the sensor paused): the demo's own trigger."""
+    import datetime as dt
+
+    from lightning_dagster.partitions import snapshots
+    from lightning_dagster.pipeline.triggers import Watermark, cut_snapshot, new_evidence
+
+    evidence = new_evidence(demo.pipeline, Watermark.from_cursor(demo.cursor), force=True)
+    key = cut_snapshot(demo.pipeline, evidence, dt.datetime.now(dt.UTC))
+    demo.cursor = evidence.watermark.to_cursor()
+    demo.instance.add_dynamic_partitions(snapshots.name, [key])
+    demo.lines.line("snapshot", f"{key} cut by the demo for cycle {number}")
+    return key
+
+
+def run_cycle(demo: Demo, number: int, key: str) -> Cycle:
+    """The whole graph for `key`, the canary step approved by the release owner; the judged receipt."""
+    from lightning_dagster.pipeline import context as ctx
+
+    label = f"cycle {number}"
+    owner = demo.actors["release-owner"]
+    run_snapshot(
+        demo.defs, demo.instance, key, approver=(owner, "release-owner"), lines=demo.lines, label=label
+    )
+    cycle = Cycle(number, key)
+    receipt = ctx.find_receipt(demo.pipeline.get_store(), key)
+    if receipt is not None:
+        cycle.parent_version = ctx.registered_version(receipt.plan.parent)
+    if receipt is not None and receipt.gate is not None:
+        gate = receipt.gate
+        cycle.verdict, cycle.receipt_id = gate.verdict, receipt.receipt_id
+        failed = {*gate.failed_checks, *gate.unavailable_checks, *gate.stale_checks}
+        cycle.not_passed = [f"{c} {c.name}" for c in sorted(failed)]
+    return cycle
+
+
+def promote(demo: Demo, cycle: Cycle) -> str:
+    """The default approver signs the default step and runs the `promote` job; returns approved-default."""
+    from lightning_dagster.registry.core import APPROVED
+
+    actor = demo.actors["default-approver"]
+    approval = approval_config(demo.pipeline, cycle.key, (actor, "default-approver"))
+    for job, op, config in (
+        ("approve", "approve_receipt", approval),
+        ("promote", "promote_candidate", {"receipt_id": cycle.receipt_id, "actor": actor}),
+    ):
+        result = demo.defs.resolve_job_def(job).execute_in_process(
+            instance=demo.instance,
+            run_config={**QUIET, "ops": {op: {"config": config}}},
+            raise_on_error=False,
+        )
+        if not result.success:
+            failure = result.failure_data_for_node(op)
+            demo.lines.line("promotion", f"refused: {failure.error.message.strip() if failure else job}")
+            return str(demo.registry().current(APPROVED))
+    after = str(demo.registry().current(APPROVED))
+    demo.lines.line("promotion", f"approved-default -> {after} by {actor} (receipt {cycle.receipt_id})")
+    return after
+
+
+def run_cycles(demo: Demo) -> list[Cycle]:
+    """Bootstrap, cycle 1, promotion when earned, new tasks, the sensor's snapshot 2, cycle 2, summary."""
+    from lightning_dagster.registry.core import APPROVED
+
+    before = bootstrap(demo)
+    key1 = tick(demo) or cut_by_hand(demo, 1)
+    first = run_cycle(demo, 1, key1)
+    if first.verdict == PROMOTE:
+        promote(demo, first)
+    else:
+        demo.lines.line("promotion", f"not attempted: cycle 1 ended {first.verdict}")
+    tick(demo)  # nothing new yet: the sensor says what it waits for
+    demo.lines.line("new tasks", f"{demo.copy.add_late_tasks()} train tasks added to {demo.copy.tasks_file}")
+    key2 = tick(demo) or cut_by_hand(demo, 2)
+    second = run_cycle(demo, 2, key2)
+    after = str(demo.registry().current(APPROVED))
+    summary(demo, [first, second], before, after)
+    return [first, second]
+
+
+def summary(demo: Demo, cycles: list[Cycle], before: str, after: str) -> None:
+    from lightning_dagster import config
+    from lightning_dagster.registry.pointers import move_dict
+
+    out = demo.lines.out
+    out("")
+    out(f"summary ({demo.lines.elapsed():.0f} s)")
+    for cycle in cycles:
+        out(cycle.line())
+    second = cycles[-1]
+    source = "the unchanged default" if second.parent_version == before else "the promoted candidate"
+    out(f"cycle 2 trained from approved-default {second.parent_version}: {source}")
+    out(f"approved-default: {before} -> {after}")
+    out("pointer history (lightning-dagster registry history):")
+    for move in demo.registry().history():
+        row = move_dict(move)
+        receipt = f" receipt {row['receipt_id']}" if row["receipt_id"] else ""
+        out(f"  {row['seq']:>3}  {row['at']}  {row['from'] or '-'} -> {row['to']}  {row['actor']}{receipt}")
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in demo.env.items())
+    out("")
+    out("where to look next:")
+    out(f"  Dagster UI:  {exports} dagster dev -m lightning_dagster.definitions -h 127.0.0.1 -p 3000")
+    out(
+        f"  MLflow UI:   mlflow ui --backend-store-uri {shlex.quote(config.mlflow_tracking_uri())} "
+        f"--default-artifact-root {shlex.quote(str(config.mlflow_artifact_root()))} -h 127.0.0.1 -p 5000"
+    )
+    out(f"  history:     {exports} lightning-dagster registry history")
+    if second.verdict == PROMOTE:
+        promoter = demo.actors["default-approver"]
+        out(
+            f"  promote 2:   {exports} lightning-dagster registry promote {second.receipt_id} "
+            f"--actor {promoter} --key {shlex.quote(str(approver_keys() / f'{promoter}.key'))}"
+        )

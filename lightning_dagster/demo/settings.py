@@ -1,0 +1,31 @@
+"""The demo's training settings: the code location's defaults for the full demo, `QUICK_TRAINING` for the
+`--quick` smoke run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lightning_dagster.resources import TrainingResource
+
+# Tiny settings: a smoke run of the whole flow, not a learning one (`--quick`, and the Dagster tests).
+QUICK_TRAINING: dict[str, int | float] = dict(
+    steps=2,
+    tasks_per_step=4,
+    group_size=4,
+    holdout_tasks=8,
+    protected_tasks=4,
+    canary_tasks=2,
+    warm_start_max_steps=4,
+    warm_start_probe_tasks=8,
+    warm_start_demos=64,
+)
+
+
+def demo_training(steps: int | None, quick: bool) -> TrainingResource:
+    """The code location's defaults (`TrainingResource()`: one evaluator fingerprint in the demo and the UI),
+    or `QUICK_TRAINING`, with `steps` RL steps when given."""
+    from lightning_dagster.resources import TrainingResource
+
+    settings = QUICK_TRAINING if quick else {}
+    return TrainingResource(**{**settings, **({"steps": steps} if steps else {})})

@@ -1,0 +1,136 @@
+"""The demo's home: Dagster's local instance, the approvers and their keys, and the working copy of the project
+whose train split grows between the two cycles (the new tasks that make the sensor cut snapshot 2)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+DEMO_ACTORS = {"release-owner": "demo-release-owner", "default-approver": "demo-default-approver"}
+# The share of the project's train tasks that "arrive" after cycle 1 (the last ones by id).
+LATE_TRAIN_SHARE = 1 / 8
+
+
+def use_project(path: Path) -> str:
+    """Check the project and its tasks (a `ProjectError` before anything runs), point the pipeline at it
+    (`LD_PROJECT`, which the printed UI command carries too) and return its one-line summary."""
+    from lightning_dagster.project import load_project, load_tasks
+
+    project = load_project(path)
+    tasks = load_tasks(project)
+    os.environ["LD_PROJECT"] = str(project.file)
+    rows = ", ".join(f"{split} {len(items)}" for split, items in tasks.splits.items())
+    return f"project: {project.name} ({project.harness.kind} harness; {tasks.file}: {rows})"
+
+
+def prepare_environment(actors: dict[str, str] = DEMO_ACTORS) -> dict[str, str]:
+    """Point Dagster at a local instance in the demo home and give the demo its approvers (`actors`: role ->
+    actor): each actor's Ed25519 key pair in `<home>/approver-keys` and a roles file naming their public
+    keys, which the code location pins into the demo's store on first use. Both sit outside the learner's
+    write surface (models, MLflow artifacts)."""
+    from lightning_dagster import config
+
+    home = config.home()
+    os.environ.setdefault("DAGSTER_HOME", str(home / "dagster_home"))
+    dagster_home = Path(os.environ["DAGSTER_HOME"])
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    if not (dagster_home / "dagster.yaml").exists():
+        # Dagster's default local SQLite storage; only telemetry (a network call) is turned off.
+        (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    os.environ["LD_ROLES_FILE"] = str(write_approvers(home / "approvers.yaml", actors))
+    project = {"LD_PROJECT": os.environ["LD_PROJECT"]} if os.environ.get("LD_PROJECT") else {}
+    return {
+        "LIGHTNING_DAGSTER_HOME": str(home),
+        "DAGSTER_HOME": os.environ["DAGSTER_HOME"],
+        "LD_ROLES_FILE": os.environ["LD_ROLES_FILE"],
+        **project,
+    }
+
+
+def approver_keys() -> Path:
+    """Where the demo (and its tests) keep approvers' private keys: the home, outside models/ and mlartifacts/."""
+    from lightning_dagster import config
+
+    return config.home() / "approver-keys"
+
+
+def write_approvers(path: Path, actors: dict[str, str]) -> Path:
+    """A roles file for `actors` (role -> actor), each with a key pair in `approver_keys()`, made once."""
+    from lightning_dagster.registry.signing import generate_keypair
+
+    keys = approver_keys()
+    entries = []
+    for role, actor in actors.items():
+        if not (keys / f"{actor}.key").exists():
+            generate_keypair(actor, keys)
+        public = (keys / f"{actor}.pub").read_text().strip()
+        entries.append(f"  {actor}:\n    roles: [{role}]\n    key: {public}\n")
+    path.write_text("# Who may approve what in the demo, and with which key.\nactors:\n" + "".join(entries))
+    return path
+
+
+def approval_config(pipeline: Any, key: str, approver: tuple[str, str]) -> dict[str, Any]:
+    """The `approve` job's op config: `approver` = (actor, role) signs the snapshot's receipt as it stands
+    with the actor's key from `approver_keys()` (for the step that role approves)."""
+    from lightning_dagster.pipeline import context as ctx
+    from lightning_dagster.registry.signing import sign_approval
+
+    actor, role = approver
+    receipt = ctx.head_receipt(pipeline.get_store(), key)
+    approval = sign_approval(receipt, actor=actor, role=role, key=approver_keys() / f"{actor}.key")
+    return {"snapshot_key": key, **approval.model_dump(mode="json")}
+
+
+class WorkingCopy:
+    """The project copied into `<home>/demo-project` once, its tasks file without the late train tasks;
+    `add_late_tasks` restores the full file, so the task pool the sensor watches changes."""
+
+    def __init__(self, project_file: Path, home: Path) -> None:
+        from lightning_dagster.project import ProjectError, load_project
+
+        source = load_project(project_file)
+        self.original = source.tasks.path
+        folder = source.file.parent
+        self.root = home / "demo-project"
+        if not self.original.is_relative_to(folder):
+            problem = (
+                f"the demo copies the project folder, so its tasks file must be inside it: {self.original}"
+            )
+            raise ProjectError(source.file, [("tasks.path", problem)])
+        self.tasks_file = self.root / self.original.relative_to(folder)
+        self.file = self.root / source.file.name
+        if not self.root.exists():
+            shutil.copytree(folder, self.root)
+            self._withhold(source.tasks.id_column)
+
+    def _withhold(self, id_column: str) -> None:
+        import pandas as pd
+
+        from lightning_dagster.project import load_project, load_tasks
+
+        train = sorted(str(t["task_id"]) for t in load_tasks(load_project(self.file)).splits["train"])
+        late = set(train[len(train) - int(len(train) * LATE_TRAIN_SHARE) :])
+        suffix = self.tasks_file.suffix.lower()
+        if suffix == ".jsonl":
+            frame = pd.read_json(self.tasks_file, lines=True, dtype=False)
+        elif suffix == ".csv":
+            frame = pd.read_csv(self.tasks_file, dtype=str)
+        else:
+            frame = pd.read_parquet(self.tasks_file)
+        kept = frame[~frame[id_column].astype(str).isin(late)]
+        if suffix == ".jsonl":
+            kept.to_json(self.tasks_file, orient="records", lines=True)
+        elif suffix == ".csv":
+            kept.to_csv(self.tasks_file, index=False)
+        else:
+            kept.to_parquet(self.tasks_file)
+
+    def add_late_tasks(self) -> int:
+        """Put the withheld train tasks back; returns how many train tasks arrived."""
+        from lightning_dagster.project import load_project, load_tasks
+
+        before = len(load_tasks(load_project(self.file)).splits["train"])
+        shutil.copyfile(self.original, self.tasks_file)
+        return len(load_tasks(load_project(self.file)).splits["train"]) - before

@@ -1,0 +1,178 @@
+"""One printed line per stage as it happens: the warm start's progress, and each asset of a Dagster run the
+moment its materialization (or a failed check, or a failed step) reaches the run's event stream."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+# The demo prints its own lines; Dagster's per-event console log would drown them. `stages` is the logger
+# that prints them (`stage_logger`), added to the jobs the demo runs.
+QUIET: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+WARM_START_EVERY = 25  # SFT steps between warm-start lines (a probe always prints)
+
+
+class StageLines:
+    """Prints `[ elapsed s] stage: figures` lines, elapsed since the demo started."""
+
+    def __init__(self, out: Callable[[str], None] = print) -> None:
+        self.started = time.perf_counter()
+        self.out = out
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def line(self, stage: str, text: str) -> None:
+        self.out(f"[{self.elapsed():4.0f}s] {stage}: {text}")
+
+    def warm_start(self, metrics: dict) -> None:
+        """The warm start's progress callback: a line per sampled probe, the first step and every
+        WARM_START_EVERY steps."""
+        step = metrics.get("step", 0)
+        if "probe_success" in metrics:
+            self.line("warm start", f"{step} SFT steps, probe {metrics['probe_success']:.2f}")
+        elif step == 1 or step % WARM_START_EVERY == 0:
+            self.line("warm start", f"{step} SFT steps, nll {metrics.get('nll', 0.0):.3f}")
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def asset_figures(asset: str, meta: dict[str, Any], training: Any) -> str:
+    """The key figures of one materialized asset, from its metadata."""
+    m = meta.get
+    if asset == "tasks":
+        return ", ".join(f"{s} {m(f'{s}_tasks')}" for s in ("train", "holdout", "protected", "canary"))
+    if asset == "update_plan":
+        return f"parent {m('parent')}, expected rollouts {m('expected_rollouts')}"
+    if asset == "rollouts":
+        return (
+            f"{m('rollouts')} rollouts from the parent ({m('rollouts_per_s')}/s), "
+            f"reward mean {_fmt(m('reward_mean'))}, retries {m('retries')}"
+        )
+    if asset == "spans":
+        return f"{m('spans')} spans, coverage {m('coverage')}"
+    if asset == "training_transitions":
+        return f"{m('rows')} rows, {m('trained_tokens')} trained tokens"
+    if asset == "candidate_resource":
+        curve = m("reward_curve") or []
+        rewards = f"reward {curve[0]:.3f} -> {curve[-1]:.3f}" if curve else "no steps"
+        per_step = training.tasks_per_step * training.group_size
+        return f"{m('steps')} RL steps x {per_step} rollouts, {rewards}; candidate {m('model_version')}"
+    if asset == "holdout_evaluation":
+        return (
+            f"held-out success parent {_fmt(m('parent_success'))} -> candidate {_fmt(m('candidate_success'))} "
+            f"(margin {m('margin'):+.3f}, n {m('heldout_tasks')}); protected regressions "
+            f"{m('protected_regressions')} of {m('protected_cases')}"
+        )
+    if asset == "canary_results":
+        return f"verified {m('verified')}, harmful effects {m('harmful_effects')}, {m('seconds')} s"
+    if asset == "rollback_drill":
+        steps = ("resolved", "bytes_verified", "loaded", "served")
+        return ", ".join(f"{s} {m(s)}" for s in steps) + f" ({m('seconds')} s)"
+    if asset == "release_receipt":
+        return f"verdict {m('verdict')}"
+    return ""
+
+
+class _EventPrinter(logging.Handler):
+    """Turns a run's events into stage lines as they are logged."""
+
+    def __init__(self, lines: StageLines, label: str, training: Any) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.lines, self.label, self.training = lines, label, training
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = getattr(record, "dagster_event", None)
+        if event is None:
+            return
+        if event.event_type_value == "ASSET_MATERIALIZATION":
+            materialization = event.step_materialization_data.materialization
+            asset = materialization.asset_key.to_user_string()
+            meta = {k: v.value for k, v in materialization.metadata.items()}
+            self.lines.line(f"{self.label} {asset}", asset_figures(asset, meta, self.training))
+        elif event.event_type_value == "ASSET_CHECK_EVALUATION" and not event.event_specific_data.passed:
+            self.lines.line(f"{self.label} check", f"{event.event_specific_data.check_name} not passed")
+        elif event.is_step_failure:
+            self.lines.line(f"{self.label} stopped", f"{event.step_key} did not run to the end")
+
+
+def with_stage_lines(job: Any, lines: StageLines, label: str, training: Any) -> Any:
+    """`job` with a `stages` logger that prints a line per materialized asset, failed check or step."""
+    import dagster as dg
+
+    @dg.logger(description="The demo's stage lines.")
+    def stage_logger(_: Any) -> logging.Logger:
+        logger = logging.Logger("lightning-dagster-demo", level=logging.DEBUG)
+        logger.addHandler(_EventPrinter(lines, label, training))
+        return logger
+
+    return job.with_logger_defs({**job.loggers, "stages": stage_logger})
+
+
+def run_config(printing: bool) -> dict[str, Any]:
+    loggers = {**QUIET["loggers"], **({"stages": {}} if printing else {})}
+    return {"loggers": loggers}
+
+
+def run_snapshot(
+    defs: Any,
+    instance: Any,
+    key: str,
+    *,
+    approver: tuple[str, str] | None,
+    lines: StageLines | None = None,
+    label: str = "",
+) -> list[Any]:
+    """Plan, optionally approve the canary step (signed with the approver's key), then materialize the rest
+    of the snapshot's graph, each as a run of the `continual_learning` / `approve` jobs on `instance`; with
+    `lines`, a stage line per asset as it materializes. Returns the run results."""
+    from lightning_dagster.demo.setup import approval_config
+
+    job = defs.resolve_job_def("continual_learning")
+    if lines is not None:
+        job = with_stage_lines(job, lines, label, defs.resources["pipeline"].training)
+    config = run_config(lines is not None)
+    planned = ["tasks", "update_plan"]
+    results = [_run(job, instance, key, planned, config)]
+    if approver is not None:
+        approval = approval_config(defs.resources["pipeline"], key, approver)
+        results.append(
+            defs.resolve_job_def("approve").execute_in_process(
+                instance=instance, run_config={**QUIET, "ops": {"approve_receipt": {"config": approval}}}
+            )
+        )
+        if lines is not None:
+            lines.line(f"{label} approve", f"{approver[0]} signed the canary step ({approver[1]})")
+    rest = [a.key.to_user_string() for a in _assets() if a.key.to_user_string() not in planned]
+    results.append(_run(job, instance, key, rest, config))
+    if not any(m.asset_key.to_user_string() == "release_receipt" for m in _materializations(results[-1])):
+        # A blocking check stopped the graph: the receipt alone still judges all seven checks itself and
+        # names every one that did not pass (selecting it alone is no bypass).
+        results.append(_run(job, instance, key, ["release_receipt"], config))
+    return results
+
+
+def _materializations(result: Any) -> list[Any]:
+    return [e.materialization for e in result.get_asset_materialization_events()]
+
+
+def _assets() -> list[Any]:
+    from lightning_dagster.assets import snapshot_assets
+
+    return snapshot_assets
+
+
+def _run(job: Any, instance: Any, key: str, selection: list[str], config: dict[str, Any]) -> Any:
+    import dagster as dg
+
+    return job.execute_in_process(
+        instance=instance,
+        partition_key=key,
+        asset_selection=[dg.AssetKey(name) for name in selection],
+        raise_on_error=False,
+        run_config=config,
+    )

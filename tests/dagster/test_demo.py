@@ -1,0 +1,95 @@
+"""The demo's two cycles with tiny settings on the session's bootstrapped home: stage lines in order as the
+assets materialize, promotion by the demo's default approver, the sensor cutting snapshot 2 after new tasks,
+cycle 2 from the promoted default, and a summary with both verdicts and the pointer history.
+
+Cycle 1 promotes for the reason the pipeline-run tests' snapshot does: a parent warm-started long enough,
+a tiny learning rate, and the test policy that does not demand a held-out margin 8 tasks cannot show."""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+
+import pytest
+
+from lightning_dagster.demo import run_demo
+from lightning_dagster.pipeline import context as ctx
+from lightning_dagster.project.examples import example_file
+from lightning_dagster.registry.core import APPROVED
+from tests.dagster.conftest import ACTORS, TINY_POLICY, pipeline_for, tiny_training
+
+PROMOTE = "PROMOTE TO BOUNDED CANARY"
+STAGES = [
+    "tasks",
+    "update_plan",
+    "approve",
+    "rollouts",
+    "spans",
+    "training_transitions",
+    "candidate_resource",
+    "holdout_evaluation",
+    "canary_results",
+    "rollback_drill",
+    "release_receipt",
+]
+
+
+@pytest.fixture
+def demo_env(bootstrapped, tmp_path, monkeypatch):
+    """The session's home with its approvers as the demo's actors; every variable the demo sets is restored."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    monkeypatch.setenv("LD_GATE_POLICY", str(TINY_POLICY))
+    for name in ("LD_PROJECT", "LD_ROLES_FILE"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    return {role: actor for actor, role in ACTORS.items()}
+
+
+def _stage_order(lines: list[str], cycle: int) -> list[str]:
+    found = [re.match(rf"\[\s*\d+s\] cycle {cycle} (\w+):", line) for line in lines]
+    return [m.group(1) for m in found if m and m.group(1) in STAGES]
+
+
+@pytest.mark.slow
+def test_demo_runs_two_cycles_promotes_between_them_and_summarizes(demo_env):
+    before = ctx.registry(pipeline_for()).current(APPROVED)
+    lines: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, second = run_demo(example_file("calc"), tiny_training(), actors=demo_env, out=lines.append)
+    assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []
+    text = "\n".join(lines)
+
+    # Stage lines as the assets materialized, in the graph's order, each cycle.
+    assert _stage_order(lines, 1) == STAGES and _stage_order(lines, 2) == STAGES
+    assert re.search(r"cycle 1 holdout_evaluation: held-out success parent [\d.]+ -> candidate [\d.]+", text)
+    assert re.search(r"cycle 1 candidate_resource: 2 RL steps x 64 rollouts", text)
+
+    # Cycle 1 earned promotion; the default approver's signed `promote` run moved the pointer.
+    assert first.verdict == PROMOTE
+    after = ctx.registry(pipeline_for()).current(APPROVED)
+    promoted = ctx.find_receipt(pipeline_for().get_store(), first.key).candidate.model_version
+    assert after == promoted != before
+    assert f"promotion: approved-default -> {promoted} by bob" in text
+
+    # New tasks made the real sensor cut snapshot 2 (after a tick that waited), and cycle 2 trained from the
+    # promoted version.
+    sensor = [line.split("] ", 1)[1] for line in lines if "] sensor:" in line]
+    assert sensor[0].startswith("sensor: cut snapshot") and sensor[1].startswith("sensor: waiting: 0 of")
+    assert sensor[2] == f"sensor: cut snapshot {second.key}"
+    assert "new tasks: 128 train tasks added" in text
+    assert second.parent_version == promoted
+
+    # The summary: one verdict line per cycle, the pointer's move, its history.
+    verdicts = [line for line in lines if line.startswith("verdict:")]
+    assert verdicts == [first.line(), second.line()] and first.line().startswith(
+        f"verdict: cycle 1 ({first.key}): {PROMOTE}"
+    )
+    assert f"approved-default: {before} -> {promoted}" in lines
+    assert f"cycle 2 trained from approved-default {promoted}: the promoted candidate" in lines
+    start = lines.index("pointer history (lightning-dagster registry history):") + 1
+    history = lines[start : lines.index("", start)]
+    assert re.fullmatch(
+        rf"\s+\d+\s+\S+\s+{before} -> {promoted}\s+bob receipt {first.receipt_id}", history[-1]
+    )
+    assert any(line.startswith("  Dagster UI:") for line in lines)
