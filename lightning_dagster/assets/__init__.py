@@ -110,7 +110,7 @@ def candidate_resource(
         {
             "pipeline": pipes_settings(pipeline),
             "partition_key": context.partition_key,
-            "run_id": context.run_id,
+            "run_id": context.run.run_id,
         },
     )
 
@@ -181,7 +181,7 @@ def release_receipt(context: dg.AssetExecutionContext, pipeline: PipelineResourc
     so a run that selects only this asset bypasses nothing. Its metadata names the model judged (candidate
     and parent versions, snapshot, evaluator, receipt version), links to MLflow, and gives the run config of
     the approve / promote / rollback jobs with the actors and rollback targets they take."""
-    result = release.release_receipt(pipeline, context.partition_key, run_id=context.run_id)
+    result = release.release_receipt(pipeline, context.partition_key, run_id=context.run.run_id)
     result.metadata.update(receipt_guide(pipeline, context.partition_key))
     return materialized(result)
 

@@ -8,6 +8,7 @@ runs under any trainer that speaks that protocol. Reward is correctness alone (a
 from __future__ import annotations
 
 import ast
+import atexit
 import json
 import math
 import operator
@@ -138,6 +139,8 @@ def http_client() -> httpx.Client:
         if _HTTP is None:
             limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
             _HTTP = httpx.Client(limits=limits, timeout=60.0)
+            # keep-alive sockets to gateways that stopped would otherwise be reported unclosed at exit
+            atexit.register(_HTTP.close)
         return _HTTP
 
 
