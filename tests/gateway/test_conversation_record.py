@@ -13,7 +13,7 @@ from lightning_dagster.types import AttemptState, RolloutKind
 
 
 def _context(recorded: dict) -> AttemptContext:
-    ctx = AttemptContext("r1", "a1", RolloutKind.train, None, None, AttemptState.running, 0.0, 1)
+    ctx = AttemptContext("r1", "a1", RolloutKind.train, None, None, None, AttemptState.running, 0.0, 1)
     ctx.last_ids, ctx.recorded = array("i", [1, 2, 3, 4]), recorded
     return ctx
 

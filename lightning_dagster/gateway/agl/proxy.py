@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,9 +19,10 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from lightning_dagster.gateway.agl import Agl, parse_json, reply
-from lightning_dagster.gateway.backends import Backend, UpstreamBackend
+from lightning_dagster.gateway.backends import Backend
 from lightning_dagster.gateway.calls import _error_span, llm_call
 from lightning_dagster.gateway.errors import GatewayError
+from lightning_dagster.gateway.upstreams import UpstreamBackend
 
 if TYPE_CHECKING:
     from lightning_dagster.gateway.app import Gateway
@@ -81,11 +81,16 @@ class RoutedBackend(Backend):
     def serves(self, name: str) -> bool:
         return self.current.serves(name)
 
-    async def chat(self, messages, tools, tool_choice, sampling, previous, body):
-        return await self._refused(self.current.chat(messages, tools, tool_choice, sampling, previous, body))
+    @property
+    def loads_weights(self) -> bool:  # type: ignore[override]
+        return self.default.loads_weights
 
-    async def complete(self, prompt, sampling, body):
-        return await self._refused(self.current.complete(prompt, sampling, body))
+    async def chat(self, messages, tools, tool_choice, sampling, previous, body, *, route=None):
+        call = self.current.chat(messages, tools, tool_choice, sampling, previous, body, route=route)
+        return await self._refused(call)
+
+    async def complete(self, prompt, sampling, body, *, route=None):
+        return await self._refused(self.current.complete(prompt, sampling, body, route=route))
 
     @staticmethod
     async def _refused(call):
@@ -99,8 +104,8 @@ class RoutedBackend(Backend):
     async def aclose(self) -> None:
         await self.default.aclose()
 
-    def load_weights(self, path: str, resource_id: str | None) -> None:
-        self.default.load_weights(path, resource_id)
+    def load_weights(self, state: dict, resource_id: str | None) -> None:
+        self.default.load_weights(state, resource_id)
 
 
 @dataclass
@@ -120,32 +125,30 @@ class Pause:
 
 
 class Endpoints:
-    """Registered model endpoints keyed by (model, endpoint); a rollout goes to the one its id hashes to
-    among them (sorted), so its calls share one server's prefix cache."""
+    """Registered model endpoints keyed by (model, endpoint), served as one `UpstreamBackend` whose pool holds
+    every registered endpoint: a rollout sticks to one (its calls share that server's prefix cache) and
+    moves to another when it is down. The model name sent upstream is the first registered one's."""
 
     def __init__(self, entries: list[dict]):
         self.entries: dict[tuple[str, str], ModelEntry] = {}
-        self.backends: dict[tuple[str, str], UpstreamBackend] = {}
+        self.backend: UpstreamBackend | None = None
         self.add([ModelEntry.model_validate(e) for e in entries])
 
     def add(self, entries: list[ModelEntry]) -> None:
         for e in entries:
-            key = (e.model, e.endpoint)
-            self.entries[key] = e
-            if key not in self.backends:
-                self.backends[key] = UpstreamBackend(e.endpoint, model=e.model)
+            self.entries[(e.model, e.endpoint)] = e
+            if self.backend is None:
+                self.backend = UpstreamBackend(e.endpoint, model=e.model)
+            else:
+                self.backend.pool.add(e.endpoint)
 
     async def clear(self) -> None:
-        backends, self.backends, self.entries = list(self.backends.values()), {}, {}
-        for b in backends:
-            await b.aclose()
+        backend, self.backend, self.entries = self.backend, None, {}
+        if backend is not None:
+            await backend.aclose()
 
-    def pick(self, rollout_id: str) -> UpstreamBackend | None:
-        if not self.entries:
-            return None
-        pool = sorted(self.entries)
-        index = int.from_bytes(hashlib.sha256(rollout_id.encode()).digest()[:8], "big") % len(pool)
-        return self.backends[pool[index]]
+    def pick(self) -> UpstreamBackend | None:
+        return self.backend
 
     def as_list(self) -> list[dict]:
         return [e.model_dump() for e in self.entries.values()]
@@ -198,7 +201,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         body = parse_json(await gw.body(request))
         if not isinstance(body, dict):
             raise GatewayError(400, "the body must be a JSON object")
-        route = endpoints.pick(rid)
+        route = endpoints.pick()
         backend = route or routed.default
         if body.get("model") not in gw.model_aliases and not backend.serves(body.get("model") or ""):
             body["model"] = backend.model
