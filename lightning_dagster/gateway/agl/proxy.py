@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from lightning_dagster.gateway.agl import Agl, parse_json, reply
 from lightning_dagster.gateway.backends import Backend
-from lightning_dagster.gateway.calls import _error_span, llm_call
+from lightning_dagster.gateway.calls import llm_call
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.upstreams import UpstreamBackend
 
@@ -46,10 +45,6 @@ class PauseRequest(BaseModel):
 
 
 MODELS = TypeAdapter(list[ModelEntry])
-
-
-class UpstreamRefused(GatewayError):
-    """A backend answered a call with a 4xx: the call is recorded with that status."""
 
 
 class RoutedBackend(Backend):
@@ -86,20 +81,10 @@ class RoutedBackend(Backend):
         return self.default.loads_weights
 
     async def chat(self, messages, tools, tool_choice, sampling, previous, body, *, route=None):
-        call = self.current.chat(messages, tools, tool_choice, sampling, previous, body, route=route)
-        return await self._refused(call)
+        return await self.current.chat(messages, tools, tool_choice, sampling, previous, body, route=route)
 
     async def complete(self, prompt, sampling, body, *, route=None):
-        return await self._refused(self.current.complete(prompt, sampling, body, route=route))
-
-    @staticmethod
-    async def _refused(call):
-        try:
-            return await call
-        except GatewayError as exc:
-            if exc.status < 500 and not isinstance(exc, UpstreamRefused):
-                raise UpstreamRefused(exc.status, exc.message, param=exc.param, code=exc.code) from exc
-            raise
+        return await self.current.complete(prompt, sampling, body, route=route)
 
     async def aclose(self) -> None:
         await self.default.aclose()
@@ -210,13 +195,8 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         inner = _inner_request(request, pydantic_core.to_json(body), target.key, rid, target.attempt_id)
         pause.inflight += 1
         token = ROUTE.set(route)
-        started = time.time()
-        try:
+        try:  # an upstream's 4xx is recorded by the LLM route like any refused call
             return await llm_call(gw, inner, dict(inner.path_params), chat=chat)
-        except UpstreamRefused as exc:  # the upstream's 4xx is part of the rollout's record
-            ctx = await gw.attempts.context(rid, target.attempt_id)
-            await gw.record(ctx, _error_span(gw, ctx, chat, started, exc))
-            raise
         finally:
             ROUTE.reset(token)
             pause.inflight -= 1
