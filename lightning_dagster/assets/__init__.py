@@ -5,7 +5,10 @@ Every asset body is wiring: it calls one function of its group's module in `ligh
 transition files) are written by the stage and referenced by URI, never pickled through an IO manager.
 """
 
+import warnings
+
 import dagster as dg
+from dagster._utils.warnings import PreviewWarning
 
 from lightning_dagster.assets.metadata import materialized
 from lightning_dagster.partitions import snapshots
@@ -120,7 +123,10 @@ def through_pipes(
 ) -> dg.MaterializeResult:
     """Run a stage in a process launched by a Pipes client; its one reported stage result becomes the
     asset's metadata exactly as `materialized` makes it in process."""
-    invocation = client.run(context=context, command=command, extras=extras)
+    with warnings.catch_warnings():
+        # Dagster's own subprocess client calls a Pipes API it marks as preview; not ours to act on
+        warnings.simplefilter("ignore", PreviewWarning)
+        invocation = client.run(context=context, command=command, extras=extras)
     (message,) = invocation.get_custom_messages()
     return materialized(decode(message))
 

@@ -58,10 +58,14 @@ def asset_figures(asset: str, meta: dict[str, Any], training: Any) -> str:
     if asset == "training_transitions":
         return f"{m('rows')} rows, {m('trained_tokens')} trained tokens"
     if asset == "candidate_resource":
-        curve = m("reward_curve") or []
-        rewards = f"reward {curve[0]:.3f} -> {curve[-1]:.3f}" if curve else "no steps"
         per_step = training.tasks_per_step * training.group_size
-        return f"{m('steps')} RL steps x {per_step} rollouts, {rewards}; candidate {m('model_version')}"
+        chosen = (
+            f"checkpoint of step {m('chosen_step')}" if m("chosen_step") is not None else "last checkpoint"
+        )
+        return (
+            f"{m('steps')} RL steps x {per_step} rollouts, final sampled reward {_fmt(m('final_reward'))}, "
+            f"{chosen}; candidate {m('model_version')}"
+        )
     if asset == "holdout_evaluation":
         return (
             f"held-out success parent {_fmt(m('parent_success'))} -> candidate {_fmt(m('candidate_success'))} "
@@ -97,7 +101,11 @@ class _EventPrinter(logging.Handler):
         elif event.event_type_value == "ASSET_CHECK_EVALUATION" and not event.event_specific_data.passed:
             self.lines.line(f"{self.label} check", f"{event.event_specific_data.check_name} not passed")
         elif event.is_step_failure:
-            self.lines.line(f"{self.label} stopped", f"{event.step_key} did not run to the end")
+            error = event.step_failure_data.error
+            while error is not None and error.cause is not None:  # the user code's own error, not Dagster's
+                error = error.cause
+            cause = (error.message.strip().splitlines() or [""])[0] if error is not None else ""
+            self.lines.line(f"{self.label} stopped", f"{event.step_key} did not run to the end: {cause}")
 
 
 def with_stage_lines(job: Any, lines: StageLines, label: str, training: Any) -> Any:

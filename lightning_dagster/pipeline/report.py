@@ -47,6 +47,7 @@ def mlflow_links(p: Pipeline, reg: Registry, run_id: str, version: str) -> dict[
     ids = {"mlflow_run_id": run_id, "mlflow_version": version}
     return {**ids, **{f"{name}_link": Link(url) for name, url in links.items()}}
 
+
 def run_config(op: str, **config: Any) -> str:
     """The exact launchpad run config of a one-op job, as YAML."""
     return yaml.safe_dump({"ops": {op: {"config": config}}}, sort_keys=False)

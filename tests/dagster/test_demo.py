@@ -61,7 +61,7 @@ def test_demo_runs_two_cycles_promotes_between_them_and_summarizes(demo_env):
     text = "\n".join(lines)
 
     # Stage lines as the assets materialized, in the graph's order, each cycle.
-    assert _stage_order(lines, 1) == STAGES and _stage_order(lines, 2) == STAGES
+    assert _stage_order(lines, 1) == STAGES and _stage_order(lines, 2) == STAGES, text
     assert re.search(r"cycle 1 holdout_evaluation: held-out success parent [\d.]+ -> candidate [\d.]+", text)
     assert re.search(r"cycle 1 candidate_resource: 2 RL steps x 64 rollouts", text)
 

@@ -99,7 +99,7 @@ def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
     stored = ctx.append_receipt(store, key, final)
     # The candidate's MLflow version tags name this receipt version and verdict (best effort: the ledger
     # is the record; the next receipt operation writes them again).
-    tag_error = receipt_tags.write_after(ctx.registry(p), stored)
+    tag_error = receipt_tags.write_after(ctx.registry(p), final.receipt_id)
     return StageResult(
         metadata={
             "verdict": evaluation.verdict,
