@@ -26,8 +26,9 @@ import uvloop
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lightning_dagster.gateway.backends import CallSampling, HttpxClient, UpstreamBackend  # noqa: E402
+from lightning_dagster.gateway.backends import CallSampling  # noqa: E402
 from lightning_dagster.gateway.http1 import Http1Client  # noqa: E402
+from lightning_dagster.gateway.upstreams import HttpxClient, UpstreamBackend  # noqa: E402
 
 PROMPT = "x" * 180  # with the stub's role markup: ~200 prompt ids; replies are 50 ids with logprobs
 
@@ -45,7 +46,7 @@ class Pinned(UpstreamBackend):
         super().__init__(base_url, model="stub")
         self.pinned = client
 
-    def _http(self):
+    def _http(self, server):
         return self.pinned
 
 

@@ -2,9 +2,10 @@
 rewards, serve mode; backed by the embedded engine or an upstream OpenAI-compatible server."""
 
 from lightning_dagster.gateway.app import create_app
-from lightning_dagster.gateway.backends import Backend, Completion, EngineBackend, UpstreamBackend
+from lightning_dagster.gateway.backends import Backend, Completion, EngineBackend
 from lightning_dagster.gateway.keys import attempt_key
 from lightning_dagster.gateway.server import GatewayServer
+from lightning_dagster.gateway.upstreams import UpstreamBackend, UpstreamPool
 
 __all__ = [
     "Backend",
@@ -12,6 +13,7 @@ __all__ = [
     "EngineBackend",
     "GatewayServer",
     "UpstreamBackend",
+    "UpstreamPool",
     "attempt_key",
     "create_app",
 ]

@@ -1,5 +1,6 @@
-"""Where completions come from: the embedded engine (token-in, exact ids) or an upstream OpenAI-compatible
-server such as vLLM (ids and logprobs read from its `return_token_ids` / `logprobs` response fields).
+"""Where completions come from: the embedded engine (token-in, exact ids) here, or upstream OpenAI-compatible
+servers such as vLLM (`gateway.upstreams`: ids and logprobs read from their `return_token_ids` / `logprobs`
+response fields).
 
 Both return a `Completion`; the app turns it into one OpenAI response (or SSE stream) and one LLM span, so
 the two modes record the same fields.
@@ -15,11 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import httpx
-import pydantic_core
 
 from lightning_dagster.gateway.errors import GatewayError
-from lightning_dagster.gateway.http1 import Http1Client, UpstreamHTTPError
 from lightning_dagster.gateway.tokenin import LastCall, closing_tokens, continue_prompt
 
 if TYPE_CHECKING:
@@ -39,6 +37,7 @@ class Completion:
     tool_calls: list[dict] = field(default_factory=list)
     token_texts: list[str] | None = None  # per response token, for OpenAI `logprobs`
     token_source: str = "rendered"  # reused | rendered | upstream | ids | text
+    upstream: str | None = None  # the upstream server that produced it (upstream mode)
 
 
 @dataclass
@@ -55,7 +54,8 @@ class CallSampling:
 
 
 class Backend(abc.ABC):
-    """A source of completions. `resource_id` is what spans record as the serving resource."""
+    """A source of completions. `resource_id` is what spans record as the serving resource. `route` (the
+    rollout id) is what a backend with several servers keeps a rollout's calls together by."""
 
     resource_id: str | None = None
     kind: str = "backend"
@@ -78,10 +78,14 @@ class Backend(abc.ABC):
         sampling: CallSampling,
         previous: LastCall | None,
         body: dict,
+        *,
+        route: str | None = None,
     ) -> Completion: ...
 
     @abc.abstractmethod
-    async def complete(self, prompt: str | list[int], sampling: CallSampling, body: dict) -> Completion: ...
+    async def complete(
+        self, prompt: str | list[int], sampling: CallSampling, body: dict, *, route: str | None = None
+    ) -> Completion: ...
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         pass
@@ -93,7 +97,7 @@ class Backend(abc.ABC):
         )
 
 
-def _tool_call_ids(calls: list[dict]) -> list[dict]:
+def tool_call_ids(calls: list[dict]) -> list[dict]:
     # The template does not render call ids, so fresh ones cost nothing and let harnesses answer calls.
     out = []
     for call in calls:
@@ -178,11 +182,11 @@ class EngineBackend(Backend):
         except Exception as exc:  # jinja / template errors are the request's fault
             raise GatewayError(400, f"messages could not be rendered: {exc}", param="messages") from exc
 
-    async def chat(self, messages, tools, tool_choice, sampling, previous, body) -> Completion:
+    async def chat(self, messages, tools, tool_choice, sampling, previous, body, *, route=None) -> Completion:
         prompt_ids, source = await anyio.to_thread.run_sync(self._chat_prompt, messages, tools, previous)
         gen = await self._generate(prompt_ids, sampling)
         content, calls = (gen.text, []) if tool_choice == "none" else self.engine.parse_assistant(gen.text)
-        calls = _tool_call_ids(calls)
+        calls = tool_call_ids(calls)
         return Completion(
             prompt_ids=list(gen.prompt_token_ids),
             response_ids=list(gen.token_ids),
@@ -195,7 +199,7 @@ class EngineBackend(Backend):
             token_source=source,
         )
 
-    async def complete(self, prompt, sampling, body) -> Completion:
+    async def complete(self, prompt, sampling, body, *, route=None) -> Completion:
         ids, source = (
             (self.engine.encode(prompt), "text") if isinstance(prompt, str) else (list(prompt), "ids")
         )
@@ -210,137 +214,3 @@ class EngineBackend(Backend):
             token_texts=self._texts(gen.token_ids, sampling),
             token_source=source,
         )
-
-
-class HttpxClient:
-    """TLS (or any non-plain-http) upstreams: one shared httpx client with a keep-alive pool."""
-
-    def __init__(self, base_url: str, headers: dict[str, str], *, timeout: float):
-        self._base = base_url
-        self._client = httpx.AsyncClient(
-            headers={**headers, "content-type": "application/json"},
-            timeout=timeout,
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-        )
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        try:
-            response = await self._client.post(f"{self._base}/{path}", content=body)
-        except httpx.HTTPError as exc:
-            raise UpstreamHTTPError(f"{type(exc).__name__}: {exc}") from exc
-        return response.status_code, response.content
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-
-
-class UpstreamBackend(Backend):
-    """Forwards to an OpenAI-compatible server and reads the exact ids from its response (vLLM shape:
-    top-level or per-choice `prompt_token_ids`, `choices[].token_ids`, `choices[].logprobs`). Plain-http
-    upstreams go through `Http1Client`, others through httpx."""
-
-    kind = "upstream"
-
-    def __init__(self, base_url: str, api_key: str = "", model: str | None = None, *, timeout: float = 600.0):
-        self.base_url = base_url.rstrip("/")
-        if not self.base_url.endswith("/v1"):
-            self.base_url += "/v1"
-        self._api_key = api_key
-        self._model = model
-        self._timeout = timeout
-        self._client: Http1Client | HttpxClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    @property
-    def model(self) -> str:
-        return self._model or "upstream"
-
-    def serves(self, name: str) -> bool:
-        # Without a configured model the request's name is forwarded, and the upstream judges it.
-        return self._model is None or name == self._model
-
-    def _http(self) -> Http1Client | HttpxClient:
-        # One keep-alive client per event loop (a GatewayServer runs one loop; tests may start several).
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-            if self.base_url.startswith("http://"):
-                self._client = Http1Client(self.base_url, headers, timeout=self._timeout)
-            else:
-                self._client = HttpxClient(self.base_url, headers, timeout=self._timeout)
-            self._loop = loop
-        return self._client
-
-    async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-    async def _post(self, path: str, payload: dict) -> dict:
-        try:
-            status, raw = await self._http().post(path, pydantic_core.to_json(payload))
-        except (UpstreamHTTPError, TimeoutError) as exc:
-            raise GatewayError(502, f"upstream request failed: {type(exc).__name__}") from exc
-        try:
-            data = pydantic_core.from_json(raw)
-        except ValueError as exc:
-            raise GatewayError(502, f"upstream returned non-JSON (HTTP {status})") from exc
-        if status >= 400:
-            message = data.get("error", data) if isinstance(data, dict) else data
-            if isinstance(message, dict):
-                message = message.get("message", message)
-            raise GatewayError(status, f"upstream error: {message}")
-        if not isinstance(data, dict) or not data.get("choices"):
-            raise GatewayError(502, "upstream response has no choices")
-        return data
-
-    def _payload(self, body: dict, sampling: CallSampling) -> dict:
-        drop = ("stream", "stream_options", "max_completion_tokens")  # max_tokens carries the applied limit
-        payload = {k: v for k, v in body.items() if k not in drop}
-        if self._model:
-            payload["model"] = self._model
-        payload["return_token_ids"] = True
-        payload["temperature"], payload["top_p"] = sampling.temperature, sampling.top_p
-        if sampling.max_tokens is not None:
-            payload["max_tokens"] = sampling.max_tokens
-        if sampling.seed is not None:
-            payload["seed"] = sampling.seed
-        return payload
-
-    def _completion(self, data: dict, *, chat: bool) -> Completion:
-        choice = data["choices"][0]
-        prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids") or []
-        logprobs, texts = None, None
-        lp = choice.get("logprobs")
-        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-            logprobs = [float(t["logprob"]) for t in lp["content"]]
-            texts = [t.get("token", "") for t in lp["content"]]
-        elif isinstance(lp, dict) and isinstance(lp.get("token_logprobs"), list):
-            logprobs = [float(x) for x in lp["token_logprobs"]]
-            texts = lp.get("tokens")
-        if chat:
-            message = choice.get("message") or {}
-            content, calls = message.get("content"), message.get("tool_calls") or []
-        else:
-            content, calls = choice.get("text", ""), []
-        return Completion(
-            prompt_ids=list(prompt_ids),
-            response_ids=list(choice.get("token_ids") or []),
-            logprobs=logprobs,
-            content=content,
-            finish_reason=choice.get("finish_reason") or "stop",
-            model=data.get("model") or self.model,
-            tool_calls=calls,
-            token_texts=texts,
-            token_source="upstream",
-        )
-
-    async def chat(self, messages, tools, tool_choice, sampling, previous, body) -> Completion:
-        payload = self._payload(body, sampling)
-        payload["logprobs"] = True  # always captured; stripped from the reply unless the client asked
-        return self._completion(await self._post("chat/completions", payload), chat=True)
-
-    async def complete(self, prompt, sampling, body) -> Completion:
-        payload = self._payload(body, sampling)
-        payload["logprobs"] = max(1, int(body.get("logprobs") or 0))
-        return self._completion(await self._post("completions", payload), chat=False)

@@ -57,9 +57,11 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
     backend = gw.backend
     try:
         if chat:
-            c = await backend.chat(messages, req.tools, req.tool_choice, sampling, previous, body)
+            c = await backend.chat(
+                messages, req.tools, req.tool_choice, sampling, previous, body, route=ctx.rollout_id
+            )
         else:
-            c = await backend.complete(req.single_prompt(), sampling, body)
+            c = await backend.complete(req.single_prompt(), sampling, body, route=ctx.rollout_id)
     except GatewayError as exc:
         if exc.status >= 500:  # the backend failed, not the request: keep the failure on record
             await gw.record(ctx, _error_span(gw, ctx, chat, started, exc))
@@ -74,6 +76,7 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
     attributes = {
         "model": c.model,
         "backend": backend.kind,
+        "upstream": c.upstream,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "max_tokens": sampling.max_tokens,

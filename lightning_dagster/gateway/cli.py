@@ -113,9 +113,9 @@ def serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stopping.set())
     gateway = LocalGateway(
         Store(args.store),
-        args.model,
+        args.model or args.tokenizer,
         serving="thread",
-        upstream_url=args.upstream,
+        upstream_url=",".join(args.upstream) if args.upstream else None,
         upstream_model=args.upstream_model,
         host=args.host,
         port=args.port,
@@ -170,7 +170,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a Hugging Face causal LM directory served by the embedded engine")
-    source.add_argument("--upstream", help="base URL of an OpenAI-compatible server (e.g. vLLM)")
+    source.add_argument("--upstream", action="append", metavar="URL",
+                        help="base URL of an OpenAI-compatible server, e.g. vLLM (repeatable or comma-separated: "
+                             "calls stick to one per rollout and fail over when it is down)")  # fmt: skip
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="with --upstream: the served model's tokenizer folder; prompts then go upstream as "
+                        "exact token ids (token-in) through the completions API")  # fmt: skip
     p.add_argument("--upstream-model", default=None, help="model name to send upstream")
     p.add_argument("--resource-id", default=None, help="resource id recorded on spans")
     p.add_argument("--store", default=None, help="store URL (default: $LD_STORE_URL or the embedded SQLite)")

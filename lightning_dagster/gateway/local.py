@@ -29,8 +29,10 @@ class LocalGateway:
     `serving="thread"`: engine, batching loop and HTTP server in this process. `serving="process"`: all of
     it in a child process (`GatewayProcess`), so harness workers and the decode loop do not share one
     interpreter lock; it needs a store another process can open (a SQLite file or PostgreSQL).
-    `upstream_url`: every call goes to that OpenAI-compatible server instead of the embedded engine;
-    `model_dir` is then optional (it only provides `codec`), and `load_weights` raises `WeightsNotServed`.
+    `upstream_url`: every call goes to that OpenAI-compatible server (or those, comma-separated: sticky
+    per rollout, with failover) instead of the embedded engine; `model_dir` is then optional (the served
+    model's tokenizer: it provides `codec`, and prompts go upstream as exact token ids), and
+    `load_weights` raises `WeightsNotServed`.
     `model_aliases`: the model names served besides the model's own (what the harness sends).
     `model_roots`: the directories `POST /admin/weights` may read (default: the models directory; a process
     child also reads the folder its parent writes pushed weights to).
@@ -127,16 +129,21 @@ class LocalGateway:
     ) -> None:
         # Imported here: torch and the web stack cost seconds, and a process-mode parent needs neither.
         from lightning_dagster.gateway.app import create_app
-        from lightning_dagster.gateway.backends import EngineBackend, UpstreamBackend
+        from lightning_dagster.gateway.backends import EngineBackend
         from lightning_dagster.gateway.server import GatewayServer
 
         if self.upstream_url:
-            self._backend = UpstreamBackend(self.upstream_url, upstream_api_key, upstream_model)
-            self._backend.resource_id = self.resource_id
+            from lightning_dagster.gateway.upstreams import UpstreamBackend
+
             if self.model_dir is not None:
                 from lightning_dagster.engine.chat import ChatCodec
 
                 self.codec = ChatCodec(self.model_dir)
+            # with the served model's codec, prompts reach the upstream as exact token ids (token-in)
+            self._backend = UpstreamBackend(
+                self.upstream_url, upstream_api_key, upstream_model, codec=self.codec
+            )
+            self._backend.resource_id = self.resource_id
         else:
             from lightning_dagster.engine import BatchingEngine, Engine
 

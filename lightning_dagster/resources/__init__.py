@@ -67,8 +67,9 @@ class PolicyModelResource(dg.ConfigurableResource):
     engine_threads: int = 2
     # the most sequences the embedded engine decodes at once (`LocalGateway(max_batch=)`)
     max_batch: int = 64
-    # e.g. a vLLM server: the gateway forwards every call there instead of to the embedded engine; empty:
-    # the embedded engine serves (`LocalGateway(upstream_url=)`)
+    # e.g. a vLLM server, or several comma-separated (each rollout sticks to one, failing over when it is
+    # down): the gateway forwards every call there instead of to the embedded engine; empty: the embedded
+    # engine serves (`LocalGateway(upstream_url=)`)
     upstream_url: str = ""
     # seed of the base model built from scratch and of the first parent's warm start (pipeline.bootstrap)
     seed: int = 0

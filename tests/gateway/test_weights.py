@@ -20,8 +20,8 @@ from safetensors.torch import save_file
 
 from lightning_dagster.engine import BatchingEngine, Engine
 from lightning_dagster.gateway import EngineBackend, attempt_key
-from lightning_dagster.gateway.backends import UpstreamBackend
 from lightning_dagster.gateway.process import GatewayProcess, GatewayProcessError
+from lightning_dagster.gateway.upstreams import UpstreamBackend
 from lightning_dagster.types import Rollout, RolloutKind
 from tests.gateway.conftest import ADMIN, Gateway, _serve
 
