@@ -57,11 +57,12 @@ def _digest(normalized: list[dict], tools: list[dict] | None) -> str:
 
 def conversation(last: LastCall) -> dict[str, Any]:
     """What an LLM span records of its call's conversation so any replica can continue it exactly: the
-    number of messages (the request's plus the reply), their digest, and the reply as rendered."""
+    number of messages (the request's plus the reply), their digest, and the reply as rendered, as JSON text
+    (escaped, so a sampled NUL or control character is kept exactly: the store refuses raw NULs)."""
     return {
         "messages": len(last.messages),
         "digest": _digest(last.messages, last.tools),
-        "assistant": last.raw_messages[-1],
+        "assistant": json.dumps(last.raw_messages[-1]),
     }
 
 
@@ -94,7 +95,7 @@ class AttemptContext:
         n = recorded["messages"]
         if len(messages) <= n:
             return
-        raw = [*messages[: n - 1], recorded["assistant"]]
+        raw = [*messages[: n - 1], json.loads(recorded["assistant"])]
         normalized = normalize_messages(raw)
         if _digest(normalized, tools) == recorded["digest"]:
             self.last = LastCall(normalized, raw, tools, self.last_ids)
