@@ -5,20 +5,22 @@ Measures, per proxied call: server CPU time (psutil, user+system of the server p
 a direct upstream call (p50/p99; each call follows a direct one, the gateways take turns in rounds of 10
 calls), and retained bytes on 10-turn rollouts with
 ~1k-token prompts (server RSS growth; for ours plus the growth of the SQLite store after a WAL checkpoint).
+Ours is measured on its own route with attempt keys (`ours`, `ours_wb`) and on Agent Lightning's proxy path
+(`ours_agl`, `gateway serve --agl-key-file`). Per REST call of Agent Lightning's API (create a rollout, list,
+get one, post an event, read a rollout's triplet events): server CPU of ours (`--agl-key-file`) and of
+agl-server, both with a server key, taking turns in rounds of 10 calls.
 
-    .venv/bin/python benchmarks/gateway_vs_agl.py [--calls 300] [--rollouts 40]
+    .venv/bin/python benchmarks/gateway_vs_agl.py [--calls 300] [--rollouts 40] [--rest-calls 300]
 
 Agent Lightning runs from its own Python 3.12 venv (benchmarks/.work/agl-venv, created on first use with
-`pip install agentlightning==1.0.2`).
+`pip install agentlightning==1.0.2`; `tests.support.agl_venv`).
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
-import shutil
 import socket
 import sqlite3
 import statistics
@@ -31,10 +33,14 @@ import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.support.agl_venv import ensure_agl_venv  # noqa: E402
+
 WORK = ROOT / "benchmarks" / ".work"
-AGL_VENV = WORK / "agl-venv"
 PY = sys.executable
-SECRET, ADMIN = "bench-secret-0123456789", "bench-admin-0123456789"
+SECRET, ADMIN, AGL_KEY = "bench-secret-0123456789", "bench-admin-0123456789", "bench-agl-key-0123456789"
+AGL_AUTH = {"Authorization": f"Bearer {AGL_KEY}"}
+REST_ROUTES = ("create", "list", "get", "events_post", "events_get")
 
 
 def free_port() -> int:
@@ -54,23 +60,6 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
         except httpx.HTTPError:
             time.sleep(0.1)
     raise RuntimeError(f"{url} did not come up")
-
-
-def python312() -> str:
-    found = shutil.which("python3.12")
-    if found and subprocess.run([found, "-c", "pass"], capture_output=True).returncode == 0:
-        return found
-    for candidate in sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12"))):
-        return candidate
-    raise RuntimeError("python3.12 not found")
-
-
-def ensure_agl() -> Path:
-    exe = AGL_VENV / "bin" / "agl-server"
-    if not exe.exists():
-        subprocess.run([python312(), "-m", "venv", str(AGL_VENV)], check=True)
-        subprocess.run([str(AGL_VENV / "bin" / "pip"), "install", "-q", "agentlightning==1.0.2"], check=True)
-    return exe
 
 
 class Server:
@@ -104,8 +93,7 @@ class Server:
 class Ours:
     """Our gateway in upstream mode, its store, and one attempt key per rollout."""
 
-    def __init__(self, upstream: str, db: Path, write_behind_ms: float = 0.0):
-        sys.path.insert(0, str(ROOT))
+    def __init__(self, upstream: str, db: Path, write_behind_ms: float = 0.0, agl: bool = False):
         from lightning_dagster.store import Store
 
         self.db = db
@@ -123,8 +111,13 @@ class Ours:
             "--store",
             self.store.url,
         ]
+        if write_behind_ms:
+            args += ["--write-behind-ms", str(write_behind_ms)]
         # The gateway takes its secrets from 0600 files, never from its environment or command line.
-        for option, value in (("--secret-file", SECRET), ("--admin-key-file", ADMIN)):
+        secrets = [("--secret-file", SECRET), ("--admin-key-file", ADMIN)] + [
+            ("--agl-key-file", AGL_KEY)
+        ] * agl
+        for option, value in secrets:
             path = Path(db).parent / option.strip("-")
             path.write_text(value)
             path.chmod(0o600)
@@ -148,29 +141,45 @@ class Ours:
         )
 
 
-class Agl:
+class AglApi:
+    """Rollouts made through Agent Lightning's REST API, called through its proxy path (ours or agl-server)."""
+
+    n = 0
+    base = ""
+
+    def new_rollout(self) -> tuple[str, dict]:
+        AglApi.n += 1
+        rid = f"bench-{AglApi.n}"
+        httpx.post(
+            f"{self.base}/api/rollouts", json=[{"input": {}, "rollout_id": rid}], headers=AGL_AUTH
+        ).raise_for_status()
+        return f"{self.base}/proxy/rollout/{rid}/attempt/0/mode/train/openai/v1/chat/completions", AGL_AUTH
+
+
+class OursAgl(AglApi, Ours):
+    """Ours with `--agl-key-file`, called as agl-server is."""
+
+    def __init__(self, upstream: str, db: Path):
+        Ours.__init__(self, upstream, db, agl=True)
+        self.base = f"http://127.0.0.1:{self.port}"
+
+
+class Agl(AglApi):
     def __init__(self, upstream: str):
-        exe = ensure_agl()
+        exe = ensure_agl_venv().parent / "agl-server"
         self.port = free_port()
         args = [
             str(exe),
             "host=127.0.0.1",
             f"port={self.port}",
-            "key=",
+            f"key={AGL_KEY}",  # agl-server takes its key on the command line (hydra)
             "default_proxy.model_name=stub",
             "hydra.run.dir=.",
         ]
         self.server = Server("agl", args, f"http://127.0.0.1:{self.port}/healthz")
-        base = f"http://127.0.0.1:{self.port}"
-        httpx.post(f"{base}/api/models", json=[{"model": "stub", "endpoint": upstream}]).raise_for_status()
-        self.n = 0
-
-    def new_rollout(self) -> tuple[str, dict]:
-        self.n += 1
-        rid = f"bench-{self.n}"
-        base = f"http://127.0.0.1:{self.port}"
-        httpx.post(f"{base}/api/rollouts", json=[{"input": {}, "rollout_id": rid}]).raise_for_status()
-        return f"{base}/proxy/rollout/{rid}/attempt/0/mode/train/openai/v1/chat/completions", {}
+        self.base = f"http://127.0.0.1:{self.port}"
+        models = [{"model": "stub", "endpoint": upstream}]
+        httpx.post(f"{self.base}/api/models", json=models, headers=AGL_AUTH).raise_for_status()
 
 
 def call(client: httpx.Client, url: str, headers: dict, messages: list[dict]) -> tuple[float, dict]:
@@ -260,14 +269,76 @@ def retained(target, rollouts: int, turns: int = 10) -> dict:
     }
 
 
+def rest_call(client: httpx.Client, base: str, route: str, i: int, tag: str) -> None:
+    """One call of `route`; `i` numbers the calls of a server, `tag` keeps its rollout ids apart."""
+    if route == "create":
+        item = {
+            "input": {"question": "q" * 40, "data_id": f"d{i}"},
+            "rollout_id": f"{tag}-c{i}",
+            "metadata": {},
+        }
+        r = client.post(f"{base}/api/rollouts", json=[{**item, "config": {"timeout_seconds": 60}}])
+    elif route == "list":
+        r = client.get(
+            f"{base}/api/rollouts", params=[("state_in", "queuing"), ("state_in", "running"), ("limit", 50)]
+        )
+    elif route == "get":
+        r = client.get(f"{base}/api/rollouts/{tag}-r{i % 20}")
+    elif route == "events_post":
+        event = {"event_type": "tool_call", "data": {"step": i, "tool": "calc", "output": "x" * 100}}
+        r = client.post(f"{base}/api/rollouts/{tag}-r{i % 20}/attempt/0/events", json=event)
+    else:
+        r = client.get(f"{base}/api/rollouts/{tag}-e/events", params={"format": "triplet"})
+    r.raise_for_status()
+
+
+def rest_cpu(targets: dict, calls: int) -> dict:
+    """Server CPU per REST call of Agent Lightning's API, each server measured over its own blocks of 10
+    calls (the servers take turns). Before: 20 running rollouts, and one (`-e`) with 4 proxied model calls
+    and a reward, whose triplet events the `events_get` calls read."""
+    msgs = [{"role": "user", "content": "x" * 183}]
+    out: dict = {k: {} for k in targets}
+    with httpx.Client(timeout=60, headers=AGL_AUTH) as client:
+        for k, t in targets.items():
+            items = [{"input": {"data_id": f"d{j}"}, "rollout_id": f"{k}-r{j}"} for j in range(20)]
+            client.post(
+                f"{t.base}/api/rollouts", json=[*items, {"input": {}, "rollout_id": f"{k}-e"}]
+            ).raise_for_status()
+            for j in range(20):
+                client.patch(
+                    f"{t.base}/api/rollouts/{k}-r{j}", json={"status": {"state": "running"}}
+                ).raise_for_status()
+            proxy = f"{t.base}/proxy/rollout/{k}-e/attempt/0/mode/train/openai/v1/chat/completions"
+            for _ in range(4):
+                call(client, proxy, AGL_AUTH, msgs)
+                msgs = [*msgs, {"role": "user", "content": "y" * 20}]
+            reward = {"event_type": "reward", "data": {"value": 1.0}}
+            client.post(f"{t.base}/api/rollouts/{k}-e/attempt/0/events", json=reward).raise_for_status()
+        for route in REST_ROUTES:
+            spent = dict.fromkeys(targets, 0.0)
+            for k, t in targets.items():  # warm-up
+                for i in range(10):
+                    rest_call(client, t.base, route, 10_000 + i, k)
+            for start in range(0, calls, 10):
+                for k, t in targets.items():
+                    cpu0 = t.server.cpu()
+                    for i in range(start, start + 10):
+                        rest_call(client, t.base, route, i, k)
+                    spent[k] += t.server.cpu() - cpu0
+            for k in targets:
+                out[k][route] = spent[k] / calls * 1e3
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rollouts", type=int, default=40)
+    parser.add_argument("--rest-calls", type=int, default=300)
     parser.add_argument("--skip-agl", action="store_true")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    dbs = {"ours": WORK / "gateway-bench.db", "ours_wb": WORK / "gateway-bench-wb.db"}
+    dbs = {k: WORK / f"gateway-bench-{k}.db" for k in ("ours", "ours_wb", "ours_agl")}
     for db in dbs.values():
         for suffix in ("", "-wal", "-shm"):
             Path(str(db) + suffix).unlink(missing_ok=True)
@@ -281,6 +352,7 @@ def main() -> int:
     try:
         targets["ours"] = Ours(upstream, dbs["ours"])
         targets["ours_wb"] = Ours(upstream, dbs["ours_wb"], write_behind_ms=50.0)
+        targets["ours_agl"] = OursAgl(upstream, dbs["ours_agl"])
         if not args.skip_agl:
             try:
                 targets["agl"] = Agl(upstream)
@@ -293,6 +365,8 @@ def main() -> int:
         )
         for k, t in targets.items():
             res[k].update(retained(t, args.rollouts))
+        rest_targets = {k: t for k, t in targets.items() if k in ("ours_agl", "agl")}
+        res["rest_cpu_ms_per_call"] = rest_cpu(rest_targets, args.rest_calls)
     finally:
         for t in targets.values():
             t.server.stop()
@@ -300,9 +374,14 @@ def main() -> int:
 
     print(json.dumps({**res, "agl_error": agl_error}, indent=2))
     a = res.get("agl")
+    ours = ("ours", "ours_wb", "ours_agl")
     print(f"\nper proxied call (stub upstream, 200 prompt / 50 response ids; {args.calls} calls each)")
-    print("ours = durable (response after span commit); ours_wb = --write-behind-ms 50")
-    print(f"{'':24}{'ours':>11}{'ours_wb':>11}{'agl-server':>12}{'ours/agl':>10}{'wb/agl':>10}")
+    print("ours = durable (response after span commit); ours_wb = --write-behind-ms 50;")
+    print("ours_agl = durable, called on Agent Lightning's proxy path with its server key")
+    header = (
+        "".join(f"{k:>11}" for k in ours) + f"{'agl-server':>12}" + "".join(f"{k + '/agl':>14}" for k in ours)
+    )
+    print(f"{'':24}{header}")
     rows = [
         ("server CPU ms/call", "cpu_ms_per_call"),
         ("added latency p50 ms", "added_p50_ms"),
@@ -310,11 +389,18 @@ def main() -> int:
         ("retained bytes/call", "retained_bytes_per_call"),
     ]
     for label, key in rows:
-        o, w = res["ours"][key], res["ours_wb"][key]
-        if a:
-            print(f"{label:24}{o:11.2f}{w:11.2f}{a[key]:12.2f}{o / a[key]:10.3f}{w / a[key]:10.3f}")
-        else:
-            print(f"{label:24}{o:11.2f}{w:11.2f}{'n/a':>12}")
+        values = "".join(f"{res[k][key]:11.2f}" for k in ours)
+        ratios = "".join(f"{res[k][key] / a[key]:14.3f}" for k in ours) if a else ""
+        print(f"{label:24}{values}{a[key] if a else float('nan'):12.2f}{ratios}")
+    rest = res["rest_cpu_ms_per_call"]
+    if "agl" in rest:
+        print(
+            f"\nserver CPU ms per REST call ({args.rest_calls} calls each; ours = gateway serve --agl-key-file)"
+        )
+        print(f"{'route':24}{'ours':>11}{'agl-server':>12}{'ours/agl':>10}")
+        for route in REST_ROUTES:
+            o, g = rest["ours_agl"][route], rest["agl"][route]
+            print(f"{route:24}{o:11.3f}{g:12.3f}{o / g:10.3f}")
     direct = " ".join(
         f"{k} {v['direct_p50_ms']:.2f}/{v['direct_p99_ms']:.2f}" for k, v in res.items() if k in targets
     )

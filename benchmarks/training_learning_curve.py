@@ -44,7 +44,10 @@ def main() -> int:
     if parent is None:
         t = time.perf_counter()
         ws = warm_start(
-            store, build_base_model(work / "base", corpus=training_corpus(seed=args.seed), seed=args.seed), work / "warm", WarmStartConfig()
+            store,
+            build_base_model(work / "base", corpus=training_corpus(seed=args.seed), seed=args.seed),
+            work / "warm",
+            WarmStartConfig(),
         )
         parent = ws.model_dir
         print(

@@ -19,6 +19,8 @@ from fastapi.responses import Response
 from lightning_dagster import config
 from lightning_dagster.gateway import events, schemas
 from lightning_dagster.gateway.admin import admin_router
+from lightning_dagster.gateway.agl import AglSettings
+from lightning_dagster.gateway.agl import mount as mount_agl
 from lightning_dagster.gateway.attempts import AttemptContext, Attempts, TokenInStats
 from lightning_dagster.gateway.backends import Backend
 from lightning_dagster.gateway.calls import llm_call
@@ -120,6 +122,7 @@ def create_app(
     fsync_spans: bool = False,
     model_aliases: Sequence[str] = ("policy",),
     model_roots: Sequence[Path | str] | None = None,
+    agl: AglSettings | None = None,
 ) -> FastAPI:
     """The gateway app. `state_ttl_s`: how long an attempt's `running` state is trusted before re-reading it
     from the store (a finished attempt is refused with 409 at most this long after it ends).
@@ -130,7 +133,7 @@ def create_app(
     or at every call with `fsync_spans=True`. `model_aliases`: model names accepted besides the served
     model's own (the example harnesses ask for `policy`); any other name is a 404 `model_not_found`.
     `model_roots`: the only directories `POST /admin/weights` reads from (default: the models directory,
-    `config.models_dir()`)."""
+    `config.models_dir()`). `agl`: also serve Agent Lightning v1.0's server surface (`gateway.agl`)."""
     attempts = Attempts(
         store,
         backend,
@@ -199,7 +202,11 @@ def create_app(
         app.add_api_route(prefix + "/v1/models", models, methods=["GET"])
         app.add_api_route(prefix + "/v1/rewards", rewards, methods=["POST"])
         app.add_api_route(prefix + "/v1/events", post_event, methods=["POST"])
-    # Agent Lightning's own event URL, so a harness configured for agl-server can post here unchanged.
-    app.add_api_route("/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", post_event, methods=["POST"])
+    if agl is not None:
+        mount_agl(app, gw, agl)  # its event URL takes attempt keys too
+    else:  # Agent Lightning's own event URL, so a harness configured for agl-server can post here unchanged
+        app.add_api_route(
+            "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", post_event, methods=["POST"]
+        )
     app.include_router(admin_router(gw))
     return app

@@ -238,7 +238,8 @@ class Attempts:
             ctx = self.contexts.setdefault(attempt_id, loaded)  # a racing request may have loaded it first
         elif self.shared:
             await self._refresh(ctx)
-        elif time.monotonic() - ctx.checked_at > self.state_ttl_s:
+        elif require_running and time.monotonic() - ctx.checked_at > self.state_ttl_s:
+            # only a caller that needs `running` needs the state fresh (it re-reads a stale one)
             attempt = await anyio.to_thread.run_sync(self.store.get_attempt, attempt_id)
             ctx.state, ctx.checked_at = attempt.state, time.monotonic()
         if require_running and ctx.state != AttemptState.running:

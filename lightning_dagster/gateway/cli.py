@@ -22,7 +22,7 @@ import time
 from lightning_dagster.gateway.keys import SecretError, attempt_key, read_secret_file, refuse_env_secrets
 
 # What `--secrets-stdin` reads: every name optional; serve keys a list of strings, the others strings.
-STDIN_SECRETS = ("secret", "admin_key", "serve_keys", "upstream_api_key")
+STDIN_SECRETS = ("secret", "admin_key", "serve_keys", "upstream_api_key", "agl_key")
 
 
 class RemovedSecretOption(argparse.Action):
@@ -33,12 +33,12 @@ class RemovedSecretOption(argparse.Action):
         parser.error(
             f"{option_string} is no longer accepted: a command line is readable by every process of this user "
             "(/proc/PID/cmdline); put the secret in a file only you can read (chmod 600) and pass "
-            "--secret-file PATH, or --secret-file - to read it from standard input"
+            f"{option_string}-file PATH, or {option_string}-file - to read it from standard input"
         )
 
 
-def add_removed_secret_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--secret", nargs="?", action=RemovedSecretOption, help=argparse.SUPPRESS)
+def add_removed_secret_option(parser: argparse.ArgumentParser, option: str = "--secret") -> None:
+    parser.add_argument(option, nargs="?", action=RemovedSecretOption, help=argparse.SUPPRESS)
 
 
 def secrets_from_json(line: str) -> dict:
@@ -55,8 +55,11 @@ def secrets_from_json(line: str) -> dict:
     keys = given.get("serve_keys", [])
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise SecretError("--secrets-stdin: serve_keys must be a list of strings")
-    if not all(isinstance(given.get(name, ""), str) for name in ("secret", "admin_key", "upstream_api_key")):
-        raise SecretError("--secrets-stdin: secret, admin_key and upstream_api_key must be strings")
+    if not all(
+        isinstance(given.get(name, ""), str)
+        for name in ("secret", "admin_key", "upstream_api_key", "agl_key")
+    ):
+        raise SecretError("--secrets-stdin: secret, admin_key, upstream_api_key and agl_key must be strings")
     return given
 
 
@@ -79,8 +82,10 @@ def _generated(value: str | None, what: str) -> str:
 def _serve_secrets(args: argparse.Namespace) -> dict:
     refuse_env_secrets()
     if args.secrets_stdin:
-        if args.secret_file or args.admin_key_file:
-            raise SecretError("--secrets-stdin and --secret-file/--admin-key-file do not go together")
+        if args.secret_file or args.admin_key_file or args.agl_key_file:
+            raise SecretError(
+                "--secrets-stdin and --secret-file/--admin-key-file/--agl-key-file do not go together"
+            )
         given = _stdin_secrets()
     else:
         given = {
@@ -88,12 +93,14 @@ def _serve_secrets(args: argparse.Namespace) -> dict:
             "admin_key": read_secret_file(args.admin_key_file) if args.admin_key_file else None,
             "serve_keys": [k for k in os.environ.get("LD_SERVE_KEYS", "").split(",") if k],
             "upstream_api_key": os.environ.get("LD_UPSTREAM_API_KEY", ""),
+            "agl_key": read_secret_file(args.agl_key_file) if args.agl_key_file else None,
         }
     return {
         "secret": _generated(given.get("secret"), "key-signing secret"),
         "admin_key": _generated(given.get("admin_key"), "admin key"),
         "serve_keys": given.get("serve_keys", []),
         "upstream_api_key": given.get("upstream_api_key", ""),
+        "agl_key": given.get("agl_key") or None,
     }
 
 
@@ -106,6 +113,17 @@ def serve(args: argparse.Namespace) -> int:
     except SecretError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    agl_key = keys.pop("agl_key")
+    agl = None
+    if agl_key:
+        from lightning_dagster.gateway.agl import AglSettings
+        from lightning_dagster.types import Sampling
+
+        train, val = (
+            Sampling(temperature=args.agl_train_temperature),
+            Sampling(temperature=args.agl_val_temperature),
+        )
+        agl = AglSettings(agl_key, train=train, val=val)
 
     stopping = threading.Event()
     # Ctrl-C, a SIGTERM from whoever started us, or `_exit_with_parent`: stop serving and shut down cleanly.
@@ -128,9 +146,12 @@ def serve(args: argparse.Namespace) -> int:
         fsync_spans=args.fsync_spans,
         model_roots=args.model_root,
         model_aliases=args.model_alias or ("policy",),
+        agl=agl,
     )
     with gateway:
         print(f"gateway on {gateway.url}/v1 ({gateway.backend_kind})", flush=True)
+        if agl is not None:
+            print(f"Agent Lightning server on {gateway.url} (/api, /proxy)", flush=True)
         if args.exit_with_parent:
             _exit_with_parent()
         stopping.wait()
@@ -209,7 +230,14 @@ def register(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="read one JSON object from standard input with any of: " + ", ".join(STDIN_SECRETS),
     )
+    p.add_argument("--agl-key-file", help="file holding the Agent Lightning server key, mode 0600 (-: standard "
+                   "input); serves agl-server's /api and /proxy routes behind it")  # fmt: skip
+    p.add_argument("--agl-train-temperature", type=float, default=1.0,
+                   help="sampling temperature of Agent Lightning train rollouts (default: 1.0)")  # fmt: skip
+    p.add_argument("--agl-val-temperature", type=float, default=1.0,
+                   help="sampling temperature of its val rollouts (default: 1.0, as our holdout evaluation)")  # fmt: skip
     add_removed_secret_option(p)
+    add_removed_secret_option(p, "--agl-key")
     p.set_defaults(handler=serve)
     k = sub.add_parser("key", help="print the attempt key for a rollout attempt")
     k.add_argument("--rollout", required=True)

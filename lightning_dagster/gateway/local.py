@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     import torch
 
+    from lightning_dagster.gateway.agl import AglSettings
     from lightning_dagster.store import Store
 
 Serving = Literal["thread", "process"]
@@ -34,6 +35,7 @@ class LocalGateway:
     model's tokenizer: it provides `codec`, and prompts go upstream as exact token ids), and
     `load_weights` raises `WeightsNotServed`.
     `model_aliases`: the model names served besides the model's own (what the harness sends).
+    `agl`: also serve Agent Lightning v1.0's server surface with these settings (thread mode).
     `model_roots`: the directories `POST /admin/weights` may read (default: the models directory; a process
     child also reads the folder its parent writes pushed weights to).
     `port=0` picks a free port; `secret=None` generates a fresh one (keys then die with this gateway).
@@ -63,6 +65,7 @@ class LocalGateway:
         fsync_spans: bool = False,
         model_roots: Sequence[Path | str] | None = None,
         model_aliases: Sequence[str] = ("policy",),
+        agl: AglSettings | None = None,
     ) -> None:
         if serving not in ("thread", "process"):
             raise ValueError(f"serving must be 'thread' or 'process', got {serving!r}")
@@ -86,6 +89,10 @@ class LocalGateway:
         }
         if model_roots is not None:
             options["model_roots"] = [Path(r) for r in model_roots]
+        if agl is not None:
+            if serving == "process":
+                raise ValueError("the Agent Lightning surface (agl=...) is served in thread mode only")
+            options["agl"] = agl
         common = {
             "host": host, "port": port, "max_batch": max_batch, "threads": threads, "serve_keys": serve_keys,
             "upstream_model": upstream_model, "upstream_api_key": upstream_api_key, "app_options": options,

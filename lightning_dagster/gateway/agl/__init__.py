@@ -1,0 +1,176 @@
+"""Agent Lightning v1.0's server surface (`agl-server`'s REST API, proxy paths and management routes) served
+by the gateway from the durable store, so its controller, trainer client and agents run against us unchanged.
+
+`mount(app, gw, settings)` adds `GET /healthz` (no key) and, behind the server key (`Authorization: Bearer`
+or `x-api-key`; 401 without it): `/api/rollouts...` (`rollouts`), the events routes (`events`), the proxy
+paths, `/api/models` and `/proxy/pause|resume|state` (`proxy`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pydantic_core
+from cachetools import LRUCache
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.routing import Mount, Route, Router
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from lightning_dagster.gateway import schemas
+from lightning_dagster.gateway.errors import GatewayError, store_error
+from lightning_dagster.gateway.keys import attempt_key, same_key
+from lightning_dagster.store import agl as store_agl
+from lightning_dagster.store.connection import bad_json, suspect_json
+from lightning_dagster.types import Sampling
+
+if TYPE_CHECKING:
+    from lightning_dagster.gateway.app import Gateway
+
+WORKER_ID = "agl"
+CURRENT = "0"  # Agent Lightning's attempt id for "the rollout's current attempt"  # the worker our attempts record when Agent Lightning's controller starts them
+
+
+@dataclass(frozen=True)
+class AglSettings:
+    """The server key and the sampling of each proxy mode (kept in each rollout's `metadata["sampling"]`
+    at creation: `train` for `is_train`, else `val`; the gateway applies it to every call of the rollout).
+    `train` defaults to Agent Lightning's train temperature, `val` to our holdout evaluation's."""
+
+    key: str
+    train: Sampling = field(default_factory=lambda: Sampling(temperature=1.0))
+    val: Sampling = field(default_factory=lambda: Sampling(temperature=1.0))
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            raise ValueError("the Agent Lightning server key must not be empty")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The attempt an Agent Lightning path names, the rollout's mode and that attempt's key."""
+
+    attempt_id: str
+    mode: str  # train | val
+    key: str
+
+
+class Agl:
+    """What the Agent Lightning routes share: the settings, the server key check and the attempts their
+    paths name (cached per rollout and path attempt id; a lifecycle move drops the rollout's entries)."""
+
+    def __init__(self, settings: AglSettings, secret: str, max_rollouts: int = 10_000):
+        self.settings = settings
+        self.secret = secret
+        self.targets: LRUCache[tuple[str, str], Target] = LRUCache(max_rollouts)
+
+    @staticmethod
+    def key_of(request: Request) -> str:
+        auth = request.headers.get("authorization", "")
+        return auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+
+    def check(self, request: Request) -> None:
+        """401 unless the request carries the server key."""
+        key = self.key_of(request)
+        if not key:
+            raise GatewayError(401, "missing API key (Authorization: Bearer <key> or x-api-key)")
+        if not self.is_server_key(key):
+            raise GatewayError(401, "invalid API key")
+
+    def is_server_key(self, key: str) -> bool:
+        return same_key(key, self.settings.key)
+
+    def moved(self, rollout_id: str) -> None:
+        self.targets.pop((rollout_id, CURRENT), None)
+
+    async def target(self, store, rollout_id: str, attempt_id: str) -> Target:
+        """`0` is the rollout's current attempt (a queuing rollout's first one starts now); any other id
+        must be an attempt of this rollout."""
+        found = self.targets.get((rollout_id, attempt_id))
+        if found is None:
+
+            def resolve() -> Target:
+                rollout = store_agl.get(store, rollout_id)
+                if attempt_id == CURRENT:
+                    aid = store_agl.current_attempt(store, rollout_id, WORKER_ID).attempt_id
+                elif store.get_attempt(attempt_id).rollout_id == rollout_id:
+                    aid = attempt_id
+                else:
+                    raise GatewayError(404, f"attempt {attempt_id} is not an attempt of rollout {rollout_id}")
+                mode = "train" if rollout.metadata.get("agl", {}).get("is_train", True) else "val"
+                return Target(aid, mode, attempt_key(self.secret, rollout_id, aid))
+
+            found = self.targets[(rollout_id, attempt_id)] = await anyio.to_thread.run_sync(resolve)
+        return found
+
+
+def parse_json(raw: bytes) -> Any:
+    """Any JSON value without NaN, Infinity or NUL characters (422 naming the field), as `schemas.parse`
+    accepts for objects."""
+    try:
+        data = pydantic_core.from_json(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise GatewayError(400, f"the body is not valid JSON: {exc}") from exc
+    if suspect_json(raw) and (found := bad_json(data)):
+        raise GatewayError(422, found, param=found.split(":", 1)[0])
+    return data
+
+
+def reply(body: object, status: int = 200) -> Response:
+    return Response(schemas.dumps(body), status_code=status, media_type="application/json")
+
+
+def guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint with the gateway's errors and the store's named errors as their HTTP answers (what the
+    app's exception handlers do, which requests dispatched by `Dispatch` do not reach)."""
+
+    async def run(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except Exception as exc:
+            err = exc if isinstance(exc, GatewayError) else store_error(exc)
+            if err is None:
+                raise
+            return Response(schemas.dumps(err.body()), status_code=err.status, media_type="application/json")
+
+    return run
+
+
+class Dispatch:
+    """ASGI middleware sending `/healthz`, `/api/...` and `/proxy/...` straight to this surface's router:
+    FastAPI's per-request stack (telemetry, body limit, exception middleware, exit stack, the app's route
+    list) costs more CPU than these routes themselves. Everything else goes on to the app."""
+
+    PREFIXES = ("/api/", "/proxy/")
+
+    def __init__(self, app: ASGIApp, router: Router):
+        self.app = app
+        self.router = router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path.startswith(self.PREFIXES) or path == "/healthz"):
+            await self.router(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
+def mount(app: FastAPI, gw: Gateway, settings: AglSettings) -> None:
+    """Serve the surface in front of the app (`Dispatch`), as two mounts (`/api`, `/proxy`) and `/healthz`."""
+    from lightning_dagster.gateway.agl import events, proxy, rollouts
+
+    async def healthz(request: Request) -> Response:
+        return reply({"status": "ok"})
+
+    agl = Agl(settings, gw.attempts.secret)
+    mounted: dict[str, list[Route]] = {"/api": [], "/proxy": []}
+    for module in (rollouts, events, proxy):
+        for path, endpoint, method in module.routes(app, gw, agl):
+            prefix = "/" + path.split("/")[1]
+            mounted[prefix].append(Route(path[len(prefix) :], guarded(endpoint), methods=[method]))
+    routes = [Route("/healthz", healthz, methods=["GET"])]
+    routes += [Mount(prefix, routes=inner) for prefix, inner in mounted.items()]
+    app.add_middleware(Dispatch, router=Router(routes=routes))

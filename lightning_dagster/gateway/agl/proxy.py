@@ -1,0 +1,283 @@
+"""Agent Lightning's proxy: `/proxy/rollout/{rid}/attempt/{aid}/mode/{train|val}/openai/v1/(chat/)completions`
+served by the gateway's own LLM route for that attempt (its sampling is the rollout's, decided by its mode at
+creation; train mode returns logprobs), model endpoints registered at run time (`/api/models`, several, each
+rollout sticky to one), and pause/resume around weight updates (`/proxy/pause|resume|state`: new calls get
+429 while in-flight ones drain). Registered endpoints and the pause survive a restart (store flags)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pydantic_core
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from lightning_dagster.gateway.agl import Agl, parse_json, reply
+from lightning_dagster.gateway.backends import Backend, UpstreamBackend
+from lightning_dagster.gateway.calls import _error_span, llm_call
+from lightning_dagster.gateway.errors import GatewayError
+
+if TYPE_CHECKING:
+    from lightning_dagster.gateway.app import Gateway
+
+MODELS_FLAG, PAUSE_FLAG = "agl.models", "agl.proxy"
+PATHS = {"chat/completions": True, "completions": False}  # -> chat
+ROUTE: contextvars.ContextVar[Backend | None] = contextvars.ContextVar("agl_route", default=None)
+
+
+class ModelEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1)
+    endpoint: str = Field(min_length=1)
+    version: int = 0
+
+
+class PauseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    retry_after_seconds: int = Field(5, ge=0)
+    reason: str | None = None
+
+
+MODELS = TypeAdapter(list[ModelEntry])
+
+
+class UpstreamRefused(GatewayError):
+    """A backend answered a call with a 4xx: the call is recorded with that status."""
+
+
+class RoutedBackend(Backend):
+    """The gateway's backend, or the registered endpoint a proxied call was routed to (`ROUTE`)."""
+
+    def __init__(self, default: Backend):
+        self.default = default
+
+    @property
+    def current(self) -> Backend:
+        return ROUTE.get() or self.default
+
+    @property
+    def model(self) -> str:
+        return self.current.model
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return self.current.kind
+
+    @property
+    def token_in(self) -> bool:  # type: ignore[override]
+        return self.current.token_in
+
+    @property
+    def resource_id(self) -> str | None:  # type: ignore[override]
+        return self.current.resource_id
+
+    def serves(self, name: str) -> bool:
+        return self.current.serves(name)
+
+    async def chat(self, messages, tools, tool_choice, sampling, previous, body):
+        return await self._refused(self.current.chat(messages, tools, tool_choice, sampling, previous, body))
+
+    async def complete(self, prompt, sampling, body):
+        return await self._refused(self.current.complete(prompt, sampling, body))
+
+    @staticmethod
+    async def _refused(call):
+        try:
+            return await call
+        except GatewayError as exc:
+            if exc.status < 500 and not isinstance(exc, UpstreamRefused):
+                raise UpstreamRefused(exc.status, exc.message, param=exc.param, code=exc.code) from exc
+            raise
+
+    async def aclose(self) -> None:
+        await self.default.aclose()
+
+    def load_weights(self, path: str, resource_id: str | None) -> None:
+        self.default.load_weights(path, resource_id)
+
+
+@dataclass
+class Pause:
+    paused: bool = False
+    retry_after_seconds: int = 5
+    reason: str | None = None
+    inflight: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "paused": self.paused,
+            "retry_after_seconds": self.retry_after_seconds,
+            "reason": self.reason,
+            "inflight": self.inflight,
+        }
+
+
+class Endpoints:
+    """Registered model endpoints keyed by (model, endpoint); a rollout goes to the one its id hashes to
+    among them (sorted), so its calls share one server's prefix cache."""
+
+    def __init__(self, entries: list[dict]):
+        self.entries: dict[tuple[str, str], ModelEntry] = {}
+        self.backends: dict[tuple[str, str], UpstreamBackend] = {}
+        self.add([ModelEntry.model_validate(e) for e in entries])
+
+    def add(self, entries: list[ModelEntry]) -> None:
+        for e in entries:
+            key = (e.model, e.endpoint)
+            self.entries[key] = e
+            if key not in self.backends:
+                self.backends[key] = UpstreamBackend(e.endpoint, model=e.model)
+
+    async def clear(self) -> None:
+        backends, self.backends, self.entries = list(self.backends.values()), {}, {}
+        for b in backends:
+            await b.aclose()
+
+    def pick(self, rollout_id: str) -> UpstreamBackend | None:
+        if not self.entries:
+            return None
+        pool = sorted(self.entries)
+        index = int.from_bytes(hashlib.sha256(rollout_id.encode()).digest()[:8], "big") % len(pool)
+        return self.backends[pool[index]]
+
+    def as_list(self) -> list[dict]:
+        return [e.model_dump() for e in self.entries.values()]
+
+
+def _paused(pause: Pause) -> Response:
+    body = {"error": "gateway paused", "reason": pause.reason}
+    headers = {"Retry-After": str(pause.retry_after_seconds), "X-Agl-Paused": "true"}
+    return Response(pydantic_core.to_json(body), 429, headers=headers, media_type="application/json")
+
+
+def _inner_request(request: Request, body: bytes, key: str, rollout_id: str, attempt_id: str) -> Request:
+    """The proxied call as the gateway's LLM route sees it: the attempt's own key and path."""
+    drop = (b"authorization", b"x-api-key", b"content-length")
+    headers = [(k, v) for k, v in request.scope["headers"] if k not in drop]
+    headers += [(b"authorization", b"Bearer " + key.encode()), (b"content-length", str(len(body)).encode())]
+    scope = {
+        **request.scope,
+        "headers": headers,
+        "path_params": {"rollout_id": rollout_id, "attempt_id": attempt_id},
+    }
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(scope, receive)
+
+
+def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
+    """(path, endpoint, method) of this module's routes."""
+    store = gw.store
+    routed = RoutedBackend(gw.backend)
+    gw.backend = routed
+    endpoints = Endpoints((store.get_flag(MODELS_FLAG) or {}).get("models", []))
+    pause = Pause(**(store.get_flag(PAUSE_FLAG) or {}))
+
+    async def proxied(request: Request) -> Response:
+        agl.check(request)
+        p = request.path_params
+        rid, mode, chat = p["rollout_id"], p["mode"], PATHS.get(p["upstream_path"])
+        if mode not in ("train", "val"):
+            raise GatewayError(404, f"unsupported proxy mode: {mode}")
+        if chat is None:
+            raise GatewayError(404, f"unsupported upstream path: {p['upstream_path']}")
+        if pause.paused:
+            return _paused(pause)
+        target = await agl.target(store, rid, p["attempt_id"])
+        if mode != target.mode:
+            raise GatewayError(409, f"rollout {rid} samples in {target.mode} mode, not {mode}", param="mode")
+        body = parse_json(await gw.body(request))
+        if not isinstance(body, dict):
+            raise GatewayError(400, "the body must be a JSON object")
+        route = endpoints.pick(rid)
+        backend = route or routed.default
+        if body.get("model") not in gw.model_aliases and not backend.serves(body.get("model") or ""):
+            body["model"] = backend.model
+        if mode == "train":
+            body["logprobs"] = True if chat else max(1, int(body.get("logprobs") or 0))
+        inner = _inner_request(request, pydantic_core.to_json(body), target.key, rid, target.attempt_id)
+        pause.inflight += 1
+        token = ROUTE.set(route)
+        started = time.time()
+        try:
+            return await llm_call(gw, inner, dict(inner.path_params), chat=chat)
+        except UpstreamRefused as exc:  # the upstream's 4xx is part of the rollout's record
+            ctx = await gw.attempts.context(rid, target.attempt_id)
+            await gw.record(ctx, _error_span(gw, ctx, chat, started, exc))
+            raise
+        finally:
+            ROUTE.reset(token)
+            pause.inflight -= 1
+
+    async def register(request: Request) -> Response:
+        agl.check(request)
+        try:
+            entries = MODELS.validate_python(parse_json(await gw.body(request)))
+        except ValidationError as exc:
+            raise GatewayError(422, str(exc.errors()[0]["msg"])) from exc
+        endpoints.add(entries)
+        await anyio.to_thread.run_sync(store.set_flag, MODELS_FLAG, {"models": endpoints.as_list()})
+        return reply([e.model_dump() for e in entries], 201)
+
+    async def unregister(request: Request) -> Response:
+        agl.check(request)
+        await endpoints.clear()
+        await anyio.to_thread.run_sync(store.set_flag, MODELS_FLAG, {"models": []})
+        return reply({"status": "ok"})
+
+    async def set_pause(paused: bool, req: PauseRequest | None) -> Response:
+        pause.paused = paused
+        if req is not None:
+            pause.retry_after_seconds, pause.reason = req.retry_after_seconds, req.reason
+        if not paused:
+            pause.reason = None
+        kept = {k: v for k, v in pause.as_dict().items() if k != "inflight"}
+        await anyio.to_thread.run_sync(store.set_flag, PAUSE_FLAG, kept)
+        return reply(pause.as_dict())
+
+    async def pause_route(request: Request) -> Response:
+        agl.check(request)
+        raw = await gw.body(request)
+        try:
+            req = PauseRequest.model_validate(parse_json(raw) if raw.strip() else {})
+        except ValidationError as exc:
+            raise GatewayError(422, str(exc.errors()[0]["msg"])) from exc
+        return await set_pause(True, req)
+
+    async def resume_route(request: Request) -> Response:
+        agl.check(request)
+        return await set_pause(False, None)
+
+    async def state_route(request: Request) -> Response:
+        agl.check(request)
+        return reply(pause.as_dict())
+
+    inner_close = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(application: FastAPI):
+        async with inner_close(application) as state:
+            try:
+                yield state
+            finally:
+                await endpoints.clear()
+
+    app.router.lifespan_context = lifespan
+    prefix = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1/{upstream_path:path}"
+    return [
+        (prefix, proxied, "POST"),
+        ("/api/models", register, "POST"),
+        ("/api/models", unregister, "DELETE"),
+        ("/proxy/pause", pause_route, "POST"),
+        ("/proxy/resume", resume_route, "POST"),
+        ("/proxy/state", state_route, "GET"),
+    ]

@@ -1,0 +1,237 @@
+"""`/api/rollouts...`: Agent Lightning's rollout routes over our store (`store.agl`). Plain Starlette routes
+reading their body with pydantic_core: these are the calls a controller polls with."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+from cachetools import LRUCache
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from lightning_dagster.gateway import schemas
+from lightning_dagster.gateway.agl import WORKER_ID, Agl, parse_json, reply
+from lightning_dagster.gateway.errors import GatewayError
+from lightning_dagster.store import agl as store_agl
+
+if TYPE_CHECKING:
+    from lightning_dagster.gateway.app import Gateway
+
+STATES = ("queuing", "running", "succeeded", "failed")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LocalConfig(_Strict):
+    agent_class: str | None = None
+    env_map: dict[str, str] = Field(default_factory=dict)
+
+
+class K8sConfig(_Strict):
+    job_template: str | None = None
+
+
+class RolloutConfig(_Strict):
+    timeout_seconds: int = 3600
+    local: LocalConfig | None = None
+    k8s: K8sConfig | None = None
+
+
+class RolloutCreate(_Strict):
+    input: Any
+    is_train: bool = True
+    config: RolloutConfig | None = None
+    metadata: dict[str, Any] | None = None
+    rollout_id: str | None = Field(None, min_length=1, max_length=64)
+
+
+class StatusPatch(_Strict):
+    state: Literal["queuing", "running", "succeeded", "failed"] | None = None
+    k8s_job_name: str | None = None
+    last_attempt_id: str | None = None
+    error_message: str | None = None
+
+
+class RolloutPatch(_Strict):
+    status: StatusPatch | None = None
+
+
+CREATE = TypeAdapter(list[RolloutCreate])
+PATCH = TypeAdapter(RolloutPatch)
+
+
+def as_agl(r: store_agl.AglRow) -> dict[str, Any]:
+    """Agent Lightning's `Rollout` JSON for one of ours."""
+    agl = r.metadata.get("agl", {})
+    status = agl.get("status", {})
+    return {
+        "rollout_id": r.rollout_id,
+        "input": r.task.get("input"),
+        "is_train": agl.get("is_train", True),
+        "config": agl.get("config", {}),
+        "metadata": {"batch_idx": None, "sample_idx_in_batch": None, **agl.get("metadata", {})},
+        "status": {
+            "state": store_agl.AGL_STATE[r.status],
+            "k8s_job_name": status.get("k8s_job_name"),
+            "last_attempt_id": status.get("last_attempt_id"),
+            "error_message": status.get("error_message"),
+            "version": status.get("version", 1),
+            "created_at": r.created_at,
+            "updated_at": status.get("updated_at", r.created_at),
+        },
+    }
+
+
+def _validated(adapter: TypeAdapter, raw: bytes) -> Any:
+    try:
+        return adapter.validate_python(parse_json(raw))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise GatewayError(422, f"{where}: {first['msg']}", param=where) from exc
+
+
+def _int(request: Request, name: str, default: int) -> int:
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise GatewayError(422, f"{name}: expected an integer, got {value!r}", param=name) from None
+
+
+class Rendered:
+    """Each rollout's JSON, kept while its status and version stay (a controller polls the same rollouts
+    again and again)."""
+
+    def __init__(self, size: int = 10_000):
+        self.cache: LRUCache[str, tuple[str, int, bytes]] = LRUCache(size)
+
+    def one(self, row: store_agl.AglRow) -> bytes:
+        version = row.metadata.get("agl", {}).get("status", {}).get("version", 1)
+        hit = self.cache.get(row.rollout_id)
+        if hit is not None and hit[:2] == (row.status, version):
+            return hit[2]
+        body = schemas.dumps(as_agl(row))
+        self.cache[row.rollout_id] = (row.status, version, body)
+        return body
+
+    def many(self, store, keys: list[tuple[str, str, int]]) -> bytes:
+        """A JSON list of the rollouts `keys` name (id, status, version), reading only the changed ones."""
+        parts = {}
+        for rid, status, version in keys:
+            hit = self.cache.get(rid)
+            if hit is not None and hit[:2] == (status, version):
+                parts[rid] = hit[2]
+        missing = [k[0] for k in keys if k[0] not in parts]
+        for row in store_agl.get_many(store, missing) if missing else ():
+            parts[row.rollout_id] = self.one(row)
+        return b"[" + b",".join(parts[k[0]] for k in keys if k[0] in parts) + b"]"
+
+
+def raw_reply(body: bytes, status: int = 200) -> Response:
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
+    """(path, endpoint, method) of this module's routes."""
+    store = gw.store
+    rendered = Rendered()
+    sampling = {True: agl.settings.train.model_dump(), False: agl.settings.val.model_dump()}
+
+    async def run(fn, *args):
+        return await anyio.to_thread.run_sync(fn, *args)
+
+    async def read(fn, *args):
+        """Plain sqlite3 reads of a WAL file never wait for writers: cheaper here than a thread hop."""
+        return fn(*args) if store_agl.fast_reads(store) else await run(fn, *args)
+
+    async def create(request: Request) -> Response:
+        agl.check(request)
+        items = _validated(CREATE, await gw.body(request))
+        fresh = [
+            store_agl.new_rollout(
+                i.rollout_id or uuid.uuid4().hex,
+                {
+                    **i.model_dump(exclude={"rollout_id"}),
+                    "config": (i.config or RolloutConfig()).model_dump(),
+                },
+                sampling[i.is_train],
+            )
+            for i in items
+        ]
+        # a free write lock: committed here without an fsync, saving two thread hand-offs
+        made = store_agl.create(store, fresh, nowait=True) or await run(store_agl.create, store, fresh)
+        return raw_reply(b"[" + b",".join(rendered.one(r) for r in made) + b"]", 201)
+
+    async def listing(request: Request) -> Response:
+        agl.check(request)
+        states = request.query_params.getlist("state_in")
+        if not states:
+            raise GatewayError(422, "state_in: at least one state is required", param="state_in")
+        if bad := [s for s in states if s not in STATES]:
+            raise GatewayError(
+                422, f"state_in: {bad[0]!r} is not one of {', '.join(STATES)}", param="state_in"
+            )
+        limit = _int(request, "limit", 500)
+        keys = await read(store_agl.query, store, states, max(limit, 0))
+        return raw_reply(await read(rendered.many, store, keys))
+
+    async def terminal(request: Request) -> Response:
+        agl.check(request)
+        after, limit = max(_int(request, "after", 0), 0), max(_int(request, "limit", 1000), 1)
+        found, next_after, total = await run(store_agl.terminal_page, store, after, limit)
+        items = [
+            {
+                "rollout_id": r.rollout_id,
+                "state": store_agl.AGL_STATE[r.status],
+                "data_id": r.task_id,
+                "is_train": r.metadata.get("agl", {}).get("is_train", True),
+            }
+            for r in found
+        ]
+        return reply({"items": items, "next_after": next_after, "total_terminal": total})
+
+    async def one(request: Request) -> Response:
+        agl.check(request)
+        rid = request.path_params["rollout_id"]
+
+        def both() -> tuple[store_agl.AglRow, list[str]]:
+            return store_agl.get(store, rid), store_agl.attempt_ids(store, rid)
+
+        rollout, attempts = await read(both)
+        return raw_reply(
+            b'{"rollout":' + rendered.one(rollout) + b',"attempts":' + schemas.dumps(attempts) + b"}"
+        )
+
+    async def patch(request: Request) -> Response:
+        agl.check(request)
+        rid = request.path_params["rollout_id"]
+        body = _validated(PATCH, await gw.body(request))
+        fields = body.status.model_dump(exclude_unset=True) if body.status is not None else {}
+        if not fields:
+            return raw_reply(rendered.one(await read(store_agl.get, store, rid)))
+        worker = fields.get("k8s_job_name") or WORKER_ID
+        moved = await run(store_agl.move, store, rid, fields, worker)
+        agl.moved(rid)
+        return raw_reply(rendered.one(moved))
+
+    async def delete(request: Request) -> Response:
+        agl.check(request)
+        await run(store_agl.delete, store, request.path_params["rollout_id"])
+        return Response(status_code=204)
+
+    return [
+        ("/api/rollouts", create, "POST"),
+        ("/api/rollouts", listing, "GET"),
+        ("/api/rollouts/terminal", terminal, "GET"),
+        ("/api/rollouts/{rollout_id}", one, "GET"),
+        ("/api/rollouts/{rollout_id}", patch, "PATCH"),
+        ("/api/rollouts/{rollout_id}", delete, "DELETE"),
+    ]

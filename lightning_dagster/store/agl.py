@@ -1,0 +1,380 @@
+"""The store side of the Agent Lightning v1.0 server surface: rollouts created through its REST API (marked
+`harness="agl"`), their lifecycle moves in one transaction each, and the completion log its terminal page
+reads. Functions over a `Store`, so the facade keeps its four parts.
+
+An Agent Lightning rollout is one of ours: `task = {"input": <its input>}`, kind `train` when `is_train`,
+else `holdout`, and `metadata["agl"]` keeps its `config`, `metadata`, `is_train` and the status fields our
+rollout has no column for (`k8s_job_name`, `last_attempt_id`, `error_message`, `version`, `updated_at`,
+`terminal_seq`). Its state is our status: `queuing` is `queued`, `cancelled` reads as `failed`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import pydantic_core
+import sqlalchemy as sa
+
+from lightning_dagster.store import schema
+from lightning_dagster.store.connection import checked, dump_json, from_row, to_row
+from lightning_dagster.store.errors import Conflict, NotFound
+from lightning_dagster.types import (
+    Attempt,
+    AttemptState,
+    RetryKind,
+    Rollout,
+    RolloutKind,
+    RolloutStatus,
+    check_transition,
+    now,
+)
+
+R, A = schema.rollouts.c, schema.attempts.c
+HARNESS = "agl"
+DELETED = "agl-deleted"  # deleted through the API: hidden from it, kept for lineage
+TERMINAL_COUNTER = "agl.terminal_seq"
+
+AGL_STATE = {"queued": "queuing", "running": "running", "succeeded": "succeeded", "failed": "failed",
+             "cancelled": "failed"}  # fmt: skip
+OUR_STATUS = {"queuing": [RolloutStatus.queued], "running": [RolloutStatus.running],
+              "succeeded": [RolloutStatus.succeeded],
+              "failed": [RolloutStatus.failed, RolloutStatus.cancelled]}  # fmt: skip
+# Agent Lightning's lifecycle: terminal states have no way out, and a rollout never goes back to queuing.
+AGL_MOVES = {"queuing": {"running", "failed"}, "running": {"succeeded", "failed"}}
+
+
+class IllegalMove(Conflict):
+    """A lifecycle move Agent Lightning's state machine does not have (409)."""
+
+
+class AglRow(NamedTuple):
+    """What the API shows of a rollout, read without building a `Rollout` (the API's reads are its hot
+    path: a plain sqlite3 read of 50 rows costs a tenth of SQLAlchemy plus pydantic)."""
+
+    rollout_id: str
+    status: str  # ours
+    task: dict
+    metadata: dict
+    created_at: float
+    task_id: str
+
+    @classmethod
+    def of(cls, r: Rollout) -> AglRow:
+        return cls(r.rollout_id, r.status.value, r.task, r.metadata, r.created_at, r.task_id)
+
+
+_COLUMNS = (R.rollout_id, R.status, R.task, R.metadata, R.created_at, R.task_id)
+_SELECT = "SELECT rollout_id, status, task, metadata, created_at, task_id FROM rollouts WHERE "
+
+
+def fast_reads(store) -> bool:
+    """Whether reads take the plain sqlite3 path (a SQLite file), cheap enough for an event loop."""
+    return store._raw_path is not None
+
+
+def _read(store, where_sql: str, params: tuple, where: Callable[[], list]) -> list[AglRow]:
+    """Rows matching `where_sql` (SQLite file, plain sqlite3) or `where()` (SQLAlchemy, any store)."""
+    if store._raw_path is not None:
+        conn, _ = store._raw_sqlite(nowait=False)
+        try:
+            rows = conn.execute(_SELECT + where_sql, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            store._raise_named(exc)
+            raise
+        load = pydantic_core.from_json
+        return [AglRow(r[0], r[1], load(r[2]), load(r[3]), r[4], r[5]) for r in rows]
+    query = sa.select(*_COLUMNS).where(*where())
+    with store.engine.connect() as c:
+        return [AglRow(*row) for row in c.execute(query)]
+
+
+def create(store, rollouts: list[Rollout], *, nowait: bool = False) -> list[AglRow] | None:
+    """Insert the rollouts whose id is new, in one transaction; an existing id (ours, not deleted) returns
+    the stored rollout unchanged, so a client retrying a batch with its own ids creates each once.
+    `nowait` (SQLite files): None, nothing written, if another writer holds the lock (never waits, so an
+    event loop may call it)."""
+    ids = [r.rollout_id for r in rollouts]
+    if store._raw_path is not None:
+        return _create_raw(store, rollouts, ids, nowait)
+    if nowait:
+        return None
+    with store._write() as c:
+        rows = c.execute(sa.select(*_COLUMNS, R.harness).where(R.rollout_id.in_(ids))).all()
+        out, fresh = _plan(rollouts, {row[0]: (row[-1], AglRow(*row[:-1])) for row in rows})
+        if fresh:
+            c.execute(schema.rollouts.insert(), fresh)
+    return out
+
+
+def _plan(rollouts: list[Rollout], found: dict[str, tuple[str, AglRow]]) -> tuple[list[AglRow], list[dict]]:
+    """(what to answer, rows to insert) given the stored rollouts with these ids (id -> harness, row)."""
+    out, fresh = [], []
+    for r in rollouts:
+        if r.rollout_id in found:
+            harness, row = found[r.rollout_id]
+            if harness != HARNESS:
+                raise Conflict(f"rollout_id: {r.rollout_id!r} is taken by a rollout not of this API")
+            out.append(row)
+        else:
+            row = AglRow.of(r)
+            found[r.rollout_id] = (HARNESS, row)  # a repeated id within one batch is created once
+            fresh.append(checked(schema.rollouts, to_row(r)))
+            out.append(row)
+    return out, fresh
+
+
+_INSERTED = [c for c in schema.rollouts.c if c.name != "id"]
+_INSERT = f"INSERT INTO rollouts ({', '.join(c.name for c in _INSERTED)}) VALUES ({', '.join('?' * len(_INSERTED))})"
+
+
+def _create_raw(store, rollouts: list[Rollout], ids: list[str], nowait: bool) -> list[AglRow] | None:
+    """`create` on plain sqlite3 (same rows and JSON text as the SQLAlchemy path). Committed without an
+    fsync, as the gateway commits LLM spans: it survives a crash of the server process and reaches the disk
+    with the next synced commit (a lifecycle move, a reward, a checkpoint)."""
+    conn, state = store._raw_sqlite(nowait)
+    if state["synchronous"] != 1:
+        conn.execute("PRAGMA synchronous = 1")
+        state["synchronous"] = 1
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if nowait and ("locked" in str(exc) or "busy" in str(exc)):
+            return None
+        store._raise_named(exc)
+        raise
+    try:
+        marks = ",".join("?" * len(ids))
+        rows = conn.execute(
+            "SELECT rollout_id, status, task, metadata, created_at, task_id, harness FROM rollouts "
+            f"WHERE rollout_id IN ({marks})",
+            ids,
+        ).fetchall()
+        load = pydantic_core.from_json
+        found = {r[0]: (r[6], AglRow(r[0], r[1], load(r[2]), load(r[3]), r[4], r[5])) for r in rows}
+        out, fresh = _plan(rollouts, found)
+        json_columns = {c.name for c in _INSERTED if isinstance(c.type, sa.JSON)}
+        params = [
+            tuple(dump_json(row[c.name]) if c.name in json_columns else row.get(c.name) for c in _INSERTED)
+            for row in fresh
+        ]
+        conn.executemany(_INSERT, params)
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.IntegrityError):
+            raise Conflict(str(exc).strip()) from exc
+        store._raise_named(exc)
+        raise
+    return out
+
+
+def get(store, rollout_id: str) -> AglRow:
+    found = _read(
+        store,
+        "rollout_id = ? AND harness = ?",
+        (rollout_id, HARNESS),
+        lambda: [R.rollout_id == rollout_id, R.harness == HARNESS],
+    )
+    if not found:
+        raise NotFound(f"rollout {rollout_id!r} not found")
+    return found[0]
+
+
+def exists(store, rollout_id: str) -> bool:
+    """Whether this API shows the rollout (ours, not deleted)."""
+    if store._raw_path is not None:
+        conn, _ = store._raw_sqlite(nowait=False)
+        sql = "SELECT 1 FROM rollouts WHERE rollout_id = ? AND harness = ?"
+        return conn.execute(sql, (rollout_id, HARNESS)).fetchone() is not None
+    with store.engine.connect() as c:
+        q = sa.select(R.id).where(R.rollout_id == rollout_id, R.harness == HARNESS)
+        return c.execute(q).first() is not None
+
+
+def attempt_ids(store, rollout_id: str) -> list[str]:
+    """The rollout's attempts, oldest first."""
+    if store._raw_path is not None:
+        conn, _ = store._raw_sqlite(nowait=False)
+        sql = "SELECT attempt_id FROM attempts WHERE rollout_id = ? ORDER BY id"
+        return [r[0] for r in conn.execute(sql, (rollout_id,))]
+    with store.engine.connect() as c:
+        return list(
+            c.execute(sa.select(A.attempt_id).where(A.rollout_id == rollout_id).order_by(A.id)).scalars()
+        )
+
+
+def query(store, states: list[str], limit: int) -> list[tuple[str, str, int]]:
+    """(rollout id, status, version) of this API's rollouts in the given Agent Lightning states, oldest
+    first (the status index): a rollout's content changes only with its status or version."""
+    statuses = sorted({s.value for state in states for s in OUR_STATUS[state]})
+    if store._raw_path is not None:
+        conn, _ = store._raw_sqlite(nowait=False)
+        sql = (
+            "SELECT rollout_id, status, json_extract(metadata, '$.agl.status.version') FROM rollouts "
+            f"WHERE status IN ({','.join('?' * len(statuses))}) AND harness = ? ORDER BY id LIMIT ?"
+        )
+        return conn.execute(sql, (*statuses, HARNESS, limit)).fetchall()
+    version = R.metadata[("agl", "status", "version")].as_integer()
+    q = sa.select(R.rollout_id, R.status, version).where(R.status.in_(statuses), R.harness == HARNESS)
+    with store.engine.connect() as c:
+        return [tuple(row) for row in c.execute(q.order_by(R.id).limit(limit))]
+
+
+def get_many(store, ids: list[str]) -> list[AglRow]:
+    marks = ",".join("?" * len(ids))
+    return _read(store, f"rollout_id IN ({marks})", tuple(ids), lambda: [R.rollout_id.in_(ids)])
+
+
+def span_marker(store, attempt_id: str) -> tuple[int, int | None]:
+    """(count, highest sequence) of an attempt's spans: spans are only ever added, so this names what a
+    read of them returns."""
+    if store._raw_path is not None:
+        conn, _ = store._raw_sqlite(nowait=False)
+        sql = "SELECT count(*), max(sequence) FROM spans WHERE attempt_id = ?"
+        return conn.execute(sql, (attempt_id,)).fetchone()
+    S = schema.spans.c
+    with store.engine.connect() as c:
+        q = sa.select(sa.func.count(), sa.func.max(S.sequence)).where(S.attempt_id == attempt_id)
+        return tuple(c.execute(q).one())
+
+
+def terminal_page(store, after: int, limit: int) -> tuple[list[AglRow], int, int]:
+    """Terminal rollouts in completion order after position `after`: (rollouts, next_after, total). A
+    deleted rollout keeps its position (skipped in the page), so a cursor never misses one."""
+    seq = R.metadata[("agl", "status", "terminal_seq")].as_integer()
+    with store.engine.connect() as c:
+        total = _counter(c)
+        stop = min(after + limit, total)
+        q = sa.select(*_COLUMNS).where(R.harness == HARNESS, seq > after, seq <= stop).order_by(seq)
+        rows = [AglRow(*row) for row in c.execute(q)]
+    return rows, max(stop, after), total
+
+
+def _counter(c: sa.Connection) -> int:
+    value = c.execute(sa.select(schema.flags.c.value).where(schema.flags.c.key == TERMINAL_COUNTER)).scalar()
+    return int(value["value"]) if value else 0
+
+
+def _bump_counter(c: sa.Connection) -> int:
+    seq = _counter(c) + 1
+    values = {"value": {"value": seq}, "updated_at": now()}
+    done = c.execute(sa.update(schema.flags).where(schema.flags.c.key == TERMINAL_COUNTER).values(values))
+    if done.rowcount == 0:
+        c.execute(schema.flags.insert().values(key=TERMINAL_COUNTER, **values))
+    return seq
+
+
+def move(store, rollout_id: str, fields: dict[str, Any], worker_id: str) -> AglRow:
+    """Apply one status patch in one transaction: `state` moves the rollout along Agent Lightning's
+    lifecycle through our attempt state machine (running: a new running attempt; succeeded/failed: its
+    current attempt ends so; queuing -> failed: no attempt ran); the other fields are kept in
+    `metadata["agl"]["status"]`. Raises IllegalMove (nothing changed) for a move the lifecycle lacks."""
+    with store._write() as c:
+        row = c.execute(
+            sa.select(schema.rollouts).where(R.rollout_id == rollout_id).with_for_update(key_share=True)
+        ).first()
+        if row is None or row.harness != HARNESS:
+            raise NotFound(f"rollout {rollout_id!r} not found")
+        rollout = from_row(Rollout, row)
+        agl = dict(rollout.metadata.get("agl", {}))
+        status = {**agl.get("status", {}), **{k: v for k, v in fields.items() if k != "state"}}
+        target = fields.get("state")
+        if target is not None:
+            status["terminal_seq"] = _step(store, c, rollout, target, worker_id, status.get("error_message"))
+            rollout.status = OUR_STATUS[target][0]
+        status["version"] = int(status.get("version", 1)) + 1
+        status["updated_at"] = now()
+        status = {k: v for k, v in status.items() if v is not None}
+        rollout.metadata = {**rollout.metadata, "agl": {**agl, "status": status}}
+        values = checked(schema.rollouts, {"metadata": rollout.metadata, "status": rollout.status.value})
+        c.execute(sa.update(schema.rollouts).where(R.id == row.id).values(values))
+    return AglRow.of(rollout)
+
+
+def _step(store, c, rollout: Rollout, target: str, worker_id: str, error: str | None) -> int | None:
+    """Move the rollout's attempts for `target`; the rollout's terminal position when it ends."""
+    current = AGL_STATE[rollout.status]
+    if target not in AGL_MOVES.get(current, ()):
+        raise IllegalMove(f"rollout {rollout.rollout_id}: cannot transition {current} -> {target}")
+    latest = store._latest_attempt(c, rollout.rollout_id)
+    if target == "running":
+        if latest is not None and latest.state == AttemptState.queued.value:
+            store._move(c, latest, AttemptState.running, {"worker_id": worker_id})
+        else:
+            t = now()
+            attempt = Attempt(
+                rollout_id=rollout.rollout_id,
+                sequence_id=latest.sequence_id + 1 if latest else 1,
+                state=AttemptState.running,
+                retry_kind=RetryKind.infrastructure if latest else RetryKind.first,
+                worker_id=worker_id,
+                started_at=t,
+                heartbeat_at=t,
+            )
+            store._add_attempt(c, attempt)
+        return None
+    ended = AttemptState.succeeded if target == "succeeded" else AttemptState.failed
+    if latest is not None and latest.state in (AttemptState.running.value, AttemptState.queued.value):
+        live = AttemptState(latest.state)
+        final = ended if live is AttemptState.running else AttemptState.cancelled
+        check_transition(latest.attempt_id, live, final)
+        reason = {"reason_code": "agl_" + target, "reason_message": error}
+        store._move(c, latest, final, {k: v for k, v in reason.items() if v is not None})
+    return _bump_counter(c)
+
+
+def current_attempt(store, rollout_id: str, worker_id: str) -> Attempt:
+    """The rollout's latest attempt; a rollout still queuing gets its first attempt started now (an agent
+    calling before its controller's `running` patch arrives)."""
+    rollout = get(store, rollout_id)
+    attempts = store.list_attempts(rollout_id=rollout_id)
+    if attempts and attempts[-1].state != AttemptState.queued:
+        return attempts[-1]
+    if rollout.status == RolloutStatus.queued.value:
+        try:
+            move(store, rollout_id, {"state": "running"}, worker_id)
+        except IllegalMove:
+            pass  # another request started it first
+        attempts = store.list_attempts(rollout_id=rollout_id)
+    if not attempts:
+        raise Conflict(f"rollout {rollout_id!r} has no attempt")
+    return attempts[-1]
+
+
+def delete(store, rollout_id: str) -> None:
+    """Hide the rollout from this API (idempotent; a missing id is fine). Its attempts, spans and rewards
+    stay in the store: they are lineage of whatever was trained on them."""
+    with store._write() as c:
+        c.execute(
+            sa.update(schema.rollouts)
+            .where(R.rollout_id == rollout_id, R.harness == HARNESS)
+            .values(harness=DELETED)
+        )
+
+
+def new_rollout(rollout_id: str, item: dict[str, Any], sampling: dict[str, Any]) -> Rollout:
+    """Our rollout for one Agent Lightning `RolloutCreate` (already validated)."""
+    inp = item.get("input")
+    data_id = (inp.get("data_id") or inp.get("instance_id") or "") if isinstance(inp, dict) else ""
+    t = now()
+    is_train = item.get("is_train", True)
+    return Rollout(
+        rollout_id=rollout_id,
+        kind=RolloutKind.train if is_train else RolloutKind.holdout,
+        task_id=str(data_id),
+        task={"input": inp},
+        harness=HARNESS,
+        created_at=t,
+        metadata={
+            "sampling": sampling,
+            "agl": {
+                "is_train": is_train,
+                "config": item.get("config") or {},
+                "metadata": item.get("metadata") or {},
+                "status": {"version": 1, "updated_at": t},
+            },
+        },
+    )
