@@ -16,6 +16,7 @@ from lightning_dagster.gateway.attempts import AttemptContext, conversation
 from lightning_dagster.gateway.backends import CallSampling, Completion
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.tokenin import LastCall, continues, extends
+from lightning_dagster.gateway.upstreams import UPSTREAM_REFUSED
 from lightning_dagster.types import Sampling, Span, SpanKind
 
 if TYPE_CHECKING:
@@ -63,7 +64,8 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
         else:
             c = await backend.complete(req.single_prompt(), sampling, body, route=ctx.rollout_id)
     except GatewayError as exc:
-        if exc.status >= 500:  # the backend failed, not the request: keep the failure on record
+        # the backend failed, or the upstream refused the call: either way the call stays on the record
+        if exc.status >= 500 or exc.code == UPSTREAM_REFUSED:
             await gw.record(ctx, _error_span(gw, ctx, chat, started, exc))
         raise
     latency = time.perf_counter() - t0

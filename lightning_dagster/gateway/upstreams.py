@@ -70,6 +70,11 @@ class Upstream:
         return blake2b(f"{route}\0{self.url}".encode(), digest_size=8).digest()
 
 
+# the code of an upstream's own 4xx answer: the call is recorded (an error span with its status) and the
+# answer goes back to the agent
+UPSTREAM_REFUSED = "upstream_refused"
+
+
 class UpstreamPool:
     """The servers calls may go to; `add` and `remove` change it at run time. A route (the rollout id)
     goes to the healthy server that ranks highest for it, then stays pinned there while it is healthy, so
@@ -323,7 +328,7 @@ def _answer(status: int, raw: bytes) -> dict:
         message = data.get("error", data) if isinstance(data, dict) else data
         if isinstance(message, dict):
             message = message.get("message", message)
-        raise GatewayError(status, f"upstream error: {message}")
+        raise GatewayError(status, f"upstream error: {message}", code=UPSTREAM_REFUSED)
     if not isinstance(data, dict) or not data.get("choices"):
         raise GatewayError(502, "upstream response has no choices")
     return data

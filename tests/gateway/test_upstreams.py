@@ -42,7 +42,7 @@ def _turns(gw: Gateway, attempts: list, n: int) -> None:
 
 
 def _served(gw: Gateway, aid: str) -> list[str]:
-    return [s.attributes["upstream"] for s in gw.spans(aid)]
+    return [s.attributes["upstream"] for s in gw.spans(aid) if s.status != "error"]
 
 
 def test_rollouts_stick_to_one_upstream_and_move_for_good_when_it_stops(store):
@@ -98,6 +98,8 @@ def test_a_5xx_fails_over_but_a_4xx_is_the_answer(store):
             with pytest.raises(openai.BadRequestError, match="stub told to fail"):
                 client.chat.completions.create(model="policy", messages=messages)
             assert other.app.state.calls["chat"] == 0
+            refused = gw.spans(aid)[-1]  # the refused call is on the record with the upstream's status
+            assert refused.status == "error" and refused.attributes["http_status"] == 400
             by_url[home].app.state.fail_status = 503
             client.chat.completions.create(model="policy", messages=messages)
             assert _served(gw, aid)[-1] == other.url + "/v1" and other.app.state.calls["chat"] == 1

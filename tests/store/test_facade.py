@@ -11,56 +11,36 @@ from lightning_dagster.store import Store
 # The public methods of the single-module Store before it was split, with their signatures.
 PUBLIC_METHODS = {
     "add_resource": "(self, r: 'Resource') -> 'Resource'",
-    "add_reward": "(self, r: 'Reward', *, span: 'Span | None' = None, request_id: 'str | None' = None) "
-    "-> 'str | None'",
+    "add_reward": "(self, r: 'Reward', *, span: 'Span | None' = None, request_id: 'str | None' = None) -> 'str | None'",
     "add_spans": "(self, spans: 'list[Span]', *, sync: 'bool' = True) -> 'None'",
-    "append_document": "(self, collection: 'str', doc_id: 'str', content_hash: 'str', body: 'dict', "
-    "previous_hash: 'str | None') -> 'int'",
+    "append_document": "(self, collection: 'str', doc_id: 'str', content_hash: 'str', body: 'dict', previous_hash: 'str | None') -> 'int'",
     "attempt_facts": "(self, attempt_id: 'str') -> 'tuple[str, AttemptState, RolloutKind, dict, int | None]'",
-    "claim_rollout": "(self, worker_id: 'str', *, kinds: 'RolloutKind | str | Iterable[RolloutKind | str] | "
-    "None' = None, snapshot_key: 'str | None' = None, rollout_ids: 'Iterable[str] | None' = None, harness: "
-    "'str | None' = None) -> 'tuple[Rollout, Attempt] | None'",
+    "claim_rollout": "(self, worker_id: 'str', *, kinds: 'RolloutKind | str | Iterable[RolloutKind | str] | None' = None, snapshot_key: 'str | None' = None, rollout_ids: 'Iterable[str] | None' = None, harness: 'str | None' = None) -> 'tuple[Rollout, Attempt] | None'",
     "close": "(self) -> 'None'",
-    "count_spans": "(self, *, rollout_ids: 'Iterable[str] | None' = None, kind: 'SpanKind | str | "
-    "Iterable[SpanKind | str] | None' = None, rollout_id: 'str | None' = None, attempt_id: 'str | None' = "
-    "None) -> 'int'",
+    "count_spans": "(self, *, rollout_ids: 'Iterable[str] | None' = None, kind: 'SpanKind | str | Iterable[SpanKind | str] | None' = None, rollout_id: 'str | None' = None, attempt_id: 'str | None' = None) -> 'int'",
     "current_pointer": "(self, name: 'str') -> 'str | None'",
     "document_versions": "(self, collection: 'str', doc_id: 'str') -> 'list[StoredDocument]'",
     "enqueue_rollouts": "(self, rollouts: 'list[Rollout]') -> 'list[Rollout]'",
     "finish_rollout": "(self, rollout_id: 'str', status: 'RolloutStatus') -> 'None'",
     "get_attempt": "(self, attempt_id: 'str') -> 'Attempt'",
     "get_flag": "(self, key: 'str') -> 'dict | None'",
-    "get_or_create_serve_rollout": "(self, session: 'str', resource_id: 'str | None', *, "
-    "owner: 'str | None' = None) "
-    "-> 'tuple[Rollout, Attempt]'",
+    "get_or_create_serve_rollout": "(self, session: 'str', resource_id: 'str | None', *, owner: 'str | None' = None) -> 'tuple[Rollout, Attempt]'",
     "get_resource": "(self, resource_id: 'str') -> 'Resource'",
     "get_rollout": "(self, rollout_id: 'str') -> 'Rollout'",
     "heartbeat": "(self, attempt_id: 'str') -> 'None'",
-    "list_attempts": "(self, *, rollout_id: 'str | None' = None, rollout_ids: 'Iterable[str] | None' = None, "
-    "state: 'AttemptState | str | Iterable[AttemptState | str] | None' = None) -> 'list[Attempt]'",
+    "list_attempts": "(self, *, rollout_id: 'str | None' = None, rollout_ids: 'Iterable[str] | None' = None, state: 'AttemptState | str | Iterable[AttemptState | str] | None' = None) -> 'list[Attempt]'",
     "list_resources": "(self) -> 'list[Resource]'",
-    "list_rewards": "(self, *, rollout_ids: 'Iterable[str] | None' = None, rollout_id: 'str | None' = None) "
-    "-> 'list[Reward]'",
-    "list_spans": "(self, *, rollout_id: 'str | None' = None, attempt_id: 'str | None' = None, rollout_ids: "
-    "'Iterable[str] | None' = None, kind: 'SpanKind | str | Iterable[SpanKind | str] | None' = None) -> "
-    "'list[Span]'",
+    "list_rewards": "(self, *, rollout_ids: 'Iterable[str] | None' = None, rollout_id: 'str | None' = None) -> 'list[Reward]'",
+    "list_spans": "(self, *, rollout_id: 'str | None' = None, attempt_id: 'str | None' = None, rollout_ids: 'Iterable[str] | None' = None, kind: 'SpanKind | str | Iterable[SpanKind | str] | None' = None) -> 'list[Span]'",
     "max_span_sequence": "(self, attempt_id: 'str') -> 'int | None'",
-    "move_pointer": "(self, name: 'str', *, expected: 'str | None', to: 'str', actor: 'str', receipt_id: "
-    "'str | None' = None, note: 'str' = '') -> 'PointerMove'",
+    "move_pointer": "(self, name: 'str', *, expected: 'str | None', to: 'str', actor: 'str', receipt_id: 'str | None' = None, note: 'str' = '') -> 'PointerMove'",
     "pointer_history": "(self, name: 'str', *, last: 'int | None' = None) -> 'list[PointerMove]'",
-    "query_rollouts": "(self, *, snapshot_key: 'str | None' = None, kind: 'RolloutKind | str | "
-    "Iterable[RolloutKind | str] | None' = None, status: 'RolloutStatus | str | Iterable[RolloutStatus | "
-    "str] | None' = None, created_after: 'float | None' = None, rollout_ids: 'Iterable[str] | None' = None, "
-    "group_ids: 'Iterable[str] | None' = None, harness: 'str | None' = None, limit: 'int | None' = None) -> "
-    "'list[Rollout]'",
-    "retry_rollout": "(self, rollout_id: 'str', retry_kind: 'RetryKind', *, delay_s: 'float' = 0.0) -> "
-    "'Attempt'",
+    "query_rollouts": "(self, *, snapshot_key: 'str | None' = None, kind: 'RolloutKind | str | Iterable[RolloutKind | str] | None' = None, status: 'RolloutStatus | str | Iterable[RolloutStatus | str] | None' = None, created_after: 'float | None' = None, rollout_ids: 'Iterable[str] | None' = None, group_ids: 'Iterable[str] | None' = None, harness: 'str | None' = None, limit: 'int | None' = None) -> 'list[Rollout]'",
+    "retry_rollout": "(self, rollout_id: 'str', retry_kind: 'RetryKind', *, delay_s: 'float' = 0.0) -> 'Attempt'",
     "set_flag": "(self, key: 'str', value: 'dict') -> 'None'",
-    "stale_attempts": "(self, cutoff: 'float', *, harness: 'str | None' = None, rollout_ids: "
-    "'Iterable[str] | None' = None) -> 'list[Attempt]'",
+    "stale_attempts": "(self, cutoff: 'float', *, harness: 'str | None' = None, rollout_ids: 'Iterable[str] | None' = None) -> 'list[Attempt]'",
     "start_attempt": "(self, attempt_id: 'str', worker_id: 'str') -> 'Attempt'",
-    "transition_attempt": "(self, attempt_id: 'str', target: 'AttemptState', *, reason_code: 'str | None' = "
-    "None, reason_message: 'str | None' = None) -> 'Attempt'",
+    "transition_attempt": "(self, attempt_id: 'str', target: 'AttemptState', *, reason_code: 'str | None' = None, reason_message: 'str | None' = None) -> 'Attempt'",
     "try_add_spans": "(self, spans: 'list[Span]', *, sync: 'bool' = True) -> 'bool'",
 }
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +18,10 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from lightning_dagster.gateway.agl import Agl, parse_json, reply
-from lightning_dagster.gateway.backends import Backend, UpstreamBackend
-from lightning_dagster.gateway.calls import _error_span, llm_call
+from lightning_dagster.gateway.backends import Backend
+from lightning_dagster.gateway.calls import llm_call
 from lightning_dagster.gateway.errors import GatewayError
+from lightning_dagster.gateway.upstreams import UpstreamBackend
 
 if TYPE_CHECKING:
     from lightning_dagster.gateway.app import Gateway
@@ -46,10 +45,6 @@ class PauseRequest(BaseModel):
 
 
 MODELS = TypeAdapter(list[ModelEntry])
-
-
-class UpstreamRefused(GatewayError):
-    """A backend answered a call with a 4xx: the call is recorded with that status."""
 
 
 class RoutedBackend(Backend):
@@ -81,20 +76,11 @@ class RoutedBackend(Backend):
     def serves(self, name: str) -> bool:
         return self.current.serves(name)
 
-    async def chat(self, messages, tools, tool_choice, sampling, previous, body):
-        return await self._refused(self.current.chat(messages, tools, tool_choice, sampling, previous, body))
+    async def chat(self, messages, tools, tool_choice, sampling, previous, body, *, route=None):
+        return await self.current.chat(messages, tools, tool_choice, sampling, previous, body, route=route)
 
-    async def complete(self, prompt, sampling, body):
-        return await self._refused(self.current.complete(prompt, sampling, body))
-
-    @staticmethod
-    async def _refused(call):
-        try:
-            return await call
-        except GatewayError as exc:
-            if exc.status < 500 and not isinstance(exc, UpstreamRefused):
-                raise UpstreamRefused(exc.status, exc.message, param=exc.param, code=exc.code) from exc
-            raise
+    async def complete(self, prompt, sampling, body, *, route=None):
+        return await self.current.complete(prompt, sampling, body, route=route)
 
     async def aclose(self) -> None:
         await self.default.aclose()
@@ -120,32 +106,30 @@ class Pause:
 
 
 class Endpoints:
-    """Registered model endpoints keyed by (model, endpoint); a rollout goes to the one its id hashes to
-    among them (sorted), so its calls share one server's prefix cache."""
+    """Registered model endpoints keyed by (model, endpoint), served as one `UpstreamBackend` whose pool holds
+    every registered endpoint: a rollout sticks to one (its calls share that server's prefix cache) and
+    moves to another when it is down. The model name sent upstream is the first registered one's."""
 
     def __init__(self, entries: list[dict]):
         self.entries: dict[tuple[str, str], ModelEntry] = {}
-        self.backends: dict[tuple[str, str], UpstreamBackend] = {}
+        self.backend: UpstreamBackend | None = None
         self.add([ModelEntry.model_validate(e) for e in entries])
 
     def add(self, entries: list[ModelEntry]) -> None:
         for e in entries:
-            key = (e.model, e.endpoint)
-            self.entries[key] = e
-            if key not in self.backends:
-                self.backends[key] = UpstreamBackend(e.endpoint, model=e.model)
+            self.entries[(e.model, e.endpoint)] = e
+            if self.backend is None:
+                self.backend = UpstreamBackend(e.endpoint, model=e.model)
+            else:
+                self.backend.pool.add(e.endpoint)
 
     async def clear(self) -> None:
-        backends, self.backends, self.entries = list(self.backends.values()), {}, {}
-        for b in backends:
-            await b.aclose()
+        backend, self.backend, self.entries = self.backend, None, {}
+        if backend is not None:
+            await backend.aclose()
 
-    def pick(self, rollout_id: str) -> UpstreamBackend | None:
-        if not self.entries:
-            return None
-        pool = sorted(self.entries)
-        index = int.from_bytes(hashlib.sha256(rollout_id.encode()).digest()[:8], "big") % len(pool)
-        return self.backends[pool[index]]
+    def pick(self) -> UpstreamBackend | None:
+        return self.backend
 
     def as_list(self) -> list[dict]:
         return [e.model_dump() for e in self.entries.values()]
@@ -198,7 +182,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         body = parse_json(await gw.body(request))
         if not isinstance(body, dict):
             raise GatewayError(400, "the body must be a JSON object")
-        route = endpoints.pick(rid)
+        route = endpoints.pick()
         backend = route or routed.default
         if body.get("model") not in gw.model_aliases and not backend.serves(body.get("model") or ""):
             body["model"] = backend.model
@@ -207,13 +191,8 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         inner = _inner_request(request, pydantic_core.to_json(body), target.key, rid, target.attempt_id)
         pause.inflight += 1
         token = ROUTE.set(route)
-        started = time.time()
-        try:
+        try:  # an upstream's 4xx is recorded by the LLM route like any refused call
             return await llm_call(gw, inner, dict(inner.path_params), chat=chat)
-        except UpstreamRefused as exc:  # the upstream's 4xx is part of the rollout's record
-            ctx = await gw.attempts.context(rid, target.attempt_id)
-            await gw.record(ctx, _error_span(gw, ctx, chat, started, exc))
-            raise
         finally:
             ROUTE.reset(token)
             pause.inflight -= 1
