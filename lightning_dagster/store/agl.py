@@ -23,7 +23,6 @@ from lightning_dagster.store.errors import Conflict, NotFound
 from lightning_dagster.types import (
     Attempt,
     AttemptState,
-    RetryKind,
     Rollout,
     RolloutKind,
     RolloutStatus,
@@ -299,23 +298,10 @@ def _step(store, c, rollout: Rollout, target: str, worker_id: str, error: str | 
     current = AGL_STATE[rollout.status]
     if target not in AGL_MOVES.get(current, ()):
         raise IllegalMove(f"rollout {rollout.rollout_id}: cannot transition {current} -> {target}")
-    latest = store._latest_attempt(c, rollout.rollout_id)
     if target == "running":
-        if latest is not None and latest.state == AttemptState.queued.value:
-            store._move(c, latest, AttemptState.running, {"worker_id": worker_id})
-        else:
-            t = now()
-            attempt = Attempt(
-                rollout_id=rollout.rollout_id,
-                sequence_id=latest.sequence_id + 1 if latest else 1,
-                state=AttemptState.running,
-                retry_kind=RetryKind.infrastructure if latest else RetryKind.first,
-                worker_id=worker_id,
-                started_at=t,
-                heartbeat_at=t,
-            )
-            store._add_attempt(c, attempt)
+        store._begin_attempt(c, rollout.rollout_id, worker_id)
         return None
+    latest = store._latest_attempt(c, rollout.rollout_id)
     ended = AttemptState.succeeded if target == "succeeded" else AttemptState.failed
     if latest is not None and latest.state in (AttemptState.running.value, AttemptState.queued.value):
         live = AttemptState(latest.state)

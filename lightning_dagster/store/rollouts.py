@@ -152,22 +152,27 @@ class RolloutQueue(Connection):
             row = c.execute(query).first()
             if row is None:
                 return None
-            latest = self._latest_attempt(c, row.rollout_id)
-            if latest is not None and latest.state == AttemptState.queued.value:
-                attempt = self._move(c, latest, AttemptState.running, {"worker_id": worker_id})
-            else:
-                t = now()
-                attempt = Attempt(
-                    rollout_id=row.rollout_id,
-                    sequence_id=latest.sequence_id + 1 if latest else 1,
-                    state=AttemptState.running,
-                    retry_kind=RetryKind.infrastructure if latest else RetryKind.first,
-                    worker_id=worker_id,
-                    started_at=t,
-                    heartbeat_at=t,
-                )
-                self._add_attempt(c, attempt)
+            attempt = self._begin_attempt(c, row.rollout_id, worker_id)
         return from_row(Rollout, row).model_copy(update={"status": RolloutStatus.running}), attempt
+
+    def _begin_attempt(self, c, rollout_id: str, worker_id: str) -> Attempt:
+        """In transaction `c`: the rollout's queued attempt moves to running, or (none queued) a new running
+        attempt follows the latest one, as an infrastructure retry when there was one."""
+        latest = self._latest_attempt(c, rollout_id)
+        if latest is not None and latest.state == AttemptState.queued.value:
+            return self._move(c, latest, AttemptState.running, {"worker_id": worker_id})
+        t = now()
+        attempt = Attempt(
+            rollout_id=rollout_id,
+            sequence_id=latest.sequence_id + 1 if latest else 1,
+            state=AttemptState.running,
+            retry_kind=RetryKind.infrastructure if latest else RetryKind.first,
+            worker_id=worker_id,
+            started_at=t,
+            heartbeat_at=t,
+        )
+        self._add_attempt(c, attempt)
+        return attempt
 
     def retry_rollout(self, rollout_id: str, retry_kind: RetryKind, *, delay_s: float = 0.0) -> Attempt:
         """A new queued attempt (sequence + 1) after a finished one; the rollout is queued again, claimable
