@@ -12,6 +12,7 @@ import abc
 import asyncio
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,24 @@ class Backend(abc.ABC):
         pass
 
 
+def chat_prompt(
+    render: Callable[[list[dict], list[dict] | None, bool], list[int]],
+    closing: Any,
+    messages: list[dict],
+    tools: list[dict] | None,
+    previous: LastCall | None,
+) -> tuple[list[int], str]:
+    """A chat call's prompt ids and their source: the previous call's exact ids plus the new turns when the
+    conversation continues it (`reused`, token-in), else the conversation rendered afresh (`rendered`)."""
+    ids = continue_prompt(render, closing, previous, messages, tools)
+    if ids is not None:
+        return ids, "reused"
+    try:
+        return render(messages, tools, True), "rendered"
+    except Exception as exc:  # jinja / template errors are the request's fault
+        raise GatewayError(400, f"messages could not be rendered: {exc}", param="messages") from exc
+
+
 def tool_call_ids(calls: list[dict]) -> list[dict]:
     # The template does not render call ids, so fresh ones cost nothing and let harnesses answer calls.
     out = []
@@ -167,13 +186,7 @@ class EngineBackend(Backend):
     def _chat_prompt(
         self, messages: list[dict], tools: list[dict] | None, previous: LastCall | None
     ) -> tuple[list[int], str]:
-        ids = continue_prompt(self._render, self._closing, previous, messages, tools)
-        if ids is not None:
-            return ids, "reused"
-        try:
-            return self._render(messages, tools, True), "rendered"
-        except Exception as exc:  # jinja / template errors are the request's fault
-            raise GatewayError(400, f"messages could not be rendered: {exc}", param="messages") from exc
+        return chat_prompt(self._render, self._closing, messages, tools, previous)
 
     async def chat(self, messages, tools, tool_choice, sampling, previous, body, *, route=None) -> Completion:
         prompt_ids, source = await anyio.to_thread.run_sync(self._chat_prompt, messages, tools, previous)

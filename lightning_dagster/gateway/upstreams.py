@@ -17,10 +17,10 @@ import httpx
 import pydantic_core
 from cachetools import LRUCache
 
-from lightning_dagster.gateway.backends import Backend, CallSampling, Completion, tool_call_ids
+from lightning_dagster.gateway.backends import Backend, CallSampling, Completion, chat_prompt, tool_call_ids
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.http1 import Http1Client, UpstreamHTTPError
-from lightning_dagster.gateway.tokenin import LastCall, closing_tokens, continue_prompt
+from lightning_dagster.gateway.tokenin import LastCall, closing_tokens
 
 
 def upstream_urls(value: str | Sequence[str]) -> list[str]:
@@ -277,13 +277,7 @@ class UpstreamBackend(Backend):
     def _chat_prompt(
         self, messages: list[dict], tools: list[dict] | None, previous: LastCall | None
     ) -> tuple[list[int], str]:
-        ids = continue_prompt(self._render, self._closing, previous, messages, tools)
-        if ids is not None:
-            return ids, "reused"
-        try:
-            return self._render(messages, tools, True), "rendered"
-        except Exception as exc:  # jinja / template errors are the request's fault
-            raise GatewayError(400, f"messages could not be rendered: {exc}", param="messages") from exc
+        return chat_prompt(self._render, self._closing, messages, tools, previous)
 
     async def _token_chat(self, messages, tools, tool_choice, sampling, previous, route) -> Completion:
         assert self.codec is not None
