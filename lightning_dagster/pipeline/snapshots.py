@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from lightning_dagster.gate.hashing import canonical_json, content_hash
 from lightning_dagster.pipeline import context as ctx
+from lightning_dagster.training.selection import train_tasks
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import SnapshotRef
@@ -137,7 +138,10 @@ def build_manifest(p: Pipeline, *, train_seed: int, serve_rollout_ids: list[str]
     source.require_splits([split for split, n in wanted.items() if n > 0])
     canary.require_splits(["canary"] if t.canary_tasks > 0 else [])
     splits = Splits(
-        train=source.make_tasks("train", wanted["train"], train_seed),
+        # the validation cases checkpoint selection decodes are held back from the train tasks
+        train=train_tasks(
+            source.dataset, wanted["train"], train_seed, validation=t.validation_tasks, eval_seed=t.eval_seed
+        ),
         holdout=source.make_tasks("holdout", wanted["holdout"], t.eval_seed),
         protected=source.make_tasks("protected", wanted["protected"], t.eval_seed),
         canary=canary.make_tasks("canary", t.canary_tasks, train_seed),

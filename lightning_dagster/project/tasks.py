@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,13 +63,15 @@ class TaskSet:
     def families(self, split: str) -> Counter[str]:
         return Counter(task["family"] for task in self.splits[split])
 
-    def draw(self, split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    def draw(self, split: str, n: int, seed: int, *, exclude: Collection[str] = ()) -> list[dict[str, Any]]:
         """`n` tasks of `split` drawn with `seed`. Train repeats the split in passes, each in its own seeded
         order, until `n` are drawn (every row once before any repeats); the other splits take at most `n`
-        rows, without repeats, in the seeded order (all rows when the split has fewer)."""
+        rows, without repeats, in the seeded order (all rows when the split has fewer). Tasks whose id is in
+        `exclude` are never drawn (a train split's reserved validation cases)."""
         if split not in SPLITS:
             raise UnknownSplit(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-        rows = self.splits[split]
+        excluded = frozenset(exclude)
+        rows = [task for task in self.splits[split] if task["task_id"] not in excluded]
         if split != "train" or not rows:
             n = min(n, len(rows))
         drawn: list[dict[str, Any]] = []

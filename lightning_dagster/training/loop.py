@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lightning_dagster.gateway.local import Serving
-from lightning_dagster.project import TaskSet, load_project, load_tasks
+from lightning_dagster.project import load_project, load_tasks
 from lightning_dagster.project.examples import example_file
 from lightning_dagster.project.harness import harness_spec
 from lightning_dagster.runner.service import RolloutBatch, RolloutService
@@ -35,6 +35,8 @@ from lightning_dagster.training.selection import (
     select,
     solved_cases,
     stop_reason,
+    train_tasks,
+    validation_split,
 )
 from lightning_dagster.training.trainer import Trainer, TrainerConfig
 from lightning_dagster.training.transitions import Row, TransitionConfig, merge_calls
@@ -183,14 +185,6 @@ def rows_and_rewards(
 # validation and checkpoint selection
 
 
-def validation_split(tasks: TaskSet, n: int, seed: int, trained: list[dict]) -> list[dict]:
-    """Up to `n` tasks of the train split (the training distribution; disjoint from holdout, protected and
-    canary by the project's split) that the run does not train on, in `TaskSet.draw`'s seeded order."""
-    taken = {task["task_id"] for task in trained}
-    pool = tasks.draw("train", len(tasks.splits["train"]), seed)
-    return [task for task in pool if task["task_id"] not in taken][:n]
-
-
 def greedy_solved(
     service: RolloutService, tasks: list[dict], *, seed: int, tag: str, threshold: float
 ) -> frozenset[str]:
@@ -250,15 +244,28 @@ class CheckpointKeeper:
         return chosen
 
 
+NO_VALIDATION_CASES = (
+    "no checkpoint selection: the run trains on every task of its train split, so none is left to validate "
+    "on (add train tasks, or lower steps x tasks per step); the last checkpoint is the candidate"
+)
+
+
 def selection_summary(
-    kl_coef: float, steps_run: int, keeper: CheckpointKeeper | None, chosen: Selection | None
+    kl_coef: float,
+    steps_run: int,
+    keeper: CheckpointKeeper | None,
+    chosen: Selection | None,
+    *,
+    asked: int = 0,
 ) -> dict[str, Any]:
     """What a run records of its regularization and choice: the KL weight, the steps it ran, the validation
     size, the parent's and every checkpoint's validation, the proposed step and why, and any early stop.
-    Without validation the last checkpoint is the candidate."""
+    Without validation the last checkpoint is the candidate; when `asked` validation tasks and none was left
+    to validate on, `selection` says so."""
     if keeper is None or chosen is None:
-        return {"kl_coef": kl_coef, "steps_run": steps_run, "validation_tasks": 0, "chosen_step": steps_run,
-                "early_stop": None}  # fmt: skip
+        summary = {"kl_coef": kl_coef, "steps_run": steps_run, "validation_tasks": 0, "chosen_step": steps_run,
+                   "early_stop": None}  # fmt: skip
+        return summary | ({"selection": NO_VALIDATION_CASES} if asked else {})
     return {
         "kl_coef": kl_coef,
         "steps_run": steps_run,
@@ -305,7 +312,10 @@ def train_rl(
     tasks.require_splits(["train", "holdout"])
     harness = harness_spec(project)
     heldout = tasks.draw("holdout", config.heldout_tasks, config.seed)
-    train_pool = tasks.draw("train", config.steps * config.tasks_per_step, config.seed)
+    train_pool = train_tasks(
+        tasks, config.steps * config.tasks_per_step, config.seed,
+        validation=config.validation.tasks, eval_seed=config.eval_seed,
+    )  # fmt: skip
     validation = validation_split(tasks, config.validation.tasks, config.eval_seed, train_pool)
     trainer = Trainer(parent_dir, config.trainer, group=group)
     curve: list[dict] = []
@@ -333,7 +343,7 @@ def train_rl(
         parent = record(0, greedy=True)
         keeper = (
             CheckpointKeeper(service, validation, config.validation, seed=config.eval_seed, tag="rl")
-            if config.validation.tasks
+            if config.validation.tasks and validation
             else None
         )
         for step in range(1, config.steps + 1):
@@ -378,5 +388,7 @@ def train_rl(
         seconds=time.perf_counter() - started,
         rl_seconds=rl_seconds,
         checkpoint=checkpoint,
-        selection=selection_summary(config.trainer.loss.kl_coef, len(metrics), keeper, chosen),
+        selection=selection_summary(
+            config.trainer.loss.kl_coef, len(metrics), keeper, chosen, asked=config.validation.tasks
+        ),
     )

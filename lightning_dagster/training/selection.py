@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lightning_dagster.project import TaskSet
 
 
 class ValidationConfigError(ValueError):
@@ -117,3 +121,30 @@ def stop_reason(evals: Sequence[CheckpointEval], parent_success: float, patience
         return None
     steps = ", ".join(str(e.step) for e in evals[-patience:])
     return f"validation regressed at {patience} evaluation(s) in a row (steps {steps})"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the validation split
+
+
+def reserved_validation(tasks: TaskSet, n: int, seed: int) -> frozenset[str]:
+    """The ids of the train-split tasks held back for validation before the train tasks are drawn: the first
+    `n` in `seed`'s order, but at most half the split, so a small project still trains on the rest (a split
+    of one task reserves none, and the run has no checkpoint selection)."""
+    rows = tasks.splits["train"]
+    pool = tasks.draw("train", len(rows), seed)
+    return frozenset(task["task_id"] for task in pool[: min(n, len(rows) // 2)])
+
+
+def train_tasks(tasks: TaskSet, n: int, seed: int, *, validation: int, eval_seed: int) -> list[dict]:
+    """The `n` train tasks a run trains on (`TaskSet.draw` with `seed`), never one of the validation cases
+    `reserved_validation(tasks, validation, eval_seed)` holds back."""
+    return tasks.draw("train", n, seed, exclude=reserved_validation(tasks, validation, eval_seed))
+
+
+def validation_split(tasks: TaskSet, n: int, seed: int, trained: list[dict]) -> list[dict]:
+    """Up to `n` tasks of the train split (the training distribution; disjoint from holdout, protected and
+    canary by the project's split) that the run does not train on, in `TaskSet.draw`'s seeded order."""
+    taken = {task["task_id"] for task in trained}
+    pool = tasks.draw("train", len(tasks.splits["train"]), seed)
+    return [task for task in pool if task["task_id"] not in taken][:n]

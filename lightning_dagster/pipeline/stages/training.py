@@ -83,7 +83,8 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group 
         ) as service:
             if validation.tasks:
                 tasks = validation_split(source.dataset, validation.tasks, t.eval_seed, manifest.splits.train)
-                keeper = CheckpointKeeper(service.service, tasks, validation, seed=t.eval_seed, tag=key)
+                if tasks:  # else no task is left to validate on: the summary says so
+                    keeper = CheckpointKeeper(service.service, tasks, validation, seed=t.eval_seed, tag=key)
             for step in range(1, t.steps + 1):
                 if step > 1:
                     _, m = rl_step(
@@ -107,7 +108,7 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group 
         chosen = keeper.restore(trainer) if keeper is not None else None
     if group is not None:
         distributed.release(group)
-    selection = selection_summary(config.loss.kl_coef, len(curve), keeper, chosen)
+    selection = selection_summary(config.loss.kl_coef, len(curve), keeper, chosen, asked=validation.tasks)
     out = trainer.save(ctx.candidate_dir(key))
     refs = snapshot_refs(manifest)
     version = reg.log_candidate(
