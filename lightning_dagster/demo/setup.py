@@ -88,9 +88,11 @@ class WorkingCopy:
     `add_late_tasks` restores the full file, so the task pool the sensor watches changes."""
 
     def __init__(self, project_file: Path, home: Path) -> None:
-        from lightning_dagster.project import ProjectError, load_project
+        from lightning_dagster.project import ProjectError, load_project, load_tasks
 
         source = load_project(project_file)
+        # the user's own files are checked before the copy, so an error names them, not the copy
+        tasks = load_tasks(source)
         self.original = source.tasks.path
         folder = source.file.parent
         self.root = home / "demo-project"
@@ -101,9 +103,15 @@ class WorkingCopy:
             raise ProjectError(source.file, [("tasks.path", problem)])
         self.tasks_file = self.root / self.original.relative_to(folder)
         self.file = self.root / source.file.name
+        # The copy is kept across demo runs in one home (cycle 2's added tasks stay added), but only for the same
+        # project with the same tasks: another project, or edited tasks, replace it.
+        marker, origin = self.root / ".demo-source", f"{source.file.resolve()}\n{tasks.content_hash}\n"
+        if self.root.exists() and (not marker.is_file() or marker.read_text() != origin):
+            shutil.rmtree(self.root)
         if not self.root.exists():
             shutil.copytree(folder, self.root)
             self._withhold(source.tasks.id_column)
+            marker.write_text(origin)
 
     def _withhold(self, id_column: str) -> None:
         import pandas as pd

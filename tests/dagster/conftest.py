@@ -91,7 +91,25 @@ def bootstrapped(embedded_home: Path) -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `moves_session_pointer` (the two-cycle demo: it promotes and rewrites the approvers file of
-    the session's home) run after every other test of the session, which expect the bootstrapped parent as
-    `approved-default` and the pinned approvers."""
-    items.sort(key=lambda item: item.get_closest_marker("moves_session_pointer") is not None)
+    """Tests marked `moves_session_pointer` (they promote in the session's home; the two-cycle demo also
+    rewrites its approvers file: `moves_session_pointer(rewrites_approvers=True)`) run after every other test
+    of the session, which expect the bootstrapped parent as `approved-default` and the pinned approvers; the
+    ones that rewrite the approvers run last of all."""
+
+    def order(item) -> tuple[bool, bool]:
+        marker = item.get_closest_marker("moves_session_pointer")
+        return marker is not None, marker is not None and marker.kwargs.get("rewrites_approvers", False)
+
+    items.sort(key=order)
+
+
+@pytest.fixture(autouse=True)
+def _session_home(request, monkeypatch):
+    """Every Dagster test sees the session's home, whatever a session fixture of another directory set
+    meanwhile (the registry tests' own home, set up when their first test runs, stays in the environment
+    for the rest of the session)."""
+    home = request.getfixturevalue("embedded_home")
+    monkeypatch.setenv("LIGHTNING_DAGSTER_HOME", str(home))
+    monkeypatch.setenv("LD_ROLES_FILE", str(home.parent / "roles.yaml"))
+    for k in ("LD_STORE_URL", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(k, raising=False)

@@ -51,7 +51,7 @@ def _stage_order(lines: list[str], cycle: int) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.moves_session_pointer
+@pytest.mark.moves_session_pointer(rewrites_approvers=True)
 def test_demo_runs_two_cycles_promotes_between_them_and_summarizes(demo_env):
     before = ctx.registry(pipeline_for()).current(APPROVED)
     lines: list[str] = []

@@ -168,6 +168,7 @@ def postgres_instance(postgres_url, tmp_path, bootstrapped):
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.moves_session_pointer
 def test_postgres_instance_blocks_then_approves_then_promotes(postgres_instance):
     from dagster_postgres import PostgresEventLogStorage
 

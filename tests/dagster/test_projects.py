@@ -27,6 +27,7 @@ from lightning_dagster.project import TaskDataError, load_project, load_tasks
 from lightning_dagster.project.examples import EXAMPLES_DIR, example_harness, example_tasks
 from lightning_dagster.resources import PolicyModelResource
 from lightning_dagster.sensors import continual_learning_sensor
+from lightning_dagster.training.selection import reserved_validation
 from tests.dagster.conftest import TINY_POLICY, pipeline_for
 
 # Rows per split of the test dataset: fewer train rows than 2 steps x 4 tasks (so train cycles), more
@@ -82,8 +83,12 @@ def test_project_snapshot_draws_every_split_from_the_dataset(embedded_home, tmp_
     manifest = build_manifest(p, train_seed=11)
     ids = {split: {t["task_id"] for t in dataset.splits[split]} for split in ROWS}
     train = [t["task_id"] for t in manifest.splits.train]
-    # steps x tasks_per_step = 8 from 6 rows: every row once, then a second seeded pass.
-    assert len(train) == 8 and set(train[:6]) == ids["train"] and set(train[6:]) <= ids["train"]
+    # Half of the 6 train rows are held back as checkpoint selection's validation cases; steps x
+    # tasks_per_step = 8 come from the other 3: every row once per seeded pass.
+    reserved = reserved_validation(dataset, p.training.validation_tasks, p.training.eval_seed)
+    assert p.training.validation_tasks >= 3 and len(reserved) == 3 and reserved <= ids["train"]
+    trainable = ids["train"] - reserved
+    assert len(train) == 8 and set(train[:3]) == set(train[3:6]) == trainable and set(train[6:]) <= trainable
     assert len(set(train[6:])) == 2
     # Closed sets: at most the setting, no repeats, and the same for any train seed.
     holdout = [t["task_id"] for t in manifest.splits.holdout]

@@ -95,7 +95,9 @@ def test_a_killed_rollouts_run_resumes_its_rollouts_when_restarted(postgres_url,
     store = Store(postgres_url)
     run = cli("rollouts", "run", *runner_args(gateway, postgres_url, project, tmp_path), "--n", "24")
     run += ["--run-id", "resumable", "--json"]
-    env = child_env(project, log, FLEET_SLEEP="0.3")
+    # 1 s per rollout, 4 at a time: ~5 s of runway after the fourth ends, so a loaded machine's slow poll
+    # still kills the run with attempts in flight
+    env = child_env(project, log, FLEET_SLEEP="1.0")
     try:
         first = subprocess.Popen(run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: len(store.query_rollouts(status=RolloutStatus.succeeded)) >= 4, 60, "4 rollouts")

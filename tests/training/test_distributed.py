@@ -71,9 +71,11 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def two_ranks(tiny_model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ddp")
-    # fork: the children share the imported modules instead of importing torch and transformers again
+    # spawn, not fork: a child forked from this multi-threaded test process (MLflow, Dagster and engine
+    # threads of earlier tests) can inherit a lock some thread held and hang at exit (seen: one rank done,
+    # the other waiting on a futex forever)
     mp.start_processes(
-        run_rank, args=(2, free_port(), str(tiny_model_dir), str(out)), nprocs=2, start_method="fork"
+        run_rank, args=(2, free_port(), str(tiny_model_dir), str(out)), nprocs=2, start_method="spawn"
     )
     return out
 
