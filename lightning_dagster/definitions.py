@@ -25,6 +25,11 @@ def build_definitions(
         assets=snapshot_assets,
         asset_checks=GATE_CHECKS,
         jobs=[continual_learning, approve, promote, rollback, resume],
+        # One process per run, its steps in order: the graph is a chain over one model, so the multiprocess
+        # executor's parallel steps buy nothing here, while each of its ~17 step processes (assets and their
+        # checks) imports torch, transformers and the pipeline again. Training still runs in its own process
+        # (`trainer_pipes`); a deployment on a cluster sets its own executor here (e.g. dagster_k8s's).
+        executor=dg.in_process_executor,
         sensors=[continual_learning_sensor, stale_evidence_sensor, approved_alias_sensor],
         schedules=[nightly_snapshot],
         resources={

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lightning_dagster.gate.approvals import ActorKey, verify_signature
+from lightning_dagster.gate.approvals import ActorKey, signer_problem, verify_signature
 from lightning_dagster.gate.hashing import canonical_json
 
 LOOP = "continual_learning"
@@ -87,13 +87,10 @@ def resume_problem(
         return f"{who}: signs pause {request.pause_hash}, not the pause in force {current_pause}"
     if request.role not in allowed_roles:
         return f"{who}: role {request.role!r} may not resume (allowed: {sorted(allowed_roles)})"
-    entry = actors.get(request.actor)
-    if entry is None:
-        return f"{who}: actor {request.actor!r} is not among the deployment's approvers"
-    if request.role not in entry.roles:
-        return f"{who}: actor {request.actor!r} does not hold role {request.role!r}"
-    if not request.signature:
-        return f"{who}: not signed"
+    entry, problem = signer_problem(who, actors, request.actor, request.role, request.signature)
+    if problem is not None:
+        return problem
+    assert entry is not None
     message = resume_message(request.pause_hash, request.actor, request.role, request.reason, request.at)
     if not verify_signature(entry.public_key, message, request.signature):
         return f"{who}: signature does not verify with {request.actor}'s key"

@@ -17,6 +17,8 @@ import dagster as dg
 import pytest
 import yaml
 
+from tests.support.browser import chromium, needs_chromium
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 KEY = "snap-20261130T1000Z-0000ui01"
@@ -24,9 +26,7 @@ KEY = "snap-20261130T1000Z-0000ui01"
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not (shutil.which("chromium") and shutil.which("chromedriver")), reason="needs chromium"
-    ),
+    needs_chromium,
 ]
 
 
@@ -99,30 +99,8 @@ def webserver(tmp_path):
 
 @pytest.fixture
 def browser(tmp_path):
-    from selenium import webdriver
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = shutil.which("chromium")
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1400,1000",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(
-        options=opts, service=webdriver.ChromeService(executable_path=shutil.which("chromedriver"))
-    )
-    try:
+    with chromium(tmp_path / "chromium-profile") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _click(driver, xpath: str, timeout: float = 60, *, click: bool = True) -> None:

@@ -4,7 +4,6 @@ the verdict, the receipt version and the approved flag. Screenshots are kept in 
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import pytest
@@ -15,28 +14,15 @@ from lightning_dagster.registry import Registry, links
 from lightning_dagster.store import Store
 from tests.registry.helpers import approve, candidate_kwargs, passing_receipt
 from tests.registry.mlflow_server import MlflowServer
+from tests.support.browser import chromium, needs_chromium
 
-pytestmark = pytest.mark.skipif(
-    not (shutil.which("chromium") and shutil.which("chromedriver")), reason="needs chromium"
-)
+pytestmark = needs_chromium
 
 
 @pytest.fixture
 def browser(tmp_path):
-    from selenium import webdriver
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = shutil.which("chromium")
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
-        opts.add_argument(flag)
-    opts.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
-    driver = webdriver.Chrome(
-        options=opts, service=webdriver.ChromeService(executable_path=shutil.which("chromedriver"))
-    )
-    try:
+    with chromium(tmp_path / "chromium-profile") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _page_shows(driver, texts: list[str], timeout: float = 60) -> str:
