@@ -113,3 +113,26 @@ def _session_home(request, monkeypatch):
     monkeypatch.setenv("LD_ROLES_FILE", str(home.parent / "roles.yaml"))
     for k in ("LD_STORE_URL", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(k, raising=False)
+
+
+def resume_loop(p) -> None:
+    """Resume the continual-learning loop of `p`'s store if a test left it paused: bob's signed decision
+    (the session's default approver), recorded in its history like any other."""
+    from lightning_dagster.demo import approver_keys
+    from lightning_dagster.pipeline import pauses
+    from lightning_dagster.pipeline.context import approvers
+
+    store = p.get_store()
+    if pauses.current_pause(store) is None:
+        return
+    request = pauses.sign_resume(
+        store, actor="bob", role="default-approver", key=approver_keys() / "bob.key", reason="test cleanup"
+    )
+    pauses.resume(store, request, actors=approvers(p), allowed_roles=["default-approver"])
+
+
+@pytest.fixture
+def leaves_loop_running():
+    """For a test that pauses the session store's loop: resumed afterwards, so later tests find it running."""
+    yield
+    resume_loop(pipeline_for())

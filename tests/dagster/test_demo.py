@@ -17,7 +17,7 @@ from lightning_dagster.demo import run_demo
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.project.examples import example_file
 from lightning_dagster.registry.core import APPROVED
-from tests.dagster.conftest import ACTORS, TINY_POLICY, pipeline_for, tiny_training
+from tests.dagster.conftest import ACTORS, TINY_POLICY, pipeline_for, resume_loop, tiny_training
 
 PROMOTE = "PROMOTE TO BOUNDED CANARY"
 STAGES = [
@@ -42,6 +42,7 @@ def demo_env(bootstrapped, tmp_path, monkeypatch):
     monkeypatch.setenv("LD_GATE_POLICY", str(TINY_POLICY))
     for name in ("LD_PROJECT", "LD_ROLES_FILE"):
         monkeypatch.setenv(name, os.environ.get(name, ""))
+    resume_loop(pipeline_for())  # the demo starts, as on a fresh home, with the loop running
     return {role: actor for actor, role in ACTORS.items()}
 
 

@@ -18,7 +18,7 @@ from lightning_dagster.pipeline.snapshots import SNAPSHOT_KEY_PATTERN, load_mani
 from lightning_dagster.resources import MLflowResource
 from lightning_dagster.sensors import approved_alias_sensor, continual_learning_sensor, nightly_snapshot
 from lightning_dagster.types import AttemptState, Reward
-from tests.dagster.conftest import pipeline_for
+from tests.dagster.conftest import pipeline_for, resume_loop
 
 
 def _tick(p, instance, cursor=None):
@@ -71,7 +71,7 @@ def test_new_evidence_cuts_a_partition_and_the_cursor_advances(bootstrapped):
     assert pauses.current_pause(p.get_store()) is None
 
 
-def test_stop_condition_pauses_with_its_reason(bootstrapped):
+def test_stop_condition_pauses_with_its_reason(bootstrapped, leaves_loop_running):
     # A registered model with no approved-default: the parent is unavailable, so learning must pause.
     p = pipeline_for(mlflow=MLflowResource(model_name="never-approved-policy"))
     result = _tick(p, dg.DagsterInstance.ephemeral())
@@ -117,16 +117,11 @@ def test_a_paused_loop_resumes_only_by_an_authorized_signed_decision_or_a_cleari
     from lightning_dagster.cli import main
     from lightning_dagster.demo import approver_keys
     from lightning_dagster.gate.pauses import ResumeRequest
-    from lightning_dagster.pipeline.context import approvers
 
     p = pipeline_for()
     store, instance = p.get_store(), dg.DagsterInstance.ephemeral()
     keys_dir = approver_keys()
-    if pauses.current_pause(store) is not None:  # left paused by an earlier test of the session's store
-        request = pauses.sign_resume(
-            store, actor="bob", role="default-approver", key=keys_dir / "bob.key", reason="t"
-        )
-        pauses.resume(store, request, actors=approvers(p), allowed_roles=["default-approver"])
+    resume_loop(p)  # in case an earlier test of the session's store left it paused
     start = len(pauses.history(store))
     keys = ["snap-pause-1", "snap-pause-2", "snap-pause-3"]
 
@@ -217,7 +212,7 @@ def test_nightly_schedule_cuts_a_snapshot_and_requests_its_run(bootstrapped):
     assert request.run_key == key and request.tags["trigger"] == "nightly_snapshot"
 
 
-def test_nightly_schedule_skips_with_the_reason_while_paused(bootstrapped):
+def test_nightly_schedule_skips_with_the_reason_while_paused(bootstrapped, leaves_loop_running):
     p = pipeline_for(mlflow=MLflowResource(model_name="never-approved-policy"))
     with dg.instance_for_test() as instance:
         result = _nightly(p, instance, dt.datetime(2026, 11, 30, 3, 0, tzinfo=dt.UTC))
