@@ -29,11 +29,11 @@ lint: install
 	$(BIN)/ruff check lightning_dagster tests benchmarks
 
 # Every test but the ~17 min learning test, which does not fit CI's 25 min budget: `make test-learning`
-# runs it (its latest result is in benchmarks/README.md, training). Two pytest-xdist workers: the Dagster
-# tests as one group on one of them (they share one bootstrapped home), everything else on the other; much
-# of the suite waits on child processes, servers and a browser, so two workers fit on two cores.
+# runs it (its latest result is in benchmarks/README.md, training). Two pytest processes side by side
+# (scripts/test.sh): the Dagster tests, which share one bootstrapped home, and everything else; much of the
+# suite waits on child processes, servers and a browser, so both fit on two cores.
 test: install system-deps lint
-	$(BIN)/python -m pytest -q -ra --durations=25 -m "not learning" -n 2 --dist loadgroup
+	bash scripts/test.sh $(BIN)/python
 
 test-learning: install
 	$(BIN)/python -m pytest -q -ra -m learning

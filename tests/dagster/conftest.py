@@ -101,12 +101,7 @@ def pytest_collection_modifyitems(config, items):
         return marker is not None, marker is not None and marker.kwargs.get("rewrites_approvers", False)
 
     items.sort(key=order)
-    # Under pytest-xdist (`make test` runs two workers with --dist loadgroup) the Dagster tests stay on one
-    # worker, in this order, sharing its one bootstrapped home; the rest of the suite fills the other.
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.xdist_group("dagster"))
+
 
 
 @pytest.fixture(autouse=True)

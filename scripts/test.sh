@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The test suite as two pytest processes side by side: tests/dagster (one bootstrapped Dagster home for all
+# of them, ordered by their conftest) and everything else. Each writes its own log, printed when both end;
+# the exit status is the first non-zero one. Usage: scripts/test.sh PYTHON [extra pytest args...]
+set -uo pipefail
+python=$1
+shift
+logs=$(mktemp -d)
+common=(-q -ra --durations=15 -m "not learning" "$@")
+"$python" -m pytest "${common[@]}" tests/dagster >"$logs/dagster.log" 2>&1 &
+dagster=$!
+"$python" -m pytest "${common[@]}" --ignore=tests/dagster tests >"$logs/rest.log" 2>&1 &
+rest=$!
+# a line a minute, so a CI log shows the run is alive
+while [ -n "$(jobs -rp)" ]; do
+  sleep "${LD_TEST_TICK:-60}"
+  echo "[tests] $(date -u +%H:%M:%S) dagster: $(tail -c 80 "$logs/dagster.log" | tr -d '\n' | tail -c 40) | rest: $(tail -c 80 "$logs/rest.log" | tr -d '\n' | tail -c 40)"
+done
+wait "$dagster"
+dagster_status=$?
+wait "$rest"
+rest_status=$?
+echo "===== tests outside tests/dagster (exit $rest_status) ====="
+cat "$logs/rest.log"
+echo "===== tests/dagster (exit $dagster_status) ====="
+cat "$logs/dagster.log"
+if [ "$rest_status" -ne 0 ]; then exit "$rest_status"; fi
+exit "$dagster_status"
