@@ -195,7 +195,11 @@ def summary(demo: Demo, cycles: list[Cycle], before: str, after: str) -> None:
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in demo.env.items())
     out("")
     out("where to look next:")
-    out(f"  Dagster UI:  {exports} dagster dev -m lightning_dagster.definitions -h 127.0.0.1 -p 3000")
+    # the Dagster UI links model versions and runs to the MLflow UI the next line starts (LD_MLFLOW_UI_URL)
+    out(
+        f"  Dagster UI:  {exports} LD_MLFLOW_UI_URL=http://127.0.0.1:5000 "
+        "dagster dev -m lightning_dagster.definitions -h 127.0.0.1 -p 3000"
+    )
     out(
         f"  MLflow UI:   mlflow ui --backend-store-uri {shlex.quote(config.mlflow_tracking_uri())} "
         f"--default-artifact-root {shlex.quote(str(config.mlflow_artifact_root()))} -h 127.0.0.1 -p 5000"
