@@ -103,7 +103,6 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=order)
 
 
-
 @pytest.fixture(autouse=True)
 def _session_home(request, monkeypatch):
     """Every Dagster test sees the session's home, whatever a session fixture of another directory set
