@@ -71,19 +71,19 @@ def verify_signature(public_key: str, message: bytes, signature: str) -> bool:
     return True
 
 
-def signer_problem(
+def signer(
     who: str, actors: Mapping[str, ActorKey], actor: str, role: str, signature: str | None
-) -> tuple[ActorKey | None, str | None]:
-    """The deployment's key entry for `actor` signing as `role`, or why it cannot sign (`who` opens the
-    message): not a known approver, not holding the role, or no signature at all."""
+) -> ActorKey | str:
+    """The deployment's key entry for `actor` signing as `role`, or why it cannot sign (a message opening
+    with `who`): not a known approver, not holding the role, or no signature at all."""
     entry = actors.get(actor)
     if entry is None:
-        return None, f"{who}: actor {actor!r} is not among the deployment's approvers"
+        return f"{who}: actor {actor!r} is not among the deployment's approvers"
     if role not in entry.roles:
-        return None, f"{who}: actor {actor!r} does not hold role {role!r}"
+        return f"{who}: actor {actor!r} does not hold role {role!r}"
     if not signature:
-        return None, f"{who}: not signed"
-    return entry, None
+        return f"{who}: not signed"
+    return entry
 
 
 def approval_problem(
@@ -95,10 +95,9 @@ def approval_problem(
     allowed = receipt.plan.approvers.default if approval.step == "default" else receipt.plan.approvers.canary
     if approval.role not in allowed:
         return f"{who}: the plan does not let role {approval.role} approve the {approval.step} step"
-    entry, problem = signer_problem(who, actors, approval.actor, approval.role, approval.signature)
-    if problem is not None:
-        return problem
-    assert entry is not None
+    entry = signer(who, actors, approval.actor, approval.role, approval.signature)
+    if isinstance(entry, str):
+        return entry
     if not approval.evidence_hash:
         return f"{who}: not signed"
     if approval.evidence_hash not in accepted:

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lightning_dagster.gate.approvals import ActorKey, signer_problem, verify_signature
+from lightning_dagster.gate.approvals import ActorKey, signer, verify_signature
 from lightning_dagster.gate.hashing import canonical_json
 
 LOOP = "continual_learning"
@@ -87,10 +87,9 @@ def resume_problem(
         return f"{who}: signs pause {request.pause_hash}, not the pause in force {current_pause}"
     if request.role not in allowed_roles:
         return f"{who}: role {request.role!r} may not resume (allowed: {sorted(allowed_roles)})"
-    entry, problem = signer_problem(who, actors, request.actor, request.role, request.signature)
-    if problem is not None:
-        return problem
-    assert entry is not None
+    entry = signer(who, actors, request.actor, request.role, request.signature)
+    if isinstance(entry, str):
+        return entry
     message = resume_message(request.pause_hash, request.actor, request.role, request.reason, request.at)
     if not verify_signature(entry.public_key, message, request.signature):
         return f"{who}: signature does not verify with {request.actor}'s key"

@@ -343,7 +343,7 @@ def train_rl(
         parent = record(0, greedy=True)
         keeper = (
             CheckpointKeeper(service, validation, config.validation, seed=config.eval_seed, tag="rl")
-            if config.validation.tasks and validation
+            if validation  # empty when no validation is asked for, or no train task is left for it
             else None
         )
         for step in range(1, config.steps + 1):
