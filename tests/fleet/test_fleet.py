@@ -46,9 +46,10 @@ def test_four_workers_run_400_rollouts_once_and_retry_the_killed_workers(postgre
         enqueue = cli("rollouts", "enqueue", "--project", str(project), "--n", "400", "--run-id", "fleet")
         subprocess.run([*enqueue, "--store", postgres_url], env=child_env(project, log), check=True)
         args = cli("runner", *runner_args(gateway, postgres_url, project, tmp_path), "--until-idle", "--json")
-        workers = [
-            subprocess.Popen(args, env=child_env(project, log), stdout=subprocess.PIPE) for _ in range(4)
-        ]
+        # 0.5 s per rollout: the victim's attempts are still running when it is killed right after the poll
+        # that saw them (with instant rollouts they sometimes ended first on a loaded machine)
+        env = child_env(project, log, FLEET_SLEEP="0.5")
+        workers = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE) for _ in range(4)]
         victim = workers[0]
 
         def victim_busy() -> bool:
