@@ -62,9 +62,10 @@ def asset_figures(asset: str, meta: dict[str, Any], training: Any) -> str:
         chosen = (
             f"checkpoint of step {m('chosen_step')}" if m("chosen_step") is not None else "last checkpoint"
         )
+        stopped = f" ({m('early_stop')})" if m("early_stop") else ""
         return (
-            f"{m('steps')} RL steps x {per_step} rollouts, final sampled reward {_fmt(m('final_reward'))}, "
-            f"{chosen}; candidate {m('model_version')}"
+            f"{m('steps')} of {training.steps} RL steps x {per_step} rollouts{stopped}, final sampled reward "
+            f"{_fmt(m('final_reward'))}, {chosen}; candidate {m('model_version')}"
         )
     if asset == "holdout_evaluation":
         return (

@@ -14,6 +14,7 @@ from lightning_dagster.gate.stages import (
     STAGES,
     TRAINING,
     Causes,
+    early_stop,
     first_batch_size,
     not_run,
     ran,
@@ -74,11 +75,18 @@ def check_pinned(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> Chec
 def expected_of_stages_that_ran(r: Receipt, causes: Causes) -> tuple[dict[RolloutKind, int], dict[str, dict]]:
     """Per kind, the rollouts the plan expects of the stages that ran; and per stage that did not, the
     rollouts it would have started and why it did not run. Before training runs only the first batch of
-    train rollouts is expected (all of them when the plan does not say how large that batch is)."""
+    train rollouts is expected (all of them when the plan does not say how large that batch is). Training
+    that stopped early, as its recorded validation justifies (`stages.early_stop`), is expected to have
+    started the train rollouts of the steps it ran; the rest are named under it with the reason."""
     expected = dict(r.plan.expected_rollouts or {})
     skipped: dict[str, dict] = {}
     for stage in STAGES:
         if ran(r, stage.name):
+            stop = early_stop(r) if stage.name == TRAINING else None
+            if stop is not None and stop.problem is None and stop.not_started:
+                kind = RolloutKind.train
+                expected[kind] = max(0, expected.get(kind, 0) - stop.not_started)
+                skipped[stage.name] = {"rollouts": {kind.value: stop.not_started}, "why": stop.why}
             continue
         for kind in stage.kinds:
             if kind not in expected:
@@ -102,7 +110,9 @@ def _never_started(skipped: dict[str, dict]) -> str:
     parts = []
     for name, entry in skipped.items():
         counts = ", ".join(f"{n} {kind}" for kind, n in entry["rollouts"].items())
-        why = entry["why"] if entry["why"] == "has not run" else f"did not run: {entry['why']}"
+        why = entry["why"]
+        if why != "has not run" and not why.startswith("stopped early"):
+            why = f"did not run: {why}"
         parts.append(f"{counts} expected rollouts never started ({name} {why})")
     return "; ".join(parts)
 
@@ -169,6 +179,10 @@ def check_span_coverage(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) 
     summary = f"{complete} of {planned} rollouts complete (need share {need})"
     if skipped:
         summary += f"; {_never_started(skipped)}"
+    stop = early_stop(r)
+    if stop is not None and stop.problem is not None:
+        figures["early_stop_refused"] = stop.problem
+        summary += f"; training's early stop not accepted ({stop.problem}), so every planned step is expected"
     if (complete + unknown) / planned < need:
         f.fail(
             f"{summary}: {unfinished} unfinished, {incomplete} finished without every expected span"

@@ -166,6 +166,33 @@ class RolloutEvidence(_Model):
 # ---------------------------------------------------------------- phase 3: after training
 
 
+class ValidationEval(_Model):
+    """One checkpoint judged greedily on the run's validation split."""
+
+    step: Annotated[int, Field(ge=1)]
+    success: Share
+    lost: list[NonEmpty] = []  # validation cases the parent solved and this checkpoint did not
+
+
+class TrainingRun(_Model):
+    """How training ran against the plan: the RL steps it took of those planned and, when it stopped early,
+    why, with the validation evaluations that stop rests on (the gate recomputes the stop from them under
+    the plan's `validation_patience`)."""
+
+    steps_planned: Annotated[int, Field(ge=1)]
+    steps_run: Annotated[int, Field(ge=1)]
+    early_stop: NonEmpty | None = None
+    parent_validation_success: Share | None = None
+    validation: list[ValidationEval] = []
+    chosen_step: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _steps(self) -> TrainingRun:
+        if self.steps_run > self.steps_planned:
+            raise ValueError(f"steps_run {self.steps_run} exceeds steps_planned {self.steps_planned}")
+        return self
+
+
 class CandidateArtifact(_Model):
     resource_id: NonEmpty
     uri: NonEmpty
@@ -173,6 +200,9 @@ class CandidateArtifact(_Model):
     parent_id: NonEmpty
     model_version: str | None = None  # the registry's version (e.g. "3"), when registered
     created_at: float | None = None  # when training produced it (unix seconds)
+    # None: not recorded, and the whole plan's steps are expected. Left out of the JSON when None, so
+    # receipts written before this field hash (and verify their signatures) as they did.
+    training: TrainingRun | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class FamilyScore(_Model):

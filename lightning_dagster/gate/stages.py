@@ -106,3 +106,50 @@ def upstream(checks: list[Check], statuses: Mapping[Check, str]) -> str:
 def not_run(name: str, causes: Causes, otherwise: str) -> str:
     """The finding for evidence a stage never produced: the stage and its cause, else `otherwise`."""
     return f"{name} did not run: {causes[name]}" if name in causes else otherwise
+
+
+@dataclass(frozen=True)
+class EarlyStop:
+    """Training's recorded early stop as the gate judges it: the train rollouts of the steps it did not run,
+    why it stopped, and `problem` when the recorded validation does not justify the stop (then the whole
+    plan's train rollouts stay expected)."""
+
+    not_started: int
+    why: str
+    problem: str | None = None
+
+
+def early_stop(receipt: Receipt) -> EarlyStop | None:
+    """The early stop training recorded (None: it ran every planned step, or recorded nothing). The stop is
+    recomputed from the recorded validation evaluations under the plan's `validation_patience` with the
+    same rule the trainer uses (`training.selection.stop_reason`): it must first hold at the last
+    evaluation, which must be the last step run. A stop the evidence does not support leaves every planned
+    train rollout expected, so a run cannot shorten its own plan by claiming one."""
+    from lightning_dagster.training.selection import CheckpointEval, stop_reason
+
+    run = receipt.candidate.training if receipt.candidate is not None else None
+    if run is None or run.early_stop is None or run.steps_run >= run.steps_planned:
+        return None
+    batch = first_batch_size(receipt)
+    planned = (receipt.plan.expected_rollouts or {}).get(RolloutKind.train)
+    patience = receipt.plan.algorithm.get("validation_patience")
+    evals = [CheckpointEval(v.step, v.success, tuple(v.lost)) for v in run.validation]
+    parent = run.parent_validation_success
+    why = f"stopped early after step {run.steps_run} of {run.steps_planned}: {run.early_stop}"
+    problem = None
+    if batch is None or planned != batch * run.steps_planned:
+        problem = (
+            f"{run.steps_planned} planned steps do not match the plan's {planned} expected train rollouts"
+        )
+    elif type(patience) is not int or patience < 1:
+        problem = f"the plan's validation_patience {patience!r} never stops a run early"
+    elif parent is None or not evals:
+        problem = "no validation evaluations were recorded"
+    elif [e.step for e in evals] != sorted({e.step for e in evals}) or evals[-1].step != run.steps_run:
+        problem = f"the validation steps {[e.step for e in evals]} do not end at the last step run"
+    elif any(stop_reason(evals[:k], parent, patience) for k in range(1, len(evals))):
+        problem = "the recorded validation called for a stop before the step where training stopped"
+    elif stop_reason(evals, parent, patience) is None:
+        problem = f"the recorded validation did not regress {patience} evaluation(s) in a row"
+    not_started = (run.steps_planned - run.steps_run) * batch if batch is not None else 0
+    return EarlyStop(not_started, why, problem)

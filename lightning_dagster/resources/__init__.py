@@ -133,10 +133,10 @@ class TrainingResource(dg.ConfigurableResource):
     # last checkpoint, as without selection.
     validation_tasks: int = 64
     validation_every: int = 2
-    # evaluations in a row that regressed before training stops early; 0 (the default here): never. A run
-    # that stops early records fewer train rollouts than the plan expects, and the receipt does not yet say
-    # why, so check 2 would count them as never recorded; selection alone already keeps the parent's cases.
-    validation_patience: int = 0
+    # evaluations in a row that regressed (lost a parent-solved case or fell below the best so far) before
+    # training stops early; 0: never. The receipt records the stop with the evaluations behind it, and
+    # check 2 expects only the train rollouts of the steps that ran once it has recomputed the stop.
+    validation_patience: int = 2
     # The first parent's supervised warm start (training.warmstart): stops once sampled success enters
     # the window (at its target), or after `warm_start_max_steps`.
     warm_start_max_steps: int = 300

@@ -8,7 +8,8 @@ end-of-turn token) are trained. The probe runs the project's harness on tasks of
 Stopping rule: GRPO learns only from groups whose rewards differ, so training stops as soon as the sampled
 success at T=1.0 on a small probe set reaches about 0.2-0.4. A parent near 0 or near 1 sampled success gives
 nearly every group equal rewards, hence no advantage and nothing to learn. The window is only a few SFT steps
-wide, so the probe runs often, through the same runner + gateway as RL.
+wide, so once a cheap teacher-forced estimate says it is near, the probe runs through the same runner +
+gateway as RL, more often the closer it gets (`probe_gap`).
 """
 
 from __future__ import annotations
@@ -153,6 +154,17 @@ def has_demos(project: Project) -> bool:
     return project.model is not None and project.model.warm_start is not None
 
 
+def probe_gap(success: float, window: tuple[float, float]) -> int:
+    """SFT steps until the next sampled probe. A probe costs seconds (its tasks through the runner and
+    gateway) against a fraction of a second for an SFT step, and sampled success climbs slowly towards the
+    window before crossing it in a few steps: probe every 4th step below half the window's lower edge,
+    every 2nd below the edge, every step inside it. (The demo's warm start spent 240 of its 420 s in probes
+    when it probed every step or every other one: benchmarks/README.md, the whole demo.)"""
+    if success >= window[0]:
+        return 1
+    return 2 if success >= window[0] / 2 else 4
+
+
 def demo_probability(model: Any, held: MicroBatch) -> float:
     """Mean probability of sampling a held-out demonstration's assistant tokens exactly at T=1: a cheap,
     teacher-forced lower estimate of sampled success (one forward pass, no sampling, no harness)."""
@@ -199,14 +211,14 @@ def warm_start(
         rows = demo_rows(svc.codec, train_demos, config.demos, config.seed)
         held = collate(demo_rows(svc.codec, held_demos, HELD_DEMOS, config.seed + 2), list(range(HELD_DEMOS)))
         rng = random.Random(config.seed)
+        near, probed = False, 0
         for step in range(1, config.max_steps + 1):
             m = trainer.supervised_step(rng.sample(rows, config.batch_size))
             if step % config.probe_every == 0:
                 m["demo_probability"] = demo_probability(trainer.model, held)
-            # The sampled probe costs seconds; run it once the cheap estimate says the window is near,
-            # then every step (the window is only a few steps wide).
-            near = m.get("demo_probability", 0.0) >= config.window[0] / 4 or success >= config.window[0] / 2
-            if step >= config.min_steps and near:
+            near = near or m.get("demo_probability", 0.0) >= config.window[0] / 4
+            if step >= config.min_steps and near and step - probed >= probe_gap(success, config.window):
+                probed = step
                 svc.load_weights(trainer.state_dict())
                 batch = svc.run(
                     probe,

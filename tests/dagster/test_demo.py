@@ -68,7 +68,7 @@ def test_demo_runs_two_cycles_promotes_between_them_and_summarizes(demo_env):
     # Stage lines as the assets materialized, in the graph's order, each cycle.
     assert _stage_order(lines, 1) == STAGES and _stage_order(lines, 2) == STAGES, text
     assert re.search(r"cycle 1 holdout_evaluation: held-out success parent [\d.]+ -> candidate [\d.]+", text)
-    assert re.search(r"cycle 1 candidate_resource: 2 RL steps x 128 rollouts", text)
+    assert re.search(r"cycle 1 candidate_resource: 2 of 2 RL steps x 128 rollouts", text)
 
     # Cycle 1 earned promotion; the default approver's signed `promote` run moved the pointer.
     assert first.verdict == PROMOTE

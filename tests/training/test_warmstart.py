@@ -111,3 +111,11 @@ def test_warm_start_keeps_training_until_its_target_or_max_steps(tmp_path, base_
     # inside the window from the first probe, but short of an unreachable target: every step runs
     assert result.steps == 3
     assert [m["step"] for m in result.history if "probe_success" in m] == [2, 3]
+
+
+def test_the_probe_runs_more_often_the_closer_sampled_success_is_to_the_window():
+    from lightning_dagster.training.warmstart import probe_gap
+
+    window = (0.2, 0.4)
+    assert [probe_gap(s, window) for s in (0.0, 0.09, 0.1, 0.19, 0.2, 0.35, 0.5)] == [4, 4, 2, 2, 1, 1, 1]
+    assert probe_gap(0.0, (0.0, 1.0)) == 1  # a window from 0: every step is inside it

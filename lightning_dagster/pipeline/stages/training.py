@@ -14,7 +14,7 @@ from lightning_dagster.pipeline.serving import collect, rollout_service, step_se
 from lightning_dagster.pipeline.snapshots import load_manifest, snapshot_refs
 
 if TYPE_CHECKING:
-    from lightning_dagster.gate.receipt import SnapshotRef
+    from lightning_dagster.gate.receipt import SnapshotRef, TrainingRun
     from lightning_dagster.pipeline.settings import Pipeline
     from lightning_dagster.pipeline.snapshots import Manifest, Split
     from lightning_dagster.training.distributed import Group
@@ -145,6 +145,7 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group 
             weights_hash=version.weights_hash,
             parent_id=receipt.plan.parent.resource_id,
             model_version=version.version,
+            training=training_run(selection, t.steps),
         ),
     )
     receipt = R.set_fingerprints(receipt, serving_model=version.weights_hash)
@@ -183,6 +184,24 @@ def validation_settings(p: Pipeline) -> ValidationSettings:
         every=t.validation_every,
         patience=t.validation_patience,
         success_threshold=t.success_threshold,
+    )
+
+
+def training_run(selection: dict[str, Any], steps_planned: int) -> TrainingRun:
+    """The receipt's record of how training ran: steps run of those planned, the early stop and the
+    validation it rests on, the proposed step."""
+    from lightning_dagster.gate import receipt as R
+
+    return R.TrainingRun(
+        steps_planned=steps_planned,
+        steps_run=selection["steps_run"],
+        early_stop=selection["early_stop"] or None,
+        parent_validation_success=selection.get("parent_validation_success"),
+        validation=[
+            R.ValidationEval(step=c["step"], success=c["success"], lost=list(c["lost"]))
+            for c in selection.get("checkpoints", [])
+        ],
+        chosen_step=selection["chosen_step"],
     )
 
 
