@@ -26,11 +26,27 @@ class StateDictMismatch(ValueError):
     """`load_weights` got a state dict that does not fit the model; nothing was changed."""
 
 
+class DeviceUnavailable(RuntimeError):
+    """A device was asked for that this machine's torch cannot use (not a device name, or no such GPU)."""
+
+
 def resolve_device(device: str = "auto") -> torch.device:
     """`auto`: CUDA when present, else CPU; any other value is a torch device name (`cpu`, `cuda`, `cuda:1`)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise DeviceUnavailable(
+            f"{device!r} is not a torch device (auto, cpu, cuda, cuda:N): {exc}"
+        ) from None
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (resolved.index or 0) >= count:
+            raise DeviceUnavailable(
+                f"device {device!r} asked for, but torch {torch.__version__} sees {count} CUDA device(s)"
+            )
+    return resolved
 
 
 def autocast(device: torch.device) -> contextlib.AbstractContextManager:

@@ -105,6 +105,7 @@ def _serve_secrets(args: argparse.Namespace) -> dict:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from lightning_dagster.engine.engine import DeviceUnavailable
     from lightning_dagster.gateway.local import LocalGateway
     from lightning_dagster.store import Store
 
@@ -129,25 +130,30 @@ def serve(args: argparse.Namespace) -> int:
     # Ctrl-C, a SIGTERM from whoever started us, or `_exit_with_parent`: stop serving and shut down cleanly.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
-    gateway = LocalGateway(
-        Store(args.store),
-        args.model or args.tokenizer,
-        serving="thread",
-        upstream_url=",".join(args.upstream) if args.upstream else None,
-        upstream_model=args.upstream_model,
-        host=args.host,
-        port=args.port,
-        max_batch=args.max_batch,
-        threads=args.threads,
-        resource_id=args.resource_id,
-        **keys,
-        max_body_bytes=args.max_body_bytes,
-        write_behind_ms=args.write_behind_ms,
-        fsync_spans=args.fsync_spans,
-        model_roots=args.model_root,
-        model_aliases=args.model_alias or ("policy",),
-        agl=agl,
-    )
+    try:
+        gateway = LocalGateway(
+            Store(args.store),
+            args.model or args.tokenizer,
+            serving="thread",
+            upstream_url=",".join(args.upstream) if args.upstream else None,
+            upstream_model=args.upstream_model,
+            host=args.host,
+            port=args.port,
+            max_batch=args.max_batch,
+            threads=args.threads,
+            device=args.device,
+            resource_id=args.resource_id,
+            **keys,
+            max_body_bytes=args.max_body_bytes,
+            write_behind_ms=args.write_behind_ms,
+            fsync_spans=args.fsync_spans,
+            model_roots=args.model_root,
+            model_aliases=args.model_alias or ("policy",),
+            agl=agl,
+        )
+    except DeviceUnavailable as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     with gateway:
         print(f"gateway on {gateway.url}/v1 ({gateway.backend_kind})", flush=True)
         if agl is not None:
@@ -201,6 +207,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--resource-id", default=None, help="resource id recorded on spans")
     p.add_argument("--store", default=None, help="store URL (default: $LD_STORE_URL or the embedded SQLite)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the engine")
+    p.add_argument("--device", default="auto",
+                   help="where the embedded engine runs: auto (CUDA when present, bf16 autocast; else CPU), "
+                        "cpu, cuda, cuda:N")  # fmt: skip
     p.add_argument("--max-batch", type=int, default=64, help="rows the engine samples at once")
     p.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the process that started this one exits"

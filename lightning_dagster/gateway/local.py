@@ -58,6 +58,7 @@ class LocalGateway:
         admin_key: str | None = None,
         max_batch: int = 64,
         threads: int | None = None,
+        device: str = "auto",
         resource_id: str | None = None,
         serve_keys: Sequence[str] = (),
         max_body_bytes: int = 4 << 20,
@@ -94,7 +95,8 @@ class LocalGateway:
                 raise ValueError("the Agent Lightning surface (agl=...) is served in thread mode only")
             options["agl"] = agl
         common = {
-            "host": host, "port": port, "max_batch": max_batch, "threads": threads, "serve_keys": serve_keys,
+            "host": host, "port": port, "max_batch": max_batch, "threads": threads, "device": device,
+            "serve_keys": serve_keys,
             "upstream_model": upstream_model, "upstream_api_key": upstream_api_key, "app_options": options,
         }  # fmt: skip
         if serving == "process":
@@ -129,6 +131,7 @@ class LocalGateway:
         admin_key: str,
         max_batch: int,
         threads: int | None,
+        device: str,
         serve_keys: Sequence[str],
         upstream_model: str | None,
         upstream_api_key: str,
@@ -154,7 +157,7 @@ class LocalGateway:
         else:
             from lightning_dagster.engine import BatchingEngine, Engine
 
-            engine = Engine(self.model_dir, threads=threads)
+            engine = Engine(self.model_dir, threads=threads, device=device)
             self._batching = BatchingEngine(engine, max_batch=max_batch)
             self._backend = EngineBackend(self._batching, self.resource_id)
             self.codec = engine

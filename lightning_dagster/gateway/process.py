@@ -65,6 +65,7 @@ class GatewayProcess:
         resource_id: str | None = None,
         max_batch: int = 64,
         threads: int | None = None,
+        device: str = "auto",
         host: str = "127.0.0.1",
         port: int = 0,
         serve_keys: Sequence[str] = (),
@@ -87,6 +88,9 @@ class GatewayProcess:
             source = ["--upstream", upstream_url] + (
                 ["--upstream-model", upstream_model] if upstream_model else []
             )
+            # with the served model's tokenizer the child sends exact token-id prompts upstream (token-in)
+            if model_dir is not None:
+                source += ["--tokenizer", str(model_dir)]
         elif model_dir is not None:
             source = ["--model", str(model_dir)]
         else:
@@ -99,6 +103,7 @@ class GatewayProcess:
             options += ["--resource-id", resource_id]
         if threads:
             options += ["--threads", str(threads)]
+        options += ["--device", device]
         # The child reads pushed weights from our workdir only, plus any roots the caller allows.
         for root in (*(model_roots or ()), self.workdir):
             options += ["--model-root", str(root)]

@@ -126,6 +126,7 @@ def rollout_service(
         secret=p.gateway.secret or None,
         max_batch=p.model.max_batch,
         threads=p.model.engine_threads,
+        device=p.model.engine_device,
     )
     return SnapshotService(service, snapshot_key)
 

@@ -20,6 +20,7 @@ class ModelSettings(Protocol):
     project: str
     harness: str
     engine_threads: int
+    engine_device: str
     max_batch: int
     upstream_url: str
     seed: int

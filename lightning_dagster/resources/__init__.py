@@ -65,6 +65,8 @@ class PolicyModelResource(dg.ConfigurableResource):
     harness: str = "calc"
     # torch threads of the embedded engine that serves rollouts (`LocalGateway(threads=)`)
     engine_threads: int = 2
+    # where the embedded engine runs: auto (CUDA when present, bf16 autocast; else CPU), cpu, cuda, cuda:N
+    engine_device: str = "auto"
     # the most sequences the embedded engine decodes at once (`LocalGateway(max_batch=)`)
     max_batch: int = 64
     # e.g. a vLLM server, or several comma-separated (each rollout sticks to one, failing over when it is

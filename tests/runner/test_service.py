@@ -95,6 +95,49 @@ def test_an_upstream_url_sends_every_call_upstream_and_refuses_weights(store, up
         assert len(span.response_token_ids) == MAX_TOKENS and set(span.response_token_ids) <= hex_ids
 
 
+@pytest.mark.parametrize("serving", ["thread", "process"])
+def test_an_upstream_with_the_models_tokenizer_gets_token_id_prompts_in_either_serving(
+    store, model_dir, serving
+):
+    """With the served model's tokenizer (`model_dir`) the gateway sends every call to the upstream's
+    completions API as exact token ids, whether it runs in this process or in a child process."""
+    with GatewayServer(create_stub_app()) as stub:
+        with RolloutService(
+            store, model_dir, harness="calc", upstream_url=stub.url, serving=serving, parallel=2
+        ) as svc:
+            batch = svc.run(example_tasks("calc").draw("train", 2, 0), group=1, kind=RolloutKind.train,
+                            sampling=T1, seed=4, tag=f"tok-{serving}")  # fmt: skip
+        calls = dict(stub.app.state.calls)
+    llm = [s for spans in batch.spans.values() for s in spans if s.kind == SpanKind.llm]
+    assert llm and calls == {"completions": len(llm)}
+    assert all(span.attributes["backend"] == "upstream" for span in llm)
+
+
+def test_a_device_this_machine_lacks_is_a_clear_error(model_dir):
+    import subprocess
+
+    import torch
+
+    from lightning_dagster.engine.engine import DeviceUnavailable, resolve_device
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    assert resolve_device("cpu").type == "cpu" and resolve_device("auto").type == "cpu"
+    with pytest.raises(DeviceUnavailable, match="sees 0 CUDA device"):
+        resolve_device("cuda")
+    with pytest.raises(DeviceUnavailable, match="is not a torch device"):
+        resolve_device("gpu0")
+    with pytest.raises(DeviceUnavailable, match="cuda:1"):
+        LocalGateway(store=None, model_dir=model_dir, device="cuda:1")  # type: ignore[arg-type]
+    served = subprocess.run(
+        [sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", "--model", str(model_dir),
+         "--store", "sqlite://", "--port", "0", "--device", "cuda"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert served.returncode == 2, served.stderr[-2000:]
+    assert "error: device 'cuda' asked for, but torch" in served.stderr and "Traceback" not in served.stderr
+
+
 def test_the_retry_policy_given_is_the_one_that_runs(store, upstream):
     spec = dataclasses.replace(example_harness("calc"), run_task=failing)
     policy = RetryPolicy(max_attempts=3, timeout_s=30.0)
