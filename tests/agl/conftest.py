@@ -1,5 +1,5 @@
-"""Fixtures: the gateway with the Agent Lightning surface over a SQLite store file, forwarding to the stub
-upstream, and an httpx client holding the server key."""
+"""Fixtures: the gateway with the Agent Lightning surface over a SQLite store file or a PostgreSQL database,
+forwarding to the stub upstream, and an httpx client holding the server key."""
 
 from __future__ import annotations
 
@@ -59,9 +59,13 @@ def refusing():
         yield server
 
 
-@pytest.fixture
-def agl(tmp_path, stub):
-    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def agl(request, tmp_path, stub):
+    """The surface over each durable store: a SQLite file, and a database on a real PostgreSQL server."""
+    if request.param == "postgresql":
+        store = Store(request.getfixturevalue("postgres_url"))
+    else:
+        store = Store(f"sqlite:///{tmp_path / 'store.db'}")
     settings = AglSettings(KEY, train=Sampling(temperature=TRAIN_T), val=Sampling(temperature=VAL_T))
     backend = UpstreamBackend(stub.url, model="stub-model")
     app = create_app(store, backend, secret=SECRET, admin_key=ADMIN, state_ttl_s=0.0, agl=settings)
