@@ -10,7 +10,6 @@ rollout has no column for (`k8s_job_name`, `last_attempt_id`, `error_message`, `
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -70,18 +69,13 @@ _SELECT = "SELECT rollout_id, status, task, metadata, created_at, task_id FROM r
 
 def fast_reads(store) -> bool:
     """Whether reads take the plain sqlite3 path (a SQLite file), cheap enough for an event loop."""
-    return store._raw_path is not None
+    return store.raw_reads
 
 
 def _read(store, where_sql: str, params: tuple, where: Callable[[], list]) -> list[AglRow]:
     """Rows matching `where_sql` (SQLite file, plain sqlite3) or `where()` (SQLAlchemy, any store)."""
-    if store._raw_path is not None:
-        conn, _ = store._raw_sqlite(nowait=False)
-        try:
-            rows = conn.execute(_SELECT + where_sql, params).fetchall()
-        except sqlite3.OperationalError as exc:
-            store._raise_named(exc)
-            raise
+    if store.raw_reads:
+        rows = store.raw_read(_SELECT + where_sql, params)
         load = pydantic_core.from_json
         return [AglRow(r[0], r[1], load(r[2]), load(r[3]), r[4], r[5]) for r in rows]
     query = sa.select(*_COLUMNS).where(*where())
@@ -95,7 +89,7 @@ def create(store, rollouts: list[Rollout], *, nowait: bool = False) -> list[AglR
     `nowait` (SQLite files): None, nothing written, if another writer holds the lock (never waits, so an
     event loop may call it)."""
     ids = [r.rollout_id for r in rollouts]
-    if store._raw_path is not None:
+    if store.raw_reads:
         return _create_raw(store, rollouts, ids, nowait)
     if nowait:
         return None
@@ -132,18 +126,9 @@ def _create_raw(store, rollouts: list[Rollout], ids: list[str], nowait: bool) ->
     """`create` on plain sqlite3 (same rows and JSON text as the SQLAlchemy path). Committed without an
     fsync, as the gateway commits LLM spans: it survives a crash of the server process and reaches the disk
     with the next synced commit (a lifecycle move, a reward, a checkpoint)."""
-    conn, state = store._raw_sqlite(nowait)
-    if state["synchronous"] != 1:
-        conn.execute("PRAGMA synchronous = 1")
-        state["synchronous"] = 1
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-    except sqlite3.OperationalError as exc:
-        if nowait and ("locked" in str(exc) or "busy" in str(exc)):
+    with store.raw_write(synchronous=1, nowait=nowait) as conn:
+        if conn is None:
             return None
-        store._raise_named(exc)
-        raise
-    try:
         marks = ",".join("?" * len(ids))
         rows = conn.execute(
             "SELECT rollout_id, status, task, metadata, created_at, task_id, harness FROM rollouts "
@@ -159,14 +144,6 @@ def _create_raw(store, rollouts: list[Rollout], ids: list[str], nowait: bool) ->
             for row in fresh
         ]
         conn.executemany(_INSERT, params)
-        conn.execute("COMMIT")
-    except BaseException as exc:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        if isinstance(exc, sqlite3.IntegrityError):
-            raise Conflict(str(exc).strip()) from exc
-        store._raise_named(exc)
-        raise
     return out
 
 
@@ -184,10 +161,9 @@ def get(store, rollout_id: str) -> AglRow:
 
 def exists(store, rollout_id: str) -> bool:
     """Whether this API shows the rollout (ours, not deleted)."""
-    if store._raw_path is not None:
-        conn, _ = store._raw_sqlite(nowait=False)
+    if store.raw_reads:
         sql = "SELECT 1 FROM rollouts WHERE rollout_id = ? AND harness = ?"
-        return conn.execute(sql, (rollout_id, HARNESS)).fetchone() is not None
+        return bool(store.raw_read(sql, (rollout_id, HARNESS)))
     with store.engine.connect() as c:
         q = sa.select(R.id).where(R.rollout_id == rollout_id, R.harness == HARNESS)
         return c.execute(q).first() is not None
@@ -195,10 +171,9 @@ def exists(store, rollout_id: str) -> bool:
 
 def attempt_ids(store, rollout_id: str) -> list[str]:
     """The rollout's attempts, oldest first."""
-    if store._raw_path is not None:
-        conn, _ = store._raw_sqlite(nowait=False)
+    if store.raw_reads:
         sql = "SELECT attempt_id FROM attempts WHERE rollout_id = ? ORDER BY id"
-        return [r[0] for r in conn.execute(sql, (rollout_id,))]
+        return [r[0] for r in store.raw_read(sql, (rollout_id,))]
     with store.engine.connect() as c:
         return list(
             c.execute(sa.select(A.attempt_id).where(A.rollout_id == rollout_id).order_by(A.id)).scalars()
@@ -209,13 +184,12 @@ def query(store, states: list[str], limit: int) -> list[tuple[str, str, int]]:
     """(rollout id, status, version) of this API's rollouts in the given Agent Lightning states, oldest
     first (the status index): a rollout's content changes only with its status or version."""
     statuses = sorted({s.value for state in states for s in OUR_STATUS[state]})
-    if store._raw_path is not None:
-        conn, _ = store._raw_sqlite(nowait=False)
+    if store.raw_reads:
         sql = (
             "SELECT rollout_id, status, json_extract(metadata, '$.agl.status.version') FROM rollouts "
             f"WHERE status IN ({','.join('?' * len(statuses))}) AND harness = ? ORDER BY id LIMIT ?"
         )
-        return conn.execute(sql, (*statuses, HARNESS, limit)).fetchall()
+        return store.raw_read(sql, (*statuses, HARNESS, limit))
     version = R.metadata[("agl", "status", "version")].as_integer()
     q = sa.select(R.rollout_id, R.status, version).where(R.status.in_(statuses), R.harness == HARNESS)
     with store.engine.connect() as c:
@@ -230,10 +204,9 @@ def get_many(store, ids: list[str]) -> list[AglRow]:
 def span_marker(store, attempt_id: str) -> tuple[int, int | None]:
     """(count, highest sequence) of an attempt's spans: spans are only ever added, so this names what a
     read of them returns."""
-    if store._raw_path is not None:
-        conn, _ = store._raw_sqlite(nowait=False)
+    if store.raw_reads:
         sql = "SELECT count(*), max(sequence) FROM spans WHERE attempt_id = ?"
-        return conn.execute(sql, (attempt_id,)).fetchone()
+        return store.raw_read(sql, (attempt_id,))[0]
     S = schema.spans.c
     with store.engine.connect() as c:
         q = sa.select(sa.func.count(), sa.func.max(S.sequence)).where(S.attempt_id == attempt_id)

@@ -4,9 +4,10 @@ one-read attempt facts a gateway starts from."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -161,22 +162,51 @@ class SpanStore(Connection):
         return local[key]
 
     def _insert_spans_raw(self, rows: list[dict[str, Any]], sync: bool, nowait: bool) -> bool:
-        """The same insert as `_insert_spans`, in its own `BEGIN IMMEDIATE` transaction, on plain sqlite3.
+        """The same insert as `_insert_spans`, in its own transaction on plain sqlite3 (`raw_write`).
         `nowait`: False (nothing written) if another writer holds the lock."""
-        (conn, state), level = self._raw_sqlite(nowait), 2 if sync else 1
-        if state["synchronous"] != level:
-            conn.execute(f"PRAGMA synchronous = {level}")
-            state["synchronous"] = level
         params = _span_params(rows)
+        with self.raw_write(synchronous=2 if sync else 1, nowait=nowait) as conn:
+            if conn is None:
+                return False
+            conn.executemany(_SQLITE_SPAN_INSERT, params)
+        return True
+
+    @property
+    def raw_reads(self) -> bool:
+        """Whether this store is a SQLite file, read and written on plain sqlite3 where speed matters (an
+        event loop's reads, the gateway's span inserts); `raw_read` / `raw_write` work only then."""
+        return self._raw_path is not None
+
+    def raw_read(self, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
+        """Rows of one read on this thread's plain sqlite3 connection; a locked or unreadable file raises
+        its named store error."""
+        conn, _ = self._raw_sqlite(nowait=False)
+        try:
+            return conn.execute(sql, tuple(params)).fetchall()
+        except sqlite3.OperationalError as exc:
+            self._raise_named(exc)
+            raise
+
+    @contextlib.contextmanager
+    def raw_write(self, *, synchronous: int, nowait: bool) -> Iterator[sqlite3.Connection | None]:
+        """One `BEGIN IMMEDIATE` transaction on this thread's plain sqlite3 connection at `PRAGMA synchronous
+        = synchronous` (1: commit without an fsync, 2: synced), committed when the block ends and rolled
+        back on any error: a constraint violation raises `Conflict`, a locked or read-only file its named
+        store error. `nowait`: yields None, nothing begun, when another writer holds the lock."""
+        conn, state = self._raw_sqlite(nowait)
+        if state["synchronous"] != synchronous:
+            conn.execute(f"PRAGMA synchronous = {int(synchronous)}")
+            state["synchronous"] = synchronous
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             if nowait and ("locked" in str(exc) or "busy" in str(exc)):
-                return False
+                yield None
+                return
             self._raise_named(exc)
             raise
         try:
-            conn.executemany(_SQLITE_SPAN_INSERT, params)
+            yield conn
             conn.execute("COMMIT")
         except BaseException as exc:
             if conn.in_transaction:
@@ -186,7 +216,6 @@ class SpanStore(Connection):
             self._raise_named(exc)
             raise
         state["commits"] += 1
-        return True
 
     def _raise_named(self, exc: BaseException) -> None:
         """A locked or read-only store as its named error (the plain sqlite3 path has no engine hook)."""

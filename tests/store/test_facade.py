@@ -8,7 +8,8 @@ import inspect
 import lightning_dagster.store as store_package
 from lightning_dagster.store import Store
 
-# The public methods of the single-module Store before it was split, with their signatures.
+# The public methods of the single-module Store before it was split, with their signatures, and the plain
+# sqlite3 read and write the Agent Lightning surface shares with span inserts.
 PUBLIC_METHODS = {
     "add_resource": "(self, r: 'Resource') -> 'Resource'",
     "add_reward": "(self, r: 'Reward', *, span: 'Span | None' = None, request_id: 'str | None' = None) -> 'str | None'",
@@ -38,6 +39,8 @@ PUBLIC_METHODS = {
     "pointer_history": "(self, name: 'str', *, last: 'int | None' = None) -> 'list[PointerMove]'",
     "publish_policy": "(self, resource_id: 'str', path: 'str', weights_hash: 'str') -> 'PolicyVersion'",
     "published_policy": "(self) -> 'PolicyVersion | None'",
+    "raw_read": "(self, sql: 'str', params: 'Iterable[Any]' = ()) -> 'list[tuple]'",
+    "raw_write": "(self, *, synchronous: 'int', nowait: 'bool') -> 'Iterator[sqlite3.Connection | None]'",
     "query_rollouts": "(self, *, snapshot_key: 'str | None' = None, kind: 'RolloutKind | str | Iterable[RolloutKind | str] | None' = None, status: 'RolloutStatus | str | Iterable[RolloutStatus | str] | None' = None, created_after: 'float | None' = None, rollout_ids: 'Iterable[str] | None' = None, group_ids: 'Iterable[str] | None' = None, harness: 'str | None' = None, limit: 'int | None' = None) -> 'list[Rollout]'",
     "report_serving": "(self, report: 'ServingReport') -> 'None'",
     "retry_rollout": "(self, rollout_id: 'str', retry_kind: 'RetryKind', *, delay_s: 'float' = 0.0) -> 'Attempt'",
