@@ -292,3 +292,15 @@ def test_identical_prompts_are_prefilled_once_and_sampled_independently(engine):
         assert g.token_ids == alone.token_ids
         assert max(abs(a - b) for a, b in zip(g.logprobs, alone.logprobs, strict=True)) < 1e-5
     assert len({tuple(g.token_ids) for g in gens}) == 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_the_engine_samples_on_cuda_with_finite_logprobs_like_on_cpu(model_dir):
+    cpu, cuda = Engine(model_dir, device="cpu"), Engine(model_dir, device="cuda")
+    assert cuda.device.type == "cuda" and next(cuda.model.parameters()).device.type == "cuda"
+    params = SamplingParams(temperature=0.0, max_tokens=16, seed=3)
+    on_cpu, on_cuda = cpu.generate(_prompts(cpu), params), cuda.generate(_prompts(cuda), params)
+    # bf16 autocast may pick other near-tied tokens than float32: same shapes, finite logprobs
+    for a, b in zip(on_cpu, on_cuda, strict=True):
+        assert len(b.token_ids) == len(b.logprobs) > 0 and all(torch.isfinite(torch.tensor(b.logprobs)))
+        assert b.prompt_token_ids == a.prompt_token_ids
