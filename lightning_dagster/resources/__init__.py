@@ -63,8 +63,10 @@ class PolicyModelResource(dg.ConfigurableResource):
     # the built-in harness whose generated tasks the pipeline samples, trains and evaluates on when no
     # project is given (`harnesses.registry`)
     harness: str = "calc"
-    # torch threads of the embedded engine that serves rollouts (`LocalGateway(threads=)`)
-    engine_threads: int = 2
+    # torch threads of the embedded engine that serves rollouts (`LocalGateway(threads=)`). One: the harness
+    # workers' process runs beside it, and two OpenMP threads then spin against it (on 2 cores the rollout
+    # path ran 14 rollouts/s at two threads, 19 at one: benchmarks/README.md, rollout path)
+    engine_threads: int = 1
     # where the embedded engine runs: auto (CUDA when present, bf16 autocast; else CPU), cpu, cuda, cuda:N
     engine_device: str = "auto"
     # the most sequences the embedded engine decodes at once (`LocalGateway(max_batch=)`)
