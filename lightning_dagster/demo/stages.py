@@ -105,8 +105,13 @@ class _EventPrinter(logging.Handler):
             error = event.step_failure_data.error
             while error is not None and error.cause is not None:  # the user code's own error, not Dagster's
                 error = error.cause
-            cause = (error.message.strip().splitlines() or [""])[0] if error is not None else ""
-            self.lines.line(f"{self.label} stopped", f"{event.step_key} did not run to the end: {cause}")
+            if error is not None and error.cls_name == "DagsterAssetCheckFailedError":
+                # the check's own line came just before; the receipt names each stage that did not run
+                text = f"blocking check step {event.step_key} failed: the assets after it do not run"
+            else:
+                cause = (error.message.strip().splitlines() or [""])[0] if error is not None else ""
+                text = f"{event.step_key} did not run to the end: {cause}"
+            self.lines.line(f"{self.label} stopped", text)
 
 
 def with_stage_lines(job: Any, lines: StageLines, label: str, training: Any) -> Any:
