@@ -232,7 +232,9 @@ class CheckpointKeeper:
         self.evals.append(ev)
         if select(self.evals).step == step:
             self.kept = trainer.state_dict()
-        self.early_stop = stop_reason(self.evals, self.parent_success, self.settings.patience)
+        # at the last step there is nothing left to stop: the run simply ended
+        stop = stop_reason(self.evals, self.parent_success, self.settings.patience)
+        self.early_stop = stop if step < last_step else None
         return ev
 
     def restore(self, trainer: Trainer) -> Selection:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ import torch
 
 from lightning_dagster import config as paths
 from lightning_dagster.engine.build import checkpoint_hash
+from lightning_dagster.engine.chat import ChatCodec
 from lightning_dagster.project import Project, ProjectError, load_project, load_tasks
 from lightning_dagster.project.examples import example_file
 from lightning_dagster.project.harness import harness_spec
@@ -173,6 +175,14 @@ def demo_probability(model: Any, held: MicroBatch) -> float:
     return float(torch.exp((logp * held.mask).sum(dim=1)).mean())
 
 
+def _render_demos(
+    codec: Any, train: list[dict], held: list[dict], config: WarmStartConfig
+) -> tuple[list[Row], MicroBatch]:
+    """The training rows and the held-out batch the cheap estimate scores."""
+    rows = demo_rows(codec, train, config.demos, config.seed)
+    return rows, collate(demo_rows(codec, held, HELD_DEMOS, config.seed + 2), list(range(HELD_DEMOS)))
+
+
 @dataclass
 class WarmStartResult:
     model_dir: Path
@@ -200,6 +210,10 @@ def warm_start(
     trainer = Trainer(base_dir, TrainerConfig(lr=config.lr, betas=(0.9, 0.99), grad_clip=1.0))
     history: list[dict] = []
     success = 0.0
+    # The demonstrations render (seconds of chat templates) while the probe's gateway process starts.
+    pool = ThreadPoolExecutor(1, thread_name_prefix="demo-rows")
+    rendered = pool.submit(_render_demos, ChatCodec(base_dir), train_demos, held_demos, config)
+    pool.shutdown(wait=False)
     with RolloutService(
         store,
         base_dir,
@@ -208,8 +222,7 @@ def warm_start(
         parallel=config.parallel,
         serving=config.serving,
     ) as svc:
-        rows = demo_rows(svc.codec, train_demos, config.demos, config.seed)
-        held = collate(demo_rows(svc.codec, held_demos, HELD_DEMOS, config.seed + 2), list(range(HELD_DEMOS)))
+        rows, held = rendered.result()
         rng = random.Random(config.seed)
         near, probed = False, 0
         for step in range(1, config.max_steps + 1):

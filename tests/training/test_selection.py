@@ -158,6 +158,15 @@ def run_keeper(table: dict[int, set[str]], steps: int, validation: ValidationSet
     return keeper, chosen, trainer, service
 
 
+def test_a_regression_at_the_last_step_is_not_an_early_stop():
+    table = {0: {"a", "b", "c"}, 2: {"a"}, 4: {"a"}}
+    keeper, chosen, *_ = run_keeper(table, 4, ValidationSettings(every=2, patience=2))
+    assert [e.step for e in keeper.evals] == [2, 4] and keeper.early_stop is None
+    assert selection_summary(0.1, 4, keeper, chosen)["early_stop"] is None
+    keeper, *_ = run_keeper(table, 6, ValidationSettings(every=2, patience=2))
+    assert [e.step for e in keeper.evals] == [2, 4] and "steps 2, 4" in keeper.early_stop
+
+
 def test_keeper_restores_the_chosen_checkpoint_and_stops_when_validation_regresses():
     table = {0: {"a", "b", "c"}, 2: {"a", "b", "c", "d"}, 4: {"a", "b", "e", "f"}, 6: {"a"}, 8: {"a", "b"}}
     keeper, chosen, trainer, service = run_keeper(table, 10, ValidationSettings(every=2, patience=2))
