@@ -108,6 +108,17 @@ def not_run(name: str, causes: Causes, otherwise: str) -> str:
     return f"{name} did not run: {causes[name]}" if name in causes else otherwise
 
 
+def _first_stop(regressed: list[bool], patience: int) -> int | None:
+    """The index of the evaluation at which `training.selection.stop_reason` first stops a run (the end of
+    the first `patience` regressions in a row), in one pass: a forged receipt's long list costs linear time."""
+    run = 0
+    for i, flag in enumerate(regressed):
+        run = run + 1 if flag else 0
+        if run >= patience:
+            return i
+    return None
+
+
 @dataclass(frozen=True)
 class EarlyStop:
     """Training's recorded early stop as the gate judges it: the train rollouts of the steps it did not run,
@@ -122,10 +133,10 @@ class EarlyStop:
 def early_stop(receipt: Receipt) -> EarlyStop | None:
     """The early stop training recorded (None: it ran every planned step, or recorded nothing). The stop is
     recomputed from the recorded validation evaluations under the plan's `validation_patience` with the
-    same rule the trainer uses (`training.selection.stop_reason`): it must first hold at the last
+    same rule the trainer uses (`training.selection.stop_reason`, computed in one pass): it must first hold at the last
     evaluation, which must be the last step run. A stop the evidence does not support leaves every planned
     train rollout expected, so a run cannot shorten its own plan by claiming one."""
-    from lightning_dagster.training.selection import CheckpointEval, stop_reason
+    from lightning_dagster.training.selection import CheckpointEval, regressions
 
     run = receipt.candidate.training if receipt.candidate is not None else None
     if run is None or run.early_stop is None or run.steps_run >= run.steps_planned:
@@ -147,9 +158,9 @@ def early_stop(receipt: Receipt) -> EarlyStop | None:
         problem = "no validation evaluations were recorded"
     elif [e.step for e in evals] != sorted({e.step for e in evals}) or evals[-1].step != run.steps_run:
         problem = f"the validation steps {[e.step for e in evals]} do not end at the last step run"
-    elif any(stop_reason(evals[:k], parent, patience) for k in range(1, len(evals))):
-        problem = "the recorded validation called for a stop before the step where training stopped"
-    elif stop_reason(evals, parent, patience) is None:
+    elif (first := _first_stop(regressions(evals, parent), patience)) is None:
         problem = f"the recorded validation did not regress {patience} evaluation(s) in a row"
+    elif first < len(evals) - 1:
+        problem = "the recorded validation called for a stop before the step where training stopped"
     not_started = (run.steps_planned - run.steps_run) * batch if batch is not None else 0
     return EarlyStop(not_started, why, problem)

@@ -257,3 +257,14 @@ def test_every_stop_the_trainer_makes_is_one_the_gate_accepts(runs, patience, ev
     else:
         assert judged is not None and judged.problem is None
         assert judged.not_started == 24 * (steps_planned - steps_run)
+
+
+def test_a_forged_receipt_with_a_huge_validation_list_is_judged_in_one_pass(policy):
+    """100k recorded evaluations that never regress twice in a row (a quadratic recomputation would not end):
+    the stop is refused and every planned rollout stays expected."""
+    n = 100_000
+    validation = [{"step": i + 1, "success": 0.5 + 0.4 * (i % 2), "lost": []} for i in range(n)]
+    data = stopped_early(validation=validation, steps_planned=n + 1, steps_run=n)
+    data["plan"]["expected_rollouts"]["train"] = 24 * (n + 1)
+    judged = early_stop(parse_receipt(data))
+    assert judged is not None and "did not regress 2 evaluation(s) in a row" in judged.problem
