@@ -7,6 +7,9 @@ python=$1
 shift
 logs=$(mktemp -d)
 common=(-q -ra --durations=15 -m "not learning" "$@")
+# Two suites share the cores: a trainer's second OpenMP thread would spin against the other suite
+# (LD_TRAINER_THREADS, see training.trainer.TrainerConfig.threads); engines already default to one thread.
+export LD_TRAINER_THREADS="${LD_TRAINER_THREADS:-1}"
 "$python" -m pytest "${common[@]}" tests/dagster >"$logs/dagster.log" 2>&1 &
 dagster=$!
 "$python" -m pytest "${common[@]}" --ignore=tests/dagster tests >"$logs/rest.log" 2>&1 &

@@ -93,12 +93,21 @@ def create(store, rollouts: list[Rollout], *, nowait: bool = False) -> list[AglR
         return _create_raw(store, rollouts, ids, nowait)
     if nowait:
         return None
-    with store._write() as c:
-        rows = c.execute(sa.select(*_COLUMNS, R.harness).where(R.rollout_id.in_(ids))).all()
-        out, fresh = _plan(rollouts, {row[0]: (row[-1], AglRow(*row[:-1])) for row in rows})
-        if fresh:
-            c.execute(schema.rollouts.insert(), fresh)
-    return out
+    # Two clients creating one new id at once (PostgreSQL: neither transaction sees the other's row) make
+    # the second insert a unique violation; done again, its read finds the first one's rollout and returns it.
+    tries = 0
+    while True:
+        try:
+            with store._write() as c:
+                rows = c.execute(sa.select(*_COLUMNS, R.harness).where(R.rollout_id.in_(ids))).all()
+                out, fresh = _plan(rollouts, {row[0]: (row[-1], AglRow(*row[:-1])) for row in rows})
+                if fresh:
+                    c.execute(schema.rollouts.insert(), fresh)
+            return out
+        except Conflict:
+            tries += 1
+            if tries == 3:  # an id of another API's rollout, or a conflict that does not go away
+                raise
 
 
 def _plan(rollouts: list[Rollout], found: dict[str, tuple[str, AglRow]]) -> tuple[list[AglRow], list[dict]]:

@@ -361,29 +361,34 @@ def test_a_rollout_sticks_to_one_of_several_registered_endpoints(agl, stub, refu
 
 
 def test_concurrent_creates_of_one_id_and_concurrent_moves_leave_one_rollout_and_one_attempt(agl):
-    """Eight clients create the same rollout id at once: every one gets the one stored rollout, 201. Then
-    eight clients move it to running at once: one move starts the attempt, the others find it running
-    (200 with the same attempt) or are refused as an illegal move (409); never a second attempt or a 500."""
+    """Eight clients create the same rollout id at once (five ids in a row): every one gets the one stored
+    rollout, 201. Then eight clients move each to running at once: one move starts the attempt, the others
+    find it running (200) or are refused as an illegal move (409); never a second attempt or a 500."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def create(i: int) -> httpx.Response:
-        with httpx.Client(base_url=agl.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as c:
-            return c.post("/api/rollouts", json=[{"input": {"i": i}, "rollout_id": "same"}])
+    def client() -> httpx.Client:
+        return httpx.Client(base_url=agl.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
 
-    def start(_: int) -> httpx.Response:
-        with httpx.Client(base_url=agl.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as c:
+    def create(rid: str, i: int) -> httpx.Response:
+        with client() as c:
+            return c.post("/api/rollouts", json=[{"input": {"i": i}, "rollout_id": rid}])
+
+    def start(rid: str) -> httpx.Response:
+        with client() as c:
             return c.patch(
-                "/api/rollouts/same", json={"status": {"state": "running", "last_attempt_id": "0"}}
+                f"/api/rollouts/{rid}", json={"status": {"state": "running", "last_attempt_id": "0"}}
             )
 
+    ids = [f"same-{k}" for k in range(5)]
     with ThreadPoolExecutor(8) as pool:
-        made = list(pool.map(create, range(8)))
-    assert {r.status_code for r in made} == {201}
-    bodies = [r.json()[0] for r in made]
-    assert len({(b["rollout_id"], str(b["input"])) for b in bodies}) == 1
-    assert len(agl.api.get("/api/rollouts", params={"limit": 50}).json()) == 1
-    with ThreadPoolExecutor(8) as pool:
-        moved = list(pool.map(start, range(8)))
-    assert {r.status_code for r in moved} <= {200, 409} and 200 in {r.status_code for r in moved}
-    assert len(agl.store.list_attempts(rollout_id="same")) == 1
-    assert agl.api.get("/api/rollouts/same").json()["rollout"]["status"]["state"] == "running"
+        for rid in ids:
+            made = list(pool.map(create, [rid] * 8, range(8)))
+            assert [r.status_code for r in made] == [201] * 8, [r.text for r in made if r.status_code != 201]
+            assert len({str(r.json()[0]["input"]) for r in made}) == 1
+        listed = agl.api.get("/api/rollouts", params={"state_in": "queuing", "limit": 50})
+        assert sorted(r["rollout_id"] for r in listed.json()) == ids
+        for rid in ids:
+            moved = list(pool.map(start, [rid] * 8))
+            assert {r.status_code for r in moved} <= {200, 409} and 200 in {r.status_code for r in moved}
+            assert len(agl.store.list_attempts(rollout_id=rid)) == 1
+            assert agl.api.get(f"/api/rollouts/{rid}").json()["rollout"]["status"]["state"] == "running"
