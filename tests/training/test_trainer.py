@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -68,3 +70,24 @@ def test_steps_use_their_own_thread_count_and_restore_the_process_setting(tiny_m
         assert seen == [3] and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_without_a_thread_count_a_step_takes_ld_trainer_threads(tiny_model_dir, monkeypatch):
+    seen: list[int] = []
+    rows = random_rows(7, {"a": 1, "b": 1})
+    adv = compute_advantages([RolloutReward("a", "g", 1.0), RolloutReward("b", "g", 0.0)], "grpo")
+    trainer = Trainer(tiny_model_dir, TrainerConfig())
+    original = trainer.backward
+    monkeypatch.setattr(
+        trainer, "backward", lambda prep: (seen.append(torch.get_num_threads()), original(prep))[1]
+    )
+    before = torch.get_num_threads()
+    try:
+        for value in ("1", "2"):
+            monkeypatch.setenv("LD_TRAINER_THREADS", value)
+            trainer.step(rows, adv)
+        monkeypatch.delenv("LD_TRAINER_THREADS")
+        trainer.step(rows, adv)  # one per core
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 2, max(1, os.cpu_count() or 1)]
