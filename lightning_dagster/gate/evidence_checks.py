@@ -14,6 +14,7 @@ from lightning_dagster.gate.stages import (
     STAGES,
     TRAINING,
     Causes,
+    EarlyStop,
     early_stop,
     first_batch_size,
     not_run,
@@ -72,18 +73,19 @@ def check_pinned(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> Chec
     )
 
 
-def expected_of_stages_that_ran(r: Receipt, causes: Causes) -> tuple[dict[RolloutKind, int], dict[str, dict]]:
+def expected_of_stages_that_ran(
+    r: Receipt, causes: Causes, stop: EarlyStop | None
+) -> tuple[dict[RolloutKind, int], dict[str, dict]]:
     """Per kind, the rollouts the plan expects of the stages that ran; and per stage that did not, the
     rollouts it would have started and why it did not run. Before training runs only the first batch of
     train rollouts is expected (all of them when the plan does not say how large that batch is). Training
-    that stopped early, as its recorded validation justifies (`stages.early_stop`), is expected to have
-    started the train rollouts of the steps it ran; the rest are named under it with the reason."""
+    that stopped early (`stop`, from `stages.early_stop`) as its recorded validation justifies is expected
+    to have started the train rollouts of the steps it ran; the rest are named under it with the reason."""
     expected = dict(r.plan.expected_rollouts or {})
     skipped: dict[str, dict] = {}
     for stage in STAGES:
         if ran(r, stage.name):
-            stop = early_stop(r) if stage.name == TRAINING else None
-            if stop is not None and stop.problem is None and stop.not_started:
+            if stage.name == TRAINING and stop is not None and stop.problem is None and stop.not_started:
                 kind = RolloutKind.train
                 expected[kind] = max(0, expected.get(kind, 0) - stop.not_started)
                 skipped[stage.name] = {"rollouts": {kind.value: stop.not_started}, "why": stop.why}
@@ -152,7 +154,8 @@ def check_span_coverage(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) 
         else:
             complete += 1
     recorded = Counter(ev.kinds)
-    expected, skipped = expected_of_stages_that_ran(r, causes)
+    stop = early_stop(r)
+    expected, skipped = expected_of_stages_that_ran(r, causes, stop)
     planned_by_kind = {k: max(n, expected.get(k, 0)) for k, n in recorded.items()}
     for k, n in expected.items():
         planned_by_kind.setdefault(k, n)
@@ -179,7 +182,6 @@ def check_span_coverage(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) 
     summary = f"{complete} of {planned} rollouts complete (need share {need})"
     if skipped:
         summary += f"; {_never_started(skipped)}"
-    stop = early_stop(r)
     if stop is not None and stop.problem is not None:
         figures["early_stop_refused"] = stop.problem
         summary += f"; training's early stop not accepted ({stop.problem}), so every planned step is expected"

@@ -133,8 +133,8 @@ class EarlyStop:
 def early_stop(receipt: Receipt) -> EarlyStop | None:
     """The early stop training recorded (None: it ran every planned step, or recorded nothing). The stop is
     recomputed from the recorded validation evaluations under the plan's `validation_patience` with the
-    same rule the trainer uses (`training.selection.stop_reason`, computed in one pass): it must first hold at the last
-    evaluation, which must be the last step run. A stop the evidence does not support leaves every planned
+    same rule the trainer uses (`training.selection.stop_reason`, computed in one pass): it must first hold
+    at the last evaluation, which must be the last step run. A stop the evidence does not support leaves every planned
     train rollout expected, so a run cannot shorten its own plan by claiming one."""
     from lightning_dagster.training.selection import CheckpointEval, regressions
 
