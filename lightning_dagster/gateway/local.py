@@ -41,6 +41,10 @@ class LocalGateway:
     `port=0` picks a free port; `secret=None` generates a fresh one (keys then die with this gateway).
     `codec` renders, decodes and parses the checkpoint's chats: the engine itself in thread mode, a
     `ChatCodec` otherwise (None without `model_dir`).
+    `reuse` (process mode, embedded engine): take a child another `reuse` gateway of this process left with
+    the same settings and a model of the same family, with `model_dir`'s weights pushed into it, and leave
+    the child for the next one on `close` (`gateway.pool`): a pipeline's stages start one child, not one
+    each.
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class LocalGateway:
         model_roots: Sequence[Path | str] | None = None,
         model_aliases: Sequence[str] = ("policy",),
         agl: AglSettings | None = None,
+        reuse: bool = False,
     ) -> None:
         if serving not in ("thread", "process"):
             raise ValueError(f"serving must be 'thread' or 'process', got {serving!r}")
@@ -78,6 +83,7 @@ class LocalGateway:
         self.resource_id = resource_id
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self._process: Any = None
+        self._pool_key: Any = None  # set when the child goes back to the pool on close
         self._server: Any = None
         self._batching: Any = None
         self._backend: Any = None
@@ -100,26 +106,38 @@ class LocalGateway:
             "upstream_model": upstream_model, "upstream_api_key": upstream_api_key, "app_options": options,
         }  # fmt: skip
         if serving == "process":
-            self._start_process(store, **common)
+            self._start_process(store, reuse=reuse and secret is None, **common)
         else:
             self._start_thread(store, admin_key=admin_key or secrets.token_hex(32), **common)
 
-    def _start_process(self, store: Store, *, app_options: Mapping[str, Any], **kw: Any) -> None:
+    def _start_process(self, store: Store, *, reuse: bool, app_options: Mapping[str, Any], **kw: Any) -> None:
         from lightning_dagster.engine.chat import ChatCodec
+        from lightning_dagster.gateway.pool import POOL, WEIGHTS_FILE, model_family
         from lightning_dagster.gateway.process import GatewayProcess
 
         url = store.engine.url
         if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
             raise ValueError("serving='process' needs a store another process can open, not in-memory SQLite")
-        self._process = GatewayProcess(
-            store.url,
-            self.model_dir,
-            upstream_url=self.upstream_url,
-            secret=self.secret,
-            resource_id=self.resource_id,
-            **kw,
-            **app_options,
-        )
+        family = model_family(self.model_dir) if reuse and self.model_dir and not self.upstream_url else None
+        if family is not None:
+            self._pool_key = (store.url, family, repr(sorted(kw.items())), repr(sorted(app_options.items())))
+            child = POOL.take(self._pool_key)
+            if child is not None:
+                try:
+                    child.load_weights_file(self.model_dir / WEIGHTS_FILE, self.resource_id)
+                    self._process, self.secret = child, child.secret
+                except Exception:  # noqa: BLE001 - it died since it was parked, or refused: start afresh
+                    child.stop()
+        if self._process is None:
+            self._process = GatewayProcess(
+                store.url,
+                self.model_dir,
+                upstream_url=self.upstream_url,
+                secret=self.secret,
+                resource_id=self.resource_id,
+                **kw,
+                **app_options,
+            )
         self.codec = ChatCodec(self.model_dir) if self.model_dir is not None else None
 
     def _start_thread(
@@ -217,7 +235,13 @@ class LocalGateway:
 
     def close(self) -> None:
         if self._process is not None:
-            self._process.stop()
+            if self._pool_key is not None:
+                from lightning_dagster.gateway.pool import POOL
+
+                POOL.park(self._pool_key, self._process)
+            else:
+                self._process.stop()
+            self._process = None
         if self._server is not None:
             self._server.stop()
         if self._batching is not None:

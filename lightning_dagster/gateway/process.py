@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -194,20 +194,17 @@ class GatewayProcess:
                 raise GatewayProcessError(f"the gateway did not answer within {timeout_s:g}s:\n{tail}")
             time.sleep(0.1)
 
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
     def stats(self) -> dict:
         """The child's `/admin/stats`: token-in counts and the engine's occupancy counters."""
         return self._request("GET", "/admin/stats")
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], resource_id: str | None = None) -> None:
-        """Write the weights next to the child and have it load them; returns once they serve. The file
-        is written under a new name and renamed, so the child never reads a half-written file."""
+        """Write the weights next to the child and have it load them; returns once they serve."""
         from safetensors.torch import save_file
 
-        if self._proc.poll() is not None:
-            raise GatewayProcessError(f"the gateway process has exited:\n{self._tail()}")
-        self._pushes += 1
-        path = self.workdir / "weights.safetensors"
-        partial = self.workdir / f"weights-{self._pushes}.partial"
         # safetensors refuses tensors that share storage (tied embeddings): give each name its own copy
         seen: set[int] = set()
         tensors = {}
@@ -216,7 +213,21 @@ class GatewayProcess:
             ptr = t.untyped_storage().data_ptr()
             tensors[name] = t.clone() if ptr in seen else t
             seen.add(ptr)
-        save_file(tensors, str(partial))
+        self._push(lambda partial: save_file(tensors, str(partial)), resource_id)
+
+    def load_weights_file(self, weights: Path, resource_id: str | None = None) -> None:
+        """Have the child serve the weights in a safetensors file (a checkpoint's `model.safetensors`):
+        copied next to the child, so it reads nothing outside its model roots."""
+        self._push(lambda partial: shutil.copyfile(weights, partial), resource_id)
+
+    def _push(self, write: Callable[[Path], object], resource_id: str | None) -> None:
+        """The file is written under a new name and renamed, so the child never reads a half-written one."""
+        if self._proc.poll() is not None:
+            raise GatewayProcessError(f"the gateway process has exited:\n{self._tail()}")
+        self._pushes += 1
+        path = self.workdir / "weights.safetensors"
+        partial = self.workdir / f"weights-{self._pushes}.partial"
+        write(partial)
         os.replace(partial, path)
         self._request("POST", "/admin/weights", {"path": str(path), "resource_id": resource_id})
         self.resource_id = resource_id

@@ -45,6 +45,9 @@ def bootstrap_parent(
                 demos=t.warm_start_demos,
                 seed=p.model.seed,
                 parallel=p.gateway.parallel,
+                max_batch=p.model.max_batch,
+                engine_threads=p.model.engine_threads,
+                engine_device=p.model.engine_device,
             ),
             log=progress,
         )

@@ -104,23 +104,26 @@ def rollout_service(
 ) -> SnapshotService:
     """The service for one stage, built from the pipeline's settings. A stage that only serves the parent
     may use an upstream (the project's `model.upstream`, read with its `model.tokenizer`, else the
-    resource's `model.upstream_url`) and runs the gateway in this process; one that serves weights this
-    process trains or loads runs the gateway and engine in a child process, so the harness workers, the
-    HTTP server and the decode loop do not share the trainer's interpreter lock."""
+    resource's `model.upstream_url`), forwarded from a gateway in this process. Otherwise the gateway and
+    engine run in a child process, so the harness workers, the HTTP server and the decode loop do not share
+    the trainer's interpreter lock, and the child is reused: the next stage of this process with the same
+    settings takes it with its own weights pushed in (`gateway.pool`), instead of starting one (~10 s)."""
     from lightning_dagster.runner.service import RolloutService
 
     upstream, tokenizer = upstream_of(p)
+    forwards = serves_parent and upstream is not None
     service = RolloutService(
         p.get_store(),
-        tokenizer if serves_parent and upstream else model_dir,
+        tokenizer if forwards else model_dir,
         harness=harness,
         resource_id=resource_id,
         parallel=p.gateway.parallel,
-        serving="thread" if serves_parent else "process",
+        serving="thread" if forwards else "process",
+        reuse=not forwards,
         runner_mode=p.gateway.runner_mode,  # type: ignore[arg-type]
         sandbox=p.gateway.sandbox,  # type: ignore[arg-type]
         retry_policy=retry_policy(p, harness),
-        upstream_url=upstream if serves_parent else None,
+        upstream_url=upstream if forwards else None,
         host=p.gateway.host,
         port=p.gateway.port,
         secret=p.gateway.secret or None,

@@ -49,14 +49,29 @@ def _error(result: dg.ExecuteInProcessResult, op: str) -> str:
     return failure.error.to_string() if failure else ""
 
 
+GATEWAY_STARTS: list[int] = []  # pids of the gateway children started while `sqlite_snapshot` ran
+
+
 @pytest.fixture(scope="session")
 def sqlite_snapshot(bootstrapped):
     """Plan, approve, then the rest of the graph on an ephemeral (SQLite-backed) Dagster instance."""
+    from lightning_dagster.gateway.process import GatewayProcess
+
     defs, p = _defs()
     instance = dg.DagsterInstance.ephemeral()
     key = "snap-20261130T0800Z-00000001"
     instance.add_dynamic_partitions(snapshots.name, [key])
-    results = run_snapshot(defs, instance, key, approver=("alice", "release-owner"))
+    start = GatewayProcess.__init__
+
+    def counted(self, *args, **kwargs):
+        start(self, *args, **kwargs)
+        GATEWAY_STARTS.append(self.pid)
+
+    GatewayProcess.__init__ = counted
+    try:
+        results = run_snapshot(defs, instance, key, approver=("alice", "release-owner"))
+    finally:
+        GatewayProcess.__init__ = start
     return key, results, p
 
 
@@ -78,6 +93,9 @@ def test_one_partition_materializes_end_to_end_on_sqlite(sqlite_snapshot):
     for r in p.get_store().query_rollouts(snapshot_key=key):
         by_kind[r.kind] = by_kind.get(r.kind, 0) + 1
     assert by_kind == receipt.plan.expected_rollouts
+    # The stages that serve a model (first batch, training, evaluation, canary) share one gateway child,
+    # each with its own weights pushed in; the bootstrap's probe may already have left it (`gateway.pool`).
+    assert len(GATEWAY_STARTS) <= 1, GATEWAY_STARTS
     assert (
         receipt.candidate.model_version == ctx.load_stage(p.get_store(), key, "candidate_resource")["version"]
     )

@@ -119,3 +119,12 @@ def test_the_probe_runs_more_often_the_closer_sampled_success_is_to_the_window()
     window = (0.2, 0.4)
     assert [probe_gap(s, window) for s in (0.0, 0.09, 0.1, 0.19, 0.2, 0.35, 0.5)] == [4, 4, 2, 2, 1, 1, 1]
     assert probe_gap(0.0, (0.0, 1.0)) == 1  # a window from 0: every step is inside it
+
+
+def test_the_teacher_forced_estimate_runs_a_quarter_as_often_while_far_below_the_window():
+    from lightning_dagster.training.warmstart import estimate_gap
+
+    # sampled probes start once the estimate reaches 0.05; it is estimated every 2nd step from 0.0125
+    window = (0.2, 0.4)
+    assert [estimate_gap(e, window, 2) for e in (0.0, 0.012, 0.0125, 0.05, 0.9)] == [8, 8, 2, 2, 2]
+    assert estimate_gap(0.0, (0.0, 1.0), 3) == 3
