@@ -88,9 +88,11 @@ class GatewayPool:
             return len(self._idle)
 
     def clear(self) -> None:
-        """Stop every parked child."""
+        """Stop every parked child: all signalled at once, then each waited for."""
         with self._lock:
             idle, self._idle = self._idle, []
+        for _, child in idle:
+            child.terminate()
         for _, child in idle:
             child.stop()
 

@@ -232,6 +232,11 @@ class GatewayProcess:
         self._request("POST", "/admin/weights", {"path": str(path), "resource_id": resource_id})
         self.resource_id = resource_id
 
+    def terminate(self) -> None:
+        """Ask the child to exit (SIGTERM) without waiting; `stop` waits and cleans up."""
+        if self._proc.poll() is None:
+            self._proc.terminate()
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the child (gracefully, then by force) and remove its pushed weights and log."""
         if self._proc.poll() is None:

@@ -46,6 +46,7 @@ from lightning_dagster.runner.summary import RunSummary, summarize
 from lightning_dagster.runner.transcript import Decode, transcript
 from lightning_dagster.store import Store
 from lightning_dagster.store.errors import Conflict, NotFound
+from lightning_dagster.store.rollouts import FINAL_ROLLOUT_STATUSES
 from lightning_dagster.types import (
     Attempt,
     AttemptState,
@@ -57,7 +58,7 @@ from lightning_dagster.types import (
 )
 
 log = logging.getLogger(__name__)
-FINAL_ROLLOUT = frozenset({RolloutStatus.succeeded, RolloutStatus.failed, RolloutStatus.cancelled})
+LIVE_ROLLOUT = frozenset(RolloutStatus) - FINAL_ROLLOUT_STATUSES
 # Sequence numbers for runner-recorded spans sit far above the gateway's, so they never collide.
 RUNNER_SPAN_SEQUENCE = 1_000_000
 # An idle worker's store polls: first wait, then doubling up to the second.
@@ -151,8 +152,7 @@ class Runner:
             with self._lock:
                 if self._busy:
                     return False
-            live = (RolloutStatus.queued, RolloutStatus.running)
-            return not self.store.query_rollouts(harness=self.harness.name, status=live, limit=1)
+            return not self.store.count_rollouts(harness=self.harness.name, status=LIVE_ROLLOUT)
 
         self._loop(None, done, stop)
         return self.driven
@@ -190,7 +190,7 @@ class Runner:
         with self._lock:
             if self._busy:
                 return False
-        return all(r.status in FINAL_ROLLOUT for r in self.store.query_rollouts(rollout_ids=ids))
+        return self.store.count_rollouts(rollout_ids=ids, status=LIVE_ROLLOUT) == 0
 
     def _next(self, worker_id: str, ids: list[str] | None) -> tuple[Rollout, Attempt] | None:
         """Claim a queued rollout (with its queued retry attempt, if any). Counted busy from here on, so
@@ -202,7 +202,7 @@ class Runner:
             # A read first: claiming takes the write lock, and idle workers would otherwise keep taking
             # it away from the gateway's span writes.
             scope = {"rollout_ids": ids} if ids is not None else {"harness": self.harness.name}
-            if self.store.query_rollouts(status=RolloutStatus.queued, limit=1, **scope):
+            if self.store.count_rollouts(status=RolloutStatus.queued, **scope):
                 # a rollout tagged with a policy version starts only once every live serving process
                 # serves that version (`gateway.weightsync`); untagged rollouts start at once
                 ready = self.store.fleet_version()

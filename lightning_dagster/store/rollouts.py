@@ -124,6 +124,19 @@ class RolloutQueue(Connection):
         query = sa.select(schema.rollouts).where(*where).order_by(R.id)
         return self._all(Rollout, query if limit is None else query.limit(int(limit)))
 
+    def count_rollouts(
+        self,
+        *,
+        status: RolloutStatus | str | Iterable[RolloutStatus | str] | None = None,
+        rollout_ids: Iterable[str] | None = None,
+        harness: str | None = None,
+    ) -> int:
+        """How many rollouts match, counted in the database (an addition to the contract): what a runner
+        polls to know whether its rollouts are final, without reading and validating each of them."""
+        where = self._rollout_filters(None, None, status, None, rollout_ids, None, harness)
+        with self.engine.connect() as c:
+            return c.execute(sa.select(sa.func.count()).select_from(schema.rollouts).where(*where)).scalar_one()
+
     def claim_rollout(
         self,
         worker_id: str,

@@ -144,8 +144,19 @@ def _materialize_from_the_ui(
     """Press Materialize on `page` for partition KEY (the dialog is titled `title`) and wait for the run."""
     started = len(instance.get_runs())
     browser.get(f"{url}{page}")
-    _click(browser, "//button[starts-with(normalize-space(.), 'Materialize')]", timeout=120)
-    _click(browser, "//*[contains(text(), 'Select a partition')]")
+    # A press while the page is still loading its asset data can open nothing: load it again and press again
+    # (a screenshot of the page as it was is kept with the test artifacts).
+    for attempt in range(3):
+        _click(browser, "//button[starts-with(normalize-space(.), 'Materialize')]", timeout=120)
+        try:
+            _click(browser, "//*[contains(text(), 'Select a partition')]", timeout=30)
+            break
+        except TimeoutError:
+            ARTIFACTS.mkdir(exist_ok=True)
+            browser.save_screenshot(str(ARTIFACTS / f"no-partition-picker-{attempt}.png"))
+            if attempt == 2:
+                raise
+            browser.get(f"{url}{page}")
     _click(browser, f"//span[normalize-space(text())='{KEY}']")
     _click(browser, f"//*[starts-with(normalize-space(text()), '{title}')]")  # close the picker
     _click(browser, "//button[starts-with(normalize-space(.), 'Launch')]")

@@ -118,14 +118,16 @@ def test_a_checkpoint_without_one_safetensors_file_has_no_family(model_dir, tmp_
 
 class FakeChild:
     def __init__(self) -> None:
-        self.stopped = False
-        self.dead = False
+        self.stopped = self.terminated = self.dead = False
 
     def alive(self) -> bool:
         return not self.dead
 
     def stop(self) -> None:
         self.stopped = True
+
+    def terminate(self) -> None:
+        self.terminated = True
 
 
 def test_the_pool_keeps_at_most_max_idle_children_and_stops_the_oldest():
@@ -142,6 +144,11 @@ def test_the_pool_keeps_at_most_max_idle_children_and_stops_the_oldest():
     dead.dead = True
     pool.park("k", dead)  # type: ignore[arg-type]
     assert dead.stopped and pool.idle() == 0
+    last = [FakeChild(), FakeChild()]
+    pool.park("a", last[0])  # type: ignore[arg-type]
+    pool.park("b", last[1])  # type: ignore[arg-type]
+    pool.clear()
+    assert pool.idle() == 0 and all(c.terminated and c.stopped for c in last)
 
 
 def test_concurrent_takes_hand_one_child_to_one_taker():

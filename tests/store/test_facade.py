@@ -18,6 +18,7 @@ PUBLIC_METHODS = {
     "attempt_facts": "(self, attempt_id: 'str') -> 'tuple[str, AttemptState, RolloutKind, dict, int | None]'",
     "claim_rollout": "(self, worker_id: 'str', *, kinds: 'RolloutKind | str | Iterable[RolloutKind | str] | None' = None, snapshot_key: 'str | None' = None, rollout_ids: 'Iterable[str] | None' = None, harness: 'str | None' = None, policy_versions: 'Iterable[int] | None' = None) -> 'tuple[Rollout, Attempt] | None'",
     "close": "(self) -> 'None'",
+    "count_rollouts": "(self, *, status: 'RolloutStatus | str | Iterable[RolloutStatus | str] | None' = None, rollout_ids: 'Iterable[str] | None' = None, harness: 'str | None' = None) -> 'int'",
     "count_spans": "(self, *, rollout_ids: 'Iterable[str] | None' = None, kind: 'SpanKind | str | Iterable[SpanKind | str] | None' = None, rollout_id: 'str | None' = None, attempt_id: 'str | None' = None) -> 'int'",
     "current_pointer": "(self, name: 'str') -> 'str | None'",
     "document_versions": "(self, collection: 'str', doc_id: 'str') -> 'list[StoredDocument]'",

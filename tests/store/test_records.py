@@ -166,3 +166,16 @@ def test_flags(store):
     with pytest.raises(InvalidInput):
         store.set_flag("sensor.pause", "paused")
     assert store.get_flag("sensor.pause") == {"reason": "retry debt", "n": 3}
+
+
+def test_count_rollouts_counts_what_query_rollouts_returns(store):
+    made = store.enqueue_rollouts([Rollout(kind=RolloutKind.train, harness=h) for h in ("calc", "calc", "web")])
+    ids = [r.rollout_id for r in made]
+    store.claim_rollout("w", rollout_ids=ids[:1])
+    for status in (None, RolloutStatus.queued, "running", [RolloutStatus.queued, RolloutStatus.running]):
+        for scope in ({}, {"rollout_ids": ids[1:]}, {"harness": "calc"}, {"rollout_ids": []}):
+            expected = len(store.query_rollouts(status=status, **scope))
+            assert store.count_rollouts(status=status, **scope) == expected, (status, scope)
+    assert store.count_rollouts(rollout_ids=ids, status="succeeded") == 0
+    with pytest.raises(ValueError):
+        store.count_rollouts(status="finished")
