@@ -153,8 +153,13 @@ class BareLoop:
 
 
 def child_cpu(pid: int) -> float:
+    """CPU seconds of `pid` and its live descendants (the gateway and, split off, its engine process)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            total += child_cpu(int(child))
+    return total
 
 
 def run_path(svc: RolloutService, tasks: list[dict], group: int, seed: int, tag: str) -> dict:
@@ -228,32 +233,47 @@ def main() -> int:
     )
     parser.add_argument("--max-batch", type=int, default=64, help="the pipeline's model.max_batch")
     parser.add_argument("--threads", type=int, default=2, help="engine torch threads (model.engine_threads)")
+    parser.add_argument(
+        "--split", action="store_true",
+        help="also run the path with the engine in a process of its own (LocalGateway(engine_process=True))",
+    )  # fmt: skip
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ld-rollout-path-"))
     model = args.parent or prepare_model(work, args.sft_steps)
     store = Store(f"sqlite:///{work / 'store.db'}")
     tasks = example_tasks("calc").draw("train", args.tasks * args.rounds, 0)
     t0 = time.perf_counter()
-    svc = RolloutService(
-        store, model, harness="calc", parallel=args.parallel, serving="process", runner_mode="inprocess",
-        max_batch=args.max_batch, threads=args.threads,
-    )  # fmt: skip
+    services = {
+        side: RolloutService(
+            store,
+            model,
+            harness="calc",
+            parallel=args.parallel,
+            serving="process",
+            runner_mode="inprocess",
+            max_batch=args.max_batch,
+            threads=args.threads,
+            engine_process=side == "split",
+        )  # fmt: skip
+        for side in (("path", "split") if args.split else ("path",))
+    }
     startup = time.perf_counter() - t0
     engine = Engine(model, threads=args.threads)
     print(f"load average {os.getloadavg()[0]:.1f}; model {model}; {args.tasks} tasks x group {args.group}, "
           f"parallel {args.parallel}, max_batch {args.max_batch}, threads {args.threads}; "
           f"service start {startup:.2f} s (once per stage)", flush=True)  # fmt: skip
-    run_path(svc, tasks[:2], 2, 99, "warmup")
+    for side, service in services.items():
+        run_path(service, tasks[:2], 2, 99, f"warmup-{side}")
     run_bare(engine, tasks[:2], 2, 99, args.max_batch)
-    results: dict[str, list[dict]] = {"path": [], "bare": []}
+    results: dict[str, list[dict]] = {"path": [], "bare": [], **({"split": []} if args.split else {})}
     try:
         for r in range(args.rounds):
             chunk = tasks[r * args.tasks : (r + 1) * args.tasks]
             seed = step_seed(0, r + 2)
-            order = ("path", "bare") if r % 2 == 0 else ("bare", "path")
-            for side in order:
-                if side == "path":
-                    res = run_path(svc, chunk, args.group, seed, f"r{r}")
+            order = [s for s in ("path", "split", "bare") if s in results]
+            for side in order if r % 2 == 0 else order[::-1]:
+                if side in services:
+                    res = run_path(services[side], chunk, args.group, seed, f"r{r}-{side}")
                 else:
                     if engine.prefix_cache is not None:  # no reuse of the previous round's keys
                         engine.prefix_cache.clear()
@@ -280,11 +300,26 @@ def main() -> int:
                 f"call latency sum {p['latency']:6.1f} s (mean {p['latency'] / max(1, p['calls']) * 1e3:5.0f} ms)",
                 flush=True,
             )
+            if args.split:
+                i = results["split"][-1]
+                ie = i["engine"]
+                same, n = same_episodes(i["episodes"], b["episodes"])
+                print(
+                    f"   engine in its own process: {i['n'] / i['wall']:6.1f} rollouts/s "
+                    f"({i['wall']:5.2f} s), split/bare {(i['n'] / i['wall']) / (b['n'] / b['wall']):.3f}, "
+                    f"identical episodes {same}/{n}; rows per decode step "
+                    f"{ie['rows_stepped'] / max(1, ie['steps_run']):5.1f}, decode steps {ie['steps_run']}, "
+                    f"engine busy {ie['busy_s']:5.2f} s; CPU runner {i['cpu_runner']:5.2f} s, "
+                    f"gateway + engine processes {i['cpu_gateway']:5.2f} s",
+                    flush=True,
+                )
     finally:
-        svc.close()
+        for service in services.values():
+            service.close()
     med = {s: statistics.median(x["n"] / x["wall"] for x in results[s]) for s in results}
     print(
         f"median rollouts/s: path {med['path']:.1f}  bare {med['bare']:.1f}  path/bare {med['path'] / med['bare']:.3f}"
+        + (f"  split {med['split']:.1f}  split/bare {med['split'] / med['bare']:.3f}" if args.split else "")
     )
     return 0
 

@@ -100,7 +100,10 @@ class _EventPrinter(logging.Handler):
             meta = {k: v.value for k, v in materialization.metadata.items()}
             self.lines.line(f"{self.label} {asset}", asset_figures(asset, meta, self.training))
         elif event.event_type_value == "ASSET_CHECK_EVALUATION" and not event.event_specific_data.passed:
-            self.lines.line(f"{self.label} check", f"{event.event_specific_data.check_name} not passed")
+            evaluation = event.event_specific_data
+            reason = evaluation.metadata.get("reason")
+            why = f": {reason.value}" if reason is not None and reason.value else ""
+            self.lines.line(f"{self.label} check", f"{evaluation.check_name} not passed{why}")
         elif event.is_step_failure:
             error = event.step_failure_data.error
             while error is not None and error.cause is not None:  # the user code's own error, not Dagster's

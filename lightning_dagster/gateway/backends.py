@@ -178,7 +178,7 @@ class EngineBackend(Backend):
         except EngineError as exc:
             raise GatewayError(400, str(exc)) from exc
         except EngineClosed as exc:
-            raise GatewayError(503, "the engine is shutting down") from exc
+            raise GatewayError(503, f"the engine is not serving: {exc}") from exc
 
     def _texts(self, ids: list[int], sampling: CallSampling) -> list[str] | None:
         return [self.engine.decode([i]) for i in ids] if sampling.logprobs else None

@@ -141,6 +141,7 @@ def serve(args: argparse.Namespace) -> int:
             port=args.port,
             max_batch=args.max_batch,
             threads=args.threads,
+            engine_process=args.engine_process,
             device=args.device,
             resource_id=args.resource_id,
             **keys,
@@ -211,6 +212,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                    help="where the embedded engine runs: auto (CUDA when present, bf16 autocast; else CPU), "
                         "cpu, cuda, cuda:N")  # fmt: skip
     p.add_argument("--max-batch", type=int, default=64, help="rows the engine samples at once")
+    p.add_argument("--engine-process", action="store_true",
+                   help="run the embedded engine in a process of its own (its decode loop then does not share "
+                        "an interpreter lock with the HTTP server and span writes)")  # fmt: skip
     p.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the process that started this one exits"
     )

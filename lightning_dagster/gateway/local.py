@@ -36,6 +36,9 @@ class LocalGateway:
     `load_weights` raises `WeightsNotServed`.
     `model_aliases`: the model names served besides the model's own (what the harness sends).
     `agl`: also serve Agent Lightning v1.0's server surface with these settings (thread mode).
+    `engine_process` (embedded engine): the model and its batching loop in a process of their own
+    (`engine.remote.EngineProcess`), so the decode loop does not share an interpreter lock with the HTTP
+    server, rendering and span writes; in process mode, in a grandchild of this process.
     `model_roots`: the directories `POST /admin/weights` may read (default: the models directory; a process
     child also reads the folder its parent writes pushed weights to).
     `port=0` picks a free port; `secret=None` generates a fresh one (keys then die with this gateway).
@@ -63,6 +66,7 @@ class LocalGateway:
         max_batch: int = 64,
         threads: int | None = None,
         device: str = "auto",
+        engine_process: bool = False,
         resource_id: str | None = None,
         serve_keys: Sequence[str] = (),
         max_body_bytes: int = 4 << 20,
@@ -102,7 +106,7 @@ class LocalGateway:
             options["agl"] = agl
         common = {
             "host": host, "port": port, "max_batch": max_batch, "threads": threads, "device": device,
-            "serve_keys": serve_keys,
+            "engine_process": engine_process, "serve_keys": serve_keys,
             "upstream_model": upstream_model, "upstream_api_key": upstream_api_key, "app_options": options,
         }  # fmt: skip
         if serving == "process":
@@ -150,6 +154,7 @@ class LocalGateway:
         max_batch: int,
         threads: int | None,
         device: str,
+        engine_process: bool,
         serve_keys: Sequence[str],
         upstream_model: str | None,
         upstream_api_key: str,
@@ -173,12 +178,20 @@ class LocalGateway:
             )
             self._backend.resource_id = self.resource_id
         else:
-            from lightning_dagster.engine import BatchingEngine, Engine
+            if engine_process:
+                from lightning_dagster.engine.remote import EngineProcess
 
-            engine = Engine(self.model_dir, threads=threads, device=device)
-            self._batching = BatchingEngine(engine, max_batch=max_batch)
+                self._batching = EngineProcess(
+                    self.model_dir, max_batch=max_batch, threads=threads, device=device
+                )
+            else:
+                from lightning_dagster.engine import BatchingEngine, Engine
+
+                self._batching = BatchingEngine(
+                    Engine(self.model_dir, threads=threads, device=device), max_batch=max_batch
+                )
             self._backend = EngineBackend(self._batching, self.resource_id)
-            self.codec = engine
+            self.codec = self._batching.engine
         app = create_app(
             store,
             self._backend,

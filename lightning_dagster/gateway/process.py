@@ -66,6 +66,7 @@ class GatewayProcess:
         max_batch: int = 64,
         threads: int | None = None,
         device: str = "auto",
+        engine_process: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
         serve_keys: Sequence[str] = (),
@@ -104,6 +105,8 @@ class GatewayProcess:
         if threads:
             options += ["--threads", str(threads)]
         options += ["--device", device]
+        if engine_process and not upstream_url:
+            options.append("--engine-process")
         # The child reads pushed weights from our workdir only, plus any roots the caller allows.
         for root in (*(model_roots or ()), self.workdir):
             options += ["--model-root", str(root)]

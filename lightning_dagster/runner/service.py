@@ -70,8 +70,8 @@ class RolloutService:
     """Runs harness rollouts through a `LocalGateway` with a `Runner`. The trainer pushes new weights with
     `load_weights`; the resource id recorded on spans and rollouts follows it.
 
-    `serving`, `upstream_url`, `host`, `port`, `secret`, `max_batch`, `threads`, `device`, `reuse`: the
-    gateway's settings (see `LocalGateway`). `harness`: a built-in example project's name or any spec (a project's:
+    `serving`, `upstream_url`, `host`, `port`, `secret`, `max_batch`, `threads`, `device`, `reuse`,
+    `engine_process`: the gateway's settings (see `LocalGateway`). `harness`: a built-in example project's name or any spec (a project's:
     `project.harness.harness_spec`). `runner_mode`: harness attempts as subprocesses or in this process, for
     a harness that has both. `retry_policy`: what the runner applies to every attempt (`self.retry_policy`;
     default the harness's own, one attempt for the built-in examples: a retried failure would over-represent
@@ -97,6 +97,7 @@ class RolloutService:
         threads: int | None = None,
         device: str = "auto",
         reuse: bool = False,
+        engine_process: bool = False,
     ) -> None:
         self.store = store
         self.harness = harness if isinstance(harness, HarnessSpec) else example_harness(harness)
@@ -112,6 +113,7 @@ class RolloutService:
             max_batch=max_batch,
             threads=threads,
             device=device,
+            engine_process=engine_process,
             resource_id=resource_id,
             model_aliases=self.harness.model_names,
             reuse=reuse,

@@ -25,16 +25,17 @@ ACTORS = {"alice": "release-owner", "bob": "default-approver"}
 
 
 def tiny_training(**overrides) -> TrainingResource:
-    # A parent warm-started long enough to solve some tasks: a parent that solves none gives every group
-    # the same reward, so RL has nothing to learn from and the candidate is the parent (check 1 holds it).
-    # A tiny learning rate: the update changes the weights (check 1) without flipping a greedy protected
-    # case by chance, which these plumbing tests' verdicts would otherwise hang on (check 5's zero tolerance).
-    # Groups of 16: with a parent solving ~5% of sampled tasks, 2 steps x 4 tasks x 16 rollouts leave RL some
-    # group whose rewards differ; groups of 4 did not on some snapshots (every reward 0).
+    # A parent warm-started into the window (sampled success ~0.2-0.4 on a 32-task probe: ~275 SFT steps,
+    # ~3.5 min): a parent that solves none, or a few percent (where 200 steps on 512 demonstrations left it),
+    # gives every group of a step the same reward now and then, so RL has nothing to learn, the candidate
+    # is the parent and check 1 holds it ("nothing was trained"), which these plumbing tests' verdicts would
+    # hang on. A tiny learning rate: the update changes the weights (check 1) without flipping a greedy
+    # protected case by chance (check 5's zero tolerance).
     settings = {
         "min_serve_rollouts": 3,
-        "warm_start_max_steps": 200,
-        "warm_start_demos": 512,
+        "warm_start_max_steps": 320,
+        "warm_start_demos": 2000,
+        "warm_start_probe_tasks": 32,
         "learning_rate": 1e-6,
         "group_size": 16,
     }

@@ -58,8 +58,9 @@ def test_demo_runs_two_cycles_promotes_between_them_and_summarizes(demo_env):
     lines: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        # 8 tasks x 16 a step: with a parent solving a few percent of sampled tasks, 64 rollouts of a step
-        # all failed now and then, so a cycle's RL had nothing to learn and check 1 held it
+        # 8 tasks x 16 a step: a step whose rollouts all got the same reward leaves RL nothing to learn
+        # (check 1 then holds a candidate equal to its parent), so a step draws more than the parent's
+        # ~0.3 sampled success needs to make that vanishingly rare
         training = tiny_training(tasks_per_step=8)
         first, second = run_demo(example_file("calc"), training, actors=demo_env, out=lines.append)
     assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []

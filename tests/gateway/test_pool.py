@@ -168,3 +168,34 @@ def test_concurrent_takes_hand_one_child_to_one_taker():
     for t in threads:
         t.join()
     assert [g for g in got if g is not None] == [child]
+
+
+@pytest.mark.parametrize("serving", ["thread", "process"])
+def test_an_engine_in_its_own_process_serves_what_the_in_process_engine_serves(
+    store, model_dir, twin, serving, empty_pool
+):
+    """`engine_process`: the same seeded call gives the same tokens and logprobs as the engine inside the
+    gateway, before and after a weight push; a dead engine process turns calls into a 503 that says so."""
+    from safetensors.torch import load_file
+
+    def calls(gw: LocalGateway) -> list:
+        out = [_call(gw, store)]
+        gw.load_weights(load_file(twin / "model.safetensors"), "twin")
+        out.append(_call(gw, store))
+        return out
+
+    with LocalGateway(store, model_dir, serving=serving, resource_id="base") as inside:
+        expected = calls(inside)
+    with LocalGateway(store, model_dir, serving=serving, resource_id="base", engine_process=True) as split:
+        assert calls(split) == expected
+        assert expected[0][2] == "base" and expected[1][2] == "twin" and expected[0][0] != expected[1][0]
+        assert split.stats()["engine"]["steps_run"] > 0
+        if serving == "thread":
+            os.kill(split._batching.pid, signal.SIGKILL)
+            (rollout,) = store.enqueue_rollouts([Rollout(kind=RolloutKind.train)])
+            _, attempt = store.claim_rollout("w", rollout_ids=[rollout.rollout_id])
+            key = attempt_key(split.secret, rollout.rollout_id, attempt.attempt_id)
+            client = openai.OpenAI(base_url=split.url + "/v1", api_key=key, max_retries=0, timeout=60)
+            with pytest.raises(openai.APIStatusError) as err:
+                client.chat.completions.create(**CHAT)
+            assert err.value.status_code == 503 and "engine process exited" in err.value.message

@@ -1,0 +1,366 @@
+"""A `BatchingEngine` in a process of its own, behind the same interface (`submit`, `counters`, `close`, and
+`.engine` for the text side and weight loads).
+
+Why: in a gateway process the engine's decode loop shares one interpreter lock with the HTTP event loop, the
+chat rendering and the span writers. Every decode step is a few hundred small torch calls, each of which
+takes that lock back, so the other threads stretch each step (measured in benchmarks/README.md, rollout
+path: ~47 ms a decode step in the gateway process against ~25 ms for the same rows in a bare loop). In a
+process of its own the loop holds its own lock, and the gateway's work runs on the other core.
+
+Protocol: one `multiprocessing.connection.Connection` over a socket pair, pickled tuples. The gateway
+renders and tokenizes (its `RemoteCodec` loads only the tokenizer); the child gets token ids and sampling
+parameters and sends back each `Generation` (or the request's exception) the moment its row finishes.
+Weights go as a safetensors file path (written to a temp file when given as tensors), never pickled
+tensors. The child exits when its connection closes, so it never outlives the gateway.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_dagster.engine.batch import NonFiniteLogits
+from lightning_dagster.engine.batching import EngineClosed
+from lightning_dagster.engine.chat import ChatCodec
+from lightning_dagster.engine.engine import DeviceUnavailable, StateDictMismatch
+from lightning_dagster.engine.sampling import EngineError, Generation, SamplingParams
+
+# exceptions that cross the connection as themselves; any other becomes an EngineProcessError with its text
+_KNOWN = (EngineError, EngineClosed, StateDictMismatch, NonFiniteLogits, DeviceUnavailable)
+
+
+class EngineProcessError(RuntimeError):
+    """The engine process failed to start, died, or failed a request with an error of its own."""
+
+
+def _portable(exc: BaseException) -> BaseException:
+    if isinstance(exc, _KNOWN):
+        try:
+            pickle.dumps(exc)
+            return exc
+        except Exception:  # noqa: BLE001 - an exception that does not pickle crosses as text
+            pass
+    return EngineProcessError(f"{type(exc).__name__}: {exc}")
+
+
+class RemoteCodec(ChatCodec):
+    """The served checkpoint's text side in the gateway's process; weight loads go to the engine process."""
+
+    def __init__(self, owner: EngineProcess, model_dir: Path | str) -> None:
+        super().__init__(model_dir)
+        self._owner = owner
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        self._owner.load_weights(state_dict)
+
+    def load_weights_file(self, path: Path | str) -> None:
+        self._owner.load_weights_file(path)
+
+
+class EngineProcess:
+    """An `Engine` and its `BatchingEngine` in a child process.
+
+    `submit` returns a `Future[Generation]` at once; it is resolved by a reader thread when the child sends
+    the row's result. Every failure reaches the future: the request's own (`EngineError`, 400 at the
+    gateway), `EngineClosed` after `close()` or when the child died (the message says how it exited).
+    `load_weights` blocks until the child serves the new weights (its batch drains first, as in-process).
+    """
+
+    def __init__(
+        self,
+        model_dir: Path | str,
+        *,
+        max_batch: int = 64,
+        threads: int | None = None,
+        device: str = "auto",
+        prefix_cache_mb: int = 256,
+        start_timeout_s: float = 600.0,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "lightning_dagster.engine.remote", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._ids = itertools.count()
+        self._closed = False
+        self._exit_reason: str | None = None
+        settings = {
+            "model_dir": str(self.model_dir),
+            "max_batch": max_batch,
+            "threads": threads,
+            "device": device,
+            "prefix_cache_mb": prefix_cache_mb,
+        }
+        try:
+            self._send(("start", settings))
+            self.engine = RemoteCodec(self, self.model_dir)  # loads while the child imports torch
+            if not self._conn.poll(start_timeout_s):
+                raise EngineProcessError(f"the engine process did not start within {start_timeout_s:.0f} s")
+            kind, info = self._conn.recv()
+        except EOFError:
+            self._kill()
+            raise EngineProcessError(
+                f"the engine process exited while starting (code {self._proc.wait()})"
+            ) from None
+        except BaseException:
+            self._kill()
+            raise
+        if kind == "error":
+            self._kill()
+            raise info
+        self.vocab_size: int = info["vocab_size"]
+        self.max_length: int = info["max_length"]
+        self.pid = self._proc.pid
+        self._reader = threading.Thread(target=self._read, name="engine-process-reader", daemon=True)
+        self._reader.start()
+
+    # -- the BatchingEngine interface ------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future[Generation]:
+        future: Future[Generation] = Future()
+        with self._lock:
+            if self._closed:
+                future.set_exception(EngineClosed(self._exit_reason or "the engine process is closed"))
+                return future
+            rid = next(self._ids)
+            self._pending[rid] = future
+        try:
+            self._send(("submit", rid, list(prompt_ids), params))
+        except (OSError, ValueError) as exc:
+            self._fail_all(f"the engine process is gone: {exc}")
+            return future
+        future.add_done_callback(lambda f, rid=rid: self._cancelled(f, rid))
+        return future
+
+    def counters(self) -> dict[str, float]:
+        """The child's `BatchingEngine.counters()`."""
+        return self._call("counters")
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Serve `state_dict` from the next admitted row on; all or nothing (`StateDictMismatch`)."""
+        from safetensors.torch import save_file
+
+        # a safetensors file stores a storage once: tied names (one tensor) are given once, as the
+        # engine accepts them
+        seen: set[int] = set()
+        unique: dict[str, torch.Tensor] = {}
+        for name, tensor in state_dict.items():
+            t = tensor.detach()
+            if t.data_ptr() in seen and t.numel():
+                continue
+            seen.add(t.data_ptr())
+            unique[name] = t.to("cpu").contiguous()
+        fd, path = tempfile.mkstemp(suffix=".safetensors", dir=_scratch_dir())
+        os.close(fd)
+        try:
+            save_file(unique, path)
+            self.load_weights_file(path)
+        finally:
+            os.unlink(path)
+
+    def load_weights_file(self, path: Path | str) -> None:
+        self._call("load", str(path))
+
+    def close(self) -> None:
+        """Finish the rows in flight, fail what is still queued, stop the child."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._exit_reason = "the engine process is closed"
+        try:
+            self._send(("close",))
+        except (OSError, ValueError):
+            pass
+        self._reader.join(timeout=120)
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        self._fail_all("the engine process is closed")
+        self._conn.close()
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------------------------------------
+    def _send(self, message: tuple) -> None:
+        with self._send_lock:
+            self._conn.send(message)
+
+    def _call(self, kind: str, *args: Any) -> Any:
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise EngineClosed(self._exit_reason or "the engine process is closed")
+            rid = next(self._ids)
+            self._pending[rid] = future
+        try:
+            self._send((kind, rid, *args))
+        except (OSError, ValueError) as exc:
+            self._fail_all(f"the engine process is gone: {exc}")
+        return future.result()
+
+    def _cancelled(self, future: Future, rid: int) -> None:
+        if future.cancelled():
+            with self._lock:
+                self._pending.pop(rid, None)
+                closed = self._closed
+            if not closed:
+                try:
+                    self._send(("cancel", rid))
+                except (OSError, ValueError):
+                    pass
+
+    def _read(self) -> None:
+        while True:
+            try:
+                _, rid, outcome = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            with self._lock:
+                future = self._pending.pop(rid, None)
+            if future is None or future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+        code = self._proc.poll()
+        if code is None:
+            try:
+                code = self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._exit_reason = f"the engine process exited (code {code})"
+            reason = self._exit_reason
+        self._fail_all(reason)
+
+    def _fail_all(self, reason: str | None) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(EngineClosed(reason or "the engine process is closed"))
+
+    def _kill(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._conn.close()
+
+
+def _scratch_dir() -> str | None:
+    """Memory-backed temp space when there is some (weights written there never touch the disk)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+# -- the child ------------------------------------------------------------------------------------------
+def _serve(conn: Connection) -> int:
+    from lightning_dagster.engine.batching import BatchingEngine
+    from lightning_dagster.engine.engine import Engine
+
+    kind, settings = conn.recv()
+    try:
+        engine = Engine(
+            settings["model_dir"],
+            threads=settings["threads"],
+            prefix_cache_mb=settings["prefix_cache_mb"],
+            device=settings["device"],
+        )
+        batching = BatchingEngine(engine, max_batch=settings["max_batch"])
+    except Exception as exc:  # noqa: BLE001 - the parent raises it
+        conn.send(("error", _portable(exc)))
+        return 1
+    conn.send(("ready", {"vocab_size": engine.vocab_size, "max_length": engine.max_length}))
+    send_lock = threading.Lock()
+    futures: dict[int, Future] = {}
+
+    def send(rid: int, outcome: Any) -> None:
+        with send_lock:
+            try:
+                conn.send(("done", rid, outcome))
+            except (OSError, ValueError):  # the parent is gone; the loop below ends on EOF
+                pass
+
+    def finished(future: Future, rid: int) -> None:
+        futures.pop(rid, None)
+        if future.cancelled():
+            return
+        exc = future.exception()
+        send(rid, _portable(exc) if exc is not None else future.result())
+
+    def run(rid: int, call: Any) -> None:
+        try:
+            outcome = call()
+        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
+            outcome = _portable(exc)
+        send(rid, outcome)
+
+    def load(path: str) -> None:
+        from safetensors.torch import load_file
+
+        try:
+            state = load_file(path)
+        except Exception as exc:  # noqa: BLE001 - an unreadable file is the caller's error
+            raise StateDictMismatch(f"cannot read weights from {path!r}: {exc}") from None
+        engine.load_weights(state)
+
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            break
+        kind = message[0]
+        if kind == "submit":
+            _, rid, prompt, params = message
+            future = batching.submit(prompt, params)
+            futures[rid] = future
+            future.add_done_callback(lambda f, rid=rid: finished(f, rid))
+        elif kind == "cancel":
+            future = futures.get(message[1])
+            if future is not None:
+                future.cancel()  # only a request not yet admitted can be cancelled
+        elif kind == "counters":
+            run(message[1], batching.counters)
+        elif kind == "load":
+            # waits for the running rows to drain: on its own thread, so requests keep arriving meanwhile
+            rid, path = message[1], message[2]
+            threading.Thread(target=run, args=(rid, lambda p=path: load(p)), daemon=True).start()
+        elif kind == "close":
+            break
+    batching.close()  # finishes the rows in flight (their results are sent), fails the queued ones
+    conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    fd = int(sys.argv[1])
+    sys.exit(_serve(Connection(fd)))
