@@ -64,7 +64,9 @@ def bootstrap(demo: Demo) -> str:
     elif not meta.get("warm_start_steps"):
         how = f"base model {meta['base_model']}, no warm start"
     else:
-        how = f"warm start {meta['warm_start_steps']} SFT steps, probe {meta['probe_success']:.2f}, {meta['seconds']} s"
+        steps, run = meta["warm_start_steps"], meta.get("warm_start_steps_run", meta["warm_start_steps"])
+        kept = f"the checkpoint of step {steps} of {run}" if steps != run else f"{steps} SFT steps"
+        how = f"warm start {kept}, probe {meta['probe_success']:.2f}, {meta['seconds']} s"
     demo.lines.line("parent", f"approved-default = version {meta['approved_default']} ({how})")
     return str(meta["approved_default"])
 

@@ -31,7 +31,13 @@ class StageLines:
         """The warm start's progress callback: a line per sampled probe, the first step and every
         WARM_START_EVERY steps."""
         step = metrics.get("step", 0)
-        if "probe_success" in metrics:
+        if "chosen_step" in metrics:
+            self.line(
+                "warm start",
+                f"no probe reached the target by step {step}: keeping the checkpoint of step "
+                f"{metrics['chosen_step']} (probe {metrics['probe_success']:.2f}, the nearest to it)",
+            )
+        elif "probe_success" in metrics:
             self.line("warm start", f"{step} SFT steps, probe {metrics['probe_success']:.2f}")
         elif step == 1 or step % WARM_START_EVERY == 0:
             self.line("warm start", f"{step} SFT steps, nll {metrics.get('nll', 0.0):.3f}")

@@ -54,6 +54,7 @@ def bootstrap_parent(
         parent = result.model_dir
         warmed = {
             "warm_start_steps": result.steps,
+            "warm_start_steps_run": result.steps_run,
             "probe_success": result.probe_success,
             "seconds": round(result.seconds, 1),
         }

@@ -213,6 +213,7 @@ class WarmStartResult:
     probe_success: float
     history: list[dict]
     seconds: float
+    steps_run: int = 0  # SFT steps trained; `steps` is the step of the checkpoint kept (see warm_start)
 
 
 def warm_start(
@@ -256,6 +257,12 @@ def warm_start(
         rows, held = rendered.result()
         rng = random.Random(config.seed)
         near, probed, estimated, estimate = False, 0, 0, 0.0
+        goal = config.target or config.window[0]
+        # the probed checkpoint nearest the goal: (distance, step, success, weights); what the warm start
+        # ends with when it runs out of steps before a probe reaches the goal (probes swing by +-0.1 from
+        # one step to the next at this learning rate, so the last step is often not the best one probed)
+        best: tuple[float, int, float, dict] | None = None
+        reached = False
         for step in range(1, config.max_steps + 1):
             m = trainer.supervised_step(rng.sample(rows, config.batch_size))
             if step - estimated >= estimate_gap(estimate, config.window, config.probe_every):
@@ -276,13 +283,22 @@ def warm_start(
                 )
                 success = batch.success()
                 m.update(probe_success=success, probe_seconds=batch.seconds)
+                if best is None or abs(success - goal) <= best[0]:
+                    best = (abs(success - goal), step, success, trainer.state_dict())
             history.append(m)
             if log:
                 log(m)
-            if "probe_success" in m and success >= (config.target or config.window[0]):
+            if "probe_success" in m and success >= goal:
+                reached = True
                 break
     finally:
         _close_when_started(serving)
+    chosen = trainer.steps
+    if not reached and best is not None and best[1] != trainer.steps:
+        _, chosen, success, weights = best
+        trainer.model.load_state_dict(weights)
+        if log:
+            log({"step": trainer.steps, "chosen_step": chosen, "probe_success": success})
     out = trainer.save(out_dir)
     resource = store.add_resource(
         Resource(
@@ -293,10 +309,13 @@ def warm_start(
                 "role": "warm_start",
                 "project": project.name,
                 "base_dir": str(base_dir),
-                "sft_steps": trainer.steps,
+                "sft_steps": chosen,
+                "sft_steps_run": trainer.steps,
                 "probe_success": success,
                 "config": asdict(config),
             },
         )
     )
-    return WarmStartResult(out, resource, trainer.steps, success, history, time.perf_counter() - started)
+    return WarmStartResult(
+        out, resource, chosen, success, history, time.perf_counter() - started, steps_run=trainer.steps
+    )

@@ -4,6 +4,8 @@ token) are trained, and the rows are exactly the rendered conversation."""
 from __future__ import annotations
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from lightning_dagster.engine.engine import Engine
 from lightning_dagster.harnesses.calc import demos
@@ -111,6 +113,57 @@ def test_warm_start_keeps_training_until_its_target_or_max_steps(tmp_path, base_
     # inside the window from the first probe, but short of an unreachable target: every step runs
     assert result.steps == 3
     assert [m["step"] for m in result.history if "probe_success" in m] == [2, 3]
+
+
+def test_a_warm_start_that_runs_out_of_steps_keeps_the_probed_checkpoint_nearest_its_target(
+    tmp_path, base_model_dir, monkeypatch
+):
+    """Probes swing from one SFT step to the next; when none reaches the target, the parent is the probed
+    checkpoint nearest to it (its exact weights), not whatever the last step left."""
+    import lightning_dagster.runner.service as service_module
+    from lightning_dagster.store import Store
+    from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
+
+    scripted = iter([0.10, 0.45, 0.20])  # probes at steps 2, 3, 4 against a target of 0.5
+    pushed: list[dict] = []
+
+    class Batch:
+        seconds = 0.0
+
+        def __init__(self, success: float) -> None:
+            self._success = success
+
+        def success(self) -> float:
+            return self._success
+
+    class ScriptedService:  # the probe's answers scripted; everything else (SFT, saving, registering) real
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def load_weights(self, state) -> None:
+            pushed.append({k: v.clone() for k, v in state.items()})
+
+        def run(self, *args, **kwargs) -> Batch:
+            return Batch(next(scripted))
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(service_module, "RolloutService", ScriptedService)
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    config = WarmStartConfig(
+        max_steps=4, min_steps=2, probe_tasks=4, demos=16, batch_size=4, window=(0.0, 1.0), target=0.5
+    )
+    lines: list[dict] = []
+    result = warm_start(store, base_model_dir, tmp_path / "warm", config, log=lines.append)
+    assert (result.steps, result.steps_run, result.probe_success) == (3, 4, 0.45)
+    assert lines[-1] == {"step": 4, "chosen_step": 3, "probe_success": 0.45}
+    saved = load_file(result.model_dir / "model.safetensors")
+    at_step_3, at_step_4 = pushed[1], pushed[2]
+    assert all(torch.equal(saved[k], at_step_3[k]) for k in saved)
+    assert not all(torch.equal(saved[k], at_step_4[k]) for k in saved)
+    stored = store.get_resource(result.resource.resource_id)
+    assert stored.metadata["sft_steps"] == 3 and stored.metadata["sft_steps_run"] == 4
 
 
 def test_the_probe_runs_more_often_the_closer_sampled_success_is_to_the_window():
