@@ -259,3 +259,19 @@ def tensors_hash(tensors: Mapping[str, torch.Tensor]) -> str:
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
         digest.update(t.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def save_weights(state_dict: Mapping[str, torch.Tensor], path: Path | str) -> None:
+    """A state dict as one safetensors file. safetensors refuses tensors that share storage (tied
+    embeddings): each later name of a shared storage gets its own copy (the engine's `load_weights` accepts
+    tied names given twice with equal values)."""
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    tensors = {}
+    for name, tensor in state_dict.items():
+        t = tensor.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        tensors[name] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    save_file(tensors, str(path))

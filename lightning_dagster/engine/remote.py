@@ -138,19 +138,9 @@ class EngineProcess:
 
     # -- the BatchingEngine interface ------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future[Generation]:
-        future: Future[Generation] = Future()
-        with self._lock:
-            if self._closed:
-                future.set_exception(EngineClosed(self._exit_reason or "the engine process is closed"))
-                return future
-            rid = next(self._ids)
-            self._pending[rid] = future
-        try:
-            self._send(("submit", rid, list(prompt_ids), params))
-        except (OSError, ValueError) as exc:
-            self._fail_all(f"the engine process is gone: {exc}")
-            return future
-        future.add_done_callback(lambda f, rid=rid: self._cancelled(f, rid))
+        future, rid = self._request("submit", list(prompt_ids), params)
+        if rid is not None:
+            future.add_done_callback(lambda f: self._cancelled(f, rid))
         return future
 
     def counters(self) -> dict[str, float]:
@@ -159,22 +149,12 @@ class EngineProcess:
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Serve `state_dict` from the next admitted row on; all or nothing (`StateDictMismatch`)."""
-        from safetensors.torch import save_file
+        from lightning_dagster.engine.build import save_weights
 
-        # a safetensors file stores a storage once: tied names (one tensor) are given once, as the
-        # engine accepts them
-        seen: set[int] = set()
-        unique: dict[str, torch.Tensor] = {}
-        for name, tensor in state_dict.items():
-            t = tensor.detach()
-            if t.data_ptr() in seen and t.numel():
-                continue
-            seen.add(t.data_ptr())
-            unique[name] = t.to("cpu").contiguous()
         fd, path = tempfile.mkstemp(suffix=".safetensors", dir=_scratch_dir())
         os.close(fd)
         try:
-            save_file(unique, path)
+            save_weights(state_dict, path)
             self.load_weights_file(path)
         finally:
             os.unlink(path)
@@ -212,18 +192,25 @@ class EngineProcess:
         with self._send_lock:
             self._conn.send(message)
 
-    def _call(self, kind: str, *args: Any) -> Any:
+    def _request(self, kind: str, *args: Any) -> tuple[Future, int | None]:
+        """Send one request; its future is resolved by the reader thread (or failed at once when the child
+        is closed or gone: then no request id)."""
         future: Future = Future()
         with self._lock:
             if self._closed:
-                raise EngineClosed(self._exit_reason or "the engine process is closed")
+                future.set_exception(EngineClosed(self._exit_reason or "the engine process is closed"))
+                return future, None
             rid = next(self._ids)
             self._pending[rid] = future
         try:
             self._send((kind, rid, *args))
         except (OSError, ValueError) as exc:
             self._fail_all(f"the engine process is gone: {exc}")
-        return future.result()
+            return future, None
+        return future, rid
+
+    def _call(self, kind: str, *args: Any) -> Any:
+        return self._request(kind, *args)[0].result()
 
     def _cancelled(self, future: Future, rid: int) -> None:
         if future.cancelled():

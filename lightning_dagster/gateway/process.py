@@ -206,17 +206,9 @@ class GatewayProcess:
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], resource_id: str | None = None) -> None:
         """Write the weights next to the child and have it load them; returns once they serve."""
-        from safetensors.torch import save_file
+        from lightning_dagster.engine.build import save_weights
 
-        # safetensors refuses tensors that share storage (tied embeddings): give each name its own copy
-        seen: set[int] = set()
-        tensors = {}
-        for name, tensor in state_dict.items():
-            t = tensor.detach().contiguous()
-            ptr = t.untyped_storage().data_ptr()
-            tensors[name] = t.clone() if ptr in seen else t
-            seen.add(ptr)
-        self._push(lambda partial: save_file(tensors, str(partial)), resource_id)
+        self._push(lambda partial: save_weights(state_dict, partial), resource_id)
 
     def load_weights_file(self, weights: Path, resource_id: str | None = None) -> None:
         """Have the child serve the weights in a safetensors file (a checkpoint's `model.safetensors`):

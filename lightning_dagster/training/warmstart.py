@@ -258,10 +258,10 @@ def warm_start(
         rng = random.Random(config.seed)
         near, probed, estimated, estimate = False, 0, 0, 0.0
         goal = config.target or config.window[0]
-        # the probed checkpoint nearest the goal: (distance, step, success, weights); what the warm start
+        # the probed checkpoint nearest the goal: (step, success, weights); what the warm start
         # ends with when it runs out of steps before a probe reaches the goal (probes swing by +-0.1 from
         # one step to the next at this learning rate, so the last step is often not the best one probed)
-        best: tuple[float, int, float, dict] | None = None
+        best: tuple[int, float, dict] | None = None
         reached = False
         for step in range(1, config.max_steps + 1):
             m = trainer.supervised_step(rng.sample(rows, config.batch_size))
@@ -283,8 +283,8 @@ def warm_start(
                 )
                 success = batch.success()
                 m.update(probe_success=success, probe_seconds=batch.seconds)
-                if best is None or abs(success - goal) <= best[0]:
-                    best = (abs(success - goal), step, success, trainer.state_dict())
+                if best is None or abs(success - goal) <= abs(best[1] - goal):
+                    best = (step, success, trainer.state_dict())
             history.append(m)
             if log:
                 log(m)
@@ -294,8 +294,8 @@ def warm_start(
     finally:
         _close_when_started(serving)
     chosen = trainer.steps
-    if not reached and best is not None and best[1] != trainer.steps:
-        _, chosen, success, weights = best
+    if not reached and best is not None and best[0] != trainer.steps:
+        chosen, success, weights = best
         trainer.model.load_state_dict(weights)
         if log:
             log({"step": trainer.steps, "chosen_step": chosen, "probe_success": success})
