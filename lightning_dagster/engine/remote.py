@@ -204,8 +204,12 @@ class EngineProcess:
             self._pending[rid] = future
         try:
             self._send((kind, rid, *args))
-        except (OSError, ValueError) as exc:
-            self._fail_all(f"the engine process is gone: {exc}")
+        except (OSError, ValueError) as exc:  # the child closed its end: it exited, or is exiting
+            try:
+                code = self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            self._fail_all(f"the engine process exited (code {code}): {exc}")
             return future, None
         return future, rid
 
