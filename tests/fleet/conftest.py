@@ -23,9 +23,21 @@ import os, time
 
 
 def solve(task, client):
-    fd = os.open(os.environ["FLEET_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    os.write(fd, f"{task['task_id']} {os.getpid()}\\n".encode())
+    pid, log = os.getpid(), os.environ["FLEET_LOG"]
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.write(fd, f"{task['task_id']} {pid}\\n".encode())
+    end = os.lseek(fd, 0, os.SEEK_CUR)  # the end of this line: appends are atomic
     os.close(fd)
+    with open(log, "rb") as f:
+        earlier = f.read(end).count(f" {pid}\\n".encode()) - 1  # this process's earlier harness runs
+    hold = os.environ.get("FLEET_HOLD", os.devnull)
+    free = int(os.environ.get("FLEET_FREE", "0"))
+
+    def held():
+        return earlier >= free and any(os.path.exists(os.path.join(hold, n)) for n in (str(pid), "all"))
+
+    while held():  # the test holds this harness in flight
+        time.sleep(0.05)
     time.sleep(float(os.environ.get("FLEET_SLEEP", "0.05")))
     return 1.0
 """
@@ -41,7 +53,9 @@ def cli(*args: str) -> list[str]:
 
 
 def make_project(root: Path, n: int) -> Path:
-    """A project whose harness only logs its run, sleeps `FLEET_SLEEP` and returns reward 1."""
+    """A project whose harness only logs its run, sleeps `FLEET_SLEEP` and returns reward 1. While
+    `$FLEET_HOLD/<its pid>` or `$FLEET_HOLD/all` exists, it waits in flight instead, except in a process's
+    first `FLEET_FREE` runs."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "fleet_agent.py").write_text(AGENT)
     rows = [{"task_id": f"t{i}", "family": "f", "split": "train"} for i in range(n)]
@@ -57,6 +71,23 @@ def make_project(root: Path, n: int) -> Path:
 def child_env(project: Path, log: Path, **extra: str) -> dict[str, str]:
     path = os.pathsep.join([os.getcwd(), str(project), os.environ.get("PYTHONPATH", "")])
     return {**os.environ, "PYTHONPATH": path, "FLEET_LOG": str(log), **extra}
+
+
+def hold_in_flight(store, hold: Path, pid: int, timeout: float = 60) -> list:
+    """Hold every harness process `pid` starts from now on (the harness waits while `hold/<pid>` exists) and
+    wait until it has a running attempt that started after the hold: that attempt is certainly still in
+    flight when the caller kills the process, however slowly the caller gets there. Returns the process's
+    running attempts."""
+    hold.mkdir(parents=True, exist_ok=True)
+    since = time.time()
+    (hold / str(pid)).touch()
+    deadline = time.monotonic() + timeout
+    while True:
+        running = [a for a in store.list_attempts(state="running") if f"-{pid}-" in (a.worker_id or "")]
+        if any(a.started_at > since for a in running):
+            return running
+        assert time.monotonic() < deadline, f"process {pid} started no attempt after it was held"
+        time.sleep(0.1)
 
 
 class Gateway:

@@ -14,7 +14,7 @@ import pytest
 from lightning_dagster.gateway.keys import attempt_key
 from lightning_dagster.store import Store
 from lightning_dagster.types import AttemptState, RetryKind, Rollout, RolloutKind, RolloutStatus
-from tests.fleet.conftest import SECRET, Gateway, child_env, cli, make_project
+from tests.fleet.conftest import SECRET, Gateway, child_env, cli, hold_in_flight, make_project
 from tests.support.secrets import secret_file
 
 pytestmark = pytest.mark.postgres
@@ -46,18 +46,13 @@ def test_four_workers_run_400_rollouts_once_and_retry_the_killed_workers(postgre
         enqueue = cli("rollouts", "enqueue", "--project", str(project), "--n", "400", "--run-id", "fleet")
         subprocess.run([*enqueue, "--store", postgres_url], env=child_env(project, log), check=True)
         args = cli("runner", *runner_args(gateway, postgres_url, project, tmp_path), "--until-idle", "--json")
-        # 0.5 s per rollout: the victim's attempts are still running when it is killed right after the poll
-        # that saw them (with instant rollouts they sometimes ended first on a loaded machine)
-        env = child_env(project, log, FLEET_SLEEP="0.5")
+        env = child_env(project, log, FLEET_SLEEP="0.05", FLEET_HOLD=str(tmp_path / "hold"))
         workers = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE) for _ in range(4)]
         victim = workers[0]
-
-        def victim_busy() -> bool:
-            running = store.list_attempts(state=AttemptState.running)
-            done = len(store.query_rollouts(status=RolloutStatus.succeeded))
-            return done >= 40 and any(f"-{victim.pid}-" in a.worker_id for a in running)
-
-        wait_for(victim_busy, 60, "the victim to run attempts")
+        wait_for(lambda: len(store.query_rollouts(status=RolloutStatus.succeeded)) >= 40, 60, "40 rollouts")
+        # the victim's harnesses from here on wait in flight, so the kill certainly strands attempts (killed
+        # right after a poll saw them running, they had sometimes ended first on a loaded machine)
+        hold_in_flight(store, tmp_path / "hold", victim.pid)
         victim.send_signal(signal.SIGKILL)
         for worker in workers[1:]:
             assert worker.wait(timeout=120) == 0
@@ -103,16 +98,21 @@ def test_a_killed_rollouts_run_resumes_its_rollouts_when_restarted(postgres_url,
     store = Store(postgres_url)
     run = cli("rollouts", "run", *runner_args(gateway, postgres_url, project, tmp_path), "--n", "24")
     run += ["--run-id", "resumable", "--json"]
-    # 1 s per rollout, 4 at a time: ~5 s of runway after the fourth ends, so a loaded machine's slow poll
-    # still kills the run with attempts in flight
-    env = child_env(project, log, FLEET_SLEEP="1.0")
+    # the run's first 4 harnesses succeed and every later one waits in flight: the kill certainly strands
+    # attempts (killed after a slow poll, a run of 1 s rollouts had once finished all 24 on a loaded machine)
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    (hold / "all").touch()
+    env = child_env(project, log, FLEET_HOLD=str(hold), FLEET_FREE="4")
     try:
         first = subprocess.Popen(run, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: len(store.query_rollouts(status=RolloutStatus.succeeded)) >= 4, 60, "4 rollouts")
+        wait_for(lambda: store.list_attempts(state=AttemptState.running), 60, "the held attempts")
         first.send_signal(signal.SIGKILL)
         first.wait()
         stranded = store.list_attempts(state=AttemptState.running)
         assert stranded  # what a killed run used to leave behind forever
+        (hold / "all").unlink()
         second = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
     finally:
         gateway.stop()
