@@ -1,14 +1,16 @@
 """Our gateway (upstream mode) vs Agent Lightning 1.0.2's `agl-server`, side by side against one stub upstream
 that returns vLLM-shaped JSON (200 prompt ids, 50 response ids with logprobs).
 
-Measures, per proxied call: server CPU time (psutil, user+system of the server process), added latency over
+Measures, per proxied call: server CPU time (the scheduler's nanosecond count of the server process's
+threads), added latency over
 a direct upstream call (p50/p99; each call follows a direct one, the gateways take turns in rounds of 10
 calls), and retained bytes on 10-turn rollouts with
 ~1k-token prompts (server RSS growth; for ours plus the growth of the SQLite store after a WAL checkpoint).
 Ours is measured on its own route with attempt keys (`ours`, `ours_wb`) and on Agent Lightning's proxy path
-(`ours_agl`, `gateway serve --agl-key-file`). Per REST call of Agent Lightning's API (create a rollout, list,
-get one, post an event, read a rollout's triplet events): server CPU of ours (`--agl-key-file`) and of
-agl-server, both with a server key, taking turns in rounds of 10 calls.
+(`ours_agl`, `gateway serve --agl-key-file`), and both again with the fast path off (`ours_app`,
+`ours_agl_app`: `LD_GATEWAY_FAST_PATH=0`, every route through the ASGI app). Per REST call of Agent Lightning's API (create a rollout, list,
+get one, post an event, read a rollout's triplet events): server CPU of ours (`--agl-key-file`, with and
+without the fast path) and of agl-server, both with a server key, taking turns in rounds of 10 calls.
 
     .venv/bin/python benchmarks/gateway_vs_agl.py [--calls 300] [--rollouts 40] [--rest-calls 300]
 
@@ -76,8 +78,17 @@ class Server:
         self.ps = psutil.Process(self.proc.pid)
 
     def cpu(self) -> float:
-        t = self.ps.cpu_times()
-        return t.user + t.system
+        """Seconds on a CPU of the process's live threads, in nanoseconds from the scheduler
+        (`/proc/<pid>/task/<tid>/schedstat`): `cpu_times` counts 10 ms clock ticks, coarser than a block of
+        10 calls (~5 ms), which left single routes' figures +-25% apart from run to run. A thread that exits
+        between two readings takes its time with it; both servers keep their threads."""
+        total = 0
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return total / 1e9
 
     def rss(self) -> int:
         return self.ps.memory_info().rss
@@ -93,7 +104,9 @@ class Server:
 class Ours:
     """Our gateway in upstream mode, its store, and one attempt key per rollout."""
 
-    def __init__(self, upstream: str, db: Path, write_behind_ms: float = 0.0, agl: bool = False):
+    def __init__(
+        self, upstream: str, db: Path, write_behind_ms: float = 0.0, agl: bool = False, fast: bool = True
+    ):
         from lightning_dagster.store import Store
 
         self.db = db
@@ -122,7 +135,8 @@ class Ours:
             path.write_text(value)
             path.chmod(0o600)
             args += [option, str(path)]
-        self.server = Server("ours", args, f"http://127.0.0.1:{self.port}/admin/health", {})
+        env = {} if fast else {"LD_GATEWAY_FAST_PATH": "0"}  # every route through the ASGI app
+        self.server = Server("ours", args, f"http://127.0.0.1:{self.port}/admin/health", env)
 
     def new_rollout(self) -> tuple[str, dict]:
         from lightning_dagster.gateway import attempt_key
@@ -159,8 +173,8 @@ class AglApi:
 class OursAgl(AglApi, Ours):
     """Ours with `--agl-key-file`, called as agl-server is."""
 
-    def __init__(self, upstream: str, db: Path):
-        Ours.__init__(self, upstream, db, agl=True)
+    def __init__(self, upstream: str, db: Path, fast: bool = True):
+        Ours.__init__(self, upstream, db, agl=True, fast=fast)
         self.base = f"http://127.0.0.1:{self.port}"
 
 
@@ -338,7 +352,8 @@ def main() -> int:
     parser.add_argument("--skip-agl", action="store_true")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    dbs = {k: WORK / f"gateway-bench-{k}.db" for k in ("ours", "ours_wb", "ours_agl")}
+    ours = ("ours", "ours_app", "ours_wb", "ours_agl", "ours_agl_app")
+    dbs = {k: WORK / f"gateway-bench-{k}.db" for k in ours}
     for db in dbs.values():
         for suffix in ("", "-wal", "-shm"):
             Path(str(db) + suffix).unlink(missing_ok=True)
@@ -353,6 +368,9 @@ def main() -> int:
         targets["ours"] = Ours(upstream, dbs["ours"])
         targets["ours_wb"] = Ours(upstream, dbs["ours_wb"], write_behind_ms=50.0)
         targets["ours_agl"] = OursAgl(upstream, dbs["ours_agl"])
+        # the same two servers with the fast path off (`gateway.fastpath`): every route through the app
+        targets["ours_app"] = Ours(upstream, dbs["ours_app"], fast=False)
+        targets["ours_agl_app"] = OursAgl(upstream, dbs["ours_agl_app"], fast=False)
         if not args.skip_agl:
             try:
                 targets["agl"] = Agl(upstream)
@@ -365,7 +383,7 @@ def main() -> int:
         )
         for k, t in targets.items():
             res[k].update(retained(t, args.rollouts))
-        rest_targets = {k: t for k, t in targets.items() if k in ("ours_agl", "agl")}
+        rest_targets = {k: t for k, t in targets.items() if k in ("ours_agl", "ours_agl_app", "agl")}
         res["rest_cpu_ms_per_call"] = rest_cpu(rest_targets, args.rest_calls)
     finally:
         for t in targets.values():
@@ -374,10 +392,10 @@ def main() -> int:
 
     print(json.dumps({**res, "agl_error": agl_error}, indent=2))
     a = res.get("agl")
-    ours = ("ours", "ours_wb", "ours_agl")
     print(f"\nper proxied call (stub upstream, 200 prompt / 50 response ids; {args.calls} calls each)")
     print("ours = durable (response after span commit); ours_wb = --write-behind-ms 50;")
-    print("ours_agl = durable, called on Agent Lightning's proxy path with its server key")
+    print("ours_agl = durable, called on Agent Lightning's proxy path with its server key;")
+    print("*_app = the same server with LD_GATEWAY_FAST_PATH=0 (every route through the ASGI app)")
     header = (
         "".join(f"{k:>11}" for k in ours) + f"{'agl-server':>12}" + "".join(f"{k + '/agl':>14}" for k in ours)
     )
@@ -397,12 +415,19 @@ def main() -> int:
         print(
             f"\nserver CPU ms per REST call ({args.rest_calls} calls each; ours = gateway serve --agl-key-file)"
         )
-        print(f"{'route':24}{'ours':>11}{'agl-server':>12}{'ours/agl':>10}")
+        print(
+            "ours without fast path = the same server with LD_GATEWAY_FAST_PATH=0 (every route through the app)"
+        )
+        print(
+            f"{'route':24}{'ours':>11}{'ours w/o fast':>15}{'agl-server':>12}{'ours/agl':>10}{'w/o fast/agl':>14}"
+        )
         for route in REST_ROUTES:
-            o, g = rest["ours_agl"][route], rest["agl"][route]
-            print(f"{route:24}{o:11.3f}{g:12.3f}{o / g:10.3f}")
+            o, s, g = rest["ours_agl"][route], rest["ours_agl_app"][route], rest["agl"][route]
+            print(f"{route:24}{o:11.3f}{s:15.3f}{g:12.3f}{o / g:10.3f}{s / g:14.3f}")
     direct = " ".join(
-        f"{k} {v['direct_p50_ms']:.2f}/{v['direct_p99_ms']:.2f}" for k, v in res.items() if k in targets
+        f"{k} {v['direct_p50_ms']:.2f}/{v['direct_p99_ms']:.2f}"
+        for k, v in res.items()
+        if k in targets and "direct_p50_ms" in v
     )
     print(
         f"direct upstream p50/p99 ms in each block: {direct}; stub CPU ms/call {res['stub_cpu_ms_per_call']:.2f}"

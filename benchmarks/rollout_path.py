@@ -12,6 +12,9 @@ step, decode steps, admissions, the engine's busy share of the wall, from the ga
 of the runner's process and of the gateway's against the bare loop's, and the summed call latency. For a
 profile of either process, attach py-spy to the pids during a round (benchmarks/README.md has one).
 
+`--split` adds the path with the engine in a process of its own, `--app-path` the path with the gateway's fast
+path off (`LD_GATEWAY_FAST_PATH=0`: every call through the ASGI app), each alternated with the others.
+
 Run: .venv/bin/python benchmarks/rollout_path.py [--parent DIR] [--rounds 3] [--parallel 16]
 (without --parent it builds the base model and gives it `--sft-steps` supervised steps on the calc
 demonstrations, so that it calls the calculator and episodes have several turns).
@@ -157,7 +160,11 @@ def child_cpu(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:  # a thread that ended since the listing
+            continue
+        for child in children:
             total += child_cpu(int(child))
     return total
 
@@ -237,14 +244,23 @@ def main() -> int:
         "--split", action="store_true",
         help="also run the path with the engine in a process of its own (LocalGateway(engine_process=True))",
     )  # fmt: skip
+    parser.add_argument(
+        "--app-path", action="store_true",
+        help="also run the path with the gateway's fast path off (LD_GATEWAY_FAST_PATH=0: every call "
+        "through the ASGI app)",
+    )  # fmt: skip
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ld-rollout-path-"))
     model = args.parent or prepare_model(work, args.sft_steps)
     store = Store(f"sqlite:///{work / 'store.db'}")
     tasks = example_tasks("calc").draw("train", args.tasks * args.rounds, 0)
     t0 = time.perf_counter()
-    services = {
-        side: RolloutService(
+    extra = [side for side, wanted in (("split", args.split), ("app", args.app_path)) if wanted]
+    services = {}
+    for side in ("path", *extra):
+        # the gateway process inherits this process's environment when the service starts it
+        os.environ["LD_GATEWAY_FAST_PATH"] = "0" if side == "app" else "1"
+        services[side] = RolloutService(
             store,
             model,
             harness="calc",
@@ -255,8 +271,7 @@ def main() -> int:
             threads=args.threads,
             engine_process=side == "split",
         )  # fmt: skip
-        for side in (("path", "split") if args.split else ("path",))
-    }
+    os.environ.pop("LD_GATEWAY_FAST_PATH")
     startup = time.perf_counter() - t0
     engine = Engine(model, threads=args.threads)
     print(f"load average {os.getloadavg()[0]:.1f}; model {model}; {args.tasks} tasks x group {args.group}, "
@@ -265,12 +280,12 @@ def main() -> int:
     for side, service in services.items():
         run_path(service, tasks[:2], 2, 99, f"warmup-{side}")
     run_bare(engine, tasks[:2], 2, 99, args.max_batch)
-    results: dict[str, list[dict]] = {"path": [], "bare": [], **({"split": []} if args.split else {})}
+    results: dict[str, list[dict]] = {"path": [], "bare": [], **{side: [] for side in extra}}
     try:
         for r in range(args.rounds):
             chunk = tasks[r * args.tasks : (r + 1) * args.tasks]
             seed = step_seed(0, r + 2)
-            order = [s for s in ("path", "split", "bare") if s in results]
+            order = [s for s in ("path", "split", "app", "bare") if s in results]
             for side in order if r % 2 == 0 else order[::-1]:
                 if side in services:
                     res = run_path(services[side], chunk, args.group, seed, f"r{r}-{side}")
@@ -300,13 +315,14 @@ def main() -> int:
                 f"call latency sum {p['latency']:6.1f} s (mean {p['latency'] / max(1, p['calls']) * 1e3:5.0f} ms)",
                 flush=True,
             )
-            if args.split:
-                i = results["split"][-1]
+            for side in extra:
+                i = results[side][-1]
                 ie = i["engine"]
                 same, n = same_episodes(i["episodes"], b["episodes"])
+                what = "engine in its own process" if side == "split" else "fast path off"
                 print(
-                    f"   engine in its own process: {i['n'] / i['wall']:6.1f} rollouts/s "
-                    f"({i['wall']:5.2f} s), split/bare {(i['n'] / i['wall']) / (b['n'] / b['wall']):.3f}, "
+                    f"   {what}: {i['n'] / i['wall']:6.1f} rollouts/s "
+                    f"({i['wall']:5.2f} s), {side}/bare {(i['n'] / i['wall']) / (b['n'] / b['wall']):.3f}, "
                     f"identical episodes {same}/{n}; rows per decode step "
                     f"{ie['rows_stepped'] / max(1, ie['steps_run']):5.1f}, decode steps {ie['steps_run']}, "
                     f"engine busy {ie['busy_s']:5.2f} s; CPU runner {i['cpu_runner']:5.2f} s, "
@@ -319,7 +335,7 @@ def main() -> int:
     med = {s: statistics.median(x["n"] / x["wall"] for x in results[s]) for s in results}
     print(
         f"median rollouts/s: path {med['path']:.1f}  bare {med['bare']:.1f}  path/bare {med['path'] / med['bare']:.3f}"
-        + (f"  split {med['split']:.1f}  split/bare {med['split'] / med['bare']:.3f}" if args.split else "")
+        + "".join(f"  {side} {med[side]:.1f}  {side}/bare {med[side] / med['bare']:.3f}" for side in extra)
     )
     return 0
 

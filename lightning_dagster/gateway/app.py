@@ -18,14 +18,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from lightning_dagster import config
-from lightning_dagster.gateway import events, schemas
+from lightning_dagster.gateway import events
 from lightning_dagster.gateway.admin import admin_router
 from lightning_dagster.gateway.agl import AglSettings
 from lightning_dagster.gateway.agl import mount as mount_agl
 from lightning_dagster.gateway.attempts import AttemptContext, Attempts, TokenInStats
 from lightning_dagster.gateway.backends import Backend
 from lightning_dagster.gateway.calls import llm_call
-from lightning_dagster.gateway.errors import GatewayError, store_error
+from lightning_dagster.gateway.errors import GatewayError, answered, error_response, store_error
+from lightning_dagster.gateway.fastpath import FastRoutes
 from lightning_dagster.gateway.recorder import SpanWriter
 from lightning_dagster.gateway.weightsync import ServedWeights, WeightGate, WeightSync
 from lightning_dagster.store.errors import Conflict, InvalidInput, NotFound, StoreUnavailable
@@ -195,11 +196,11 @@ def create_app(
 
     app = FastAPI(title="lightning-dagster gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gw
+    app.state.fast_routes = fast = FastRoutes()  # what `GatewayServer` serves without the app's stack
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
-        log.info("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
-        return Response(schemas.dumps(exc.body()), status_code=exc.status, media_type="application/json")
+        return error_response(request, exc)
 
     for named in (IllegalTransition, Conflict, InvalidInput, NotFound, StoreUnavailable):
 
@@ -230,6 +231,8 @@ def create_app(
         # overhead for handlers that read the raw body themselves.
         app.add_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
         app.add_route(prefix + "/v1/completions", completions, methods=["POST"])
+        fast.add(prefix + "/v1/chat/completions", answered(chat_completions), "POST")
+        fast.add(prefix + "/v1/completions", answered(completions), "POST")
         app.add_api_route(prefix + "/v1/models", models, methods=["GET"])
         app.add_api_route(prefix + "/v1/rewards", rewards, methods=["POST"])
         app.add_api_route(prefix + "/v1/events", post_event, methods=["POST"])

@@ -1,22 +1,47 @@
-"""Run an ASGI app under uvicorn in a background thread (tests, the CLI, the demo and benchmarks)."""
+"""Run an ASGI app under uvicorn in a background thread (tests, the CLI, the demo and benchmarks); an app with
+fast routes (the gateway's `app.state.fast_routes`) has them served by `gateway.fastpath`'s protocol."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import uvicorn
 
+from lightning_dagster.gateway.fastpath import fast_protocol
+
 
 class GatewayServer:
-    """`with GatewayServer(app) as server: server.url` -> `http://127.0.0.1:PORT` (port 0 picks a free one)."""
+    """`with GatewayServer(app) as server: server.url` -> `http://127.0.0.1:PORT` (port 0 picks a free one).
+    `fast=False` serves every route through the app, fast routes too (tests and benchmarks compare the two);
+    unset, `LD_GATEWAY_FAST_PATH=0` in the environment does the same (for a gateway started by another
+    process: `gateway serve`, a rollout service's gateway process)."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning"):
+    def __init__(
+        self,
+        app,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        log_level: str = "warning",
+        fast: bool | None = None,
+    ):
         self.app = app
         self.host = host
         self.port = port
+        routes = getattr(getattr(app, "state", None), "fast_routes", None)
+        if fast is None:
+            fast = os.environ.get("LD_GATEWAY_FAST_PATH", "1") != "0"
+        protocol = fast_protocol(routes) if routes and fast else None
         self._config = uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, access_log=False, timeout_keep_alive=120
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            timeout_keep_alive=120,
+            http=protocol or "auto",
         )
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

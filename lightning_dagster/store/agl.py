@@ -128,6 +128,7 @@ def _plan(rollouts: list[Rollout], found: dict[str, tuple[str, AglRow]]) -> tupl
 
 
 _INSERTED = [c for c in schema.rollouts.c if c.name != "id"]
+_INSERTED_JSON = [(c.name, isinstance(c.type, sa.JSON)) for c in _INSERTED]
 _INSERT = f"INSERT INTO rollouts ({', '.join(c.name for c in _INSERTED)}) VALUES ({', '.join('?' * len(_INSERTED))})"
 
 
@@ -147,9 +148,8 @@ def _create_raw(store, rollouts: list[Rollout], ids: list[str], nowait: bool) ->
         load = pydantic_core.from_json
         found = {r[0]: (r[6], AglRow(r[0], r[1], load(r[2]), load(r[3]), r[4], r[5])) for r in rows}
         out, fresh = _plan(rollouts, found)
-        json_columns = {c.name for c in _INSERTED if isinstance(c.type, sa.JSON)}
         params = [
-            tuple(dump_json(row[c.name]) if c.name in json_columns else row.get(c.name) for c in _INSERTED)
+            tuple([dump_json(row[name]) if json else row.get(name) for name, json in _INSERTED_JSON])
             for row in fresh
         ]
         conn.executemany(_INSERT, params)

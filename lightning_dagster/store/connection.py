@@ -92,28 +92,47 @@ def check_json(field: str, value: Any) -> None:
         raise InvalidInput(found)
 
 
+_COLUMN_CHECKS: dict[sa.Table, list[tuple[str, str, int | None, bool, bool]]] = {}
+
+
+def _column_checks(table: sa.Table) -> list[tuple[str, str, int | None, bool, bool]]:
+    """(column, `table.column`, its declared string length, integer?, JSON?) per column, worked out once per
+    table: `checked` runs for every row the store writes."""
+    found = _COLUMN_CHECKS.get(table)
+    if found is None:
+        found = _COLUMN_CHECKS[table] = [
+            (
+                c.name,
+                f"{table.name}.{c.name}",
+                getattr(c.type, "length", None),
+                isinstance(c.type, sa.Integer),
+                isinstance(c.type, sa.JSON),
+            )
+            for c in table.c
+        ]
+    return found
+
+
 def checked(table: sa.Table, row: dict[str, Any]) -> dict[str, Any]:
     """The row, if both stores can hold it alike; else InvalidInput naming the column. SQLite would keep a
     string over its declared length, a NUL character, NaN or an int beyond 32 bits, where PostgreSQL
     refuses them, so each is refused here on both."""
-    for col in table.c:
-        value = row.get(col.name)
+    for name, where, limit, integer, json in _column_checks(table):
+        value = row.get(name)
         if value is None:
             continue
-        where = f"{table.name}.{col.name}"
         if isinstance(value, str):
             if "\x00" in value:
                 raise InvalidInput(f"{where}: contains a NUL character")
-            limit = getattr(col.type, "length", None)
             if limit is not None and len(value) > limit:
                 raise InvalidInput(f"{where}: {len(value)} characters; the limit is {limit}")
         elif isinstance(value, float):
             if not math.isfinite(value):
                 raise InvalidInput(f"{where}: {value} is not a finite number")
-        elif isinstance(value, int) and isinstance(col.type, sa.Integer):
+        elif integer and isinstance(value, int):
             if not _INT32[0] <= value <= _INT32[1]:
                 raise InvalidInput(f"{where}: {value} is outside the 32-bit integer range")
-        elif isinstance(col.type, sa.JSON):
+        elif json:
             check_json(where, value)
     return row
 

@@ -5,6 +5,7 @@ one-read attempt facts a gateway starts from."""
 from __future__ import annotations
 
 import contextlib
+import operator
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
@@ -45,8 +46,18 @@ _NOWAIT_CHECKPOINT_EVERY = 64  # every 64th `try_add_spans` defers to a blocking
 _KNOWN_PAIRS_SIZE = 65536  # (rollout, attempt) pairs already checked: an attempt never changes rollout
 
 
+_SPAN_VALUES = operator.itemgetter(*_SPAN_COLUMNS)
+_ATTRIBUTES = _SPAN_COLUMNS.index("attributes")
+
+
 def _span_params(rows: list[dict[str, Any]]) -> list[tuple]:
-    return [tuple(dump_json(row[k]) if k == "attributes" else row[k] for k in _SPAN_COLUMNS) for row in rows]
+    """Each row's values in `_SPAN_COLUMNS` order, its attributes as JSON text."""
+    params = []
+    for row in rows:
+        values = list(_SPAN_VALUES(row))
+        values[_ATTRIBUTES] = dump_json(values[_ATTRIBUTES])
+        params.append(tuple(values))
+    return params
 
 
 class SpanStore(Connection):

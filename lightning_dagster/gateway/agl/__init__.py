@@ -8,7 +8,6 @@ paths, `/api/models` and `/proxy/pause|resume|state` (`proxy`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,7 @@ from starlette.routing import Mount, Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lightning_dagster.gateway import schemas
-from lightning_dagster.gateway.errors import GatewayError, store_error
+from lightning_dagster.gateway.errors import GatewayError, answered
 from lightning_dagster.gateway.keys import attempt_key, same_key
 from lightning_dagster.store import agl as store_agl
 from lightning_dagster.store.connection import bad_json, suspect_json
@@ -123,22 +122,6 @@ def reply(body: object, status: int = 200) -> Response:
     return Response(schemas.dumps(body), status_code=status, media_type="application/json")
 
 
-def guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """The endpoint with the gateway's errors and the store's named errors as their HTTP answers (what the
-    app's exception handlers do, which requests dispatched by `Dispatch` do not reach)."""
-
-    async def run(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except Exception as exc:
-            err = exc if isinstance(exc, GatewayError) else store_error(exc)
-            if err is None:
-                raise
-            return Response(schemas.dumps(err.body()), status_code=err.status, media_type="application/json")
-
-    return run
-
-
 class Dispatch:
     """ASGI middleware sending `/healthz`, `/api/...` and `/proxy/...` straight to this surface's router:
     FastAPI's per-request stack (telemetry, body limit, exception middleware, exit stack, the app's route
@@ -159,18 +142,22 @@ class Dispatch:
 
 
 def mount(app: FastAPI, gw: Gateway, settings: AglSettings) -> None:
-    """Serve the surface in front of the app (`Dispatch`), as two mounts (`/api`, `/proxy`) and `/healthz`."""
+    """Serve the surface in front of the app (`Dispatch`), as two mounts (`/api`, `/proxy`) and `/healthz`,
+    and as the app's fast routes (`gateway.fastpath`: the same endpoints without the ASGI stack)."""
     from lightning_dagster.gateway.agl import events, proxy, rollouts
 
     async def healthz(request: Request) -> Response:
         return reply({"status": "ok"})
 
     agl = Agl(settings, gw.attempts.secret)
+    fast = app.state.fast_routes
+    fast.add("/healthz", healthz, "GET")
     mounted: dict[str, list[Route]] = {"/api": [], "/proxy": []}
     for module in (rollouts, events, proxy):
         for path, endpoint, method in module.routes(app, gw, agl):
             prefix = "/" + path.split("/")[1]
-            mounted[prefix].append(Route(path[len(prefix) :], guarded(endpoint), methods=[method]))
+            mounted[prefix].append(Route(path[len(prefix) :], answered(endpoint), methods=[method]))
+            fast.add(path, answered(endpoint), method)
     routes = [Route("/healthz", healthz, methods=["GET"])]
     routes += [Mount(prefix, routes=inner) for prefix, inner in mounted.items()]
     app.add_middleware(Dispatch, router=Router(routes=routes))
