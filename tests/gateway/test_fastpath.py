@@ -1,10 +1,12 @@
 """The fast path (`gateway.fastpath`): routes served by uvicorn's protocol without the app's ASGI stack answer
 exactly as the app answers them, on real sockets: the same statuses, headers and bodies (errors included),
-keep-alive, pipelined requests in order, `Connection: close`, `Expect: 100-continue`, bodies over the limit,
-streamed responses, and an endpoint's unhandled error as a 500 that leaves the server serving."""
+keep-alive, pipelined requests in order, `Connection: close`, HTTP/1.0, chunked and unread request bodies,
+percent-encoded paths, `Expect: 100-continue`, bodies over the limit, streamed responses, concurrent clients,
+and an endpoint's unhandled error as a 500 that leaves the server serving."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import socket
 
 import httpx
@@ -260,3 +262,39 @@ def test_a_rollout_made_and_called_on_the_fast_path_reads_back_as_through_the_ap
         return value
 
     assert strip(one[0]) == strip(one[1])
+
+
+def without_date(raw: bytes) -> bytes:
+    return b"\r\n".join(line for line in raw.split(b"\r\n") if not line.lower().startswith(b"date:"))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # a chunked request body, reassembled before the endpoint reads it
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+        # HTTP/1.0: the connection closes after the answer
+        b"POST /echo HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi",
+        # a percent-encoded path parameter, decoded alike
+        b"GET /refuse/caf%C3%A9%20au%20lait HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        # a body sent to a route that never reads it
+        b"GET /closing HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nxxxxx",
+    ],
+)
+def test_raw_requests_get_the_same_bytes_back_on_both_paths(servers, raw):
+    fast, slow = servers
+    answers = [without_date(exchange(s.url, raw, until_closed=True)) for s in (fast, slow)]
+    assert answers[0] == answers[1] and answers[0].startswith(b"HTTP/1.1 ")
+
+
+def test_concurrent_clients_each_get_their_own_answers(servers):
+    fast, _ = servers
+
+    def client(n: int) -> list[bytes]:
+        with httpx.Client(base_url=fast.url) as c:
+            return [c.post("/echo", content=f"{n}-{i}".encode()).content for i in range(25)]
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(client, range(16)))
+    assert got == [[f"[{n}-{i}]".encode() for i in range(25)] for n in range(16)]
