@@ -7,6 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import pydantic_core
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -58,6 +59,11 @@ def answered(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Re
     async def run(request: Request) -> Response:
         try:
             return await endpoint(request)
+        except HTTPException as exc:  # as FastAPI's default handler answers one
+            if exc.status_code in (204, 304):
+                return Response(status_code=exc.status_code, headers=exc.headers)
+            body = pydantic_core.to_json({"detail": exc.detail})
+            return Response(body, exc.status_code, headers=exc.headers, media_type="application/json")
         except Exception as exc:
             err = exc if isinstance(exc, GatewayError) else store_error(exc)
             if err is None:

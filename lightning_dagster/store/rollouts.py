@@ -77,8 +77,8 @@ class RolloutQueue(Connection):
     def get_rollout(self, rollout_id: str) -> Rollout:
         return self._one(Rollout, schema.rollouts, R.rollout_id, rollout_id)
 
-    @staticmethod
     def _rollout_filters(
+        self,
         snapshot_key=None,
         kind=None,
         status=None,
@@ -101,7 +101,7 @@ class RolloutQueue(Connection):
         if created_after is not None:
             where.append(R.created_at > float(created_after))
         if rollout_ids is not None:
-            where.append(R.rollout_id.in_(list(rollout_ids)))
+            where.append(self._ids_in(R.rollout_id, rollout_ids))
         return where
 
     def query_rollouts(
@@ -267,7 +267,7 @@ class RolloutQueue(Connection):
         if rollout_id is not None:
             query = query.where(A.rollout_id == rollout_id)
         if rollout_ids is not None:
-            query = query.where(A.rollout_id.in_(list(rollout_ids)))
+            query = query.where(self._ids_in(A.rollout_id, rollout_ids))
         if state is not None:
             query = query.where(A.state.in_(enum_values(AttemptState, state)))
         return self._all(Attempt, query)

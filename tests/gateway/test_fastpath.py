@@ -11,7 +11,7 @@ import socket
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -68,6 +68,9 @@ def small_app() -> FastAPI:
 
         return StreamingResponse(parts(), media_type="text/event-stream")
 
+    async def teapot(request: Request) -> Response:
+        raise HTTPException(418, "short and stout", headers={"x-why": "tea"})
+
     async def closing(request: Request) -> Response:
         return Response(b"bye", headers={"connection": "close"})
 
@@ -77,6 +80,7 @@ def small_app() -> FastAPI:
         ("/fail", fail, "GET"),
         ("/stream", stream, "GET"),
         ("/closing", closing, "GET"),
+        ("/teapot", teapot, "GET"),
     ]:
         app.add_route(path, answered(endpoint), methods=[method])
         fast.add(path, answered(endpoint), method)
@@ -104,6 +108,7 @@ def same(fast: httpx.Response, slow: httpx.Response) -> None:
         ("GET", "/refuse/tea", {}),
         ("GET", "/stream", {}),
         ("GET", "/closing", {}),
+        ("GET", "/teapot", {}),
         ("GET", "/echo", {}),  # a method the route does not take: the app's 405
         ("HEAD", "/echo", {}),
         ("GET", "/nowhere", {}),

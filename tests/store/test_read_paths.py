@@ -119,3 +119,20 @@ def test_a_nonblocking_write_never_waits_for_another_writer(store: Store, store_
         if not done:
             store.add_spans([span])
     assert store.list_spans(attempt_id=attempt.attempt_id) == sorted(spans, key=lambda s: s.sequence)
+
+
+@pytest.mark.parametrize("n", [0, 1, 32, 33, 300])
+def test_an_id_list_of_any_length_selects_exactly_those_rollouts_and_attempts(store: Store, n: int) -> None:
+    """Lists over 32 ids are bound as one JSON array (`Connection._ids_in`); the answers are the same."""
+    made = store.enqueue_rollouts([Rollout() for _ in range(n + 20)])
+    wanted = [r.rollout_id for r in made[:n]]
+    asked = [*wanted, *wanted[:3], "no-such-rollout", "quote'\"\\id", "\u00e9\u4e2d"]  # repeats, strangers
+    assert {r.rollout_id for r in store.query_rollouts(rollout_ids=asked)} == set(wanted)
+    assert store.count_rollouts(rollout_ids=asked) == n
+    claimed = [store.claim_rollout("w", rollout_ids=asked) for _ in range(min(n, 40))]
+    assert {r.rollout_id for r, _ in claimed} <= set(wanted)
+    strangers = asked[n + min(n, 3) :]
+    assert len(strangers) == 3 and store.claim_rollout("w", rollout_ids=strangers * 20) is None
+    attempts = store.list_attempts(rollout_ids=asked)
+    assert sorted(a.attempt_id for a in attempts) == sorted(a.attempt_id for _, a in claimed)
+    assert store.count_rollouts(rollout_ids=asked, status="queued") == n - len(claimed)
