@@ -229,10 +229,9 @@ def create_app(
     for prefix in ("", PREFIX):
         # The hot paths are plain Starlette routes: FastAPI's per-request dependency solving is pure
         # overhead for handlers that read the raw body themselves.
-        app.add_route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"])
-        app.add_route(prefix + "/v1/completions", completions, methods=["POST"])
-        fast.add(prefix + "/v1/chat/completions", answered(chat_completions), "POST")
-        fast.add(prefix + "/v1/completions", answered(completions), "POST")
+        for path, endpoint in (("/v1/chat/completions", chat_completions), ("/v1/completions", completions)):
+            app.add_route(prefix + path, endpoint, methods=["POST"])
+            fast.add(prefix + path, answered(endpoint), "POST")
         app.add_api_route(prefix + "/v1/models", models, methods=["GET"])
         app.add_api_route(prefix + "/v1/rewards", rewards, methods=["POST"])
         app.add_api_route(prefix + "/v1/events", post_event, methods=["POST"])

@@ -14,6 +14,8 @@ from starlette.responses import Response
 from lightning_dagster.store.errors import Conflict, InvalidInput, NotFound, StoreUnavailable
 from lightning_dagster.types import IllegalTransition
 
+log = logging.getLogger("lightning_dagster.gateway")
+
 
 class GatewayError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
@@ -41,9 +43,6 @@ def store_error(exc: BaseException) -> GatewayError | None:
     if isinstance(exc, StoreUnavailable):
         return GatewayError(503, str(exc))
     return None
-
-
-log = logging.getLogger("lightning_dagster.gateway")
 
 
 def error_response(request: Request, err: GatewayError) -> Response:

@@ -156,8 +156,9 @@ def mount(app: FastAPI, gw: Gateway, settings: AglSettings) -> None:
     for module in (rollouts, events, proxy):
         for path, endpoint, method in module.routes(app, gw, agl):
             prefix = "/" + path.split("/")[1]
-            mounted[prefix].append(Route(path[len(prefix) :], answered(endpoint), methods=[method]))
-            fast.add(path, answered(endpoint), method)
+            endpoint = answered(endpoint)
+            mounted[prefix].append(Route(path[len(prefix) :], endpoint, methods=[method]))
+            fast.add(path, endpoint, method)
     routes = [Route("/healthz", healthz, methods=["GET"])]
     routes += [Mount(prefix, routes=inner) for prefix, inner in mounted.items()]
     app.add_middleware(Dispatch, router=Router(routes=routes))
