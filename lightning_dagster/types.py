@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 def new_id(prefix: str) -> str:
@@ -104,7 +104,15 @@ class RetryKind(str, enum.Enum):
     infrastructure = "infrastructure"
 
 
-class Resource(BaseModel):
+class Record(BaseModel):
+    """A stored record. Its JSON-mode dump keeps NaN and infinities as they are (pydantic's default turns them
+    into null, which would store a different value than the one given): the store refuses them, naming the
+    field, on every backend alike."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
+
+class Resource(Record):
     """A versioned model or prompt resource. `parent_id` is the exact resource it was derived from."""
 
     resource_id: str = Field(default_factory=lambda: new_id("res"))
@@ -128,7 +136,7 @@ class Sampling(BaseModel):
     max_tokens: int | None = Field(None, ge=1)  # None: what the harness asks for (capped by the backend)
 
 
-class Rollout(BaseModel):
+class Rollout(Record):
     rollout_id: str = Field(default_factory=lambda: new_id("ro"))
     kind: RolloutKind = RolloutKind.train
     task_id: str = ""
@@ -147,7 +155,7 @@ class Rollout(BaseModel):
         return Sampling.model_validate(raw) if raw is not None else None
 
 
-class Attempt(BaseModel):
+class Attempt(Record):
     attempt_id: str = Field(default_factory=lambda: new_id("at"))
     rollout_id: str
     sequence_id: int = 1  # 1 for the first attempt of a rollout, 2 for its first retry, ...
@@ -168,7 +176,7 @@ class SpanKind(str, enum.Enum):
     custom = "custom"
 
 
-class Span(BaseModel):
+class Span(Record):
     """OpenTelemetry-shaped. LLM spans also fill the token fields; those are stored compactly, never as
     one JSON copy of the prompt per call."""
 
@@ -202,7 +210,7 @@ def span_family(kind: str, name: str, attributes: dict[str, Any] | None = None) 
     return name if kind == SpanKind.custom.value else kind
 
 
-class Reward(BaseModel):
+class Reward(Record):
     rollout_id: str
     attempt_id: str | None = None
     value: float

@@ -114,6 +114,14 @@ def serve(args: argparse.Namespace) -> int:
     except SecretError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.upstream:
+        from lightning_dagster.gateway.upstreams import upstream_urls
+
+        try:
+            upstream_urls(args.upstream)
+        except ValueError as err:
+            print(f"error: --upstream: {err}", file=sys.stderr)
+            return 2
     agl_key = keys.pop("agl_key")
     agl = None
     if agl_key:

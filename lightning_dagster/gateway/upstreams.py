@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import anyio
 import httpx
@@ -24,13 +25,28 @@ from lightning_dagster.gateway.tokenin import LastCall, closing_tokens
 
 
 def upstream_urls(value: str | Sequence[str]) -> list[str]:
-    """One URL, a comma-separated list, or a list of either -> the distinct base URLs, in order."""
+    """One URL, a comma-separated list, or a list of either -> the distinct base URLs, in order. Each must be
+    an http(s) URL with a host (ValueError naming it otherwise)."""
     parts = [value] if isinstance(value, str) else list(value)
-    urls = [u.strip().rstrip("/") for part in parts for u in part.split(",")]
-    urls = [u if u.endswith("/v1") else u + "/v1" for u in urls if u]
+    urls = [check_upstream_url(u.strip()).rstrip("/") for part in parts for u in part.split(",") if u.strip()]
+    urls = [u if u.endswith("/v1") else u + "/v1" for u in urls]
     if not urls:
         raise ValueError("no upstream URL given")
     return list(dict.fromkeys(urls))
+
+
+def check_upstream_url(url: str) -> str:
+    """`url` if it is one http:// or https:// URL with a host and nothing after the path; else ValueError."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a malformed port raises here
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a valid URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http:// or https:// URL with a host")
+    if parts.query or parts.fragment or any(c.isspace() or c == "," for c in url):
+        raise ValueError(f"{url!r}: an upstream is a base URL (no query, fragment, spaces or commas)")
+    return url
 
 
 class HttpxClient:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -80,9 +81,17 @@ def bad_json(value: Any, path: str = "") -> str | None:
     return None
 
 
+# A number JSON can write but a float cannot hold: an exponent of 3+ digits (1e999) or 309+ digits (a float
+# beyond 1.8e308). Parsed, either is an infinity, which no store keeps. Anchored where a JSON number starts,
+# so ids and text that merely contain "e123" rarely send a body to the walk.
+_HUGE_NUMBER = re.compile(rb"[:\[,\s]-?(?:\d+(?:\.\d*)?[eE][+-]?\d{3}|\d{309})")
+
+
 def suspect_json(text: bytes) -> bool:
-    """Whether JSON text may hold NaN, Infinity or a NUL character (a byte search; `bad_json` decides)."""
-    return b"NaN" in text or b"Infinity" in text or b"\\u0000" in text
+    """Whether JSON text may hold NaN, an infinity or a NUL character (a byte search; `bad_json` decides)."""
+    return (
+        b"NaN" in text or b"Infinity" in text or b"\\u0000" in text or _HUGE_NUMBER.search(text) is not None
+    )
 
 
 def check_json(field: str, value: Any) -> None:

@@ -392,3 +392,83 @@ def test_concurrent_creates_of_one_id_and_concurrent_moves_leave_one_rollout_and
             assert {r.status_code for r in moved} <= {200, 409} and 200 in {r.status_code for r in moved}
             assert len(agl.store.list_attempts(rollout_id=rid)) == 1
             assert agl.api.get(f"/api/rollouts/{rid}").json()["rollout"]["status"]["state"] == "running"
+
+
+def test_a_malformed_model_request_is_a_422_naming_its_field_and_writes_no_span(agl):
+    """Token ids, logprobs and choices of a posted `model_request` become what the trainer reads: any of them
+    malformed is refused, field named, and nothing is stored (never a 500)."""
+    agl.create({"input": 1, "rollout_id": "r1"})
+    agl.patch("r1", state="running")
+
+    def post(response: object, **extra: object) -> httpx.Response:
+        event = {"event_type": "model_request", "data": {"response": response, **extra}}
+        return agl.api.post("/api/rollouts/r1/attempt/0/events", json=event)
+
+    ok = {"token_ids": [7, 8]}
+    cases = {
+        "data.response.choices": [{"prompt_token_ids": [1], "choices": "x"}, {"choices": [5]}],
+        "data.response.prompt_token_ids": [{"prompt_token_ids": "abc", "choices": [ok]}],
+        "data.response.choices.0.token_ids": [
+            {"prompt_token_ids": [1], "choices": [{"token_ids": ["a"]}]},
+            {"prompt_token_ids": [1], "choices": [{"token_ids": 7}]},
+            {"prompt_token_ids": [1], "choices": [{"token_ids": [True]}]},
+        ],
+        "data.response.choices.0.logprobs": [
+            {"prompt_token_ids": [1], "choices": [{**ok, "logprobs": {"content": [{"nolp": 1}] * 2}}]},
+            {"prompt_token_ids": [1], "choices": [{**ok, "logprobs": {"content": "zz"}}]},
+            {"prompt_token_ids": [1], "choices": [{**ok, "logprobs": {"content": [{"logprob": "x"}] * 2}}]},
+            {"prompt_token_ids": [1], "choices": [{**ok, "logprobs": {"token_logprobs": [1.0, 2.0, 3.0]}}]},
+            {"prompt_token_ids": [1], "choices": [{**ok, "logprobs": {"token_logprobs": "x"}}]},
+        ],
+    }
+    for field, responses in cases.items():
+        for response in responses:
+            r = post(response)
+            assert r.status_code == 422, (response, r.text)
+            assert r.json()["error"]["message"].startswith(field), (field, r.text)
+    r = post({"prompt_token_ids": [1], "choices": [ok]}, finish_reason=5)
+    assert r.status_code == 422 and r.json()["error"]["param"] == "data.finish_reason"
+    assert agl.store.list_spans(rollout_id="r1") == []
+    good = {"prompt_token_ids": [1], "choices": [{**ok, "logprobs": {"token_logprobs": [-1, -0.5]}}]}
+    assert post(good).status_code == 200
+    (span,) = agl.store.list_spans(rollout_id="r1")
+    assert span.response_token_ids == [7, 8] and span.response_logprobs == [-1.0, -0.5]
+
+
+def test_numbers_out_of_range_are_refused_not_stored_as_something_else(agl):
+    """A JSON number beyond a float (1e999) would be stored as null or Infinity; an integer query parameter
+    beyond the database's integers would fail in the database: both are 422 naming the field."""
+    r = agl.api.post("/api/rollouts", content=b'[{"input": {"a": [1, -2E+400]}, "rollout_id": "big"}]')
+    assert r.status_code == 422 and r.json()["error"]["message"].startswith("0.input.a.1: -inf")
+    assert agl.api.get("/api/rollouts/big").status_code == 404
+    made = agl.api.post(
+        "/api/rollouts", content=b'[{"input": {"a": 1e308, "e123": "3e123"}, "rollout_id": "ok"}]'
+    )
+    assert made.status_code == 201 and agl.store.get_rollout("ok").task["input"] == {
+        "a": 1e308,
+        "e123": "3e123",
+    }
+    for path, param in [
+        ("/api/rollouts?state_in=queuing&limit=99999999999999999999", "limit"),
+        ("/api/rollouts/terminal?after=-99999999999999999999", "after"),
+        ("/api/rollouts/terminal?limit=9223372036854775808", "limit"),
+    ]:
+        r = agl.api.get(path)
+        assert r.status_code == 422 and r.json()["error"]["param"] == param, (path, r.text)
+    assert agl.api.get("/api/rollouts/terminal?limit=9223372036854775807").status_code == 200
+
+
+def test_model_endpoints_must_be_http_urls_and_a_pause_is_bounded(agl):
+    for endpoint in ["ftp://host/v1", "file:///etc/passwd", "http://", "not a url", "http://a,http://b", "x"]:
+        r = agl.api.post("/api/models", json=[{"model": "m", "endpoint": endpoint}])
+        assert r.status_code == 422 and r.json()["error"]["param"] == "0.endpoint", (endpoint, r.text)
+    assert (
+        agl.api.post("/api/models", json=[{"model": "m", "endpoint": "https://h:8443/v1"}]).status_code == 201
+    )
+    for body, param in [
+        ({"retry_after_seconds": 10**30}, "retry_after_seconds"),
+        ({"reason": "x" * 5000}, "reason"),
+    ]:
+        r = agl.api.post("/proxy/pause", json=body)
+        assert r.status_code == 422 and r.json()["error"]["param"] == param, r.text
+    assert agl.api.get("/proxy/state").json()["paused"] is False

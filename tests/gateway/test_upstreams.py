@@ -153,3 +153,19 @@ def test_token_in_sends_the_exact_ids_upstream_as_a_token_id_prompt(store):
         assert loud.status_code == 400 and "token-id prompt mismatch" in loud.text
     finally:
         stub.stop()
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://host/v1", "file:///etc/passwd", "http://", "host:8000", "http://h/v1?x=1", "http://h:port"]
+)
+def test_an_upstream_that_is_not_an_http_url_is_refused_naming_it(url, capsys):
+    with pytest.raises(ValueError, match="not an http|not a valid URL|base URL"):
+        upstream_urls(url)
+    from lightning_dagster.cli import main
+
+    assert main(["gateway", "serve", "--upstream", url, "--port", "0"]) == 2  # before anything starts
+    assert "error: --upstream:" in capsys.readouterr().err
+    assert upstream_urls("https://h:8443/base, http://[::1]:9") == [
+        "https://h:8443/base/v1",
+        "http://[::1]:9/v1",
+    ]

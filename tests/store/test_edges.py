@@ -54,7 +54,15 @@ def test_other_tables_are_checked_too(store):
         store.set_flag("k\x00", {})
     with pytest.raises(InvalidInput, match="rollouts.session: 257 characters"):
         store.get_or_create_serve_rollout("s" * 257, None)
+    # A record's non-finite number is refused, not stored as null (pydantic's JSON-mode dump would do that)
+    with pytest.raises(InvalidInput, match=r"rollouts.task.a.0: inf is not a finite number"):
+        store.enqueue_rollouts([Rollout(task={"a": [float("inf")]})])
+    with pytest.raises(InvalidInput, match=r"rollouts.metadata.m: nan is not a finite number"):
+        store.enqueue_rollouts([Rollout(metadata={"m": float("nan")})])
+    with pytest.raises(InvalidInput, match=r"rewards.value: -inf is not a finite number"):
+        store.add_reward(Reward(rollout_id=rid, attempt_id=aid, value=float("-inf")))
     assert store.list_rewards() == [] and store.document_versions("c", "d") == []
+    assert [r.rollout_id for r in store.query_rollouts()] == [rid]
 
 
 def test_a_reward_and_its_span_commit_together_once_per_request_id(store, monkeypatch):

@@ -136,3 +136,33 @@ def test_an_id_list_of_any_length_selects_exactly_those_rollouts_and_attempts(st
     attempts = store.list_attempts(rollout_ids=asked)
     assert sorted(a.attempt_id for a in attempts) == sorted(a.attempt_id for _, a in claimed)
     assert store.count_rollouts(rollout_ids=asked, status="queued") == n - len(claimed)
+
+
+def test_nonblocking_creates_leave_a_checkpoint_to_the_blocking_path_so_the_wal_stays_bounded(
+    store: Store, store_url: str
+) -> None:
+    """Agent Lightning's creates commit on the gateway's event loop with `nowait` (a connection that never
+    checkpoints): every so often one is refused, nothing written, and made by the blocking path, whose
+    commit checkpoints; with only creates coming in, the WAL is reused instead of growing for ever."""
+    if not store_url.startswith("sqlite"):
+        pytest.skip("non-blocking writes are a SQLite fast path")
+    from pathlib import Path
+
+    from lightning_dagster.store import agl as store_agl
+    from lightning_dagster.types import Sampling
+
+    def one(i: int) -> Rollout:
+        return store_agl.new_rollout(f"c{i}", {"input": {"q": "x" * 200}, "metadata": {}}, Sampling())
+
+    refused = 0
+    for i in range(1500):
+        made = store_agl.create(store, [one(i)], nowait=True)
+        if made is None:  # refused: the caller's blocking path creates it
+            refused += 1
+            made = store_agl.create(store, [one(i)])
+        assert [r.rollout_id for r in made] == [f"c{i}"]
+    assert 1500 // 64 <= refused <= 1500 // 64 + 1
+    wal = Path(store.engine.url.database + "-wal")
+    assert wal.stat().st_size < 16 << 20  # ~10 KB a create: 15 MB had nothing checkpointed
+    assert store.count_rollouts() == 1500
+    assert store_agl.create(store, [one(7)], nowait=True) in (None, [store_agl.get(store, "c7")])

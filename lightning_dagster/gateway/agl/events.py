@@ -41,9 +41,61 @@ def _ids(response: Any) -> tuple[list[int] | None, list[int] | None, list[float]
     return prompt, choice.get("token_ids"), logprobs
 
 
+def _int_list(value: Any, where: str) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        raise GatewayError(422, f"{where}: expected a list of integer token ids", param=where)
+    return value
+
+
+def _posted_ids(response: Any) -> tuple[list[int] | None, list[int] | None, list[float] | None]:
+    """`_ids` of a posted event's `data.response`, checked: malformed ids or logprobs are a 422 naming the
+    field (they would otherwise become an LLM span the trainer reads), never a server error."""
+    if not isinstance(response, dict) or not response.get("choices"):
+        return None, None, None
+    where = "data.response.choices"
+    choices = response["choices"]
+    if not isinstance(choices, list) or not isinstance(choices[0], dict):
+        raise GatewayError(422, f"{where}: expected a list of choice objects", param=where)
+    choice = choices[0]
+    prompt = _int_list(
+        response.get("prompt_token_ids") or choice.get("prompt_token_ids"), "data.response.prompt_token_ids"
+    )
+    tokens = _int_list(choice.get("token_ids"), f"{where}.0.token_ids")
+    lp, logprobs = choice.get("logprobs"), None
+    if isinstance(lp, dict) and lp.get("content") is not None:
+        content = lp["content"]
+        if not isinstance(content, list) or not all(
+            isinstance(t, dict) and _number(t.get("logprob")) for t in content
+        ):
+            raise GatewayError(
+                422, f"{where}.0.logprobs.content: expected objects with a numeric logprob", param=where
+            )
+        logprobs = [float(t["logprob"]) for t in content]
+    elif isinstance(lp, dict) and lp.get("token_logprobs") is not None:
+        logprobs = lp["token_logprobs"]
+        if not isinstance(logprobs, list) or not all(_number(x) for x in logprobs):
+            raise GatewayError(
+                422, f"{where}.0.logprobs.token_logprobs: expected a list of numbers", param=where
+            )
+        logprobs = [float(x) for x in logprobs]
+    if logprobs is not None and tokens is not None and len(logprobs) != len(tokens):
+        raise GatewayError(
+            422,
+            f"{where}.0.logprobs: {len(logprobs)} logprobs for {len(tokens)} token ids",
+            param=f"{where}.0.logprobs",
+        )
+    return prompt, tokens, logprobs
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _model_request_span(ctx, data: dict) -> Span | None:
     """A posted `model_request` with token ids as an LLM span (None: it carries none)."""
-    prompt, response, logprobs = _ids(data.get("response"))
+    prompt, response, logprobs = _posted_ids(data.get("response"))
     if not prompt or not response:
         return None
     attributes = {k: v for k, v in data.items() if k != "response"}
@@ -61,8 +113,14 @@ def _model_request_span(ctx, data: dict) -> Span | None:
         prompt_token_ids=prompt,
         response_token_ids=response,
         response_logprobs=logprobs,
-        finish_reason=data.get("finish_reason"),
+        finish_reason=_finish_reason(data.get("finish_reason")),
     )
+
+
+def _finish_reason(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise GatewayError(422, "data.finish_reason: expected a string", param="data.finish_reason")
+    return value
 
 
 def as_event(span: Span) -> dict[str, Any]:

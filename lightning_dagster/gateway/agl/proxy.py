@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -15,36 +16,50 @@ import anyio
 import pydantic_core
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from lightning_dagster.gateway.agl import Agl, parse_json, reply
 from lightning_dagster.gateway.backends import Backend
 from lightning_dagster.gateway.calls import llm_call
 from lightning_dagster.gateway.errors import GatewayError
-from lightning_dagster.gateway.upstreams import UpstreamBackend
+from lightning_dagster.gateway.upstreams import UpstreamBackend, check_upstream_url
 
 if TYPE_CHECKING:
     from lightning_dagster.gateway.app import Gateway
 
 MODELS_FLAG, PAUSE_FLAG = "agl.models", "agl.proxy"
+log = logging.getLogger(__name__)
+
 PATHS = {"chat/completions": True, "completions": False}  # -> chat
 ROUTE: contextvars.ContextVar[Backend | None] = contextvars.ContextVar("agl_route", default=None)
 
 
 class ModelEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model: str = Field(min_length=1)
-    endpoint: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=256)
+    endpoint: str = Field(min_length=1, max_length=2048)
     version: int = 0
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return check_upstream_url(value)  # its ValueError is a 422 naming the field
 
 
 class PauseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    retry_after_seconds: int = Field(5, ge=0)
-    reason: str | None = None
+    retry_after_seconds: int = Field(5, ge=0, le=86_400)  # sent back as Retry-After: at most a day
+    reason: str | None = Field(None, max_length=1024)
 
 
 MODELS = TypeAdapter(list[ModelEntry])
+
+
+def _invalid(exc: ValidationError) -> GatewayError:
+    """A 422 naming the first invalid field, as the other routes answer."""
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "body"
+    return GatewayError(422, f"{field}: {first['msg']}", param=field)
 
 
 class RoutedBackend(Backend):
@@ -117,7 +132,15 @@ class Endpoints:
     def __init__(self, entries: list[dict]):
         self.entries: dict[tuple[str, str], ModelEntry] = {}
         self.backend: UpstreamBackend | None = None
-        self.add([ModelEntry.model_validate(e) for e in entries])
+        valid = []
+        for (
+            e
+        ) in entries:  # registered by an earlier server, maybe one that checked less: skip what is invalid
+            try:
+                valid.append(ModelEntry.model_validate(e))
+            except ValidationError as exc:
+                log.warning("skipping a stored model endpoint that is not valid (%r): %s", e, exc)
+        self.add(valid)
 
     def add(self, entries: list[ModelEntry]) -> None:
         for e in entries:
@@ -206,7 +229,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         try:
             entries = MODELS.validate_python(parse_json(await gw.body(request)))
         except ValidationError as exc:
-            raise GatewayError(422, str(exc.errors()[0]["msg"])) from exc
+            raise _invalid(exc) from exc
         endpoints.add(entries)
         await anyio.to_thread.run_sync(store.set_flag, MODELS_FLAG, {"models": endpoints.as_list()})
         return reply([e.model_dump() for e in entries], 201)
@@ -233,7 +256,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         try:
             req = PauseRequest.model_validate(parse_json(raw) if raw.strip() else {})
         except ValidationError as exc:
-            raise GatewayError(422, str(exc.errors()[0]["msg"])) from exc
+            raise _invalid(exc) from exc
         return await set_pause(True, req)
 
     async def resume_route(request: Request) -> Response:

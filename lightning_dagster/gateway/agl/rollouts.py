@@ -101,9 +101,12 @@ def _int(request: Request, name: str, default: int) -> int:
     if value is None:
         return default
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise GatewayError(422, f"{name}: expected an integer, got {value!r}", param=name) from None
+    if not -(2**63) <= number < 2**63:  # what the database's integers hold
+        raise GatewayError(422, f"{name}: {value} is outside the 64-bit integer range", param=name)
+    return number
 
 
 class Rendered:
