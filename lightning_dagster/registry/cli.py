@@ -92,11 +92,12 @@ def _receipt_arg(value: str) -> Any:
 
 
 def _run(handler, args: argparse.Namespace) -> int:
+    from lightning_dagster.gate.errors import TamperedReceipt
     from lightning_dagster.registry.errors import PointerConflict, RegistryError
 
     try:
         data, text, *status = handler(args)
-    except (RegistryError, PointerConflict) as exc:
+    except (RegistryError, PointerConflict, TamperedReceipt) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except (ValueError, TypeError) as exc:

@@ -150,15 +150,16 @@ class Registry:
                 return None
             raise
 
-    def fetch(self, version: CandidateVersion) -> Path:
-        """The version's checkpoint in the local cache, its bytes verified against its weights hash."""
+    def fetch(self, version: CandidateVersion, *, fresh: bool = False) -> Path:
+        """The version's checkpoint in the local cache, its bytes verified against its weights hash; with
+        `fresh`, downloaded and verified even when the cache already holds those bytes."""
 
         def download(run_id: str, into: Path) -> None:
             self.call_mlflow(
                 "download artifacts", self.client.download_artifacts, run_id, "checkpoint", str(into)
             )
 
-        return cached_checkpoint(version, self.cache_dir / self.model_name, download)
+        return cached_checkpoint(version, self.cache_dir / self.model_name, download, fresh=fresh)
 
     # ---- lineage -----------------------------------------------------------------------------------
     def log_candidate(

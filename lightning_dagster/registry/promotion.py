@@ -85,6 +85,15 @@ def promote(
             f"candidate version {candidate.version} has weights {candidate.weights_hash}, "
             f"the receipt names {facts.candidate_weights_hash}"
         )
+    # The bytes MLflow hands out must be the registered weights: its artifact store lies in the learner's
+    # write surface, and a pointer moved onto other bytes names a model no server can load (nor roll back
+    # from once it is a parent). Rollback checks its target the same way before it moves.
+    try:
+        reg.fetch(candidate, fresh=True)
+    except WeightsMismatch as exc:
+        raise PromotionRefused(
+            f"candidate version {candidate.version}'s artifact is not the weights it was registered with: {exc}"
+        ) from None
     # The exact parent: the pointer must hold the receipt's parent version, and the weights recorded when it
     # was approved must be the receipt's parent weights (version numbers can be reused).
     last = (reg.history() or [None])[-1]
