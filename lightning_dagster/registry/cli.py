@@ -58,7 +58,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = command("rollback", "move approved-default back to a version it held before", _rollback)
     p.add_argument("version")
     p.add_argument("--actor", required=True)
-    p.add_argument("--role", default=DEFAULT_APPROVER, help="the role the actor acts in")
+    p.add_argument(
+        "--role", default=DEFAULT_APPROVER, help=f"the role the actor acts in (only {DEFAULT_APPROVER} may)"
+    )
     p = command(
         "drill", "rollback drill: resolve, verify, load and serve a version; pointer untouched", _drill
     )

@@ -6,7 +6,7 @@ shares; lineage, pointers, promotion and rollback, the drill and the local cache
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -318,9 +318,17 @@ class Registry:
             self, receipt, actor, policy=policy, current_fingerprints=current_fingerprints
         )
 
-    def rollback(self, to_version: str, actor: str, *, role: str = DEFAULT_APPROVER) -> PromotionResult:
-        """Move `approved-default` back to a version it held before, once that version serves."""
-        return promotion.rollback(self, to_version, actor, role=role)
+    def rollback(
+        self,
+        to_version: str,
+        actor: str,
+        *,
+        role: str = DEFAULT_APPROVER,
+        allowed_roles: Collection[str] = (DEFAULT_APPROVER,),
+    ) -> PromotionResult:
+        """Move `approved-default` back to a version it held before, once that version serves; `actor`
+        holds `role`, one of `allowed_roles` (see `promotion.rollback`)."""
+        return promotion.rollback(self, to_version, actor, role=role, allowed_roles=allowed_roles)
 
     def rollback_drill(self, parent_version: str, *, record: bool = True) -> DrillResult:
         """Resolve, verify, load and serve `parent_version` in a temporary gateway; the pointer stays put."""

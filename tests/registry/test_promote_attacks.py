@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from lightning_dagster.registry import PromotionRefused
+from lightning_dagster.registry import NotAuthorized, PromotionRefused
 from tests.registry.helpers import approve, passing_receipt
 from tests.registry.test_pointers import _artifact_files, _bootstrap
 
@@ -58,3 +58,28 @@ def test_cli_promote_of_a_receipt_edited_in_the_ledger_is_refused_in_one_line(
     assert main([*argv, "--model-name", registry.model_name]) == 1
     assert "version 2 body does not match its hash" in capsys.readouterr().err
     assert [m.to_value for m in registry.history()] == [parent.version]
+
+
+@pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
+def test_rollback_in_a_role_that_may_not_move_the_pointer_is_refused(
+    registry, variant, tracking, approver_keys, monkeypatch, capsys
+):
+    from lightning_dagster.cli import main
+
+    parent, (cand,) = _bootstrap(registry, variant)
+    approve(
+        registry,
+        passing_receipt(registry, parent, cand, "rec-rb-role", approver_keys),
+        approver_keys,
+        "alice",
+    )
+    registry.promote("rec-rb-role", "alice")
+    # bob holds ml-lead only, alice also roles-admin: naming a role one holds is not leave to move the pointer.
+    for actor, role in (("bob", "ml-lead"), ("alice", "roles-admin")):
+        with pytest.raises(NotAuthorized, match="needs one of the roles"):
+            registry.rollback(parent.version, actor, role=role)
+    monkeypatch.setenv("LD_STORE_URL", registry.store.url)
+    argv = ["registry", "rollback", parent.version, "--actor", "bob", "--role", "ml-lead"]
+    assert main([*argv, "--tracking-uri", tracking.uri, "--model-name", registry.model_name]) == 1
+    assert "needs one of the roles ['default-approver']" in capsys.readouterr().err
+    assert [m.to_value for m in registry.history()] == [parent.version, cand.version]
