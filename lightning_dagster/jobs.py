@@ -76,13 +76,22 @@ class RollbackConfig(dg.Config):
 def refusals(action: str) -> Iterator[None]:
     """A refusal (wrong actor, HOLD or stale receipt, unknown version, a lost compare-and-set) is an expected
     stop: a one-line `dg.Failure` with its reason as metadata, not a traceback of the registry's frames."""
-    from lightning_dagster.gate.errors import InvalidInput
+    from lightning_dagster.gate.errors import InvalidInput, TamperedReceipt
     from lightning_dagster.pipeline.context import StageMissing
+    from lightning_dagster.pipeline.pauses import ResumeRefused, TamperedHistory
     from lightning_dagster.registry.errors import PointerConflict, RegistryError
 
     try:
         yield
-    except (RegistryError, PointerConflict, InvalidInput, StageMissing) as exc:
+    except (
+        RegistryError,
+        PointerConflict,
+        InvalidInput,
+        StageMissing,
+        TamperedReceipt,
+        ResumeRefused,
+        TamperedHistory,
+    ) as exc:
         reason = " ".join(str(exc).split())
         raise dg.Failure(
             description=reason if reason.startswith(f"{action} refused") else f"{action} refused: {reason}",
@@ -155,17 +164,17 @@ class ResumeConfig(dg.Config):
 
 @dg.op(description="Record a signed resume of the paused loop once it verifies; the history is the output.")
 def resume_loop(config: ResumeConfig, pipeline: PipelineResource) -> dg.Output:
-    from lightning_dagster.gate.pauses import ResumeRequest
     from lightning_dagster.pipeline import pauses
     from lightning_dagster.pipeline.context import approvers
 
     store = pipeline.get_store()
-    recorded = pauses.resume(
-        store,
-        ResumeRequest.model_validate(config.model_dump()),
-        actors=approvers(pipeline),
-        allowed_roles=pipeline.gate.default_approver_roles,
-    )
+    with refusals("resume"):
+        recorded = pauses.resume(
+            store,
+            pauses.resume_request(config.model_dump()),
+            actors=approvers(pipeline),
+            allowed_roles=pipeline.gate.default_approver_roles,
+        )
     return dg.Output(None, metadata=to_metadata(pauses.decision_metadata(store, recorded)))
 
 

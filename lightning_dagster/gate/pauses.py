@@ -9,16 +9,21 @@ parent cannot be resolved now) pause again on every tick while they hold.
 
 from __future__ import annotations
 
+import time
+import unicodedata
 from collections.abc import Collection, Mapping, Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lightning_dagster.gate.approvals import ActorKey, signer, verify_signature
+from lightning_dagster.gate.consistency import CLOCK_SKEW_S
 from lightning_dagster.gate.hashing import canonical_json
 
 LOOP = "continual_learning"
 MESSAGE_PURPOSE = "lightning-dagster loop resume v1"
+MAX_REASON_CHARS = 1024  # a reason is a sentence for the history, not a document
+MAX_NAME_CHARS = 128  # an actor's or role's name (as `registry keygen` allows)
 
 
 class LoopDecision(BaseModel):
@@ -49,12 +54,23 @@ class ResumeRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    actor: str = Field(min_length=1)
-    role: str = Field(min_length=1)
-    reason: str = Field(min_length=1)
-    at: float
+    actor: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    role: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    reason: str = Field(min_length=1, max_length=MAX_REASON_CHARS)
+    at: float = Field(gt=0)
     pause_hash: str = Field(min_length=1)
     signature: str = ""
+
+    @field_validator("actor", "role", "reason", "pause_hash")
+    @classmethod
+    def _printable_text(cls, value: str) -> str:
+        """Blank text says nothing, and a control character (a NUL, a terminal escape, a newline) would be
+        stored as it is and printed by `loop history` and the UI."""
+        if not value.strip():
+            raise ValueError("must not be blank")
+        if bad := sorted({repr(c) for c in value if unicodedata.category(c) == "Cc"}):
+            raise ValueError(f"must not contain control characters ({', '.join(bad)})")
+        return value
 
 
 def resume_message(pause_hash: str, actor: str, role: str, reason: str, at: float) -> bytes:
@@ -77,14 +93,25 @@ def resume_problem(
     current_pause: str | None,
     actors: Mapping[str, ActorKey],
     allowed_roles: Collection[str],
+    *,
+    paused_at: float | None = None,
+    now: float | None = None,
+    clock_skew_s: float = CLOCK_SKEW_S,
 ) -> str | None:
     """Why `request` may not resume the loop (None: it may). `current_pause`: the hash of the pause in
-    force (None: the loop is not paused)."""
+    force (None: the loop is not paused), recorded at `paused_at`. The resume's time becomes the
+    decision's: it may not precede the pause it lifts nor lie ahead of `now` (default: the clock), beyond
+    `clock_skew_s` either way."""
     who = f"resume by {request.actor} as {request.role}"
     if current_pause is None:
         return f"{who}: the loop is not paused"
     if request.pause_hash != current_pause:
         return f"{who}: signs pause {request.pause_hash}, not the pause in force {current_pause}"
+    now = time.time() if now is None else now
+    if request.at > now + clock_skew_s:
+        return f"{who}: signed at {request.at}, ahead of the clock ({now:.0f})"
+    if paused_at is not None and request.at < paused_at - clock_skew_s:
+        return f"{who}: signed at {request.at}, before the pause it lifts ({paused_at:.0f})"
     if request.role not in allowed_roles:
         return f"{who}: role {request.role!r} may not resume (allowed: {sorted(allowed_roles)})"
     entry = signer(who, actors, request.actor, request.role, request.signature)

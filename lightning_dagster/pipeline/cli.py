@@ -25,7 +25,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     command("status", "paused or running, and the pause in force (conditions, receipt, since)", _status)
     p = command("history", "every pause and resume, oldest first", _history)
-    p.add_argument("--last", type=int, default=50, help="only the newest N decisions")
+    p.add_argument("--last", type=_positive, default=50, help="only the newest N decisions (N >= 1)")
     for name, help_text, handler in (
         ("sign", "print a signed resume (the `resume` job's run config) without recording it", _sign),
         ("resume", "resume the paused loop: an authorized actor's signed decision, with a reason", _resume),
@@ -37,6 +37,16 @@ def register(parser: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--role", default=DEFAULT_ROLE, help=f"the role the actor acts in (default {DEFAULT_ROLE})"
         )
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
 
 
 def _store(args: argparse.Namespace):
@@ -92,7 +102,7 @@ def _resume(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _run(handler, args: argparse.Namespace) -> int:
-    from lightning_dagster.pipeline.pauses import ResumeRefused
+    from lightning_dagster.pipeline.pauses import ResumeRefused, TamperedHistory
     from lightning_dagster.registry.errors import KeyFileError, RolesConfigError
 
     try:
@@ -100,8 +110,14 @@ def _run(handler, args: argparse.Namespace) -> int:
     except (ResumeRefused, RolesConfigError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 1
+    except TamperedHistory as exc:
+        print(f"error: the loop's history does not verify: {exc}", file=sys.stderr)
+        return 1
     except KeyFileError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a blank, oversized or control-character field, named by the gate
+        print(f"invalid input: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(data, indent=2) if args.json else text)
     return 0

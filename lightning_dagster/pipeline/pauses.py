@@ -8,10 +8,14 @@ content hash covers the decision and the previous version's hash, so an edited h
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
+from lightning_dagster.gate.errors import from_validation_error
 from lightning_dagster.gate.hashing import content_hash
 from lightning_dagster.gate.pauses import (
     LOOP,
@@ -25,7 +29,7 @@ from lightning_dagster.gate.pauses import (
 from lightning_dagster.pipeline.results import Table
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping, Sequence
+    from collections.abc import Collection, Sequence
 
     from lightning_dagster.gate.approvals import ActorKey
     from lightning_dagster.store import Store
@@ -38,7 +42,25 @@ class ResumeRefused(Exception):
 
 
 class TamperedHistory(Exception):
-    """A recorded decision whose hash or chain does not verify."""
+    """A recorded decision whose hash or chain does not verify, or whose body is not a decision."""
+
+
+def when(ts: float) -> str:
+    """A decision's time as the history shows it; a time no calendar holds is shown as the number it is,
+    so one odd record does not make the whole history unreadable."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return f"{ts!r} (not a calendar time)"
+
+
+def resume_request(data: Mapping[str, Any]) -> ResumeRequest:
+    """A resume's fields as a `ResumeRequest`; a field that is missing, blank, too long or holds a control
+    character raises the gate's `InvalidInput` naming it."""
+    try:
+        return ResumeRequest.model_validate(dict(data))
+    except ValidationError as err:
+        raise from_validation_error("resume", err) from None
 
 
 @dataclass(frozen=True)
@@ -60,9 +82,15 @@ def history(store: Store, loop: str = LOOP) -> list[Recorded]:
     for doc in store.document_versions(COLLECTION, loop):
         if doc.previous_hash != previous or doc.content_hash != _hash(doc.body, previous):
             raise TamperedHistory(f"{COLLECTION}/{loop} version {doc.version} does not verify")
-        out.append(
-            Recorded(doc.version, doc.content_hash, LoopDecision.model_validate(doc.body), doc.created_at)
-        )
+        try:
+            decision = LoopDecision.model_validate(doc.body)
+        except ValidationError as err:
+            # Its hash verifies, so it was written around `_append` with a recomputed chain.
+            fields = ", ".join(".".join(map(str, e["loc"])) or "<root>" for e in err.errors())
+            raise TamperedHistory(
+                f"{COLLECTION}/{loop} version {doc.version} is not a loop decision ({fields})"
+            ) from None
+        out.append(Recorded(doc.version, doc.content_hash, decision, doc.created_at))
         previous = doc.content_hash
     return out
 
@@ -116,8 +144,7 @@ def tick(
         if last is None or last.decision.action == "resume":
             return LoopState(False, "no stop condition holds", latest_receipt, recorded)
         pause = last.decision
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pause.at))
-        reason = f"{describe(pause)}; paused since {when}; resume: `lightning-dagster loop resume`"
+        reason = f"{describe(pause)}; paused since {when(pause.at)}; resume: `lightning-dagster loop resume`"
         return LoopState(True, reason, pause.receipt_id, recorded)
     raise Conflict(f"{COLLECTION}/{LOOP}: the history kept moving under three attempts to decide")
 
@@ -137,10 +164,10 @@ def sign_resume(
     if pause is None:
         raise ResumeRefused(f"resume by {actor}: the loop is not paused")
     at = time.time() if at is None else at
+    fields = {"actor": actor, "role": role, "reason": reason, "at": at, "pause_hash": pause.hash}
+    resume_request(fields)  # refuse what could not be recorded before anything is signed
     signature = sign(load_private_key(key), resume_message(pause.hash, actor, role, reason, at))
-    return ResumeRequest(
-        actor=actor, role=role, reason=reason, at=at, pause_hash=pause.hash, signature=signature
-    )
+    return resume_request({**fields, "signature": signature})
 
 
 def resume(
@@ -151,20 +178,38 @@ def resume(
     allowed_roles: Collection[str],
 ) -> Recorded:
     """Record `request` as the resume of the pause in force once it verifies against the deployment's
-    pinned approvers (`actors`) and the roles that may resume; otherwise `ResumeRefused`, nothing recorded."""
+    pinned approvers (`actors`) and the roles that may resume; otherwise `ResumeRefused`, nothing recorded.
+    A decision recorded meanwhile (another resume, a clearing receipt, a new pause) refuses it too: it
+    signed a pause that is no longer the one in force."""
+    from lightning_dagster.store.errors import Conflict
+
     pause = current_pause(store)
-    problem = resume_problem(request, pause.hash if pause else None, actors, allowed_roles)
+    problem = resume_problem(
+        request,
+        pause.hash if pause else None,
+        actors,
+        allowed_roles,
+        paused_at=pause.decision.at if pause else None,
+    )
     if problem is not None or pause is None:
         raise ResumeRefused(problem or "the loop is not paused")
-    return _append(store, actor_resume(request, pause.decision), pause)
+    try:
+        return _append(store, actor_resume(request, pause.decision), pause)
+    except Conflict:
+        raise ResumeRefused(
+            f"resume by {request.actor} as {request.role}: another decision was recorded after pause "
+            f"{pause.hash} meanwhile; see `lightning-dagster loop status`"
+        ) from None
 
 
 def history_table(store: Store, *, last: int = 50) -> Table:
-    """The newest `last` decisions as a table, oldest first."""
+    """The newest `last` decisions (at least one) as a table, oldest first."""
+    if isinstance(last, bool) or not isinstance(last, int) or last < 1:
+        raise ValueError(f"last must be a positive number of decisions, got {last!r}")
     rows = [
         [
             r.version,
-            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.decision.at)),
+            when(r.decision.at),
             r.decision.action,
             r.decision.by if r.decision.by != "actor" else f"actor {r.decision.actor}",
             r.decision.receipt_id,

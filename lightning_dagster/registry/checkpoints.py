@@ -22,9 +22,12 @@ def weights_hash(path: Path) -> str:
     return checkpoint_hash(Path(path))
 
 
-def cached_checkpoint(version: CandidateVersion, cache_dir: Path, fetch: Callable[[str, Path], None]) -> Path:
+def cached_checkpoint(
+    version: CandidateVersion, cache_dir: Path, fetch: Callable[[str, Path], None], *, fresh: bool = False
+) -> Path:
     """The version's checkpoint under `cache_dir`, fetched with `fetch(run_id, into)` when the cache lacks
-    it or holds other bytes; a download whose bytes do not match raises `WeightsMismatch`."""
+    it or holds other bytes (with `fresh`, always: what the registry serves to others is verified, not
+    only this host's copy); a download whose bytes do not match raises `WeightsMismatch`."""
     expected = version.weights_hash
     if not expected:
         raise RegistryError(
@@ -32,9 +35,10 @@ def cached_checkpoint(version: CandidateVersion, cache_dir: Path, fetch: Callabl
         )
     target = cache_dir / expected.replace(":", "-")  # a directory name, not an identity
     if target.is_dir():
-        if weights_hash(target) == expected:
+        if weights_hash(target) != expected:
+            shutil.rmtree(target, ignore_errors=True)
+        elif not fresh:
             return target
-        shutil.rmtree(target, ignore_errors=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=target.parent))
     try:

@@ -58,7 +58,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = command("rollback", "move approved-default back to a version it held before", _rollback)
     p.add_argument("version")
     p.add_argument("--actor", required=True)
-    p.add_argument("--role", default=DEFAULT_APPROVER, help="the role the actor acts in")
+    p.add_argument(
+        "--role", default=DEFAULT_APPROVER, help=f"the role the actor acts in (only {DEFAULT_APPROVER} may)"
+    )
     p = command(
         "drill", "rollback drill: resolve, verify, load and serve a version; pointer untouched", _drill
     )
@@ -92,11 +94,12 @@ def _receipt_arg(value: str) -> Any:
 
 
 def _run(handler, args: argparse.Namespace) -> int:
+    from lightning_dagster.gate.errors import TamperedReceipt
     from lightning_dagster.registry.errors import PointerConflict, RegistryError
 
     try:
         data, text, *status = handler(args)
-    except (RegistryError, PointerConflict) as exc:
+    except (RegistryError, PointerConflict, TamperedReceipt) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except (ValueError, TypeError) as exc:

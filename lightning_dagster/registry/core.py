@@ -6,7 +6,7 @@ shares; lineage, pointers, promotion and rollback, the drill and the local cache
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,15 +150,16 @@ class Registry:
                 return None
             raise
 
-    def fetch(self, version: CandidateVersion) -> Path:
-        """The version's checkpoint in the local cache, its bytes verified against its weights hash."""
+    def fetch(self, version: CandidateVersion, *, fresh: bool = False) -> Path:
+        """The version's checkpoint in the local cache, its bytes verified against its weights hash; with
+        `fresh`, downloaded and verified even when the cache already holds those bytes."""
 
         def download(run_id: str, into: Path) -> None:
             self.call_mlflow(
                 "download artifacts", self.client.download_artifacts, run_id, "checkpoint", str(into)
             )
 
-        return cached_checkpoint(version, self.cache_dir / self.model_name, download)
+        return cached_checkpoint(version, self.cache_dir / self.model_name, download, fresh=fresh)
 
     # ---- lineage -----------------------------------------------------------------------------------
     def log_candidate(
@@ -317,9 +318,17 @@ class Registry:
             self, receipt, actor, policy=policy, current_fingerprints=current_fingerprints
         )
 
-    def rollback(self, to_version: str, actor: str, *, role: str = DEFAULT_APPROVER) -> PromotionResult:
-        """Move `approved-default` back to a version it held before, once that version serves."""
-        return promotion.rollback(self, to_version, actor, role=role)
+    def rollback(
+        self,
+        to_version: str,
+        actor: str,
+        *,
+        role: str = DEFAULT_APPROVER,
+        allowed_roles: Collection[str] = (DEFAULT_APPROVER,),
+    ) -> PromotionResult:
+        """Move `approved-default` back to a version it held before, once that version serves; `actor`
+        holds `role`, one of `allowed_roles` (see `promotion.rollback`)."""
+        return promotion.rollback(self, to_version, actor, role=role, allowed_roles=allowed_roles)
 
     def rollback_drill(self, parent_version: str, *, record: bool = True) -> DrillResult:
         """Resolve, verify, load and serve `parent_version` in a temporary gateway; the pointer stays put."""

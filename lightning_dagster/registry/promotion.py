@@ -5,7 +5,7 @@ afterwards (alias, `approved_default` flag, receipt tags); a failed mirror leave
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +85,15 @@ def promote(
             f"candidate version {candidate.version} has weights {candidate.weights_hash}, "
             f"the receipt names {facts.candidate_weights_hash}"
         )
+    # The bytes MLflow hands out must be the registered weights: its artifact store lies in the learner's
+    # write surface, and a pointer moved onto other bytes names a model no server can load (nor roll back
+    # from once it is a parent). Rollback checks its target the same way before it moves.
+    try:
+        reg.fetch(candidate, fresh=True)
+    except WeightsMismatch as exc:
+        raise PromotionRefused(
+            f"candidate version {candidate.version}'s artifact is not the weights it was registered with: {exc}"
+        ) from None
     # The exact parent: the pointer must hold the receipt's parent version, and the weights recorded when it
     # was approved must be the receipt's parent weights (version numbers can be reused).
     last = (reg.history() or [None])[-1]
@@ -113,14 +122,27 @@ def promote(
     return PromotionResult(move=move, mirrored=error is None, mirror_error=error)
 
 
-def rollback(reg: Registry, to_version: str, actor: str, *, role: str = DEFAULT_APPROVER) -> PromotionResult:
+def rollback(
+    reg: Registry,
+    to_version: str,
+    actor: str,
+    *,
+    role: str = DEFAULT_APPROVER,
+    allowed_roles: Collection[str] = (DEFAULT_APPROVER,),
+) -> PromotionResult:
     """Move `approved-default` back to a version it held before, after proving that version serves.
 
-    The target must appear in the pointer history as an earlier approved value (never "the newest
-    version"); its bytes are verified, it is loaded and answers one chat completion through a gateway, and
-    only then does the pointer move, with a history entry."""
+    `actor` must hold `role`, one of the `allowed_roles` that may move the pointer: holding some other role
+    (`ml-lead`, `roles-admin`) and naming it authorizes nothing. The target must appear in the pointer
+    history as an earlier approved value (never "the newest version"); its bytes are verified, it is loaded
+    and answers one chat completion through a gateway, and only then does the pointer move, with a history
+    entry."""
     from lightning_dagster.registry.serving import serve_once
 
+    if role not in allowed_roles:
+        raise NotAuthorized(
+            actor, role, f"moving approved-default back needs one of the roles {sorted(allowed_roles)}"
+        )
     pointers.reconcile(reg)
     reg.roles().require(actor, role)
     to_version = str(to_version)

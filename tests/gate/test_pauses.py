@@ -120,3 +120,34 @@ def test_a_resume_needs_a_reason():
 def test_decisions_refuse_unknown_fields():
     with pytest.raises(ValueError, match="extra"):
         LoopDecision.model_validate({"action": "pause", "by": "sensor", "at": 1.0, "why": "x"})
+
+
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("reason", "   ", "blank"),
+        ("reason", "ok\x1b[2J", "control characters"),
+        ("reason", "line one\nline two", "control characters"),
+        ("reason", "x" * 1025, "at most 1024"),
+        ("actor", " ", "blank"),
+        ("role", "default-approver\x00", "control characters"),
+        ("at", 0.0, "greater than 0"),
+    ],
+)
+def test_a_resume_with_a_blank_oversized_or_control_character_field_is_refused(field, value, fragment):
+    fields = {"actor": "bob", "role": "default-approver", "reason": "ok", "at": 1.0, "pause_hash": "h"}
+    with pytest.raises(ValueError, match=field) as err:
+        ResumeRequest(**{**fields, field: value})
+    assert fragment in str(err.value)
+
+
+def test_a_resume_dated_ahead_of_the_clock_or_before_its_pause_is_refused():
+    kw = {"paused_at": 1000.0, "now": 2000.0}
+    assert resume_problem(signed(at=1500.0), "sha256:p1", ACTORS, ["default-approver"], **kw) is None
+    ahead = resume_problem(signed(at=1e20), "sha256:p1", ACTORS, ["default-approver"], **kw)
+    assert ahead is not None and "ahead of the clock" in ahead
+    before = resume_problem(signed(at=10.0), "sha256:p1", ACTORS, ["default-approver"], **kw)
+    assert before is not None and "before the pause it lifts" in before
+    # within the clock skew either way: a signer's clock need not be the sensor's
+    skewed = [signed(at=1000.0 - 299), signed(at=2000.0 + 299)]
+    assert all(resume_problem(r, "sha256:p1", ACTORS, ["default-approver"], **kw) is None for r in skewed)

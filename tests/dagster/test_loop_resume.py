@@ -1,0 +1,171 @@
+"""Hostile or careless resumes of the paused loop, on a store of their own (no training, no MLflow): each is
+a named refusal (CLI exit status, a one-line failure of the `resume` job) and the history stays as it was;
+a history that cannot be read is named, and one odd record does not make the rest unreadable."""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+import pytest
+
+from lightning_dagster.demo import approver_keys
+from lightning_dagster.gate.pauses import LoopDecision
+from lightning_dagster.pipeline import pauses
+from lightning_dagster.registry.roles import deployment_roles
+from lightning_dagster.store import Store
+
+ROLES = ["default-approver"]
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> Store:
+    """A store whose loop is paused on receipt rcpt-1, with the session's approvers pinned."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    monkeypatch.setenv("LD_STORE_URL", url)
+    store = Store(url)
+    deployment_roles(store, os.environ["LD_ROLES_FILE"])
+    assert pauses.tick(store, "rcpt-1", ["protected set regressed"], []).paused
+    return store
+
+
+def _signed(store, **kw):
+    fields = {"actor": "bob", "role": "default-approver", "key": approver_keys() / "bob.key", "reason": "ok"}
+    return pauses.sign_resume(store, **{**fields, **kw})
+
+
+def _actors(store):
+    return deployment_roles(store).actors
+
+
+def _loop(*argv: str) -> int:
+    from lightning_dagster.cli import main
+
+    return main(["loop", *argv])
+
+
+def test_a_resume_dated_ahead_of_the_clock_or_before_the_pause_is_refused_and_not_recorded(store):
+    pause = pauses.current_pause(store)
+    for at in (1e20, 1.0, pause.decision.at - 3600):
+        with pytest.raises(pauses.ResumeRefused, match="ahead of the clock|before the pause"):
+            pauses.resume(store, _signed(store, at=at), actors=_actors(store), allowed_roles=ROLES)
+    assert [r.hash for r in pauses.history(store)] == [pause.hash]
+    recorded = pauses.resume(store, _signed(store), actors=_actors(store), allowed_roles=ROLES)
+    assert recorded.decision.action == "resume" and pauses.current_pause(store) is None
+
+
+def test_a_resume_racing_another_decision_is_refused_not_a_raw_conflict(store, monkeypatch):
+    request = _signed(store)
+    read = pauses.current_pause
+
+    def racing(store_, loop=pauses.LOOP):
+        found = read(store_, loop)
+        pauses.tick(store_, "rcpt-2", [], [])  # a clearing receipt resumes the loop meanwhile
+        return found
+
+    monkeypatch.setattr(pauses, "current_pause", racing)
+    with pytest.raises(pauses.ResumeRefused, match="another decision was recorded"):
+        pauses.resume(store, request, actors=_actors(store), allowed_roles=ROLES)
+    monkeypatch.undo()
+    assert [(r.decision.action, r.decision.by) for r in pauses.history(store)] == [
+        ("pause", "sensor"),
+        ("resume", "receipt"),
+    ]
+
+
+def test_an_odd_time_in_a_recorded_decision_leaves_the_history_readable(store):
+    # Recorded before resumes' times were bounded: a time beyond any calendar.
+    head = pauses.history(store)[-1]
+    odd = LoopDecision(
+        action="resume",
+        by="actor",
+        at=1e20,
+        receipt_id="rcpt-1",
+        actor="bob",
+        role="default-approver",
+        reason="x",
+    )
+    recorded = pauses._append(store, odd, head)
+    table = pauses.history_table(store)
+    assert table.rows[-1][1] == "1e+20 (not a calendar time)"
+    assert pauses.decision_metadata(store, recorded)["loop_history"].rows == table.rows  # the UI's view
+    assert pauses.tick(store, "rcpt-1", ["protected set regressed"], []).paused is False
+    assert _loop("history") == 0
+    with pytest.raises(ValueError, match="positive"):
+        pauses.history_table(store, last=0)
+
+
+def test_a_history_version_that_verifies_but_is_no_decision_is_named(store):
+    head = pauses.history(store)[-1]
+    body = {"action": "pause", "by": "someone", "at": 1.0}
+    digest = pauses._hash(body, head.hash)
+    store.append_document(pauses.COLLECTION, pauses.LOOP, digest, body, head.hash)
+    with pytest.raises(pauses.TamperedHistory, match="version 2 is not a loop decision"):
+        pauses.history(store)
+    assert _loop("status") == 1 and _loop("history") == 1
+
+
+@pytest.mark.parametrize(
+    "reason",
+    ["", "   ", "ok\x00", "ok\x1b]0;pwned\x07", "x" * 5000],
+    ids=["empty", "blank", "nul", "esc", "huge"],
+)
+def test_cli_resume_with_a_bad_reason_is_invalid_input_and_records_nothing(store, reason, capsys):
+    key = str(approver_keys() / "bob.key")
+    assert _loop("resume", "--actor", "bob", "--key", key, "--reason", reason) == 2
+    assert "invalid input: invalid resume: reason" in capsys.readouterr().err
+    assert _loop("sign", "--actor", "", "--key", key, "--reason", "ok") == 2
+    assert len(pauses.history(store)) == 1 and pauses.current_pause(store) is not None
+
+
+@pytest.mark.parametrize("last", ["0", "-2", "many"])
+def test_cli_history_needs_a_positive_count(store, last):
+    with pytest.raises(SystemExit) as exit_:
+        _loop("history", "--last", last)
+    assert exit_.value.code == 2
+
+
+def _resume_job(store, config: dict) -> dg.ExecuteInProcessResult:
+    from lightning_dagster.jobs import resume
+    from lightning_dagster.resources import GateResource, StoreResource, default_pipeline
+
+    pipeline = default_pipeline(
+        deferred=False,
+        store=StoreResource(url=store.url),
+        gate=GateResource(roles_path=os.environ["LD_ROLES_FILE"]),
+    )
+    return resume.execute_in_process(
+        run_config={"ops": {"resume_loop": {"config": config}}},
+        resources={"pipeline": pipeline},
+        raise_on_error=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "edit, refused",
+    [
+        ({"signature": ""}, "ResumeRefused"),  # unsigned
+        ({"actor": "alice"}, "ResumeRefused"),  # a release-owner, not a default-approver
+        ({"reason": "edited after signing"}, "ResumeRefused"),
+        ({"reason": "  "}, "InvalidInput"),
+        ({"actor": ""}, "InvalidInput"),
+        ({"at": 1e20}, "ResumeRefused"),
+    ],
+)
+def test_the_resume_job_refuses_in_one_named_line_and_records_nothing(store, edit, refused):
+    config = {**_signed(store).model_dump(mode="json"), **edit}
+    result = _resume_job(store, config)
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    error = failure.step_failure_data.error
+    assert error.cls_name == "Failure" and "Failure: resume refused: " in error.message
+    assert failure.step_failure_data.user_failure_data.metadata["refused"].value == refused
+    assert len(pauses.history(store)) == 1
+
+
+def test_the_resume_job_records_a_signed_resume_once(store):
+    config = _signed(store).model_dump(mode="json")
+    assert _resume_job(store, config).success
+    again = _resume_job(store, config)  # the same signed resume again: the pause it signed is lifted
+    assert not again.success
+    assert [r.decision.action for r in pauses.history(store)] == ["pause", "resume"]
