@@ -244,6 +244,30 @@ def test_the_gateways_fast_routes_answer_as_through_the_app(gateways, method, pa
     same(httpx.request(method, fast.url + path, **kwargs), httpx.request(method, slow.url + path, **kwargs))
 
 
+@pytest.mark.parametrize(
+    "method,path,status,allow",
+    [
+        ("GET", "/api/nope", 404, None),
+        ("GET", "/api/rollouts/a%2Fb", 404, None),  # an encoded slash: a path no route takes
+        ("GET", "/proxy/nope", 404, None),
+        ("PUT", "/api/rollouts", 405, "GET, POST"),
+        ("GET", "/api/models", 405, "DELETE, POST"),
+        ("POST", "/healthz", 405, "GET, HEAD"),
+        ("PUT", "/proxy/pause", 405, "POST"),
+    ],
+)
+def test_a_path_or_method_the_surface_lacks_is_a_404_or_405_not_a_500(gateways, method, path, status, allow):
+    """Agent Lightning's router raises its own 404 and 405 outside the app's exception middleware: they were
+    500s on both paths (and closed the connection). Now answered as FastAPI answers them, 405 with Allow."""
+    answers = [httpx.request(method, s.url + path, headers=AUTH) for s in gateways]
+    for r in answers:
+        assert r.status_code == status, r.text
+        assert r.json() == {"detail": "Not Found" if status == 404 else "Method Not Allowed"}
+        if allow:  # Starlette names the methods of the first route with this path, as in any FastAPI app
+            assert set(r.headers["allow"].split(", ")) <= set(allow.split(", "))
+    same(*answers)
+
+
 def test_a_rollout_made_and_called_on_the_fast_path_reads_back_as_through_the_app(gateways):
     fast, slow = gateways
     for server in gateways:

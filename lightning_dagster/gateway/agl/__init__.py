@@ -16,11 +16,12 @@ import pydantic_core
 from cachetools import LRUCache
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException
 from starlette.routing import Mount, Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lightning_dagster.gateway import schemas
-from lightning_dagster.gateway.errors import GatewayError, answered
+from lightning_dagster.gateway.errors import GatewayError, answered, http_exception_response
 from lightning_dagster.gateway.keys import attempt_key, same_key
 from lightning_dagster.store import agl as store_agl
 from lightning_dagster.store.connection import bad_json, suspect_json
@@ -125,7 +126,10 @@ def reply(body: object, status: int = 200) -> Response:
 class Dispatch:
     """ASGI middleware sending `/healthz`, `/api/...` and `/proxy/...` straight to this surface's router:
     FastAPI's per-request stack (telemetry, body limit, exception middleware, exit stack, the app's route
-    list) costs more CPU than these routes themselves. Everything else goes on to the app."""
+    list) costs more CPU than these routes themselves. Everything else goes on to the app. A path under these
+    prefixes that no route takes is a 404, a method its route does not take a 405 with `Allow`, as the app
+    answers them (the router raises them as `HTTPException`s, which this middleware, outside the app's
+    exception middleware, answers itself: unanswered they were 500s)."""
 
     PREFIXES = ("/api/", "/proxy/")
 
@@ -136,7 +140,10 @@ class Dispatch:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if scope["type"] == "http" and (path.startswith(self.PREFIXES) or path == "/healthz"):
-            await self.router(scope, receive, send)
+            try:
+                await self.router(scope, receive, send)
+            except HTTPException as exc:  # the router's own 404 or 405: endpoints answer theirs (`answered`)
+                await http_exception_response(exc)(scope, receive, send)
         else:
             await self.app(scope, receive, send)
 
