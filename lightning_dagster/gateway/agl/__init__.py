@@ -60,12 +60,13 @@ class Target:
 
 class Agl:
     """What the Agent Lightning routes share: the settings, the server key check and the attempts their
-    paths name (cached per rollout and path attempt id; a lifecycle move drops the rollout's entries)."""
+    paths name (cached per rollout, by path attempt id; a lifecycle move or a delete drops the rollout's
+    entries, and a lookup that was under way meanwhile is not cached: it may have read the rollout before)."""
 
     def __init__(self, settings: AglSettings, secret: str, max_rollouts: int = 10_000):
         self.settings = settings
         self.secret = secret
-        self.targets: LRUCache[tuple[str, str], Target] = LRUCache(max_rollouts)
+        self.targets: LRUCache[str, dict[str, Target]] = LRUCache(max_rollouts)
 
     @staticmethod
     def key_of(request: Request) -> str:
@@ -84,12 +85,17 @@ class Agl:
         return same_key(key, self.settings.key)
 
     def moved(self, rollout_id: str) -> None:
-        self.targets.pop((rollout_id, CURRENT), None)
+        """The rollout moved (its current attempt may have changed) or was deleted (hidden from every route:
+        its attempts are no longer to be resolved from the cache)."""
+        self.targets.pop(rollout_id, None)
 
     async def target(self, store, rollout_id: str, attempt_id: str) -> Target:
         """`0` is the rollout's current attempt (a queuing rollout's first one starts now); any other id
         must be an attempt of this rollout."""
-        found = self.targets.get((rollout_id, attempt_id))
+        known = self.targets.get(rollout_id)
+        if known is None:
+            known = self.targets[rollout_id] = {}
+        found = known.get(attempt_id)
         if found is None:
 
             def resolve() -> Target:
@@ -103,7 +109,14 @@ class Agl:
                 mode = "train" if rollout.metadata.get("agl", {}).get("is_train", True) else "val"
                 return Target(aid, mode, attempt_key(self.secret, rollout_id, aid))
 
-            found = self.targets[(rollout_id, attempt_id)] = await anyio.to_thread.run_sync(resolve)
+            try:
+                found = await anyio.to_thread.run_sync(resolve)
+            except BaseException:
+                if not known and self.targets.get(rollout_id) is known:  # an unknown id leaves no entry
+                    self.targets.pop(rollout_id, None)
+                raise
+            if self.targets.get(rollout_id) is known:  # no move or delete of the rollout meanwhile
+                known[attempt_id] = found
         return found
 
 
