@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pydantic_core
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from lightning_dagster.store.errors import Conflict, InvalidInput, NotFound, StoreUnavailable
@@ -59,6 +59,15 @@ def http_exception_response(exc: HTTPException) -> Response:
     return Response(body, exc.status_code, headers=exc.headers, media_type="application/json")
 
 
+async def client_gone(request: Request, exc: ClientDisconnect | None = None) -> Response:
+    """The answer to a request whose client closed the connection before its body arrived: logged at info,
+    never as a server error (nothing is written, the connection is gone)."""
+    log.info(
+        "%s %s: the client closed the connection before its body arrived", request.method, request.url.path
+    )
+    return Response(status_code=400)
+
+
 def answered(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     """The endpoint with the gateway's errors and the store's named errors as their HTTP answers, as the
     app's exception handlers give them: for endpoints reached without the app's middleware (`fastpath`,
@@ -69,6 +78,8 @@ def answered(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Re
             return await endpoint(request)
         except HTTPException as exc:
             return http_exception_response(exc)
+        except ClientDisconnect:
+            return await client_gone(request)
         except Exception as exc:
             err = exc if isinstance(exc, GatewayError) else store_error(exc)
             if err is None:

@@ -7,7 +7,9 @@ and an endpoint's unhandled error as a 500 that leaves the server serving."""
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import socket
+import time
 
 import httpx
 import pytest
@@ -266,6 +268,34 @@ def test_a_path_or_method_the_surface_lacks_is_a_404_or_405_not_a_500(gateways, 
         if allow:  # Starlette names the methods of the first route with this path, as in any FastAPI app
             assert set(r.headers["allow"].split(", ")) <= set(allow.split(", "))
     same(*answers)
+
+
+@pytest.mark.parametrize("path", ["/api/rollouts", "/v1/chat/completions"])
+def test_a_client_gone_mid_body_is_no_server_error_and_the_server_goes_on(gateways, path):
+    """A client closing the connection before its body arrived made the endpoint's body read raise
+    `ClientDisconnect`, logged as "Exception in ASGI application" with its traceback on both paths."""
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "lightning_dagster")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        for server in gateways:
+            for framing in ("Content-Length: 100", "Transfer-Encoding: chunked"):
+                host, port = server.url.removeprefix("http://").split(":")
+                with socket.create_connection((host, int(port)), timeout=10) as sock:
+                    head = (
+                        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n{framing}\r\n\r\n"
+                    )
+                    sock.sendall(head.encode() + (b'5\r\n[{"in' if "chunked" in framing else b'[{"in'))
+                    time.sleep(0.1)  # the endpoint is waiting for the rest of the body
+            assert httpx.get(server.url + "/healthz").status_code == 200
+        time.sleep(0.2)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    assert [r.getMessage() for r in errors] == []
 
 
 def test_a_rollout_made_and_called_on_the_fast_path_reads_back_as_through_the_app(gateways):
