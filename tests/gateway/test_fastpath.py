@@ -6,6 +6,7 @@ and an endpoint's unhandled error as a 500 that leaves the server serving."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import socket
@@ -357,3 +358,38 @@ def test_concurrent_clients_each_get_their_own_answers(servers):
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         got = list(pool.map(client, range(16)))
     assert got == [[f"[{n}-{i}]".encode() for i in range(25)] for n in range(16)]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_connection_that_keeps_the_server_waiting_is_closed_and_a_slow_call_is_not(fast):
+    """uvicorn timed out only the wait between requests: a connection that sent nothing, or stopped inside
+    a request's headers or body, was held for good. Now closed after the idle timeout, on both paths; a
+    request whose body has arrived is never cut, however long its endpoint takes."""
+    app = small_app()
+
+    async def slow(request: Request) -> Response:
+        await asyncio.sleep(1.0)  # longer than the idle timeout
+        return Response(b"done")
+
+    app.add_route("/slow", slow, methods=["GET"])
+    app.state.fast_routes.add("/slow", slow, "GET")
+    with GatewayServer(app, fast=fast, idle_timeout_s=0.3) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        stalls = [
+            b"",
+            b"POST /echo HTTP/1.1\r\nHos",
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nab",
+        ]
+        socks = [socket.create_connection((host, int(port)), timeout=5) for _ in stalls]
+        for sock, sent in zip(socks, stalls, strict=True):
+            sock.sendall(sent)
+        started = time.monotonic()
+        for sock in socks:
+            with sock:
+                assert sock.recv(65536) == b""  # closed by the server, nothing answered
+        assert time.monotonic() - started < 3
+        out = exchange(
+            server.url, b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", until_closed=True
+        )
+        assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"done")
+        assert httpx.post(server.url + "/echo", content=b"1").status_code == 201
