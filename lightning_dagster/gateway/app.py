@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
 from lightning_dagster import config
 from lightning_dagster.gateway import events
@@ -25,7 +26,13 @@ from lightning_dagster.gateway.agl import mount as mount_agl
 from lightning_dagster.gateway.attempts import AttemptContext, Attempts, TokenInStats
 from lightning_dagster.gateway.backends import Backend
 from lightning_dagster.gateway.calls import llm_call
-from lightning_dagster.gateway.errors import GatewayError, answered, error_response, store_error
+from lightning_dagster.gateway.errors import (
+    GatewayError,
+    answered,
+    client_gone,
+    error_response,
+    store_error,
+)
 from lightning_dagster.gateway.fastpath import FastRoutes
 from lightning_dagster.gateway.recorder import SpanWriter
 from lightning_dagster.gateway.weightsync import ServedWeights, WeightGate, WeightSync
@@ -201,6 +208,8 @@ def create_app(
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
         return error_response(request, exc)
+
+    app.add_exception_handler(ClientDisconnect, client_gone)  # a client gone mid-body: no server error
 
     for named in (IllegalTransition, Conflict, InvalidInput, NotFound, StoreUnavailable):
 

@@ -52,9 +52,8 @@ class FastRoutes:
         return len(self._routes)
 
 
-def fast_protocol(routes: FastRoutes) -> type | None:
-    """uvicorn's httptools protocol serving `routes` itself (None where uvicorn's internals differ from
-    what this module drives: then the caller keeps uvicorn's default protocol)."""
+def _httptools_impl():
+    """uvicorn's httptools protocol module, if its request cycle is the one this module drives (else None)."""
     try:
         from uvicorn.protocols.http import httptools_impl as impl
     except ImportError:  # httptools missing: uvicorn serves with h11, all through the app
@@ -69,11 +68,59 @@ def fast_protocol(routes: FastRoutes) -> type | None:
         "on_response",
     )
     init = impl.RequestResponseCycle.__init__.__code__.co_varnames
-    if not hasattr(impl.HttpToolsProtocol, "_start_asgi_task") or not all(f in init for f in cycle_fields):
+    protocol = impl.HttpToolsProtocol
+    needed = ("_start_asgi_task", "timeout_keep_alive_handler", "_unset_keepalive_if_required")
+    if not all(hasattr(protocol, f) for f in needed) or not all(f in init for f in cycle_fields):
         log.warning("uvicorn's HTTP protocol is not the one the fast path drives: serving through the app")
         return None
+    return impl
 
-    class FastProtocol(impl.HttpToolsProtocol):
+
+def guarded_protocol() -> type | None:
+    """uvicorn's httptools protocol closing a connection on which the server has waited for the client
+    longer than `timeout_keep_alive`: one that never sends a request, stops inside a request's headers, or
+    stops inside its body. uvicorn's own times out only the wait between requests, so such connections were
+    held for good (a client could hold every file descriptor the server may open). A request whose body has
+    arrived is never timed out (an LLM call may take minutes), nor one whose reading waits for the server
+    (flow control, a pipelined request behind a running one). None where uvicorn's internals differ."""
+    impl = _httptools_impl()
+    if impl is None:
+        return None
+
+    class GuardedProtocol(impl.HttpToolsProtocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._wait_for_client()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)  # cancels the timer first
+            self._wait_for_client()
+
+        def _wait_for_client(self) -> None:
+            cycle = self.cycle
+            waiting = cycle is None or cycle.response_complete or cycle.more_body
+            if (
+                waiting
+                and self.timeout_keep_alive_task is None
+                and not self.flow.read_paused
+                and not self.transport.is_closing()
+            ):
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
+
+    return GuardedProtocol
+
+
+def fast_protocol(routes: FastRoutes) -> type | None:
+    """`guarded_protocol` serving `routes` itself (None where uvicorn's internals differ from what this
+    module drives: then the caller keeps uvicorn's default protocol)."""
+    base = guarded_protocol()
+    if base is None:
+        return None
+    from uvicorn.protocols.http import httptools_impl as impl
+
+    class FastProtocol(base):
         def _start_asgi_task(self, cycle, app) -> None:
             scope = cycle.scope
             found = routes.match(scope["method"], scope["path"]) if app is self.app else None

@@ -9,14 +9,16 @@ import time
 
 import uvicorn
 
-from lightning_dagster.gateway.fastpath import fast_protocol
+from lightning_dagster.gateway.fastpath import fast_protocol, guarded_protocol
 
 
 class GatewayServer:
     """`with GatewayServer(app) as server: server.url` -> `http://127.0.0.1:PORT` (port 0 picks a free one).
     `fast=False` serves every route through the app, fast routes too (tests and benchmarks compare the two);
     unset, `LD_GATEWAY_FAST_PATH=0` in the environment does the same (for a gateway started by another
-    process: `gateway serve`, a rollout service's gateway process)."""
+    process: `gateway serve`, a rollout service's gateway process). `idle_timeout_s`: how long a connection
+    may keep the server waiting for the client (between requests, before or inside a request's headers or
+    body) before it is closed (`fastpath.guarded_protocol`)."""
 
     def __init__(
         self,
@@ -26,6 +28,7 @@ class GatewayServer:
         *,
         log_level: str = "warning",
         fast: bool | None = None,
+        idle_timeout_s: float = 120,
     ):
         self.app = app
         self.host = host
@@ -33,14 +36,14 @@ class GatewayServer:
         routes = getattr(getattr(app, "state", None), "fast_routes", None)
         if fast is None:
             fast = os.environ.get("LD_GATEWAY_FAST_PATH", "1") != "0"
-        protocol = fast_protocol(routes) if routes and fast else None
+        protocol = fast_protocol(routes) if routes and fast else guarded_protocol()
         self._config = uvicorn.Config(
             app,
             host=host,
             port=port,
             log_level=log_level,
             access_log=False,
-            timeout_keep_alive=120,
+            timeout_keep_alive=idle_timeout_s,
             http=protocol or "auto",
         )
         self._server: uvicorn.Server | None = None

@@ -6,8 +6,11 @@ and an endpoint's unhandled error as a 500 that leaves the server serving."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import logging
 import socket
+import time
 
 import httpx
 import pytest
@@ -244,6 +247,58 @@ def test_the_gateways_fast_routes_answer_as_through_the_app(gateways, method, pa
     same(httpx.request(method, fast.url + path, **kwargs), httpx.request(method, slow.url + path, **kwargs))
 
 
+@pytest.mark.parametrize(
+    "method,path,status,allow",
+    [
+        ("GET", "/api/nope", 404, None),
+        ("GET", "/api/rollouts/a%2Fb", 404, None),  # an encoded slash: a path no route takes
+        ("GET", "/proxy/nope", 404, None),
+        ("PUT", "/api/rollouts", 405, "GET, POST"),
+        ("GET", "/api/models", 405, "DELETE, POST"),
+        ("POST", "/healthz", 405, "GET, HEAD"),
+        ("PUT", "/proxy/pause", 405, "POST"),
+    ],
+)
+def test_a_path_or_method_the_surface_lacks_is_a_404_or_405_not_a_500(gateways, method, path, status, allow):
+    """Agent Lightning's router raises its own 404 and 405 outside the app's exception middleware: they were
+    500s on both paths (and closed the connection). Now answered as FastAPI answers them, 405 with Allow."""
+    answers = [httpx.request(method, s.url + path, headers=AUTH) for s in gateways]
+    for r in answers:
+        assert r.status_code == status, r.text
+        assert r.json() == {"detail": "Not Found" if status == 404 else "Method Not Allowed"}
+        if allow:  # Starlette names the methods of the first route with this path, as in any FastAPI app
+            assert set(r.headers["allow"].split(", ")) <= set(allow.split(", "))
+    same(*answers)
+
+
+@pytest.mark.parametrize("path", ["/api/rollouts", "/v1/chat/completions"])
+def test_a_client_gone_mid_body_is_no_server_error_and_the_server_goes_on(gateways, path):
+    """A client closing the connection before its body arrived made the endpoint's body read raise
+    `ClientDisconnect`, logged as "Exception in ASGI application" with its traceback on both paths."""
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "lightning_dagster")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        for server in gateways:
+            for framing in ("Content-Length: 100", "Transfer-Encoding: chunked"):
+                host, port = server.url.removeprefix("http://").split(":")
+                with socket.create_connection((host, int(port)), timeout=10) as sock:
+                    head = (
+                        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n{framing}\r\n\r\n"
+                    )
+                    sock.sendall(head.encode() + (b'5\r\n[{"in' if "chunked" in framing else b'[{"in'))
+                    time.sleep(0.1)  # the endpoint is waiting for the rest of the body
+            assert httpx.get(server.url + "/healthz").status_code == 200
+        time.sleep(0.2)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    assert [r.getMessage() for r in errors] == []
+
+
 def test_a_rollout_made_and_called_on_the_fast_path_reads_back_as_through_the_app(gateways):
     fast, slow = gateways
     for server in gateways:
@@ -303,3 +358,38 @@ def test_concurrent_clients_each_get_their_own_answers(servers):
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         got = list(pool.map(client, range(16)))
     assert got == [[f"[{n}-{i}]".encode() for i in range(25)] for n in range(16)]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_connection_that_keeps_the_server_waiting_is_closed_and_a_slow_call_is_not(fast):
+    """uvicorn timed out only the wait between requests: a connection that sent nothing, or stopped inside
+    a request's headers or body, was held for good. Now closed after the idle timeout, on both paths; a
+    request whose body has arrived is never cut, however long its endpoint takes."""
+    app = small_app()
+
+    async def slow(request: Request) -> Response:
+        await asyncio.sleep(1.0)  # longer than the idle timeout
+        return Response(b"done")
+
+    app.add_route("/slow", slow, methods=["GET"])
+    app.state.fast_routes.add("/slow", slow, "GET")
+    with GatewayServer(app, fast=fast, idle_timeout_s=0.3) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        stalls = [
+            b"",
+            b"POST /echo HTTP/1.1\r\nHos",
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nab",
+        ]
+        socks = [socket.create_connection((host, int(port)), timeout=5) for _ in stalls]
+        for sock, sent in zip(socks, stalls, strict=True):
+            sock.sendall(sent)
+        started = time.monotonic()
+        for sock in socks:
+            with sock:
+                assert sock.recv(65536) == b""  # closed by the server, nothing answered
+        assert time.monotonic() - started < 3
+        out = exchange(
+            server.url, b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", until_closed=True
+        )
+        assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"done")
+        assert httpx.post(server.url + "/echo", content=b"1").status_code == 201

@@ -16,11 +16,12 @@ import pydantic_core
 from cachetools import LRUCache
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException
 from starlette.routing import Mount, Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lightning_dagster.gateway import schemas
-from lightning_dagster.gateway.errors import GatewayError, answered
+from lightning_dagster.gateway.errors import GatewayError, answered, http_exception_response
 from lightning_dagster.gateway.keys import attempt_key, same_key
 from lightning_dagster.store import agl as store_agl
 from lightning_dagster.store.connection import bad_json, suspect_json
@@ -59,12 +60,13 @@ class Target:
 
 class Agl:
     """What the Agent Lightning routes share: the settings, the server key check and the attempts their
-    paths name (cached per rollout and path attempt id; a lifecycle move drops the rollout's entries)."""
+    paths name (cached per rollout, by path attempt id; a lifecycle move or a delete drops the rollout's
+    entries, and a lookup that was under way meanwhile is not cached: it may have read the rollout before)."""
 
     def __init__(self, settings: AglSettings, secret: str, max_rollouts: int = 10_000):
         self.settings = settings
         self.secret = secret
-        self.targets: LRUCache[tuple[str, str], Target] = LRUCache(max_rollouts)
+        self.targets: LRUCache[str, dict[str, Target]] = LRUCache(max_rollouts)
 
     @staticmethod
     def key_of(request: Request) -> str:
@@ -83,12 +85,17 @@ class Agl:
         return same_key(key, self.settings.key)
 
     def moved(self, rollout_id: str) -> None:
-        self.targets.pop((rollout_id, CURRENT), None)
+        """The rollout moved (its current attempt may have changed) or was deleted (hidden from every route:
+        its attempts are no longer to be resolved from the cache)."""
+        self.targets.pop(rollout_id, None)
 
     async def target(self, store, rollout_id: str, attempt_id: str) -> Target:
         """`0` is the rollout's current attempt (a queuing rollout's first one starts now); any other id
         must be an attempt of this rollout."""
-        found = self.targets.get((rollout_id, attempt_id))
+        known = self.targets.get(rollout_id)
+        if known is None:
+            known = self.targets[rollout_id] = {}
+        found = known.get(attempt_id)
         if found is None:
 
             def resolve() -> Target:
@@ -102,7 +109,14 @@ class Agl:
                 mode = "train" if rollout.metadata.get("agl", {}).get("is_train", True) else "val"
                 return Target(aid, mode, attempt_key(self.secret, rollout_id, aid))
 
-            found = self.targets[(rollout_id, attempt_id)] = await anyio.to_thread.run_sync(resolve)
+            try:
+                found = await anyio.to_thread.run_sync(resolve)
+            except BaseException:
+                if not known and self.targets.get(rollout_id) is known:  # an unknown id leaves no entry
+                    self.targets.pop(rollout_id, None)
+                raise
+            if self.targets.get(rollout_id) is known:  # no move or delete of the rollout meanwhile
+                known[attempt_id] = found
         return found
 
 
@@ -125,7 +139,10 @@ def reply(body: object, status: int = 200) -> Response:
 class Dispatch:
     """ASGI middleware sending `/healthz`, `/api/...` and `/proxy/...` straight to this surface's router:
     FastAPI's per-request stack (telemetry, body limit, exception middleware, exit stack, the app's route
-    list) costs more CPU than these routes themselves. Everything else goes on to the app."""
+    list) costs more CPU than these routes themselves. Everything else goes on to the app. A path under these
+    prefixes that no route takes is a 404, a method its route does not take a 405 with `Allow`, as the app
+    answers them (the router raises them as `HTTPException`s, which this middleware, outside the app's
+    exception middleware, answers itself: unanswered they were 500s)."""
 
     PREFIXES = ("/api/", "/proxy/")
 
@@ -136,7 +153,10 @@ class Dispatch:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if scope["type"] == "http" and (path.startswith(self.PREFIXES) or path == "/healthz"):
-            await self.router(scope, receive, send)
+            try:
+                await self.router(scope, receive, send)
+            except HTTPException as exc:  # the router's own 404 or 405: endpoints answer theirs (`answered`)
+                await http_exception_response(exc)(scope, receive, send)
         else:
             await self.app(scope, receive, send)
 

@@ -6,6 +6,7 @@ rollout sticky to one), and pause/resume around weight updates (`/proxy/pause|re
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import logging
@@ -192,6 +193,9 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
     gw.backend = routed
     endpoints = Endpoints((store.get_flag(MODELS_FLAG) or {}).get("models", []))
     pause = Pause(**(store.get_flag(PAUSE_FLAG) or {}))
+    # Held from a change of the pause or the registered endpoints until the store has it: concurrent
+    # changes reach the store in the order they were made, so a restart comes back in the last one's state.
+    changing = asyncio.Lock()
 
     async def proxied(request: Request) -> Response:
         agl.check(request)
@@ -216,6 +220,11 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         if mode == "train":
             body["logprobs"] = True if chat else max(1, int(body.get("logprobs") or 0))
         inner = _inner_request(request, pydantic_core.to_json(body), target.key, rid, target.attempt_id)
+        # Paused while its attempt was looked up or its body arrived: refused too. The check and the count
+        # have no await between them, so a call is either refused or counted in the `inflight` a pause
+        # reports (a caller updating weights once that reads 0 never has a call reach the old ones).
+        if pause.paused:
+            return _paused(pause)
         pause.inflight += 1
         token = ROUTE.set(route)
         try:  # an upstream's 4xx is recorded by the LLM route like any refused call
@@ -230,25 +239,28 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
             entries = MODELS.validate_python(parse_json(await gw.body(request)))
         except ValidationError as exc:
             raise _invalid(exc) from exc
-        endpoints.add(entries)
-        await anyio.to_thread.run_sync(store.set_flag, MODELS_FLAG, {"models": endpoints.as_list()})
+        async with changing:
+            endpoints.add(entries)
+            await anyio.to_thread.run_sync(store.set_flag, MODELS_FLAG, {"models": endpoints.as_list()})
         return reply([e.model_dump() for e in entries], 201)
 
     async def unregister(request: Request) -> Response:
         agl.check(request)
-        await endpoints.clear()
-        await anyio.to_thread.run_sync(store.set_flag, MODELS_FLAG, {"models": []})
+        async with changing:
+            await endpoints.clear()
+            await anyio.to_thread.run_sync(store.set_flag, MODELS_FLAG, {"models": []})
         return reply({"status": "ok"})
 
     async def set_pause(paused: bool, req: PauseRequest | None) -> Response:
-        pause.paused = paused
-        if req is not None:
-            pause.retry_after_seconds, pause.reason = req.retry_after_seconds, req.reason
-        if not paused:
-            pause.reason = None
-        kept = {k: v for k, v in pause.as_dict().items() if k != "inflight"}
-        await anyio.to_thread.run_sync(store.set_flag, PAUSE_FLAG, kept)
-        return reply(pause.as_dict())
+        async with changing:
+            pause.paused = paused
+            if req is not None:
+                pause.retry_after_seconds, pause.reason = req.retry_after_seconds, req.reason
+            if not paused:
+                pause.reason = None
+            kept = {k: v for k, v in pause.as_dict().items() if k != "inflight"}
+            await anyio.to_thread.run_sync(store.set_flag, PAUSE_FLAG, kept)
+            return reply(pause.as_dict())
 
     async def pause_route(request: Request) -> Response:
         agl.check(request)

@@ -227,7 +227,9 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
 
     async def delete(request: Request) -> Response:
         agl.check(request)
-        await run(store_agl.delete, store, request.path_params["rollout_id"])
+        rid = request.path_params["rollout_id"]
+        await run(store_agl.delete, store, rid)
+        agl.moved(rid)  # its cached attempts would still take events and proxied calls
         return Response(status_code=204)
 
     return [
