@@ -116,6 +116,11 @@ def _plan(rollouts: list[Rollout], found: dict[str, tuple[str, AglRow]]) -> tupl
     for r in rollouts:
         if r.rollout_id in found:
             harness, row = found[r.rollout_id]
+            if harness == DELETED:
+                raise Conflict(
+                    f"rollout_id: {r.rollout_id!r} belonged to a rollout deleted through this API; ids are not"
+                    " reused (its attempts, spans and rewards are kept as lineage)"
+                )
             if harness != HARNESS:
                 raise Conflict(f"rollout_id: {r.rollout_id!r} is taken by a rollout not of this API")
             out.append(row)

@@ -172,6 +172,8 @@ def test_delete_is_204_also_for_a_missing_rollout_and_hides_it_from_every_route(
     assert agl.api.get("/api/rollouts", params={"state_in": "queuing"}).json() == []
     assert agl.api.get("/api/rollouts/r1/events").status_code == 404
     assert agl.store.get_rollout("r1").rollout_id == "r1"  # kept in the store as lineage
+    again = agl.api.post("/api/rollouts", json=[{"input": 2, "rollout_id": "r1"}])  # ids are not reused
+    assert again.status_code == 409 and "deleted through this API" in again.json()["error"]["message"]
 
 
 def test_events_post_to_attempt_0_lands_on_the_current_attempt_in_agent_lightnings_shape(agl):
