@@ -66,7 +66,7 @@ class Harness(_Section):
     command: tuple[str, ...] | None = None
     python: str | None = None
     agl: str | None = None
-    timeout_s: float = Field(60.0, gt=0)
+    timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
     max_attempts: int = Field(1, ge=1)
     expected_spans: tuple[str, ...] = ("llm", "reward")
     env_map: dict[str, str] = Field(default_factory=dict)

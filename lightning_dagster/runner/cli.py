@@ -45,7 +45,7 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
     add_removed_secret_option(parser)
     parser.add_argument("--sandbox", choices=SANDBOXES, default="none", help="bwrap: each harness subprocess "
                         "in a PID namespace of its own, away from the gateway's /proc (docs/SECURITY.md)")  # fmt: skip
-    parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--parallel", type=_at_least_one, default=8, help="attempts run at once (default 8)")
     parser.add_argument("--mode", choices=("subprocess", "inprocess"), default="subprocess",
                         help="for a harness that can run either way")  # fmt: skip
     parser.add_argument("--timeout", type=float, help="seconds per attempt (default: the harness's)")
@@ -55,6 +55,16 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backoff-max", type=float, help="cap of the infrastructure retries' exponential "
                         "backoff, and the longest claims pause while the gateway is down (default 30)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _task_options(parser: argparse.ArgumentParser) -> None:

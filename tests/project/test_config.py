@@ -44,6 +44,7 @@ NOT_EXECUTABLE = "bin/agent.sh"
         ({"harness.prepare": "hooks:nothing"}, "harness.prepare", "has no attribute 'nothing'"),
         ({"harness.verify": "hooks:VALUE"}, "harness.verify", "not callable"),
         ({"harness.timeout_s": 0}, "harness.timeout_s", "greater than 0"),
+        ({"harness.timeout_s": float("inf")}, "harness.timeout_s", "finite number"),
         ({"harness.max_attempts": 0}, "harness.max_attempts", "greater than or equal to 1"),
         ({"harness.expected_spans": []}, "harness.expected_spans", "at least one"),
         ({"harness.expected_spans": ["llm", "llm"]}, "harness.expected_spans", "twice"),

@@ -29,7 +29,20 @@ def test_policy_tells_sample_retries_from_infrastructure_retries():
     assert RetryPolicy(retry_on=["killed"]).to_dict()["retry_on"] == ["killed"]
 
 
-@pytest.mark.parametrize("kwargs", [{"max_attempts": 0}, {"timeout_s": 0}, {"heartbeat_timeout_s": -1}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_attempts": 0},
+        {"timeout_s": 0},
+        {"heartbeat_timeout_s": -1},
+        # NaN compares false both ways and infinity never passes: neither would ever end an attempt
+        {"timeout_s": float("nan")},
+        {"timeout_s": float("inf")},
+        {"heartbeat_timeout_s": float("nan")},
+        {"backoff_max_s": float("nan")},
+        {"backoff_s": float("nan")},
+    ],
+)
 def test_an_unusable_policy_is_refused(kwargs):
     with pytest.raises(InvalidPolicy):
         RetryPolicy(**kwargs)
@@ -88,3 +101,16 @@ def test_a_runner_refuses_unknown_or_foreign_rollouts_before_running_anything(st
     with pytest.raises(NotFound, match="ro-nope"):
         runner.run(["ro-nope"])
     assert store.list_attempts(rollout_id=rollout.rollout_id) == []
+
+
+@pytest.mark.parametrize(
+    "command", [["rollouts", "run", "--n", "1"], ["runner", "--gateway", "http://127.0.0.1:9"]]
+)
+@pytest.mark.parametrize("parallel", ["0", "-2", "two"])
+def test_a_parallelism_below_one_is_refused_before_anything_is_queued(store, capsys, command, parallel):
+    before = len(store.query_rollouts())
+    with pytest.raises(SystemExit) as caught:
+        main([*command, "--harness", "calc", "--store", store.url, "--parallel", parallel])
+    assert caught.value.code == 2
+    assert "argument --parallel" in capsys.readouterr().err
+    assert len(store.query_rollouts()) == before
