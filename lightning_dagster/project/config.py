@@ -211,9 +211,15 @@ class Model(_Section):
     def _folder_exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
+        # The file checks only (transformers is not imported): what serving the folder would find first.
+        from lightning_dagster.model_folder import model_folder_problems
+
         folder = _existing(value, info, directory=True)
-        if info.field_name == "path" and not (folder / "config.json").is_file():
-            raise ValueError(f"{folder} has no config.json (not a Hugging Face model folder)")
+        if info.field_name == "tokenizer" and info.data.get("upstream") is None:
+            return folder  # a tokenizer without an upstream is refused as such (`_one_source`)
+        problems = model_folder_problems(folder, weights=info.field_name == "path")
+        if problems:
+            raise ValueError(f"{folder}: {'; '.join(problems)}")
         return folder
 
     @field_validator("warm_start")

@@ -20,6 +20,7 @@ from lightning_dagster.gateway.cli import add_removed_secret_option
 from lightning_dagster.gateway.keys import SecretError, read_secret_file, refuse_env_secrets
 from lightning_dagster.harnesses.registry import HarnessSpec
 from lightning_dagster.harnesses.splits import SPLITS
+from lightning_dagster.model_folder import ModelFolderError, check_model_folder
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
 from lightning_dagster.project.examples import EXAMPLES
 from lightning_dagster.runner.execute import SANDBOXES, SandboxUnavailable, check_sandbox
@@ -220,6 +221,12 @@ def _run(args: argparse.Namespace) -> int:
     from lightning_dagster.runner.service import model_resource
 
     model_dir, resource_id = None, None
+    if args.model is not None and not args.upstream_url:
+        try:
+            check_model_folder(args.model)
+        except ModelFolderError as err:  # a folder given is used as it is: never built over
+            print(f"error: --model: {err}", file=sys.stderr)
+            return 2
     if not args.upstream_url:
         model_dir = args.model or config.models_dir() / "base"
         if not (model_dir / "config.json").exists():

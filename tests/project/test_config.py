@@ -128,6 +128,7 @@ def test_a_folder_stands_for_its_project_file(tmp_path):
 def test_a_full_project_resolves_paths_relative_to_its_file(tmp_path, monkeypatch):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "model" / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
     (tmp_path / "demos.jsonl").write_text("")
     policy = resources.files("lightning_dagster.gate").joinpath("policies/default-v1.yaml").read_text()
     (tmp_path / "policy.yaml").write_text(policy)
