@@ -10,8 +10,11 @@ retried). Exit status: 0 ran, 2 bad arguments or a bad project."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -212,7 +215,8 @@ def _run(args: argparse.Namespace) -> int:
             store, url, secret=key, harness=spec, parallel=args.parallel, policy=policy, mode=args.mode,
             decode=decode, sandbox=args.sandbox,
         )  # fmt: skip
-        summary = runner.run([r.rollout_id for r in rollouts])
+        with _stdout_to_stderr():
+            summary = runner.run([r.rollout_id for r in rollouts])
         print(summary.to_json() if args.json else _text(summary.to_dict()))
         return 0
 
@@ -245,6 +249,28 @@ def _run(args: argparse.Namespace) -> int:
     ) as gateway:
         decode = gateway.codec.decode if gateway.codec is not None else None
         return execute(gateway.url, gateway.secret, resource_id, decode)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """While the run's attempts run, whatever is written to standard output (an in-process harness's print,
+    or a program it starts) goes to standard error: stdout carries only the summary, which `--json` makes a
+    document for another program to parse."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no file descriptor 1 to keep
+        saved = None
+    if saved is not None:
+        os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def _text(summary: dict) -> str:
