@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -152,8 +153,10 @@ def rollouts_of(
             f"run id: {args.run_id} (the same command with --run-id {args.run_id} resumes it)",
             file=sys.stderr,
         )
-    found = run_rollouts(store, args.run_id, len(chosen))
+    # one group past the run's tasks: a run queued with a larger --n is another run, not this one's prefix
+    found = run_rollouts(store, args.run_id, len(chosen) + 1)
     if found:
+        _check_resumed(args, spec, chosen, found)
         return found
     return enqueue_tasks(
         store,
@@ -167,6 +170,53 @@ def rollouts_of(
     )
 
 
+class RunMismatch(ValueError):
+    """`--run-id` names a run queued with other settings than the command's: resuming it would run (or
+    report) rollouts the command did not ask for."""
+
+
+def _check_resumed(args: argparse.Namespace, spec: HarnessSpec, chosen: list, found: list[Rollout]) -> None:
+    """Raise RunMismatch unless `found` is exactly what `enqueue_tasks` queues for this command's harness,
+    split, tasks, group size and seed."""
+    from lightning_dagster.runner.rollouts import sampling_seed
+
+    expected = Counter(
+        (
+            f"{args.run_id}-g{t}",
+            task["task_id"],
+            spec.name,
+            args.split,
+            sampling_seed(args.seed, task["task_id"], i),
+        )
+        for t, task in enumerate(chosen)
+        for i in range(args.group)
+    )
+    queued = Counter(
+        (r.group_id, r.task_id, r.harness, r.kind.value, r.metadata.get("sampling_seed")) for r in found
+    )
+    if queued == expected:
+        return
+    groups = Counter(r.group_id for r in found)
+    differences = []
+    for what, values, asked in (
+        ("harness", {str(r.harness) for r in found}, spec.name),
+        ("split", {r.kind.value for r in found}, args.split),
+    ):
+        if values != {asked}:
+            differences.append(f"{what} {', '.join(sorted(values))}, not {asked}")
+    if len(groups) != len(chosen):
+        more = "more than " if len(groups) > len(chosen) else ""
+        differences.append(f"{more}{min(len(groups), len(chosen))} task(s), not {len(chosen)} (--n)")
+    sizes = sorted(set(groups.values()))
+    if sizes != [args.group]:
+        differences.append(f"groups of {', '.join(map(str, sizes))}, not {args.group} (--group)")
+    raise RunMismatch(
+        f"run {args.run_id} was queued with other settings: "
+        f"{'; '.join(differences) or 'other tasks, or another --seed'}. "
+        "Resume it with the command that started it, or give a new --run-id"
+    )
+
+
 @exits_2_on_project_error
 def _enqueue(args: argparse.Namespace) -> int:
     from lightning_dagster.store import Store
@@ -175,7 +225,11 @@ def _enqueue(args: argparse.Namespace) -> int:
         print("error: --n and --group must be >= 1", file=sys.stderr)
         return 2
     spec, project = harness_of(args)
-    rollouts = rollouts_of(args, Store(args.store), spec, project)
+    try:
+        rollouts = rollouts_of(args, Store(args.store), spec, project)
+    except RunMismatch as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(json.dumps({"run_id": args.run_id, "rollouts": len(rollouts), "harness": spec.name}))
     return 0
 
@@ -210,7 +264,11 @@ def _run(args: argparse.Namespace) -> int:
     store = Store(args.store)
 
     def execute(url: str, key: str, resource_id: str | None, decode: Decode | None) -> int:
-        rollouts = rollouts_of(args, store, spec, project, resource_id=resource_id)
+        try:
+            rollouts = rollouts_of(args, store, spec, project, resource_id=resource_id)
+        except RunMismatch as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         runner = Runner(
             store, url, secret=key, harness=spec, parallel=args.parallel, policy=policy, mode=args.mode,
             decode=decode, sandbox=args.sandbox,
