@@ -41,11 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     if handler is None:
         cmd_parser.print_help()
         return 2
+    from lightning_dagster.model_folder import ModelFolderError
     from lightning_dagster.store.errors import StoreUnavailable
 
     try:
         return int(handler(args) or 0)
     except StoreUnavailable as err:  # locked or read-only: one line that names the store and the cause
+        print(f"lightning-dagster: {err}", file=sys.stderr)
+        return 2
+    except ModelFolderError as err:  # a model folder without a tokenizer or chat template, found on loading
         print(f"lightning-dagster: {err}", file=sys.stderr)
         return 2
 

@@ -17,6 +17,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from lightning_dagster.model_folder import ModelFolderError, check_model_folder
+
 CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text()
 
 PAD_TOKEN = "<|endoftext|>"
@@ -165,7 +167,11 @@ class ChatCodec:
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
         self.model_dir = Path(model_dir)
+        if tokenizer is None:
+            check_model_folder(self.model_dir, weights=False)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.model_dir)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ModelFolderError(f"{self.model_dir}: the tokenizer has no chat template")
         if eos_token_ids is None:
             sources: list[Any] = [AutoConfig.from_pretrained(self.model_dir)]
             try:

@@ -66,7 +66,7 @@ class Harness(_Section):
     command: tuple[str, ...] | None = None
     python: str | None = None
     agl: str | None = None
-    timeout_s: float = Field(60.0, gt=0)
+    timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
     max_attempts: int = Field(1, ge=1)
     expected_spans: tuple[str, ...] = ("llm", "reward")
     env_map: dict[str, str] = Field(default_factory=dict)
@@ -86,6 +86,8 @@ class Harness(_Section):
             return None
         if not value or not value[0].strip():
             raise ValueError("needs at least the program to run")
+        if any("\x00" in part for part in value):
+            raise ValueError("an argument contains a NUL character, which no program can receive")
         return (resolve_program(value[0], _root(info)), *value[1:])
 
     @field_validator("python", "prepare", "verify")
@@ -211,9 +213,15 @@ class Model(_Section):
     def _folder_exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
+        # The file checks only (transformers is not imported): what serving the folder would find first.
+        from lightning_dagster.model_folder import model_folder_problems
+
         folder = _existing(value, info, directory=True)
-        if info.field_name == "path" and not (folder / "config.json").is_file():
-            raise ValueError(f"{folder} has no config.json (not a Hugging Face model folder)")
+        if info.field_name == "tokenizer" and info.data.get("upstream") is None:
+            return folder  # a tokenizer without an upstream is refused as such (`_one_source`)
+        problems = model_folder_problems(folder, weights=info.field_name == "path")
+        if problems:
+            raise ValueError(f"{folder}: {'; '.join(problems)}")
         return folder
 
     @field_validator("warm_start")
@@ -287,6 +295,29 @@ class Project(_Section):
         return path
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that gives one key twice (PyYAML keeps the last silently: a
+    second `harness:` section would replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor`: the keys it brings may be given again here, that is its point
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, list | dict):
+                continue  # unhashable: the base loader names it
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _problems(err: ValidationError) -> list[tuple[str, str]]:
     problems = []
     for e in err.errors():
@@ -320,7 +351,7 @@ def load_project(path: Path | str | None = None) -> Project:
         hint = " (create one with `lightning-dagster init DIR`)" if file.name == PROJECT_FILE else ""
         raise ProjectError(file, [("", f"cannot read the project file: {err.strerror}{hint}")]) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         raise ProjectError(file, [("", f"not valid YAML: {err}")]) from None
     if not isinstance(data, dict):

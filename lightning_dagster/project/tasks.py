@@ -1,4 +1,5 @@
-"""The project's tasks, read through pandas (`.jsonl`, `.csv`, `.parquet`) and split four ways.
+"""The project's tasks (`.jsonl` read line by line, `.csv` and `.parquet` through pandas with nullable
+dtypes, so values keep their types) and split four ways.
 
 Every task is a plain JSON-able dict with every column of its row (missing values as None) and three keys
 set by the loader: `task_id` and `family` (as strings, from the configured columns) and `split`. The set's
@@ -27,21 +28,72 @@ from lightning_dagster.project.errors import TaskDataError
 SHOWN = 3  # offending ids or rows named in one message
 
 
-def _read_jsonl(path: Path, text_columns: list[str]) -> pd.DataFrame:
-    # dtype=False keeps values as JSON typed them (no date guessing, ids stay strings).
-    return pd.read_json(path, lines=True, dtype=False)
+Rows = tuple[list[str], list[dict[str, Any]]]  # the columns in order, and each row's values by column
 
 
-def _read_csv(path: Path, text_columns: list[str]) -> pd.DataFrame:
+class _BadLines(ValueError):
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+def _not_json_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (write null, or the number as a string)")
+
+
+def _read_jsonl(path: Path, text_columns: list[str]) -> Rows:
+    """One JSON object a line, values exactly as JSON typed them (a column some rows lack is None there, and
+    an integer stays an integer); blank lines are skipped. Bad lines raise `_BadLines` naming them."""
+    columns: dict[str, None] = {}
+    records: list[dict[str, Any]] = []
+    bad: list[str] = []
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8").strip()
+        except UnicodeDecodeError as err:
+            bad.append(f"line {number}: not UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})")
+            continue
+        if not line:
+            continue
+        try:
+            value = json.loads(line, parse_constant=_not_json_constant)
+        except json.JSONDecodeError as err:
+            bad.append(f"line {number}: not valid JSON ({err.msg} at column {err.colno})")
+            continue
+        except ValueError as err:  # NaN and the infinities, refused by `_not_json_constant`
+            bad.append(f"line {number}: {err}")
+            continue
+        if not isinstance(value, dict):
+            bad.append(f"line {number}: a JSON {_json_kind(value)}, expected an object (one task a line)")
+            continue
+        columns.update(dict.fromkeys(value))
+        records.append(value)
+    if bad:
+        more = [f"and {len(bad) - SHOWN} more bad lines"] if len(bad) > SHOWN else []
+        raise _BadLines(bad[:SHOWN] + more)
+    return list(columns), [{column: row.get(column) for column in columns} for row in records]
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+
+
+def _records(frame: pd.DataFrame) -> Rows:
+    return [str(column) for column in frame.columns], frame.to_dict(orient="records")
+
+
+# Nullable dtypes: an integer column with a missing value stays integers (with None), not floats.
+def _read_csv(path: Path, text_columns: list[str]) -> Rows:
     # Ids such as `007` must not become the number 7.
-    return pd.read_csv(path, dtype={column: str for column in text_columns})
+    dtypes = {column: str for column in text_columns}
+    return _records(pd.read_csv(path, dtype=dtypes, dtype_backend="numpy_nullable"))
 
 
-def _read_parquet(path: Path, text_columns: list[str]) -> pd.DataFrame:
-    return pd.read_parquet(path)
+def _read_parquet(path: Path, text_columns: list[str]) -> Rows:
+    return _records(pd.read_parquet(path, dtype_backend="numpy_nullable"))
 
 
-READERS: dict[str, Callable[[Path, list[str]], pd.DataFrame]] = {
+READERS: dict[str, Callable[[Path, list[str]], Rows]] = {
     ".jsonl": _read_jsonl,
     ".csv": _read_csv,
     ".parquet": _read_parquet,
@@ -135,6 +187,12 @@ def _rows_text(numbers: list[int]) -> str:
     return f"rows {shown}" + (f" and {len(numbers) - SHOWN} more" if len(numbers) > SHOWN else "")
 
 
+def _key_value(value: Any) -> bool:
+    """Whether `value` can be a task id, family or split: text, a number or missing (not a boolean, list or
+    object, whose text form would be a made-up id)."""
+    return value is None or (isinstance(value, str | int | float) and not isinstance(value, bool))
+
+
 def _text(value: Any) -> str | None:
     if value is None:
         return None
@@ -143,7 +201,7 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
-def _read(project: Project) -> pd.DataFrame:
+def _read(project: Project) -> Rows:
     spec, path = project.tasks, project.tasks.path
     reader = READERS.get(path.suffix.lower())
     if reader is None:
@@ -152,13 +210,16 @@ def _read(project: Project) -> pd.DataFrame:
     text_columns = [c for c in (spec.id_column, spec.family_column, spec.split_column) if c]
     try:
         return reader(path, text_columns)
+    except _BadLines as err:
+        problems = [("tasks.path", f"cannot read as jsonl: {problem}") for problem in err.problems]
+        raise TaskDataError(path, problems) from None
     except Exception as err:  # pandas and pyarrow raise many types for one cause: the file does not parse
         problem = f"cannot read as {path.suffix[1:]}: {type(err).__name__}: {err}"
         raise TaskDataError(path, [("tasks.path", problem)]) from None
 
 
-def _check_columns(project: Project, frame: pd.DataFrame) -> None:
-    spec, columns = project.tasks, [str(c) for c in frame.columns]
+def _check_columns(project: Project, columns: list[str]) -> None:
+    spec = project.tasks
     available = f"(columns: {', '.join(columns) or 'none'})"
     keyed = [("tasks.id_column", spec.id_column), ("tasks.family_column", spec.family_column)]
     if spec.split_column is not None:
@@ -178,8 +239,10 @@ def _check_columns(project: Project, frame: pd.DataFrame) -> None:
 def load_tasks(project: Project) -> TaskSet:
     """Read, check and split the project's tasks; raises TaskDataError naming the column and rows."""
     spec = project.tasks
-    frame = _read(project)
-    _check_columns(project, frame)
+    columns, records = _read(project)
+    if not records:
+        raise TaskDataError(spec.path, [("tasks.path", "the file has no task rows")])
+    _check_columns(project, columns)
     split_key = "tasks.split_column" if spec.split_column else "tasks.split_fractions"
     weights = {name: share for name, share in (spec.split_fractions or {}).items() if share > 0}
     problems: list[tuple[str, str]] = []
@@ -187,12 +250,21 @@ def load_tasks(project: Project) -> TaskSet:
     no_family: list[int] = []
     bad_split: dict[str, list[int]] = defaultdict(list)
     rows_of: dict[str, list[int]] = defaultdict(list)
+    not_text: dict[tuple[str, str], list[int]] = defaultdict(list)
+    keyed = [("tasks.id_column", spec.id_column), ("tasks.family_column", spec.family_column)]
+    if spec.split_column:
+        keyed.append(("tasks.split_column", spec.split_column))
     tasks: list[dict[str, Any]] = []
-    for number, record in enumerate(frame.to_dict(orient="records"), start=1):
+    for number, record in enumerate(records, start=1):
         row = {str(column): _plain(value) for column, value in record.items()}
         json_problem = _json_problem(row, number)
         if json_problem:
             problems.append(("tasks.path", json_problem))
+            continue
+        wrong = [(key, column) for key, column in keyed if not _key_value(row[column])]
+        for key_column in wrong:
+            not_text[key_column].append(number)
+        if wrong:
             continue
         task_id, family = _text(row[spec.id_column]), _text(row[spec.family_column])
         if not task_id:
@@ -205,6 +277,8 @@ def load_tasks(project: Project) -> TaskSet:
         if split not in SPLITS:
             bad_split[str(split)].append(number)
         tasks.append({**row, "task_id": task_id, "family": family, "split": split})
+    for (key, column), rows in not_text.items():
+        problems.append((key, f"{column!r} is not text or a number in {_rows_text(rows)}"))
     if no_id:
         problems.append(("tasks.id_column", f"{spec.id_column!r} is empty in {_rows_text(no_id)}"))
     duplicates = [(task_id, rows) for task_id, rows in rows_of.items() if len(rows) > 1]

@@ -10,8 +10,12 @@ retried). Exit status: 0 ran, 2 bad arguments or a bad project."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +24,7 @@ from lightning_dagster.gateway.cli import add_removed_secret_option
 from lightning_dagster.gateway.keys import SecretError, read_secret_file, refuse_env_secrets
 from lightning_dagster.harnesses.registry import HarnessSpec
 from lightning_dagster.harnesses.splits import SPLITS
+from lightning_dagster.model_folder import ModelFolderError, check_model_folder
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
 from lightning_dagster.project.examples import EXAMPLES
 from lightning_dagster.runner.execute import SANDBOXES, SandboxUnavailable, check_sandbox
@@ -45,7 +50,7 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
     add_removed_secret_option(parser)
     parser.add_argument("--sandbox", choices=SANDBOXES, default="none", help="bwrap: each harness subprocess "
                         "in a PID namespace of its own, away from the gateway's /proc (docs/SECURITY.md)")  # fmt: skip
-    parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--parallel", type=_at_least_one, default=8, help="attempts run at once (default 8)")
     parser.add_argument("--mode", choices=("subprocess", "inprocess"), default="subprocess",
                         help="for a harness that can run either way")  # fmt: skip
     parser.add_argument("--timeout", type=float, help="seconds per attempt (default: the harness's)")
@@ -55,6 +60,16 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backoff-max", type=float, help="cap of the infrastructure retries' exponential "
                         "backoff, and the longest claims pause while the gateway is down (default 30)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _task_options(parser: argparse.ArgumentParser) -> None:
@@ -138,8 +153,10 @@ def rollouts_of(
             f"run id: {args.run_id} (the same command with --run-id {args.run_id} resumes it)",
             file=sys.stderr,
         )
-    found = run_rollouts(store, args.run_id, len(chosen))
+    # one group past the run's tasks: a run queued with a larger --n is another run, not this one's prefix
+    found = run_rollouts(store, args.run_id, len(chosen) + 1)
     if found:
+        _check_resumed(args, spec, chosen, found)
         return found
     return enqueue_tasks(
         store,
@@ -153,6 +170,53 @@ def rollouts_of(
     )
 
 
+class RunMismatch(ValueError):
+    """`--run-id` names a run queued with other settings than the command's: resuming it would run (or
+    report) rollouts the command did not ask for."""
+
+
+def _check_resumed(args: argparse.Namespace, spec: HarnessSpec, chosen: list, found: list[Rollout]) -> None:
+    """Raise RunMismatch unless `found` is exactly what `enqueue_tasks` queues for this command's harness,
+    split, tasks, group size and seed."""
+    from lightning_dagster.runner.rollouts import sampling_seed
+
+    expected = Counter(
+        (
+            f"{args.run_id}-g{t}",
+            task["task_id"],
+            spec.name,
+            args.split,
+            sampling_seed(args.seed, task["task_id"], i),
+        )
+        for t, task in enumerate(chosen)
+        for i in range(args.group)
+    )
+    queued = Counter(
+        (r.group_id, r.task_id, r.harness, r.kind.value, r.metadata.get("sampling_seed")) for r in found
+    )
+    if queued == expected:
+        return
+    groups = Counter(r.group_id for r in found)
+    differences = []
+    for what, values, asked in (
+        ("harness", {str(r.harness) for r in found}, spec.name),
+        ("split", {r.kind.value for r in found}, args.split),
+    ):
+        if values != {asked}:
+            differences.append(f"{what} {', '.join(sorted(values))}, not {asked}")
+    if len(groups) != len(chosen):
+        more = "more than " if len(groups) > len(chosen) else ""
+        differences.append(f"{more}{min(len(groups), len(chosen))} task(s), not {len(chosen)} (--n)")
+    sizes = sorted(set(groups.values()))
+    if sizes != [args.group]:
+        differences.append(f"groups of {', '.join(map(str, sizes))}, not {args.group} (--group)")
+    raise RunMismatch(
+        f"run {args.run_id} was queued with other settings: "
+        f"{'; '.join(differences) or 'other tasks, or another --seed'}. "
+        "Resume it with the command that started it, or give a new --run-id"
+    )
+
+
 @exits_2_on_project_error
 def _enqueue(args: argparse.Namespace) -> int:
     from lightning_dagster.store import Store
@@ -161,7 +225,11 @@ def _enqueue(args: argparse.Namespace) -> int:
         print("error: --n and --group must be >= 1", file=sys.stderr)
         return 2
     spec, project = harness_of(args)
-    rollouts = rollouts_of(args, Store(args.store), spec, project)
+    try:
+        rollouts = rollouts_of(args, Store(args.store), spec, project)
+    except RunMismatch as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(json.dumps({"run_id": args.run_id, "rollouts": len(rollouts), "harness": spec.name}))
     return 0
 
@@ -196,12 +264,17 @@ def _run(args: argparse.Namespace) -> int:
     store = Store(args.store)
 
     def execute(url: str, key: str, resource_id: str | None, decode: Decode | None) -> int:
-        rollouts = rollouts_of(args, store, spec, project, resource_id=resource_id)
+        try:
+            rollouts = rollouts_of(args, store, spec, project, resource_id=resource_id)
+        except RunMismatch as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         runner = Runner(
             store, url, secret=key, harness=spec, parallel=args.parallel, policy=policy, mode=args.mode,
             decode=decode, sandbox=args.sandbox,
         )  # fmt: skip
-        summary = runner.run([r.rollout_id for r in rollouts])
+        with _stdout_to_stderr():
+            summary = runner.run([r.rollout_id for r in rollouts])
         print(summary.to_json() if args.json else _text(summary.to_dict()))
         return 0
 
@@ -210,6 +283,12 @@ def _run(args: argparse.Namespace) -> int:
     from lightning_dagster.runner.service import model_resource
 
     model_dir, resource_id = None, None
+    if args.model is not None and not args.upstream_url:
+        try:
+            check_model_folder(args.model)
+        except ModelFolderError as err:  # a folder given is used as it is: never built over
+            print(f"error: --model: {err}", file=sys.stderr)
+            return 2
     if not args.upstream_url:
         model_dir = args.model or config.models_dir() / "base"
         if not (model_dir / "config.json").exists():
@@ -228,6 +307,28 @@ def _run(args: argparse.Namespace) -> int:
     ) as gateway:
         decode = gateway.codec.decode if gateway.codec is not None else None
         return execute(gateway.url, gateway.secret, resource_id, decode)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """While the run's attempts run, whatever is written to standard output (an in-process harness's print,
+    or a program it starts) goes to standard error: stdout carries only the summary, which `--json` makes a
+    document for another program to parse."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no file descriptor 1 to keep
+        saved = None
+    if saved is not None:
+        os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def _text(summary: dict) -> str:

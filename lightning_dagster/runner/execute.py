@@ -200,7 +200,9 @@ def run_subprocess(
 
     Its standard input is the task (`env["LD_TASK"]`), from a file so a harness that never reads it cannot
     block us. The child gets its own session so a timeout kills the whole process group (a harness may spawn
-    helpers); stdout and stderr go to files in `workdir`, their tails end up in the failure reason.
+    helpers), and so does its exit: no helper outlives its attempt (one that starts a session of its own
+    leaves the group; under `sandbox="bwrap"` it ends with the PID namespace). stdout and stderr go to files
+    in `workdir`, their tails end up in the failure reason.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "stdin").write_text(env["LD_TASK"])
@@ -219,11 +221,14 @@ def run_subprocess(
         except OSError as exc:
             return Outcome(AttemptState.failed, "spawn_error", f"cannot start {argv[0]!r}: {exc}"), None
 
-        def kill() -> None:
+        def kill_group() -> None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):  # the group is empty (or its id reused)
                 pass
+
+        def kill() -> None:
+            kill_group()
             proc.wait()
 
         def wait(seconds: float) -> bool:
@@ -234,6 +239,9 @@ def run_subprocess(
             return True
 
         verdict = supervise(wait, kill, **supervise_kw)
+        # Helpers the harness started in its process group end with the attempt, however it ended: left
+        # running they would pile up on a long-lived worker and post into attempts already ended.
+        kill_group()
     if verdict == "timeout":
         message = f"harness killed after the {supervise_kw['timeout_s']:g}s timeout{_tails(workdir)}"
         return Outcome(AttemptState.timeout, "timeout", message), verdict

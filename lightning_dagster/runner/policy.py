@@ -11,6 +11,7 @@ Infrastructure retries back off: retry k is not claimed before `backoff_s * 2**(
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,6 +35,14 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise InvalidPolicy(f"max_attempts must be >= 1, got {self.max_attempts}")
+        # NaN passes every comparison below as if it were in range: an infinite or NaN timeout would never
+        # end an attempt, a NaN heartbeat interval would heartbeat in a busy loop.
+        times = ("timeout_s", "heartbeat_timeout_s", "backoff_s", "backoff_max_s")
+        unbounded = [
+            f"{name}={getattr(self, name)}" for name in times if not math.isfinite(getattr(self, name))
+        ]
+        if unbounded:
+            raise InvalidPolicy(f"times must be finite numbers of seconds, got {', '.join(unbounded)}")
         if self.timeout_s <= 0 or self.heartbeat_timeout_s <= 0:
             raise InvalidPolicy("timeout_s and heartbeat_timeout_s must be positive")
         if self.backoff_s < 0 or self.backoff_max_s < self.backoff_s:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from lightning_dagster.engine import InvalidMessages, find_retokenization_drift, parse_assistant
 from lightning_dagster.engine.build import CALCULATOR_TOOL
+from lightning_dagster.model_folder import ModelFolderError
 
 
 def _call(name: str, args: dict) -> dict:
@@ -157,3 +159,15 @@ def test_prefix_preservation_holds_for_arbitrary_text(engine, system, messages):
             convo[:k], [CALCULATOR_TOOL], add_generation_prompt=convo[k]["role"] == "assistant"
         )
         assert full[: len(head)] == head
+
+
+def test_the_chat_codec_names_a_tokenizer_without_a_chat_template(model_dir, tmp_path):
+    from lightning_dagster.engine.chat import ChatCodec
+
+    copy = shutil.copytree(model_dir, tmp_path / "copy")
+    (copy / "chat_template.jinja").unlink()
+    settings = json.loads((copy / "tokenizer_config.json").read_text())
+    settings.pop("chat_template", None)
+    (copy / "tokenizer_config.json").write_text(json.dumps(settings))
+    with pytest.raises(ModelFolderError, match="the tokenizer has no chat template"):
+        ChatCodec(copy)

@@ -35,6 +35,7 @@ NOT_EXECUTABLE = "bin/agent.sh"
         ({"harness.command": ["./bin/missing"]}, "harness.command", "does not exist"),
         ({"harness.command": [NOT_EXECUTABLE]}, "harness.command", "is not executable"),
         ({"harness.command": "python agent.py"}, "harness.command", "valid tuple"),
+        ({"harness.command": ["python", "agent.py", "a\x00b"]}, "harness.command", "NUL character"),
         ({"harness": {"python": "nosuchmodule_7f3a:run"}}, "harness.python", "no module 'nosuchmodule_7f3a'"),
         ({"harness": {"python": "hooks"}}, "harness.python", "expected 'module:function'"),
         ({"harness": {"python": "hooks:missing"}}, "harness.python", "has no attribute 'missing'"),
@@ -44,6 +45,7 @@ NOT_EXECUTABLE = "bin/agent.sh"
         ({"harness.prepare": "hooks:nothing"}, "harness.prepare", "has no attribute 'nothing'"),
         ({"harness.verify": "hooks:VALUE"}, "harness.verify", "not callable"),
         ({"harness.timeout_s": 0}, "harness.timeout_s", "greater than 0"),
+        ({"harness.timeout_s": float("inf")}, "harness.timeout_s", "finite number"),
         ({"harness.max_attempts": 0}, "harness.max_attempts", "greater than or equal to 1"),
         ({"harness.expected_spans": []}, "harness.expected_spans", "at least one"),
         ({"harness.expected_spans": ["llm", "llm"]}, "harness.expected_spans", "twice"),
@@ -94,6 +96,9 @@ def test_a_bad_project_file_names_the_file_and_key(tmp_path, changes, key, fragm
         ("name: [unclosed\n", "not valid YAML"),
         ("- a list\n", "expected a mapping"),
         ("", "expected a mapping"),
+        # PyYAML keeps the last of two equal keys: the first would be dropped without a word
+        ("name: a\nharness: {command: [python]}\ntasks: {path: t.jsonl}\nname: b\n", "duplicate key 'name'"),
+        ("name: a\nharness: {timeout_s: 5, command: [python], timeout_s: 9}\n", "duplicate key 'timeout_s'"),
     ],
 )
 def test_a_file_that_is_not_a_mapping_is_a_project_error(tmp_path, text, fragment):
@@ -127,6 +132,7 @@ def test_a_folder_stands_for_its_project_file(tmp_path):
 def test_a_full_project_resolves_paths_relative_to_its_file(tmp_path, monkeypatch):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "model" / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
     (tmp_path / "demos.jsonl").write_text("")
     policy = resources.files("lightning_dagster.gate").joinpath("policies/default-v1.yaml").read_text()
     (tmp_path / "policy.yaml").write_text(policy)
@@ -194,3 +200,16 @@ def test_each_project_imports_its_own_module_of_a_shared_name(tmp_path):
     (tmp_path / "two" / "hooks.py").write_text("def only_in_two(task, transcript):\n    return 0.0\n")
     assert load_project(second).reward == "hooks:only_in_two"
     assert sys.modules["hooks"].__file__ == str(tmp_path / "two" / "hooks.py")
+
+
+def test_a_merge_key_may_be_overridden_without_counting_as_a_duplicate(tmp_path):
+    file = write_project(tmp_path)
+    file.write_text(
+        "name: demo\n"
+        "defaults: &defaults {command: [python, agent.py], timeout_s: 5}\n"
+        "harness: {<<: *defaults, timeout_s: 9}\n"
+        "tasks: {path: tasks.jsonl}\n"
+    )
+    with pytest.raises(ProjectError) as caught:  # only the anchor's own key is unknown
+        load_project(file)
+    assert caught.value.keys == ["defaults"]

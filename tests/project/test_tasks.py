@@ -266,3 +266,62 @@ def test_many_duplicates_are_summarised(tmp_path):
     project = load_project(write_project(tmp_path, rows=rows))
     with pytest.raises(TaskDataError, match=r"'t0' \(rows 1, 6, 11 and 1 more\).* and 2 more"):
         load_tasks(project)
+
+
+@pytest.mark.parametrize(
+    ("content", "fragments"),
+    [
+        (b'{"task_id": "a", "family": "f", "split": "train"}\n{oops\n', ["line 2: not valid JSON"]),
+        (b'{"task_id": "a", "family": "f", "split": "train"}\n\n[1, 2]\n', ["line 3: a JSON array"]),
+        (b"5\nnull\n", ["line 1: a JSON number", "line 2: a JSON null"]),
+        (b'{"task_id": "a\xff", "family": "f", "split": "train"}\n', ["line 1: not UTF-8 (byte 0xff"]),
+        (b'{"task_id": "a", "family": "f", "split": "train", "x": NaN}\n', ["line 1: NaN is not JSON"]),
+        (b'{"task_id": "a", "family": "f", "split": "train", "x": Infinity}\n', ["Infinity is not JSON"]),
+        (b"", ["the file has no task rows"]),
+        (b"\n\n", ["the file has no task rows"]),
+        (b"[]\n" * 7, ["line 1", "line 3", "and 4 more bad lines"]),
+    ],
+)
+def test_a_bad_jsonl_line_is_named_by_its_line_number(tmp_path, content, fragments):
+    project = load_project(write_project(tmp_path))
+    project.tasks.path.write_bytes(content)
+    with pytest.raises(TaskDataError) as caught:
+        load_tasks(project)
+    assert set(caught.value.keys) == {"tasks.path"}
+    for fragment in fragments:
+        assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_an_integer_column_with_a_missing_value_keeps_its_integers(tmp_path, fmt):
+    rows = [{**row, "answer": None if i == 1 else row["answer"]} for i, row in enumerate(task_rows())]
+    path = tmp_path / f"tasks.{fmt}"
+    tmp_path.mkdir(exist_ok=True)
+    if fmt == "jsonl":  # the row without an answer lacks the key altogether
+        write_jsonl(path, [{k: v for k, v in row.items() if v is not None} for row in rows])
+    elif fmt == "csv":  # written by hand: pandas would write the column as floats
+        lines = ["task_id,family,split,answer"]
+        lines += [
+            f"{r['task_id']},{r['family']},{r['split']},{'' if r['answer'] is None else r['answer']}"
+            for r in rows
+        ]
+        path.write_text("\n".join(lines) + "\n")
+    else:  # written by pyarrow as a nullable int64 column, with no pandas dtype metadata
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    tasks = load_tasks(_project(tmp_path, path.name))
+    answers = {task["task_id"]: task["answer"] for task in tasks.splits["train"]}
+    assert answers == {"train-0": 0, "train-1": None, "train-2": 2}
+    assert type(answers["train-2"]) is int
+
+
+def test_an_id_family_or_split_that_is_not_text_or_a_number_is_refused(tmp_path):
+    rows = _with(_with(GOOD, 1, task_id=True), 4, family={"name": "a"})
+    project = load_project(write_project(tmp_path, rows=rows))
+    with pytest.raises(TaskDataError) as caught:
+        load_tasks(project)
+    assert caught.value.keys == ["tasks.id_column", "tasks.family_column"]
+    assert "'task_id' is not text or a number in rows 2" in str(caught.value)
+    assert "'family' is not text or a number in rows 5" in str(caught.value)

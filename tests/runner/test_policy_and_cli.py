@@ -9,7 +9,7 @@ import pytest
 from lightning_dagster.cli import main
 from lightning_dagster.runner import InvalidPolicy, RetryPolicy
 from lightning_dagster.types import Attempt, AttemptState, RetryKind, SpanKind
-from tests.support.secrets import gateway_args
+from tests.support.secrets import gateway_args, secret_file
 
 
 def ended(state: str, reason: str | None = None, seq: int = 1) -> Attempt:
@@ -29,7 +29,20 @@ def test_policy_tells_sample_retries_from_infrastructure_retries():
     assert RetryPolicy(retry_on=["killed"]).to_dict()["retry_on"] == ["killed"]
 
 
-@pytest.mark.parametrize("kwargs", [{"max_attempts": 0}, {"timeout_s": 0}, {"heartbeat_timeout_s": -1}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_attempts": 0},
+        {"timeout_s": 0},
+        {"heartbeat_timeout_s": -1},
+        # NaN compares false both ways and infinity never passes: neither would ever end an attempt
+        {"timeout_s": float("nan")},
+        {"timeout_s": float("inf")},
+        {"heartbeat_timeout_s": float("nan")},
+        {"backoff_max_s": float("nan")},
+        {"backoff_s": float("nan")},
+    ],
+)
 def test_an_unusable_policy_is_refused(kwargs):
     with pytest.raises(InvalidPolicy):
         RetryPolicy(**kwargs)
@@ -88,3 +101,44 @@ def test_a_runner_refuses_unknown_or_foreign_rollouts_before_running_anything(st
     with pytest.raises(NotFound, match="ro-nope"):
         runner.run(["ro-nope"])
     assert store.list_attempts(rollout_id=rollout.rollout_id) == []
+
+
+@pytest.mark.parametrize(
+    "command", [["rollouts", "run", "--n", "1"], ["runner", "--gateway", "http://127.0.0.1:9"]]
+)
+@pytest.mark.parametrize("parallel", ["0", "-2", "two"])
+def test_a_parallelism_below_one_is_refused_before_anything_is_queued(store, capsys, command, parallel):
+    before = len(store.query_rollouts())
+    with pytest.raises(SystemExit) as caught:
+        main([*command, "--harness", "calc", "--store", store.url, "--parallel", parallel])
+    assert caught.value.code == 2
+    assert "argument --parallel" in capsys.readouterr().err
+    assert len(store.query_rollouts()) == before
+
+
+def test_a_run_id_resumes_only_the_run_it_was_queued_for(tmp_path, capsys):
+    store = ["--store", f"sqlite:///{tmp_path / 'store.db'}"]
+    enqueue = ["rollouts", "enqueue", "--harness", "calc", "--n", "3", "--run-id", "r1", *store]
+    assert main(enqueue) == 0
+    assert json.loads(capsys.readouterr().out) == {"run_id": "r1", "rollouts": 3, "harness": "calc"}
+    assert main(enqueue) == 0  # the same command resumes it: nothing queued twice
+    assert json.loads(capsys.readouterr().out)["rollouts"] == 3
+    for change, fragment in [
+        (["--harness", "ledger"], "harness calc, not ledger"),
+        (["--group", "2"], "groups of 1, not 2 (--group)"),
+        (["--n", "2"], "more than 2 task(s), not 2 (--n)"),
+        (["--n", "5"], "3 task(s), not 5 (--n)"),
+        (["--split", "holdout"], "split train, not holdout"),
+        (["--seed", "7"], "other tasks, or another --seed"),
+    ]:
+        assert main([*enqueue, *change]) == 2, change  # a later option overrides the earlier
+        err = capsys.readouterr().err
+        assert "run r1 was queued with other settings" in err and fragment in err, (change, err)
+    # `rollouts run` resumes through the same check: a foreign run id was a WrongHarness traceback
+    secret = secret_file(tmp_path, "s" * 32)
+    run = ["rollouts", "run", "--harness", "ledger", "--n", "3", "--run-id", "r1", *store]
+    assert main([*run, "--gateway", "http://127.0.0.1:9", "--secret-file", secret]) == 2
+    assert "harness calc, not ledger" in capsys.readouterr().err
+    from lightning_dagster.store import Store
+
+    assert len(Store(store[1]).query_rollouts()) == 3

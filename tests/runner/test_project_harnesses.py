@@ -384,3 +384,15 @@ def test_a_reward_posted_to_the_openai_base_url_is_the_attempts_and_no_judge_run
     reward = reward_of(store, attempt.attempt_id)
     assert (reward.value, reward.judge) == (0.3, "self-check")
     assert sys.modules["judges"].SEEN == []
+
+
+def test_an_inprocess_harness_that_prints_leaves_the_json_summary_parseable(store, gateway, tmp_path, capsys):
+    """A `python` harness runs in the CLI's own process: its prints go to stderr, stdout is the summary."""
+    noisy = "def solve(task, client):\n    print('debug: solving', task['task_id'])\n    return 1.0\n"
+    folder = make_project(tmp_path / "noisy", {"python": "noisy:solve"}, {"noisy.py": noisy})
+    argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--json"]
+    assert main(argv + gateway_args(gateway, store, tmp_path)) == 0
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    assert summary["rollouts_by_status"] == {"succeeded": 2} and summary["rewards"] == 2
+    assert "debug: solving train-0" in err
