@@ -18,6 +18,7 @@ on each LLM span as `attributes["temperature"]`), so the trainer scores them und
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -148,8 +149,24 @@ def _llm_calls(spans: Sequence[Span]) -> list[Span]:
             raise TransitionError(
                 f"span {s.span_id}: {len(s.response_logprobs)} logprobs for {len(s.response_token_ids)} tokens"
             )
+        ids = [*s.prompt_token_ids, *s.response_token_ids]
+        if not s.prompt_token_ids or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+            raise TransitionError(
+                f"span {s.span_id}: prompt empty or token ids not all non-negative integers"
+            )
+        bad = [
+            x for x in s.response_logprobs if not isinstance(x, int | float) or not x <= 0 or math.isinf(x)
+        ]
+        if bad:
+            # a NaN, +inf or -inf (or positive) logprob is no probability the engine sampled at: as a
+            # behaviour logprob it turns the importance weights, and then the loss and weights, into NaN
+            raise TransitionError(f"span {s.span_id}: logprobs must be finite and <= 0, got {bad[:3]}")
         temperature = s.attributes.get("temperature")
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
+        if (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, int | float)
+            or not 0 <= temperature < math.inf
+        ):
             raise MissingTemperature(
                 f"span {s.span_id}: LLM span without a recorded sampling temperature (got {temperature!r})"
             )

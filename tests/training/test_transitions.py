@@ -172,9 +172,37 @@ def test_a_call_at_another_temperature_starts_a_counted_new_row():
     assert_invariant(rows[1], spans[2:])
 
 
-@pytest.mark.parametrize("attributes", [{}, {"temperature": None}, {"temperature": "1.0"}])
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {},
+        {"temperature": None},
+        {"temperature": "1.0"},
+        {"temperature": float("nan")},
+        {"temperature": float("inf")},
+    ],
+)
 def test_llm_span_without_a_recorded_temperature_is_a_named_error(attributes):
     spans = agent_trace(2)
     spans[1].attributes = attributes
     with pytest.raises(MissingTemperature, match=spans[1].span_id):
         merge_calls(spans)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), 0.5])
+def test_a_logprob_no_sampler_could_record_is_a_named_error(bad):
+    """A NaN or infinite behaviour logprob would turn the step's importance weights, loss and weights into
+    NaN; a positive one is no probability. The merge refuses the span, naming it."""
+    spans = agent_trace(2)
+    spans[1].response_logprobs = [bad, *spans[1].response_logprobs[1:]]
+    with pytest.raises(TransitionError, match=spans[1].span_id):
+        merge_calls(spans)
+
+
+@pytest.mark.parametrize(("prompt", "response"), [([1, -3, 2], [4, 5]), ([1, 2], [4, -1]), ([], [4, 5])])
+def test_negative_ids_or_an_empty_prompt_are_a_named_error(prompt, response):
+    """Negative ids index nothing in the model (a crash deep in torch's embedding); an empty prompt has no
+    position to predict the first response token from."""
+    span = llm(0, prompt, response)
+    with pytest.raises(TransitionError, match=span.span_id):
+        merge_calls([span])
