@@ -23,7 +23,8 @@ MODES: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "whiten")
 
 
 class AdvantageError(ValueError):
-    """Inconsistent input: one rollout listed with two rewards or two groups, or an unknown mode."""
+    """Inconsistent input: one rollout listed with two rewards or two groups, a reward that is not a finite
+    number (NaN or infinite: its group's mean and every advantage of it would be NaN), or an unknown mode."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ def _unique(rewards: Iterable[RolloutReward]) -> list[RolloutReward]:
     """One entry per rollout: a rollout that became several rows may be listed once per row."""
     seen: dict[str, RolloutReward] = {}
     for r in rewards:
+        if not isinstance(r.reward, int | float) or not math.isfinite(r.reward):
+            raise AdvantageError(f"rollout {r.rollout_id}: reward {r.reward!r} is not a finite number")
         old = seen.get(r.rollout_id)
         if old is None:
             seen[r.rollout_id] = r

@@ -56,3 +56,13 @@ def test_serve_rollouts_without_group_are_batch_whitened():
     assert adv.values["g-0"] == pytest.approx(0.5)  # the grouped ones still use the group mode
     whiten = compute_advantages(group("g", [1, 0, 0, 0]), "whiten").values
     assert sum(whiten.values()) == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["grpo", "dr_grpo", "rloo", "whiten"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), None])
+def test_a_reward_that_is_not_a_finite_number_is_a_named_error(mode, bad):
+    """One NaN (or infinite, or missing) reward made every advantage of its group NaN, and the trainer step
+    then wrote NaN into every weight."""
+    rewards = [RolloutReward("a", "g", 1.0), RolloutReward("b", "g", bad), RolloutReward("c", "g", 0.0)]
+    with pytest.raises(AdvantageError, match="rollout b"):
+        compute_advantages(rewards, mode)
