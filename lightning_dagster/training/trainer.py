@@ -13,8 +13,10 @@ rows + rollout advantages
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,6 +37,25 @@ from lightning_dagster.training.transitions import Row
 # configuration
 
 
+class TrainerConfigError(ValueError):
+    """A trainer setting no step can run with (a NaN or negative learning rate, no epochs, ...)."""
+
+
+class InvalidRows(ValueError):
+    """Rows that do not fit the model or are inconsistent (ids outside the vocabulary, longer than the
+    model's positions, masks or logprobs of another length than the response, non-finite logprobs). Raised
+    before any forward pass: nothing was changed."""
+
+
+class NonFiniteUpdate(FloatingPointError):
+    """A step's loss or gradient norm was NaN or infinite. The optimizer step was not taken, so the weights
+    are those of the last finite update."""
+
+
+class NonFiniteWeights(FloatingPointError):
+    """`save` found NaN or infinite parameters: no checkpoint was written."""
+
+
 @dataclass
 class TrainerConfig:
     lr: float = 1e-4
@@ -50,6 +71,26 @@ class TrainerConfig:
     threads: int | None = None
     device: str = "auto"  # auto: CUDA when present (bf16 autocast), else CPU; or a torch device name
     loss: LossConfig = field(default_factory=LossConfig)
+
+    def __post_init__(self) -> None:
+        def number(x: object) -> bool:
+            return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+        problems = []
+        if not number(self.lr) or self.lr < 0:
+            problems.append(f"lr must be a finite number >= 0, got {self.lr!r}")
+        if len(self.betas) != 2 or not all(number(b) and 0 <= b < 1 for b in self.betas):
+            problems.append(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if not number(self.weight_decay) or self.weight_decay < 0:
+            problems.append(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
+        if not number(self.grad_clip) or self.grad_clip <= 0:
+            problems.append(f"grad_clip must be a finite number > 0, got {self.grad_clip!r}")
+        for name in ("micro_batch_tokens", "epochs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"{name} must be an integer >= 1, got {value!r}")
+        if problems:
+            raise TrainerConfigError("; ".join(problems))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,6 +156,39 @@ def collate(rows: Sequence[Row], index: list[int]) -> MicroBatch:
         behaviour[i, :n] = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
     temperatures = torch.tensor([scoring_temperature(r) for r in rows], dtype=torch.float32)
     return MicroBatch(ids, attn, positions, targets, mask, behaviour, temperatures, list(index))
+
+
+def check_rows(rows: Sequence[Row], model: torch.nn.Module) -> None:
+    """Raise `InvalidRows` for the first rows the model cannot score (see its docstring). Rows normally come
+    from `transitions.merge_calls`, which checks spans; this guards what reaches a step from elsewhere (a
+    transitions file, another model's spans) before it could crash inside torch or write NaN weights."""
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    positions = getattr(model.config, "max_position_embeddings", None)
+    problems: list[str] = []
+    for k, r in enumerate(rows):
+        n = len(r.response_ids)
+        why = None
+        if not r.prompt_ids:
+            why = "empty prompt"
+        elif len(r.loss_mask) != n or len(r.behaviour_logprobs) != n:
+            why = f"{n} response ids, {len(r.loss_mask)} mask values, {len(r.behaviour_logprobs)} logprobs"
+        elif any(not 0 <= t < vocab for t in (*r.prompt_ids, *r.response_ids)):
+            why = f"token ids outside the model's vocabulary [0, {vocab})"
+        elif positions and len(r) > positions:
+            why = f"{len(r)} tokens, more than the model's {positions} positions"
+        elif any(m not in (0, 1) for m in r.loss_mask):
+            why = "loss mask values other than 0 and 1"
+        elif any(not math.isfinite(x) for x in r.behaviour_logprobs):
+            why = "NaN or infinite behaviour logprobs"
+        elif not 0 <= r.temperature < math.inf:
+            why = f"temperature {r.temperature!r}"
+        if why is not None:
+            problems.append(f"row {k} (rollout {r.rollout_id}): {why}")
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise InvalidRows(
+            f"{len(problems)} of {len(rows)} rows cannot be trained: {'; '.join(problems[:3])}{more}"
+        )
 
 
 def response_logprobs(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
@@ -288,6 +362,7 @@ class Trainer:
     def step(self, rows: Sequence[Row], advantages: Advantages, extra: dict | None = None) -> dict:
         """One RL update (`epochs` optimizer steps) over the rows of one batch of rollouts. On rank 0 of a
         process group it first sends them to the other ranks' `distributed.follow`."""
+        check_rows(rows, self.model)  # before the other ranks are sent anything
         if self.group is not None and self.group.leader:
             distributed.broadcast((list(rows), advantages, extra), self.group)
         with self._threads():
@@ -303,6 +378,7 @@ class Trainer:
         for _ in range(self.config.epochs):
             parts = self.backward(prep)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            self._require_finite(parts.loss, grad_norm)
             self.optimizer.step()
         seconds = time.perf_counter() - started
         tokens = sum(len(r) for r in prep.rows) * self.config.epochs
@@ -315,6 +391,17 @@ class Trainer:
         )
         return metrics
 
+    def _require_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Refuse an optimizer step from a NaN or infinite loss or gradient (Adam would spread it into every
+        weight). Every rank of a process group sees the same all-reduced gradient norm, so all refuse."""
+        if math.isfinite(float(grad_norm)) and math.isfinite(float(loss.detach())):
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteUpdate(
+            f"step {self.steps}: loss {float(loss.detach())}, gradient norm {float(grad_norm)}; the optimizer "
+            "step was not taken"
+        )
+
     def supervised_step(self, rows: Sequence[Row]) -> dict:
         """One cross-entropy step on the masked tokens (the warm start), each row at its own temperature
         (demonstrations: 1), token mean over the step. One process only: a warm start is not sharded."""
@@ -322,6 +409,7 @@ class Trainer:
             raise distributed.DistributedError(
                 "supervised_step runs in one process, not under a process group"
             )
+        check_rows(rows, self.model)
         with self._threads():
             return self._supervised_step(rows)
 
@@ -329,6 +417,8 @@ class Trainer:
         started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         total_tokens = sum(r.trained_tokens for r in rows)
+        if not total_tokens:
+            raise InvalidRows(f"{len(rows)} rows with no trained token: a supervised step needs at least one")
         loss_sum = 0.0
         for mb in micro_batches(rows, self.config.micro_batch_tokens):
             logp = response_logprobs(self.model, mb.to(self.device))
@@ -336,6 +426,7 @@ class Trainer:
             loss.backward()
             loss_sum += float(loss.detach())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self._require_finite(torch.tensor(loss_sum), grad_norm)
         self.optimizer.step()
         self.steps += 1
         seconds = time.perf_counter() - started
@@ -350,11 +441,31 @@ class Trainer:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def save(self, out_dir: Path | str) -> Path:
-        """A Hugging Face checkpoint: the tokenizer and chat template of the source, the current weights."""
+        """A Hugging Face checkpoint: the tokenizer and chat template of the source, the current weights.
+
+        Everything is written into a fresh sibling directory first, so a failure part-way (disk full,
+        read-only directory) raises and leaves no truncated file at `out_dir`. A new `out_dir` appears whole,
+        by one rename; into an existing one each file is moved by an atomic replace, `config.json` last, so
+        a directory that was empty never holds a loadable half checkpoint. Refuses (`NonFiniteWeights`) to
+        write NaN or infinite parameters."""
+        state = self.model.state_dict()
+        bad = [k for k, v in state.items() if v.is_floating_point() and not bool(v.isfinite().all())]
+        if bad:
+            raise NonFiniteWeights(f"{len(bad)} parameters hold NaN or infinite values (e.g. {bad[0]})")
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        for f in self.model_dir.iterdir():
-            if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name != "config.json":
-                shutil.copy2(f, out / f.name)
-        self.model.save_pretrained(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+        try:
+            for f in self.model_dir.iterdir():
+                if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name != "config.json":
+                    shutil.copy2(f, tmp / f.name)
+            self.model.save_pretrained(tmp)
+            tmp.chmod(0o755)  # mkdtemp's 0700 would hide the checkpoint from other users
+            if not out.exists():
+                tmp.rename(out)
+            else:
+                for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
+                    os.replace(f, out / f.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         return out
