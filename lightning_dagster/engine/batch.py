@@ -4,13 +4,14 @@ KV cache) and stepped one token at a time; `Engine.generate` admits once and ste
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from lightning_dagster.engine.kv import left_pad, new_cache
 from lightning_dagster.engine.prefix_cache import RowKV
-from lightning_dagster.engine.sampling import Generation, SamplingParams, sample
+from lightning_dagster.engine.sampling import EngineError, Generation, SamplingParams, sample
 
 if TYPE_CHECKING:
     from lightning_dagster.engine.engine import Engine
@@ -108,7 +109,14 @@ class RunningBatch:
                 for j, k in enumerate(live):
                     row = self.slots[k]
                     assert row is not None
-                    if row.push(int(sampled[j]), float(logprobs[j])):
+                    logprob = float(logprobs[j])
+                    if not math.isfinite(logprob):
+                        # finite logits divided by a vanishing temperature overflow float32: the request's
+                        # fault, and a NaN logprob recorded for training would poison the trainer's step
+                        outcomes.append((row.tag, _overflow(row.params)))
+                        self._kill(k)
+                        continue
+                    if row.push(int(sampled[j]), logprob):
                         continue
                     self._store_prefix(k, row)
                     outcomes.append((row.tag, row.result()))
@@ -230,6 +238,13 @@ class RunningBatch:
         self.engine.prefix_cache.store(
             row.prompt + row.token_ids[:-1], kv, replaces=row.hit[0] if row.hit else None
         )
+
+
+def _overflow(params: SamplingParams) -> EngineError:
+    return EngineError(
+        f"sampling at temperature {params.temperature!r} gave a NaN or infinite logprob (the logits divided "
+        "by it overflow float32); use temperature 0 for greedy decoding"
+    )
 
 
 class _Row:

@@ -3,6 +3,7 @@ sampling step every row goes through: inverse-CDF draws with the exact logprob o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -25,8 +26,8 @@ class SamplingParams:
     seed: int | None = None
 
     def validate(self) -> None:
-        if not isinstance(self.temperature, int | float) or not self.temperature >= 0:
-            raise EngineError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not isinstance(self.temperature, int | float) or not 0 <= self.temperature < math.inf:
+            raise EngineError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
             raise EngineError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:

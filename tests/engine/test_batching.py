@@ -3,6 +3,7 @@ decode steps and leave as soon as they finish) and each gets its own exact resul
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -359,3 +360,20 @@ def test_counters_report_occupancy_and_busy_time(engine):
     assert counters["rows_stepped"] == tokens
     assert counters["steps_run"] == batching.steps_run and counters["batches_run"] == batching.batches_run
     assert 0 < counters["busy_s"] <= wall
+
+
+def test_a_vanishing_temperature_fails_its_request_only_never_with_nan_logprobs(engine):
+    """Logits divided by a subnormal temperature overflow float32: every sampled logprob was NaN and came
+    back as a normal generation, to be recorded for training. Now that request fails with EngineError; its
+    batch mates, and the engine thread, carry on."""
+    prompt = engine.render([{"role": "user", "content": "Hi"}])
+    with BatchingEngine(engine, max_batch=8, max_wait_ms=50) as batching:
+        bad = batching.submit(prompt, SamplingParams(temperature=1e-45, max_tokens=4, seed=1))
+        mate = batching.submit(prompt, SamplingParams(max_tokens=4, seed=2))
+        with pytest.raises(EngineError, match="temperature"):
+            bad.result(timeout=60)
+        assert all(math.isfinite(x) for x in mate.result(timeout=60).logprobs)
+        later = batching.submit(prompt, SamplingParams(max_tokens=3, seed=3)).result(timeout=60)
+        assert len(later.token_ids) == len(later.logprobs) > 0
+    with pytest.raises(EngineError, match="temperature"):
+        engine.generate([prompt], SamplingParams(temperature=1e-45, max_tokens=4, seed=1))

@@ -151,6 +151,7 @@ def test_eos_token_stops_the_row_and_is_kept_with_its_logprob(engine):
     "bad",
     [
         dict(temperature=-0.1),
+        dict(temperature=float("inf")),
         dict(top_p=0.0),
         dict(top_p=1.5),
         dict(max_tokens=0),
