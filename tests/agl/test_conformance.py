@@ -414,6 +414,7 @@ def test_a_malformed_model_request_is_a_422_naming_its_field_and_writes_no_span(
             {"prompt_token_ids": [1], "choices": [{"token_ids": ["a"]}]},
             {"prompt_token_ids": [1], "choices": [{"token_ids": 7}]},
             {"prompt_token_ids": [1], "choices": [{"token_ids": [True]}]},
+            {"prompt_token_ids": [1], "choices": [{"token_ids": [3, -1]}]},
         ],
         "data.response.choices.0.logprobs": [
             {"prompt_token_ids": [1], "choices": [{**ok, "logprobs": {"content": [{"nolp": 1}] * 2}}]},

@@ -44,8 +44,8 @@ def _ids(response: Any) -> tuple[list[int] | None, list[int] | None, list[float]
 def _int_list(value: Any, where: str) -> list[int] | None:
     if value is None:
         return None
-    if not isinstance(value, list) or not all(type(v) is int for v in value):
-        raise GatewayError(422, f"{where}: expected a list of integer token ids", param=where)
+    if not isinstance(value, list) or not all(type(v) is int and v >= 0 for v in value):
+        raise GatewayError(422, f"{where}: expected a list of non-negative integer token ids", param=where)
     return value
 
 
