@@ -77,7 +77,7 @@ def refusals(action: str) -> Iterator[None]:
     """A refusal (wrong actor, HOLD or stale receipt, unknown version, a lost compare-and-set) is an expected
     stop: a one-line `dg.Failure` with its reason as metadata, not a traceback of the registry's frames."""
     from lightning_dagster.gate.errors import InvalidInput, TamperedReceipt
-    from lightning_dagster.pipeline.context import StageMissing
+    from lightning_dagster.pipeline.context import ForeignReceipt, StageMissing
     from lightning_dagster.pipeline.pauses import ResumeRefused, TamperedHistory
     from lightning_dagster.registry.errors import PointerConflict, RegistryError
 
@@ -88,6 +88,7 @@ def refusals(action: str) -> Iterator[None]:
         PointerConflict,
         InvalidInput,
         StageMissing,
+        ForeignReceipt,
         TamperedReceipt,
         ResumeRefused,
         TamperedHistory,
