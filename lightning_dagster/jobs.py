@@ -80,6 +80,7 @@ def refusals(action: str) -> Iterator[None]:
     from lightning_dagster.pipeline.context import ForeignReceipt, StageMissing
     from lightning_dagster.pipeline.pauses import ResumeRefused, TamperedHistory
     from lightning_dagster.registry.errors import PointerConflict, RegistryError
+    from lightning_dagster.store.errors import StoreUnavailable
 
     try:
         yield
@@ -92,6 +93,7 @@ def refusals(action: str) -> Iterator[None]:
         TamperedReceipt,
         ResumeRefused,
         TamperedHistory,
+        StoreUnavailable,
     ) as exc:
         reason = " ".join(str(exc).split())
         raise dg.Failure(

@@ -160,13 +160,17 @@ def candidate_id(key: str) -> str:
 
 
 def snapshot_dir(key: str) -> Path:
-    path = config.home() / "snapshots" / key
+    from lightning_dagster.pipeline.snapshots import validate_snapshot_key
+
+    path = config.home() / "snapshots" / validate_snapshot_key(key)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def candidate_dir(key: str) -> Path:
-    return config.models_dir() / "candidates" / key
+    from lightning_dagster.pipeline.snapshots import validate_snapshot_key
+
+    return config.models_dir() / "candidates" / validate_snapshot_key(key)
 
 
 # ---------------------------------------------------------------- append-only stage documents

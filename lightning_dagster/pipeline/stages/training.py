@@ -43,6 +43,15 @@ def training_transitions(p: Pipeline, key: str) -> StageResult:
     )
 
 
+def inputs_ready(p: Pipeline, key: str) -> None:
+    """What `candidate_resource` reads before it trains, each raising `StageMissing` (or the stage's own
+    error) while its upstream never materialized: the plan, the frozen tasks, the training transitions."""
+    store = p.get_store()
+    ctx.registered_version(ctx.head_receipt(store, key).plan.parent)
+    load_manifest(p, key)
+    ctx.load_stage(store, key, "training_transitions")
+
+
 def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group | None = None) -> StageResult:
     """Step 1 trains on `training_transitions`; steps 2.. sample on-policy from the updated weights through
     the same gateway and runner (recorded in the store like the first batch), as GRPO needs fresh samples.
