@@ -44,9 +44,17 @@ class ApproveConfig(dg.Config):
     signature: str = Field(description="The Ed25519 signature `registry sign` prints")
 
     def approval(self):
+        """The approval these fields make; `InvalidInput` naming each bad field (an empty actor, a step
+        other than canary or default, an infinite time), which the job refuses in one line."""
+        from pydantic import ValidationError
+
+        from lightning_dagster.gate.errors import from_validation_error
         from lightning_dagster.gate.receipt import Approval
 
-        return Approval.model_validate(self.model_dump(exclude={"snapshot_key"}))
+        try:
+            return Approval.model_validate(self.model_dump(exclude={"snapshot_key"}))
+        except ValidationError as err:
+            raise from_validation_error("approval", err) from None
 
 
 class PromoteConfig(dg.Config):

@@ -127,3 +127,30 @@ def test_a_receipt_brought_in_by_hand_under_a_snapshots_id_does_not_stop_the_sen
     with pytest.raises(ctx.ForeignReceipt):
         ctx.find_receipt(store, key)
     assert _gated(store, [key]) == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"actor": "", "at": 1.0}, "actor: String should have at least 1 character"),
+        ({"step": "everything", "at": 1.0}, "step: Input should be 'canary' or 'default'"),
+        ({"at": float("inf")}, "at: Input should be a finite number"),
+    ],
+)
+def test_approve_job_with_bad_fields_is_refused_in_one_line(embedded_home, fields, named):
+    from lightning_dagster.jobs import approve
+
+    config = {"snapshot_key": "snap-20261130T0800Z-0000abcd", "actor": "alice", "evidence_hash": "x"}
+    config |= {"signature": "y", **fields}
+    job = dg.Definitions(jobs=[approve], resources={"pipeline": pipeline_for()}).resolve_job_def("approve")
+    result = job.execute_in_process(
+        run_config={"ops": {"approve_receipt": {"config": config}}},
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    data = failure.step_failure_data
+    assert data.error.cls_name == "Failure", data.error.message
+    assert data.user_failure_data.description.startswith("approval refused: invalid approval: ")
+    assert named in data.user_failure_data.description
+    assert data.user_failure_data.metadata["refused"].value == "InvalidInput"
