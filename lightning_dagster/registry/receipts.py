@@ -137,7 +137,7 @@ def load(store: Any, value: Any, *, ingest: Roles | None = None) -> StoredReceip
             raise RegistryError(f"receipt {receipt.receipt_id!r} is not in the ledger")
         if (key := planned_snapshot(store, receipt.receipt_id)) is not None:
             # The pipeline claimed this id for a snapshot: only its stages write that receipt's versions.
-            raise PromotionRefused(
+            raise RegistryError(
                 f"receipt {receipt.receipt_id} belongs to snapshot {key}, whose receipt only the pipeline writes"
             )
         if problems := approval_problems(receipt, ingest.actors):

@@ -180,6 +180,7 @@ def test_a_receipt_brought_in_under_a_snapshots_id_is_not_adopted_by_the_pipelin
     from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS
     from lightning_dagster.gate.receipt import Approval
     from lightning_dagster.pipeline.context import ForeignReceipt, find_receipt, save_doc
+    from lightning_dagster.registry.errors import RegistryError
 
     parent, (cand,) = _bootstrap(registry, variant)
     early = passing_receipt(registry, parent, cand, "rcpt-snap-future", approver_keys)
@@ -191,6 +192,6 @@ def test_a_receipt_brought_in_under_a_snapshots_id_is_not_adopted_by_the_pipelin
     save_doc(registry.store, RECEIPT_SNAPSHOTS, "rcpt-snap-claimed", {"snapshot_key": "snap-claimed"})
     claimed = passing_receipt(registry, parent, cand, "rcpt-snap-claimed", approver_keys)
     (canary,) = claimed.approvals
-    with pytest.raises(PromotionRefused, match="whose receipt only the pipeline writes"):
+    with pytest.raises(RegistryError, match="whose receipt only the pipeline writes"):
         registry.approve(claimed.model_copy(update={"approvals": []}), canary)
     assert find_receipt(registry.store, "snap-claimed") is None
