@@ -33,7 +33,12 @@ def snapshot_stage(what: str, partition_key: str | None) -> Iterator[str]:
     """Run a stage of the snapshot `partition_key` names (yielded once validated); its expected refusals
     become a one-line `dg.Failure`."""
     from lightning_dagster.gate.errors import AmendmentError, InvalidInput, TamperedReceipt
-    from lightning_dagster.pipeline.context import ForeignReceipt, NotRegistered, StageMissing
+    from lightning_dagster.pipeline.context import (
+        CandidateRecorded,
+        ForeignReceipt,
+        NotRegistered,
+        StageMissing,
+    )
     from lightning_dagster.pipeline.snapshots import SnapshotTampered
     from lightning_dagster.registry.errors import RegistryError
     from lightning_dagster.store.errors import Conflict, StoreUnavailable
@@ -44,6 +49,7 @@ def snapshot_stage(what: str, partition_key: str | None) -> Iterator[str]:
         yield key
     except (
         StageMissing,
+        CandidateRecorded,
         ForeignReceipt,
         NotRegistered,
         SnapshotTampered,

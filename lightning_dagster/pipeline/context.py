@@ -49,6 +49,18 @@ class ForeignReceipt(ValueError):
         )
 
 
+class CandidateRecorded(ValueError):
+    """The snapshot's receipt already records its candidate: training again would register another version,
+    move `latest-candidate` and overwrite the checkpoint the receipt's evaluations ran on, then be refused by
+    the ledger (a receipt records one candidate)."""
+
+    def __init__(self, key: str, version: str | None):
+        super().__init__(
+            f"snapshot {key} already has its candidate (version {version}); a receipt records one candidate: "
+            "cut a new snapshot to train another"
+        )
+
+
 class NotRegistered(LookupError):
     """A receipt names a model the registry has no version of (planned before versions were recorded)."""
 

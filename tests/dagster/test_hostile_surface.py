@@ -154,3 +154,22 @@ def test_approve_job_with_bad_fields_is_refused_in_one_line(embedded_home, field
     assert data.user_failure_data.description.startswith("approval refused: invalid approval: ")
     assert named in data.user_failure_data.description
     assert data.user_failure_data.metadata["refused"].value == "InvalidInput"
+
+
+def test_training_a_snapshot_whose_receipt_has_its_candidate_again_is_refused_before_training(embedded_home):
+    """A second `candidate_resource` of a finished partition would register another version, move
+    latest-candidate and overwrite the checkpoint the receipt's evaluations ran on, then be refused by the
+    ledger: it stops first, and the stage's record stays as it was."""
+    from lightning_dagster.gate import load_receipt
+    from tests.registry.helpers import EXAMPLE_RECEIPT
+
+    p, key = pipeline_for(), "snap-20261130T0800Z-0000ca4d"
+    receipt = load_receipt(EXAMPLE_RECEIPT).model_copy(update={"receipt_id": ctx.receipt_id(key)})
+    ctx.append_receipt(p.get_store(), key, receipt)
+    pipes = dg.PipesSubprocessClient()
+    failure = _failure([candidate_resource], key, {"pipeline": p, "trainer_pipes": pipes})
+    assert failure.metadata["error"].value == "CandidateRecorded"
+    assert f"snapshot {key} already has its candidate (version {receipt.candidate.model_version})" in (
+        failure.description
+    )
+    assert p.get_store().document_versions(ctx.STAGES, f"{key}/candidate_resource") == []
