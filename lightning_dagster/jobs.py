@@ -44,9 +44,17 @@ class ApproveConfig(dg.Config):
     signature: str = Field(description="The Ed25519 signature `registry sign` prints")
 
     def approval(self):
+        """The approval these fields make; `InvalidInput` naming each bad field (an empty actor, a step
+        other than canary or default, an infinite time), which the job refuses in one line."""
+        from pydantic import ValidationError
+
+        from lightning_dagster.gate.errors import from_validation_error
         from lightning_dagster.gate.receipt import Approval
 
-        return Approval.model_validate(self.model_dump(exclude={"snapshot_key"}))
+        try:
+            return Approval.model_validate(self.model_dump(exclude={"snapshot_key"}))
+        except ValidationError as err:
+            raise from_validation_error("approval", err) from None
 
 
 class PromoteConfig(dg.Config):
@@ -77,9 +85,10 @@ def refusals(action: str) -> Iterator[None]:
     """A refusal (wrong actor, HOLD or stale receipt, unknown version, a lost compare-and-set) is an expected
     stop: a one-line `dg.Failure` with its reason as metadata, not a traceback of the registry's frames."""
     from lightning_dagster.gate.errors import InvalidInput, TamperedReceipt
-    from lightning_dagster.pipeline.context import StageMissing
+    from lightning_dagster.pipeline.context import ForeignReceipt, StageMissing
     from lightning_dagster.pipeline.pauses import ResumeRefused, TamperedHistory
     from lightning_dagster.registry.errors import PointerConflict, RegistryError
+    from lightning_dagster.store.errors import StoreUnavailable
 
     try:
         yield
@@ -88,9 +97,11 @@ def refusals(action: str) -> Iterator[None]:
         PointerConflict,
         InvalidInput,
         StageMissing,
+        ForeignReceipt,
         TamperedReceipt,
         ResumeRefused,
         TamperedHistory,
+        StoreUnavailable,
     ) as exc:
         reason = " ".join(str(exc).split())
         raise dg.Failure(

@@ -109,6 +109,20 @@ def stale_evidence_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
     return dg.SensorResult(asset_events=observations, cursor=fingerprints)
 
 
+def _verified_at(cursor: str | None, now: float) -> float | None:
+    """When the alias was last seen to agree, from the cursor; None (the incident window stays open) for a
+    cursor that holds no such time: corrupt, of another shape, NaN or in the future, so it never narrows an
+    incident's window wrongly nor stops the sensor."""
+    try:
+        seen = json.loads(cursor) if cursor else {}
+    except ValueError:
+        return None
+    at = seen.get("verified_at") if isinstance(seen, dict) else None
+    if isinstance(at, bool) or not isinstance(at, int | float) or not 0 < at <= now:
+        return None
+    return float(at)
+
+
 @dg.sensor(
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
@@ -120,10 +134,9 @@ def stale_evidence_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
 def approved_alias_sensor(context: dg.SensorEvaluationContext, pipeline: PipelineResource):
     from lightning_dagster.registry.errors import RegistryUnavailable
 
-    seen = json.loads(context.cursor) if context.cursor else {}
     checked_at = time.time()
     try:
-        rec = ctx.registry(pipeline).reconcile(last_verified=seen.get("verified_at"))
+        rec = ctx.registry(pipeline).reconcile(last_verified=_verified_at(context.cursor, checked_at))
     except RegistryUnavailable as exc:
         # The cursor keeps the last time the alias was seen to agree: an incident found later says so.
         return dg.SkipReason(f"alias not checked: {exc}")

@@ -10,6 +10,7 @@ import warnings
 import dagster as dg
 from dagster._utils.warnings import PreviewWarning
 
+from lightning_dagster.assets.failures import snapshot_stage
 from lightning_dagster.assets.metadata import materialized
 from lightning_dagster.partitions import snapshots
 from lightning_dagster.pipeline.report import receipt_guide
@@ -31,7 +32,8 @@ TRAINER_POOL = "trainer"
 )
 def tasks(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The snapshot's train / holdout / protected / canary task sets, frozen by content hash."""
-    return materialized(snapshot.tasks(pipeline, context.partition_key))
+    with snapshot_stage("tasks", context.partition_key) as key:
+        return materialized(snapshot.tasks(pipeline, key))
 
 
 @dg.asset(
@@ -45,7 +47,8 @@ def update_plan(context: dg.AssetExecutionContext, pipeline: PipelineResource) -
     """Receipt phase 1: candidate id, exact parent, snapshots, evaluator, algorithm, scope, approvers, expected
     span families and retry budget, frozen before any rollout runs. A plan that cannot pass its policy
     whatever the candidate does (too few held-out tasks for `min_n`, ...) says so in `cannot_pass`."""
-    result = snapshot.update_plan(pipeline, context.partition_key)
+    with snapshot_stage("update_plan", context.partition_key) as key:
+        result = snapshot.update_plan(pipeline, key)
     if not result.metadata["plan_can_pass"]:
         context.log.warning(f"this plan cannot pass policy {result.metadata['policy']}: see `cannot_pass`")
     return materialized(result)
@@ -61,7 +64,8 @@ def update_plan(context: dg.AssetExecutionContext, pipeline: PipelineResource) -
 def rollouts(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The harness run on every train task x group size through the gateway serving the exact parent; every
     attempt kept with its ending and reason."""
-    return materialized(rollout_stages.rollouts(pipeline, context.partition_key))
+    with snapshot_stage("rollouts", context.partition_key) as key:
+        return materialized(rollout_stages.rollouts(pipeline, key))
 
 
 @dg.asset(
@@ -73,7 +77,8 @@ def rollouts(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> d
 )
 def spans(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """LLM, tool and reward spans of the snapshot's rollouts, with coverage against the expected families."""
-    return materialized(rollout_stages.spans(pipeline, context.partition_key))
+    with snapshot_stage("spans", context.partition_key) as key:
+        return materialized(rollout_stages.spans(pipeline, key))
 
 
 @dg.asset(
@@ -87,7 +92,8 @@ def training_transitions(
     context: dg.AssetExecutionContext, pipeline: PipelineResource
 ) -> dg.MaterializeResult:
     """Merged token rows with loss masks, behaviour logprobs and rollout-level advantages, stored as a file."""
-    return materialized(training.training_transitions(pipeline, context.partition_key))
+    with snapshot_stage("training_transitions", context.partition_key) as key:
+        return materialized(training.training_transitions(pipeline, key))
 
 
 @dg.asset(
@@ -106,15 +112,13 @@ def candidate_resource(
     """The parent updated by the trainer: checkpoint, MLflow model version with lineage, `latest-candidate`.
     The training runs in its own process (`nproc` ranks) launched through Dagster Pipes (`trainer_pipes`)."""
     t = pipeline.training
+    with snapshot_stage("candidate_resource", context.partition_key) as key:
+        training.inputs_ready(pipeline, key)  # named here, before a trainer process starts
     return through_pipes(
         context,
         trainer_pipes,
         command(t.nproc, "lightning_dagster.pipes_child", t.device),
-        {
-            "pipeline": pipes_settings(pipeline),
-            "partition_key": context.partition_key,
-            "run_id": context.run.run_id,
-        },
+        {"pipeline": pipes_settings(pipeline), "partition_key": key, "run_id": context.run.run_id},
     )
 
 
@@ -140,7 +144,8 @@ def through_pipes(
 )
 def holdout_evaluation(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Candidate against its exact parent on the closed held-out set and the protected cases, same seeds."""
-    return materialized(evaluation.holdout_evaluation(pipeline, context.partition_key))
+    with snapshot_stage("holdout_evaluation", context.partition_key) as key:
+        return materialized(evaluation.holdout_evaluation(pipeline, key))
 
 
 @dg.asset(
@@ -152,7 +157,8 @@ def holdout_evaluation(context: dg.AssetExecutionContext, pipeline: PipelineReso
 )
 def canary_results(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The bounded canary under its limits, each outcome verified at its destination."""
-    return materialized(evaluation.canary_results(pipeline, context.partition_key))
+    with snapshot_stage("canary_results", context.partition_key) as key:
+        return materialized(evaluation.canary_results(pipeline, key))
 
 
 @dg.asset(
@@ -164,7 +170,8 @@ def canary_results(context: dg.AssetExecutionContext, pipeline: PipelineResource
 )
 def rollback_drill(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The exact parent loaded and served in a separate gateway, routing returned to it, its bytes verified."""
-    return materialized(release.rollback_drill(pipeline, context.partition_key))
+    with snapshot_stage("rollback_drill", context.partition_key) as key:
+        return materialized(release.rollback_drill(pipeline, key))
 
 
 @dg.asset(
@@ -187,8 +194,9 @@ def release_receipt(context: dg.AssetExecutionContext, pipeline: PipelineResourc
     so a run that selects only this asset bypasses nothing. Its metadata names the model judged (candidate
     and parent versions, snapshot, evaluator, receipt version), links to MLflow, and gives the run config of
     the approve / promote / rollback jobs with the actors and rollback targets they take."""
-    result = release.release_receipt(pipeline, context.partition_key, run_id=context.run.run_id)
-    result.metadata.update(receipt_guide(pipeline, context.partition_key))
+    with snapshot_stage("release_receipt", context.partition_key) as key:
+        result = release.release_receipt(pipeline, key, run_id=context.run.run_id)
+        result.metadata.update(receipt_guide(pipeline, key))
     return materialized(result)
 
 

@@ -17,6 +17,7 @@ from lightning_dagster.assets import (
     rollouts,
     spans,
 )
+from lightning_dagster.assets.failures import snapshot_stage
 from lightning_dagster.assets.metadata import check_result
 from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.partitions import snapshots
@@ -60,7 +61,8 @@ def gate_check(check: Check) -> dg.AssetChecksDefinition:
             partitions_def=snapshots,
         )
         def _check(context: dg.AssetCheckExecutionContext, pipeline: PipelineResource) -> dg.AssetCheckResult:
-            return check_result(release.judge(pipeline, context.partition_key, check))
+            with snapshot_stage(f"check {check.name}", context.partition_key) as key:
+                return check_result(release.judge(pipeline, key, check))
 
     return _check
 

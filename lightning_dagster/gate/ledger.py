@@ -17,6 +17,10 @@ from lightning_dagster.gate.hashing import content_hash
 from lightning_dagster.gate.receipt import Receipt, parse_receipt
 
 COLLECTION = "receipts"
+# receipt id -> the snapshot key the pipeline planned it for, written by the pipeline with a receipt's first
+# version and by nothing else: what tells a receipt whose evidence the pipeline's stages recorded from one
+# brought in by hand (`registry approve|promote FILE.json`).
+RECEIPT_SNAPSHOTS = "receipt-snapshots"
 REPLACEABLE = frozenset({"gate"})
 
 

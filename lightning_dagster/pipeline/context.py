@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_dagster import config
+from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 # Store document collections written by the pipeline (append-only, like receipts).
 SNAPSHOTS = "snapshots"  # the frozen task sets of one snapshot
 STAGES = "pipeline"  # what each stage produced for a snapshot: file URIs, checkpoints, scores
-RECEIPT_SNAPSHOTS = "receipt-snapshots"  # receipt id -> the snapshot key it was planned for
 FINGERPRINT_INPUTS = "fingerprint_inputs"  # the stage document of the settings the plan's fingerprints hash
 
 
@@ -36,6 +36,29 @@ class StageMissing(LookupError):
         super().__init__(f"snapshot {key}: `{stage}` has not been materialized yet")
         self.key = key
         self.stage = stage
+
+
+class ForeignReceipt(ValueError):
+    """The ledger holds a receipt under a snapshot's receipt id that the pipeline did not write (brought in
+    by hand before the snapshot was planned): its plan is not the pipeline's, so no stage builds on it."""
+
+    def __init__(self, key: str, rid: str):
+        super().__init__(
+            f"snapshot {key}: the ledger's receipt {rid} was not written by the pipeline; "
+            "no stage builds on a receipt brought in by hand"
+        )
+
+
+class CandidateRecorded(ValueError):
+    """The snapshot's receipt already records its candidate: training again would register another version,
+    move `latest-candidate` and overwrite the checkpoint the receipt's evaluations ran on, then be refused by
+    the ledger (a receipt records one candidate)."""
+
+    def __init__(self, key: str, version: str | None):
+        super().__init__(
+            f"snapshot {key} already has its candidate (version {version}); a receipt records one candidate: "
+            "cut a new snapshot to train another"
+        )
 
 
 class NotRegistered(LookupError):
@@ -149,13 +172,17 @@ def candidate_id(key: str) -> str:
 
 
 def snapshot_dir(key: str) -> Path:
-    path = config.home() / "snapshots" / key
+    from lightning_dagster.pipeline.snapshots import validate_snapshot_key
+
+    path = config.home() / "snapshots" / validate_snapshot_key(key)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def candidate_dir(key: str) -> Path:
-    return config.models_dir() / "candidates" / key
+    from lightning_dagster.pipeline.snapshots import validate_snapshot_key
+
+    return config.models_dir() / "candidates" / validate_snapshot_key(key)
 
 
 # ---------------------------------------------------------------- append-only stage documents
@@ -189,8 +216,13 @@ def find_receipt(store: Store, key: str) -> Receipt | None:
     """The verified head of the snapshot's receipt (a broken chain raises `TamperedReceipt`), or None."""
     from lightning_dagster.gate import ReceiptLedger
 
-    ledger = ReceiptLedger(store)
-    return ledger.head(receipt_id(key)) if ledger.history(receipt_id(key)) else None
+    ledger, rid = ReceiptLedger(store), receipt_id(key)
+    if not ledger.history(rid):
+        return None
+    if load_doc(store, RECEIPT_SNAPSHOTS, rid) is None:
+        # `append_receipt` records the snapshot before the first version: a chain without it came from elsewhere
+        raise ForeignReceipt(key, rid)
+    return ledger.head(rid)
 
 
 def head_receipt(store: Store, key: str) -> Receipt:

@@ -27,8 +27,10 @@ if TYPE_CHECKING:
 Split = Literal["train", "holdout", "protected", "canary"]
 CLOSED_SPLITS: tuple[Split, ...] = ("holdout", "protected")  # the same cases for every snapshot
 
-# Letters, digits, `.`, `_` and `-` only: the UI and backfills misbehave on commas, pipes and brackets.
-SNAPSHOT_KEY_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+# Letters, digits, `.`, `_` and `-` only: the UI and backfills misbehave on commas, pipes and brackets. The
+# first is a letter or digit: the key names directories (`snapshots/<key>`, `candidates/<key>`), where `.`
+# and `..` would be the parent's own folder or its parent.
+SNAPSHOT_KEY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _HEX = re.compile(r"[0-9a-f]{8,}")
 
 
@@ -43,7 +45,8 @@ class SnapshotTampered(ValueError):
 def validate_snapshot_key(key: str) -> str:
     if not isinstance(key, str) or not SNAPSHOT_KEY_PATTERN.match(key):
         raise InvalidSnapshotKey(
-            f"snapshot key {key!r} must be 1-128 characters of letters, digits, '.', '_' or '-'"
+            f"snapshot key {key!r} must be 1-128 characters of letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
         )
     return key
 

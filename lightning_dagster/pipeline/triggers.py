@@ -23,6 +23,17 @@ if TYPE_CHECKING:
     from lightning_dagster.store import Store
 
 
+class InvalidCursor(ValueError):
+    """The continual-learning sensor's cursor is not a watermark (edited by hand, or corrupt)."""
+
+    def __init__(self, cursor: str, why: str):
+        shown = cursor if len(cursor) <= 80 else cursor[:77] + "..."
+        super().__init__(
+            f"continual_learning_sensor cursor {shown!r} is not a watermark ({why}); set one "
+            "(`dagster sensor cursor continual_learning_sensor --set '{\"serve_after\": <unix time>}'`)"
+        )
+
+
 @dataclass
 class Watermark:
     serve_after: float = 0.0  # created_at of the newest serve rollout already in a snapshot
@@ -30,10 +41,29 @@ class Watermark:
 
     @classmethod
     def from_cursor(cls, cursor: str | None) -> Watermark:
+        """The watermark a cursor holds (an older one without `pool` too); `InvalidCursor` for anything else.
+        Never a guess: from zero the sensor would snapshot serve rollouts that earlier snapshots hold, and a
+        NaN or future `serve_after` would silently never see new ones."""
         if not cursor:
             return cls()
-        data = json.loads(cursor)
-        return cls(serve_after=float(data.get("serve_after", 0.0)), pool=data.get("pool"))
+        try:
+            data = json.loads(cursor)
+        except ValueError:
+            raise InvalidCursor(cursor, "invalid JSON") from None
+        if not isinstance(data, dict):
+            raise InvalidCursor(cursor, "not a JSON object")
+        after, pool = data.get("serve_after", 0.0), data.get("pool")
+        if (
+            isinstance(after, bool)
+            or not isinstance(after, int | float)
+            or not 0 <= after <= time.time() + 86400
+        ):
+            raise InvalidCursor(
+                cursor, f"serve_after {after!r} is not a time (Unix seconds, not in the future)"
+            )
+        if pool is not None and not isinstance(pool, str):
+            raise InvalidCursor(cursor, f"pool {pool!r} is not a fingerprint")
+        return cls(serve_after=float(after), pool=pool)
 
     def to_cursor(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -96,7 +126,10 @@ def _gated(store: Store, keys: list[str]) -> list[tuple[str, Receipt]]:
     """Receipts of the given snapshots that the gate has judged, oldest first."""
     out = []
     for key in keys:
-        receipt = ctx.find_receipt(store, key)
+        try:
+            receipt = ctx.find_receipt(store, key)
+        except ctx.ForeignReceipt:
+            continue  # brought in by hand under the snapshot's id: the gate never judged it, nor will it
         if receipt is not None and receipt.gate is not None:
             out.append((key, receipt))
     return out

@@ -53,7 +53,8 @@ def promote(
 ) -> PromotionResult:
     """Move `approved-default` from the receipt's parent to its candidate, or refuse with the reason.
 
-    Requires: the gate, run now on the ledger's head version under `policy` (default: the packaged one) with
+    Requires: a receipt the pipeline wrote (`receipts.require_pipeline_written`) and judged, under exactly
+    the policy of its gate record; the gate, run now on the ledger's head version under `policy` (default: the packaged one) with
     `current_fingerprints`, says promote and voids no check; every approval on it verifies against the
     deployment's roles and `actor` signed the default step on this evidence; the candidate is registered with the receipt's weights; and `approved-default` is exactly
     the receipt's parent (version and weights)."""
@@ -62,6 +63,9 @@ def promote(
     pointers.reconcile(reg)
     stored = receipts.load(reg.store, receipt)
     facts = receipts.facts(stored.receipt, reg.model_name)
+    # Only the pipeline's receipts: their evidence is what its stages recorded, and their gate record names
+    # the policy the deployment judged them under (a hand-brought receipt names whichever policy it likes).
+    receipts.require_pipeline_written(reg.store, stored.receipt)
     policy = policy if isinstance(policy, Policy) else load_policy(policy)
     judged = stored.receipt.gate
     if judged is not None and judged.policy_hash != policy.hash:

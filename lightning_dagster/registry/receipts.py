@@ -14,6 +14,7 @@ from typing import Any
 from lightning_dagster.gate import ReceiptLedger, content_hash, parse_receipt
 from lightning_dagster.gate.approvals import approval_problems, evidence_hash
 from lightning_dagster.gate.ledger import COLLECTION as LEDGER
+from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS
 from lightning_dagster.gate.receipt import Approval, Receipt, add_approval
 from lightning_dagster.registry.errors import ApprovalRefused, NotAuthorized, PromotionRefused, RegistryError
 from lightning_dagster.registry.roles import Roles
@@ -78,6 +79,29 @@ def facts(receipt: Receipt, model_name: str) -> ReceiptFacts:
     )
 
 
+def planned_snapshot(store: Any, receipt_id: str) -> str | None:
+    """The snapshot key the pipeline planned this receipt for; None: the pipeline never wrote it."""
+    versions = store.document_versions(RECEIPT_SNAPSHOTS, receipt_id)
+    return None if not versions else str(versions[-1].body["snapshot_key"])
+
+
+def require_pipeline_written(store: Any, receipt: Receipt) -> str:
+    """The receipt's snapshot key, or `PromotionRefused` unless the pipeline wrote the receipt and its gate
+    judged it. A receipt brought in by hand carries figures (held-out means, coverage, retry debt, canary
+    results, approvals of its own invention) that no stage recorded; the gate would judge them as written."""
+    key = planned_snapshot(store, receipt.receipt_id)
+    if key is None:
+        raise PromotionRefused(
+            f"receipt {receipt.receipt_id} was not written by the pipeline (no snapshot planned it): "
+            "a receipt brought in by hand is never promoted, its evidence is not what the store recorded"
+        )
+    if receipt.gate is None:
+        raise PromotionRefused(
+            f"receipt {receipt.receipt_id} has no gate verdict: materialize release_receipt for snapshot {key} first"
+        )
+    return key
+
+
 def _as_receipt(value: Any) -> Receipt:
     if isinstance(value, Receipt):
         return value
@@ -111,6 +135,11 @@ def load(store: Any, value: Any, *, ingest: Roles | None = None) -> StoredReceip
     if stored is None:
         if ingest is None:
             raise RegistryError(f"receipt {receipt.receipt_id!r} is not in the ledger")
+        if (key := planned_snapshot(store, receipt.receipt_id)) is not None:
+            # The pipeline claimed this id for a snapshot: only its stages write that receipt's versions.
+            raise RegistryError(
+                f"receipt {receipt.receipt_id} belongs to snapshot {key}, whose receipt only the pipeline writes"
+            )
         if problems := approval_problems(receipt, ingest.actors):
             raise ApprovalRefused(problems)
         entry = ledger.append(receipt)

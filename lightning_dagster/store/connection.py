@@ -173,7 +173,18 @@ def unavailable(exc: BaseException, store: str, busy_timeout_s: float) -> StoreU
         return StoreLocked(
             f"the store {store} is locked by another process; gave up after {busy_timeout_s:g}s ({cause})"
         )
+    if code is None and _UNREACHABLE.search(cause):
+        # No connection at all (server down, wrong host or port, an unreadable SQLite file): psycopg2 reports
+        # it before any statement ran (no SQLSTATE), SQLite as "unable to open database file".
+        return StoreUnavailable(f"the store {store} cannot be reached ({cause})")
     return None
+
+
+_UNREACHABLE = re.compile(
+    r"unable to open database file|could not connect|connection to server .* failed|connection refused|"
+    r"could not translate host name|no such host|name or service not known|timeout expired",
+    re.IGNORECASE,
+)
 
 
 def _translate_errors(engine: sa.Engine, url: str, busy_timeout_s: float) -> None:

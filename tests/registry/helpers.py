@@ -61,15 +61,38 @@ def passing_receipt(registry, parent, candidate, receipt_id: str, keys=None, edi
     return add_approval(receipt, signed)
 
 
+def record_as_pipeline(registry, receipt, policy=None):
+    """Write `receipt` into the ledger as the pipeline does: the snapshot it belongs to first, then the
+    receipt with the gate's verdict under `policy` (default: the packaged one). Returns its id."""
+    from lightning_dagster.gate import evaluate, load_policy, parse_receipt
+    from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS, ReceiptLedger
+    from lightning_dagster.gate.receipt import with_gate_record
+    from lightning_dagster.pipeline.context import save_doc
+
+    receipt = parse_receipt(receipt) if isinstance(receipt, dict) else receipt
+    policy = load_policy(policy)
+    judged = with_gate_record(
+        receipt, evaluate(receipt, policy, None, roles=registry.roles().actors).to_record()
+    )
+    key = receipt.receipt_id.removeprefix("rcpt-")
+    save_doc(registry.store, RECEIPT_SNAPSHOTS, receipt.receipt_id, {"snapshot_key": key})
+    ReceiptLedger(registry.store).append(judged)
+    return receipt.receipt_id
+
+
 def approve(registry, receipt, keys, actor: str, role: str = "release-owner", step: str = "default"):
-    """`actor` signs `step` of the receipt (the ledger's head for an id) with their key and records it."""
+    """`actor` signs `step` of the receipt (the ledger's head for an id) with their key and records it; a
+    receipt given by value is recorded as the pipeline records its receipts first, unless the ledger has it."""
     from lightning_dagster.gate import parse_receipt
+    from lightning_dagster.gate.ledger import ReceiptLedger
     from lightning_dagster.registry import receipts
     from lightning_dagster.registry.signing import sign_approval
 
-    if isinstance(receipt, str):
-        current = receipts.load(registry.store, receipt).receipt
-    else:
+    if not isinstance(receipt, str):
         current = parse_receipt(receipt) if isinstance(receipt, dict) else receipt
+        if not ReceiptLedger(registry.store).history(current.receipt_id):
+            record_as_pipeline(registry, current)
+        receipt = current.receipt_id
+    current = receipts.load(registry.store, receipt).receipt
     approval = sign_approval(current, actor=actor, role=role, key=keys[actor], step=step)
     return registry.approve(receipt, approval)

@@ -8,6 +8,7 @@ import time
 import pytest
 from mlflow import MlflowClient
 
+from lightning_dagster.gate import ReceiptLedger
 from lightning_dagster.registry import (
     APPROVED,
     NotAuthorized,
@@ -17,7 +18,7 @@ from lightning_dagster.registry import (
 )
 from lightning_dagster.registry.cli import register
 from lightning_dagster.registry.roles import read_roles_file
-from tests.registry.helpers import approve, candidate_kwargs, passing_receipt
+from tests.registry.helpers import approve, candidate_kwargs, passing_receipt, record_as_pipeline
 
 
 class StopsMlflowAfterMove:
@@ -97,7 +98,8 @@ def test_cli_show_history_approve_promote_rollback(
     parent = registry.register_initial_parent(variant(0))
     cand = registry.log_candidate(variant(1), **candidate_kwargs(parent.version))
     receipt_file = registry.cache_dir.parent / "receipt.json"
-    receipt = passing_receipt(registry, parent, cand, "rec-cli", approver_keys)
+    record_as_pipeline(registry, passing_receipt(registry, parent, cand, "rec-cli", approver_keys))
+    receipt = ReceiptLedger(registry.store).head("rec-cli")  # the file holds the pipeline's receipt
     receipt_file.write_text(json.dumps(receipt.to_json_dict()))
     common = ["--tracking-uri", tracking.uri, "--store-url", store_url, "--model-name", registry.model_name]
 

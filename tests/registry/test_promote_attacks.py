@@ -83,3 +83,115 @@ def test_rollback_in_a_role_that_may_not_move_the_pointer_is_refused(
     assert main([*argv, "--tracking-uri", tracking.uri, "--model-name", registry.model_name]) == 1
     assert "needs one of the roles ['default-approver']" in capsys.readouterr().err
     assert [m.to_value for m in registry.history()] == [parent.version, cand.version]
+
+
+def _loose_policy(tmp_path) -> str:
+    """A caller's own policy: any margin, any regressions, no canary verification."""
+    import yaml
+
+    from lightning_dagster.gate import load_policy
+
+    data = load_policy().model_dump(mode="json", by_alias=True)
+    data["version"] = "mine"
+    data["checks"]["4"] |= {"min_margin": -1.0, "min_n": 0}
+    data["checks"]["5"] |= {"default_tolerance": 1000}
+    data["checks"]["6"] |= {"min_verified_share": 0.0}
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _worse(data):
+    """Held-out figures no better than the parent's, the canary unverified: the default policy holds it."""
+    for family in data["holdout"]["families"]:
+        family["candidate_mean"] = family["parent_mean"]
+    data["canary"]["tasks"][0]["verified"] = False
+
+
+@pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
+def test_cli_promote_of_a_receipt_written_by_hand_is_refused_whatever_it_claims(
+    registry, variant, tracking, approver_keys, monkeypatch, capsys, tmp_path
+):
+    """A valid approver key and a receipt file of invented figures (held-out, protected, canary, coverage,
+    retry debt) pointing at real versions: the pipeline never recorded that evidence, so nothing moves,
+    under the packaged policy or a caller's own (with a gate record of its own naming it)."""
+    import json
+
+    from lightning_dagster.cli import main
+    from lightning_dagster.gate import evaluate, load_policy
+    from lightning_dagster.gate.receipt import with_gate_record
+
+    parent, (cand,) = _bootstrap(registry, variant)
+    monkeypatch.setenv("LD_STORE_URL", registry.store.url)
+    common = ["--tracking-uri", tracking.uri, "--model-name", registry.model_name]
+    loose = _loose_policy(tmp_path)
+    invented = passing_receipt(registry, parent, cand, "rcpt-invented", approver_keys)
+    worse = passing_receipt(registry, parent, cand, "rcpt-loose", approver_keys, edit=_worse)
+    judged = evaluate(worse, load_policy(loose), None, roles=registry.roles().actors)
+    assert judged.verdict == "PROMOTE TO BOUNDED CANARY"  # the caller's policy would pass it
+    worse = with_gate_record(worse, judged.to_record())
+    for receipt, policy in ((invented, []), (worse, ["--policy", loose])):
+        path = tmp_path / f"{receipt.receipt_id}.json"
+        path.write_text(json.dumps(receipt.to_json_dict()))
+        key = ["--key", str(approver_keys["alice"])]
+        argv = ["registry", "promote", str(path), "--actor", "alice", *key, *policy, *common]
+        assert main(argv) == 1
+        assert "was not written by the pipeline" in capsys.readouterr().err
+        with pytest.raises(PromotionRefused, match="not written by the pipeline"):
+            registry.promote(receipt.receipt_id, "alice", policy=loose if policy else None)
+    assert [m.to_value for m in registry.history()] == [parent.version]
+
+
+@pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
+def test_a_pipeline_receipt_is_judged_only_under_the_policy_its_gate_recorded(
+    registry, variant, tracking, approver_keys, tmp_path
+):
+    """The pipeline's receipt before `release_receipt` judged it cannot be promoted under a caller's policy
+    (nor any: it has no verdict); once judged, only under the policy of its gate record."""
+    from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS, ReceiptLedger
+    from lightning_dagster.pipeline.context import save_doc
+    from tests.registry.helpers import record_as_pipeline
+
+    parent, (cand,) = _bootstrap(registry, variant)
+    loose = _loose_policy(tmp_path)
+    unjudged = passing_receipt(registry, parent, cand, "rcpt-snap-unjudged", approver_keys, edit=_worse)
+    save_doc(registry.store, RECEIPT_SNAPSHOTS, unjudged.receipt_id, {"snapshot_key": "snap-unjudged"})
+    ReceiptLedger(registry.store).append(unjudged)
+    approve(registry, unjudged.receipt_id, approver_keys, "alice")
+    with pytest.raises(PromotionRefused, match="has no gate verdict: materialize release_receipt"):
+        registry.promote(unjudged.receipt_id, "alice", policy=loose)
+
+    judged = passing_receipt(registry, parent, cand, "rcpt-snap-judged", approver_keys, edit=_worse)
+    record_as_pipeline(registry, judged)
+    approve(registry, judged.receipt_id, approver_keys, "alice")
+    with pytest.raises(PromotionRefused, match="promotion under mine .* is refused"):
+        registry.promote(judged.receipt_id, "alice", policy=loose)
+    with pytest.raises(PromotionRefused, match="HOLD"):
+        registry.promote(judged.receipt_id, "alice")
+    assert [m.to_value for m in registry.history()] == [parent.version]
+
+
+@pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
+def test_a_receipt_brought_in_under_a_snapshots_id_is_not_adopted_by_the_pipeline(
+    registry, variant, tracking, approver_keys
+):
+    """Ingesting a hand-made receipt under the id of a snapshot not yet planned does not make it that
+    snapshot's plan; and a snapshot's id the pipeline claimed takes no hand-made receipt."""
+    from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS
+    from lightning_dagster.gate.receipt import Approval
+    from lightning_dagster.pipeline.context import ForeignReceipt, find_receipt, save_doc
+    from lightning_dagster.registry.errors import RegistryError
+
+    parent, (cand,) = _bootstrap(registry, variant)
+    early = passing_receipt(registry, parent, cand, "rcpt-snap-future", approver_keys)
+    (canary,) = early.approvals
+    registry.approve(early.model_copy(update={"approvals": []}), Approval.model_validate(canary.model_dump()))
+    with pytest.raises(ForeignReceipt, match="was not written by the pipeline"):
+        find_receipt(registry.store, "snap-future")
+
+    save_doc(registry.store, RECEIPT_SNAPSHOTS, "rcpt-snap-claimed", {"snapshot_key": "snap-claimed"})
+    claimed = passing_receipt(registry, parent, cand, "rcpt-snap-claimed", approver_keys)
+    (canary,) = claimed.approvals
+    with pytest.raises(RegistryError, match="whose receipt only the pipeline writes"):
+        registry.approve(claimed.model_copy(update={"approvals": []}), canary)
+    assert find_receipt(registry.store, "snap-claimed") is None

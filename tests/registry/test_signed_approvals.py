@@ -23,7 +23,7 @@ from lightning_dagster.registry.signing import (
     sign,
     sign_approval,
 )
-from tests.registry.helpers import approve, candidate_kwargs, passing_receipt
+from tests.registry.helpers import approve, candidate_kwargs, passing_receipt, record_as_pipeline
 
 SQLITE = pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
 
@@ -33,7 +33,8 @@ def _setup(registry, variant, keys, receipt_id: str = "rec-signed"):
     cand = registry.log_candidate(variant(1), **candidate_kwargs(parent.version))
     receipt = passing_receipt(registry, parent, cand, receipt_id, keys)
     (canary,) = receipt.approvals
-    registry.approve(receipt.model_copy(update={"approvals": []}), canary)  # ingested, then approved
+    record_as_pipeline(registry, receipt.model_copy(update={"approvals": []}))
+    registry.approve(receipt_id, canary)
     return parent, cand, receipt
 
 

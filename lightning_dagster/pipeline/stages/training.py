@@ -43,6 +43,19 @@ def training_transitions(p: Pipeline, key: str) -> StageResult:
     )
 
 
+def inputs_ready(p: Pipeline, key: str) -> None:
+    """What `candidate_resource` reads before it trains, each raising `StageMissing` (or the stage's own
+    error) while its upstream never materialized: the plan, the frozen tasks, the training transitions; and
+    `CandidateRecorded` once the receipt has its candidate."""
+    store = p.get_store()
+    receipt = ctx.head_receipt(store, key)
+    if receipt.candidate is not None:
+        raise ctx.CandidateRecorded(key, receipt.candidate.model_version)
+    ctx.registered_version(receipt.plan.parent)
+    load_manifest(p, key)
+    ctx.load_stage(store, key, "training_transitions")
+
+
 def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group | None = None) -> StageResult:
     """Step 1 trains on `training_transitions`; steps 2.. sample on-policy from the updated weights through
     the same gateway and runner (recorded in the store like the first batch), as GRPO needs fresh samples.
@@ -56,6 +69,7 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group 
     from lightning_dagster.training.loop import CheckpointKeeper, rl_step, selection_summary, validation_split
     from lightning_dagster.training.trainer import Trainer
 
+    inputs_ready(p, key)
     store, reg = p.get_store(), ctx.registry(p)
     receipt, manifest = ctx.head_receipt(store, key), load_manifest(p, key)
     candidate_id = receipt.plan.candidate_id

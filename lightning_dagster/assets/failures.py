@@ -1,0 +1,71 @@
+"""What an asset or check of a snapshot raises when it cannot run: a one-line `dg.Failure` naming the cause.
+
+A partition key that is not a snapshot key (`../x`, a comma, 500 characters: anyone may add a partition in
+the UI) is refused before any stage builds a path or a receipt id from it. An upstream stage that never
+materialized for the partition, a receipt the pipeline did not write, a tampered snapshot or receipt chain,
+a registry that refuses (no `approved-default`, MLflow unreachable) or a store that cannot be reached stop the step with the reason as
+metadata, not a traceback of the stage's frames."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import dagster as dg
+
+
+def snapshot_partition(what: str, key: str | None) -> str:
+    """The run's partition key, once it is a valid snapshot key; else a `dg.Failure`."""
+    from lightning_dagster.pipeline.snapshots import InvalidSnapshotKey, validate_snapshot_key
+
+    try:
+        return validate_snapshot_key(key)  # type: ignore[arg-type]
+    except InvalidSnapshotKey as exc:
+        raise dg.Failure(
+            description=f"{what} refused: {exc}",
+            metadata={"refused": type(exc).__name__, "partition_key": repr(key)},
+            allow_retries=False,
+        ) from None
+
+
+@contextmanager
+def snapshot_stage(what: str, partition_key: str | None) -> Iterator[str]:
+    """Run a stage of the snapshot `partition_key` names (yielded once validated); its expected refusals
+    become a one-line `dg.Failure`."""
+    from lightning_dagster.gate.errors import AmendmentError, InvalidInput, TamperedReceipt
+    from lightning_dagster.pipeline.context import (
+        CandidateRecorded,
+        ForeignReceipt,
+        NotRegistered,
+        StageMissing,
+    )
+    from lightning_dagster.pipeline.snapshots import SnapshotTampered
+    from lightning_dagster.registry.errors import RegistryError
+    from lightning_dagster.store.errors import Conflict, StoreUnavailable
+
+    key = snapshot_partition(what, partition_key)
+
+    try:
+        yield key
+    except (
+        StageMissing,
+        CandidateRecorded,
+        ForeignReceipt,
+        NotRegistered,
+        SnapshotTampered,
+        TamperedReceipt,
+        InvalidInput,
+        RegistryError,
+        StoreUnavailable,
+        # another run of the same snapshot wrote first (a ledger or pointer compare-and-set lost, or a plan
+        # it froze meanwhile): the record stands as that run wrote it
+        Conflict,
+        AmendmentError,
+    ) as exc:
+        reason = " ".join(str(exc).split())
+        metadata = {"error": type(exc).__name__, "reason": reason, "snapshot": key}
+        if isinstance(exc, StageMissing):
+            metadata["materialize_first"] = exc.stage
+        raise dg.Failure(
+            description=f"{what} of snapshot {key} failed: {reason}", metadata=metadata, allow_retries=False
+        ) from None
