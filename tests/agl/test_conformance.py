@@ -74,6 +74,9 @@ def test_create_refuses_unknown_fields_and_bodies_that_are_not_lists_with_422(ag
     assert agl.api.post("/api/rollouts", json=[{"is_train": True}]).status_code == 422
     assert agl.api.post("/api/rollouts", content=b"[{").status_code == 400
     assert agl.api.post("/api/rollouts", json=[{"input": 1, "rollout_id": "x" * 65}]).status_code == 422
+    slash = agl.api.post("/api/rollouts", json=[{"input": 1, "rollout_id": "a/b"}])  # never fetchable by id
+    assert slash.status_code == 422 and slash.json()["error"]["param"] == "0.rollout_id"
+    assert agl.api.get("/api/rollouts", params={"state_in": "queuing"}).json() == []
 
 
 def test_an_id_held_by_a_rollout_of_another_surface_is_a_conflict(agl):

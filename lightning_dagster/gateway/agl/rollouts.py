@@ -47,7 +47,8 @@ class RolloutCreate(_Strict):
     is_train: bool = True
     config: RolloutConfig | None = None
     metadata: dict[str, Any] | None = None
-    rollout_id: str | None = Field(None, min_length=1, max_length=64)
+    # no "/": the rollout's routes take its id as one path segment, so it could never be read back
+    rollout_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[^/]+$")
 
 
 class StatusPatch(_Strict):
