@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from lightning_dagster.gateway.agl import Agl, parse_json, reply
+from lightning_dagster.gateway.agl import Agl, invalid, parse_json, reply
 from lightning_dagster.gateway.backends import Backend
 from lightning_dagster.gateway.calls import llm_call
 from lightning_dagster.gateway.errors import GatewayError
@@ -54,13 +54,6 @@ class PauseRequest(BaseModel):
 
 
 MODELS = TypeAdapter(list[ModelEntry])
-
-
-def _invalid(exc: ValidationError) -> GatewayError:
-    """A 422 naming the first invalid field, as the other routes answer."""
-    first = exc.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "body"
-    return GatewayError(422, f"{field}: {first['msg']}", param=field)
 
 
 class RoutedBackend(Backend):
@@ -238,7 +231,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         try:
             entries = MODELS.validate_python(parse_json(await gw.body(request)))
         except ValidationError as exc:
-            raise _invalid(exc) from exc
+            raise invalid(exc) from exc
         async with changing:
             endpoints.add(entries)
             await anyio.to_thread.run_sync(store.set_flag, MODELS_FLAG, {"models": endpoints.as_list()})
@@ -268,7 +261,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         try:
             req = PauseRequest.model_validate(parse_json(raw) if raw.strip() else {})
         except ValidationError as exc:
-            raise _invalid(exc) from exc
+            raise invalid(exc) from exc
         return await set_pause(True, req)
 
     async def resume_route(request: Request) -> Response:

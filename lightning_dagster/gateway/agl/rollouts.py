@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from lightning_dagster.gateway import schemas
-from lightning_dagster.gateway.agl import WORKER_ID, Agl, parse_json, reply
+from lightning_dagster.gateway.agl import WORKER_ID, Agl, invalid, parse_json, reply
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.store import agl as store_agl
 
@@ -92,9 +92,7 @@ def _validated(adapter: TypeAdapter, raw: bytes) -> Any:
     try:
         return adapter.validate_python(parse_json(raw))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise GatewayError(422, f"{where}: {first['msg']}", param=where) from exc
+        raise invalid(exc) from exc
 
 
 def _int(request: Request, name: str, default: int) -> int:
