@@ -34,7 +34,11 @@ def solve(task, client):
     free = int(os.environ.get("FLEET_FREE", "0"))
 
     def held():
-        return earlier >= free and any(os.path.exists(os.path.join(hold, n)) for n in (str(pid), "all"))
+        if earlier < free:
+            return False
+        return os.environ.get("FLEET_HOLD_SELF") == "1" or any(
+            os.path.exists(os.path.join(hold, n)) for n in (str(pid), "all")
+        )
 
     while held():  # the test holds this harness in flight
         time.sleep(0.05)
@@ -54,8 +58,8 @@ def cli(*args: str) -> list[str]:
 
 def make_project(root: Path, n: int) -> Path:
     """A project whose harness only logs its run, sleeps `FLEET_SLEEP` and returns reward 1. While
-    `$FLEET_HOLD/<its pid>` or `$FLEET_HOLD/all` exists, it waits in flight instead, except in a process's
-    first `FLEET_FREE` runs."""
+    `$FLEET_HOLD/<its pid>` or `$FLEET_HOLD/all` exists, or always with `FLEET_HOLD_SELF=1`, it waits in flight
+    instead, except in a process's first `FLEET_FREE` runs."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "fleet_agent.py").write_text(AGENT)
     rows = [{"task_id": f"t{i}", "family": "f", "split": "train"} for i in range(n)]
@@ -73,20 +77,22 @@ def child_env(project: Path, log: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "FLEET_LOG": str(log), **extra}
 
 
-def hold_in_flight(store, hold: Path, pid: int, timeout: float = 60) -> list:
-    """Hold every harness process `pid` starts from now on (the harness waits while `hold/<pid>` exists) and
-    wait until it has a running attempt that started after the hold: that attempt is certainly still in
-    flight when the caller kills the process, however slowly the caller gets there. Returns the process's
-    running attempts."""
-    hold.mkdir(parents=True, exist_ok=True)
-    since = time.time()
-    (hold / str(pid)).touch()
+def wait_held(store, log: Path, pid: int, free: int, timeout: float = 120) -> list:
+    """Wait until process `pid`, started with `FLEET_HOLD_SELF=1 FLEET_FREE=free`, has begun a harness run
+    beyond its free ones: that harness waits in flight for good, so its attempt is certainly still running
+    when the caller kills the process, however slowly the caller gets there. The hold is set before the
+    process starts, so it cannot miss the queue (holding it later once found the queue already drained on a
+    loaded machine). Returns the process's running attempts."""
     deadline = time.monotonic() + timeout
     while True:
-        running = [a for a in store.list_attempts(state="running") if f"-{pid}-" in (a.worker_id or "")]
-        if any(a.started_at > since for a in running):
-            return running
-        assert time.monotonic() < deadline, f"process {pid} started no attempt after it was held"
+        started = (
+            sum(line.endswith(f" {pid}") for line in log.read_text().splitlines()) if log.exists() else 0
+        )
+        if started > free:
+            running = [a for a in store.list_attempts(state="running") if f"-{pid}-" in (a.worker_id or "")]
+            if running:
+                return running
+        assert time.monotonic() < deadline, f"process {pid} started {started} harness runs, none held"
         time.sleep(0.1)
 
 

@@ -14,7 +14,7 @@ import pytest
 from lightning_dagster.gateway.keys import attempt_key
 from lightning_dagster.store import Store
 from lightning_dagster.types import AttemptState, RetryKind, Rollout, RolloutKind, RolloutStatus
-from tests.fleet.conftest import SECRET, Gateway, child_env, cli, hold_in_flight, make_project
+from tests.fleet.conftest import SECRET, Gateway, child_env, cli, make_project, wait_held
 from tests.support.secrets import secret_file
 
 pytestmark = pytest.mark.postgres
@@ -46,13 +46,15 @@ def test_four_workers_run_400_rollouts_once_and_retry_the_killed_workers(postgre
         enqueue = cli("rollouts", "enqueue", "--project", str(project), "--n", "400", "--run-id", "fleet")
         subprocess.run([*enqueue, "--store", postgres_url], env=child_env(project, log), check=True)
         args = cli("runner", *runner_args(gateway, postgres_url, project, tmp_path), "--until-idle", "--json")
-        env = child_env(project, log, FLEET_SLEEP="0.05", FLEET_HOLD=str(tmp_path / "hold"))
-        workers = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE) for _ in range(4)]
-        victim = workers[0]
-        wait_for(lambda: len(store.query_rollouts(status=RolloutStatus.succeeded)) >= 40, 60, "40 rollouts")
-        # the victim's harnesses from here on wait in flight, so the kill certainly strands attempts (killed
-        # right after a poll saw them running, they had sometimes ended first on a loaded machine)
-        hold_in_flight(store, tmp_path / "hold", victim.pid)
+        env = child_env(project, log, FLEET_SLEEP="0.05")
+        # the victim runs 3 harnesses, then every later one waits in flight, so the kill certainly strands
+        # attempts (killed right after a poll saw them running, they had sometimes ended first on a loaded
+        # machine; held only after 40 rollouts had succeeded, it once found the queue already drained)
+        victim = subprocess.Popen(
+            args, env={**env, "FLEET_HOLD_SELF": "1", "FLEET_FREE": "3"}, stdout=subprocess.PIPE
+        )
+        workers = [victim] + [subprocess.Popen(args, env=env, stdout=subprocess.PIPE) for _ in range(3)]
+        wait_held(store, log, victim.pid, free=3)
         victim.send_signal(signal.SIGKILL)
         for worker in workers[1:]:
             assert worker.wait(timeout=120) == 0
