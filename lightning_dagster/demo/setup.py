@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,23 @@ def approval_config(pipeline: Any, key: str, approver: tuple[str, str]) -> dict[
     return {"snapshot_key": key, **approval.model_dump(mode="json")}
 
 
+def _not_copied(home: Path) -> Callable[[str, list[str]], set[str]]:
+    """What copying the project folder leaves out: the home (a project run from its own folder keeps its
+    home, and so the copy being made, inside it: copied, the copy would contain itself until the path is too
+    long), any earlier demo copy, and version control."""
+    home = home.resolve()
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        here = Path(directory).resolve()
+        return {
+            name
+            for name in names
+            if name == ".git" or here / name == home or (here / name / ".demo-source").is_file()
+        }
+
+    return ignore
+
+
 class WorkingCopy:
     """The project copied into `<home>/demo-project` once, its tasks file without the late train tasks;
     `add_late_tasks` restores the full file, so the task pool the sensor watches changes."""
@@ -109,7 +127,7 @@ class WorkingCopy:
         if self.root.exists() and (not marker.is_file() or marker.read_text() != origin):
             shutil.rmtree(self.root)
         if not self.root.exists():
-            shutil.copytree(folder, self.root)
+            shutil.copytree(folder, self.root, ignore=_not_copied(home))
             self._withhold(source.tasks.id_column)
             marker.write_text(origin)
 
