@@ -126,22 +126,30 @@ def score(answer: float | None, expected: float) -> float:
     return 1.0 if answer is not None and abs(answer - float(expected)) < 1e-6 else 0.0
 
 
-_HTTP: httpx.Client | None = None
+_STRIPES = 64
+_HTTP: list[httpx.Client | None] = [None] * _STRIPES
 _HTTP_LOCK = threading.Lock()
 
 
 def http_client() -> httpx.Client:
-    """One connection pool per process, shared by every episode run in it. A new `OpenAI` client per
-    episode would build its own pool and TLS context each time (most of an episode's client-side CPU) and
-    open fresh connections; the per-attempt key still goes with each client."""
-    global _HTTP
-    with _HTTP_LOCK:
-        if _HTTP is None:
-            limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-            _HTTP = httpx.Client(limits=limits, timeout=60.0)
-            # keep-alive sockets to gateways that stopped would otherwise be reported unclosed at exit
-            atexit.register(_HTTP.close)
-        return _HTTP
+    """This thread's connection pool, one of `_STRIPES` per process shared by every episode run in it. A new
+    `OpenAI` client per episode would build its own pool and TLS context each time (most of an episode's
+    client-side CPU) and open fresh connections; the per-attempt key still goes with each client. Not one
+    pool for the process: httpcore hands each request a connection by walking every connection of its pool
+    (polling each idle socket) under one lock, so with the runner's 64 worker threads on one pool each call
+    paid for all 64 connections (`benchmarks/harness_pool.py`). Threads are striped by their native id, so
+    a runner's workers mostly get a pool each and keep its connection alive across episodes."""
+    stripe = threading.get_native_id() % _STRIPES
+    client = _HTTP[stripe]
+    if client is None:
+        with _HTTP_LOCK:
+            client = _HTTP[stripe]
+            if client is None:
+                limits = httpx.Limits(max_connections=64, max_keepalive_connections=8)
+                client = _HTTP[stripe] = httpx.Client(limits=limits, timeout=60.0)
+                # keep-alive sockets to gateways that stopped would otherwise be reported unclosed at exit
+                atexit.register(client.close)
+    return client
 
 
 def post_reward(event_url: str, api_key: str, value: float) -> None:

@@ -118,20 +118,24 @@ def check_effect(task: dict[str, Any]) -> dict[str, Any]:
     return {"effect_ok": effect_ok, "deleted": deleted, "observed": after}
 
 
-_HTTP: httpx.Client | None = None
+_STRIPES = 64
+_HTTP: list[httpx.Client | None] = [None] * _STRIPES
 _HTTP_LOCK = threading.Lock()
 
 
 def http_client() -> httpx.Client:
-    """One connection pool per process, shared by every episode run in it. A new `OpenAI` client per
-    episode would build its own pool and TLS context each time (most of an episode's client-side CPU) and
-    open fresh connections; the per-attempt key still goes with each client."""
-    global _HTTP
-    with _HTTP_LOCK:
-        if _HTTP is None:
-            limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-            _HTTP = httpx.Client(limits=limits, timeout=60.0)
-        return _HTTP
+    """This thread's connection pool, one of `_STRIPES` per process (as the calc agent's: one pool walked
+    by every worker thread's requests costs each call all of its connections); the per-attempt key still
+    goes with each client."""
+    stripe = threading.get_native_id() % _STRIPES
+    client = _HTTP[stripe]
+    if client is None:
+        with _HTTP_LOCK:
+            client = _HTTP[stripe]
+            if client is None:
+                limits = httpx.Limits(max_connections=64, max_keepalive_connections=8)
+                client = _HTTP[stripe] = httpx.Client(limits=limits, timeout=60.0)
+    return client
 
 
 def post_reward(event_url: str, api_key: str, value: float) -> None:
