@@ -36,8 +36,9 @@ class HarnessSpec:
     harness receives; `verify(task)` re-reads that destination afterwards. `judge` (named `judge_name`)
     scores an attempt that posted no reward. `expected_span_families` lists the span families (see
     `span_family`) every finished rollout must have. `timeout_s` and `max_attempts` are the defaults of the
-    retry policy (`retry_policy`). `tools` are the tool schemas the agent offers its model (the tool
-    contract staleness watches; empty when the agent does not declare them).
+    retry policy (`retry_policy`); `max_output_bytes` bounds the stdout and the stderr kept of each attempt
+    of a command. `tools` are the tool schemas the agent offers its model (the tool contract staleness
+    watches; empty when the agent does not declare them).
     """
 
     name: str
@@ -58,6 +59,9 @@ class HarnessSpec:
     env_passthrough: tuple[
         str, ...
     ] = ()  # variables of ours a subprocess harness inherits besides the allowlist
+    # How much of a subprocess's stdout, and of its stderr, an attempt keeps (`runner.output`; the same
+    # default as there, not imported: the runner package imports this module).
+    max_output_bytes: int = 4 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.command() is None and self.run_task is None:

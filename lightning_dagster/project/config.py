@@ -78,6 +78,9 @@ class Harness(_Section):
     # Variables of the launching environment a `command` harness inherits besides the basic allowlist
     # (PATH, HOME, locale, ...), e.g. a tool's API key; LD_* and MLFLOW_* are never passed.
     env_passthrough: tuple[str, ...] = ()
+    # How much of a `command` harness's stdout, and of its stderr, each attempt keeps: the first and last
+    # halves, with a line saying how much was dropped between them (`runner.output`).
+    max_output_bytes: int = Field(4 * 1024 * 1024, ge=1024)
 
     @field_validator("command")
     @classmethod

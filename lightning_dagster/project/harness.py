@@ -90,4 +90,5 @@ def harness_spec(project: Project) -> HarnessSpec:
         tools=_declared_tools(harness.python or harness.agl),
         model_names=harness.model_names,
         env_passthrough=harness.env_passthrough,
+        max_output_bytes=harness.max_output_bytes,
     )

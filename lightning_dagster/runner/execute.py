@@ -3,7 +3,9 @@
 Both modes share `supervise`: while the harness runs, the attempt heartbeats in the store; if the deadline
 passes the harness is stopped (`timeout`), and if the attempt stopped being `running` behind our back (the
 reaper marked it `unresponsive`, or someone cancelled it) the harness is stopped too (`superseded`).
-A subprocess gets a scrubbed environment and, optionally, a bubblewrap sandbox (see docs/SECURITY.md).
+A subprocess gets a scrubbed environment and, optionally, a bubblewrap sandbox (see docs/SECURITY.md); it
+runs under a subreaper of its own (`subreaper.py`) so no process it starts outlives its attempt, and what it
+prints is kept to a bounded size (`runner.output`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -21,10 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from lightning_dagster.runner.output import DEFAULT_MAX_OUTPUT_BYTES, Capture, notices
 from lightning_dagster.types import AttemptState
 
 log = logging.getLogger(__name__)
 TAIL_CHARS = 2000
+SUBREAPER = Path(__file__).with_name("subreaper.py")  # the process each command harness runs under
+STOP_S = 10.0  # how long a stopped harness's subreaper may take to end its processes before it is killed
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,8 @@ Sandbox = Literal["none", "bwrap"]
 SANDBOXES = ("none", "bwrap")
 # The whole filesystem as it is, a PID namespace of its own and a /proc that shows only that namespace.
 # A harness dies with the runner thread that started it: a runner killed with SIGKILL leaves no harness
-# posting into attempts another runner's reaper has ended. setpriv sets PR_SET_PDEATHSIG, kept across exec.
+# posting into attempts another runner's reaper has ended. setpriv sets PR_SET_PDEATHSIG, kept across exec,
+# on the attempt's subreaper (`subreaper.py`), which sets it on the harness in turn.
 _SETPRIV = shutil.which("setpriv")
 DIE_WITH_RUNNER = (_SETPRIV, "--pdeathsig", "KILL", "--") if _SETPRIV else ()
 BWRAP = ("bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc")
@@ -194,68 +201,89 @@ def run_subprocess(
     passthrough: Sequence[str] = (),
     sandbox: Sandbox = "none",
     hide: Sequence[Path] = (),
-) -> tuple[Outcome | None, str | None]:
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+) -> tuple[Outcome | None, str | None, str]:
     """Run the harness command in `cwd` (None: ours) with a scrubbed environment (`child_env`), in `sandbox`
-    (`sandboxed`, hiding `hide`); returns (failure outcome or None on exit 0, supervision verdict).
+    (`sandboxed`, hiding `hide`); returns (failure outcome or None on exit 0, supervision verdict, a line
+    per output stream cut to `max_output_bytes`: "" when all was kept).
 
     Its standard input is the task (`env["LD_TASK"]`), from a file so a harness that never reads it cannot
-    block us. The child gets its own session so a timeout kills the whole process group (a harness may spawn
-    helpers), and so does its exit: no helper outlives its attempt (one that starts a session of its own
-    leaves the group; under `sandbox="bwrap"` it ends with the PID namespace). stdout and stderr go to files
-    in `workdir`, their tails end up in the failure reason.
+    block us. It runs under `runner/subreaper.py`, a process of its own per attempt that is the harness's child
+    subreaper: when the harness exits, or is stopped (timeout, superseded), every process it left behind
+    ends with it and is reaped, also a helper that started a session of its own or a double-forked daemon
+    (see subreaper.py for why this is per attempt and not the runner). stdout and stderr are read through
+    pipes into files in `workdir`, each kept to `max_output_bytes` (`runner.output`); their tails end up in
+    the failure reason.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "stdin").write_text(env["LD_TASK"])
     expose = [workdir.resolve()] + ([Path(cwd).resolve()] if cwd is not None else [])
-    command = [*DIE_WITH_RUNNER, *sandboxed(argv, sandbox, hide=hide, expose=expose)]
-    with (
-        (workdir / "stdin").open("rb") as task_in,
-        (workdir / "stdout").open("wb") as out,
-        (workdir / "stderr").open("wb") as err,
-    ):
-        try:
+    status_r, status_w = os.pipe()
+    command = [
+        *DIE_WITH_RUNNER, sys.executable, "-I", "-S", str(SUBREAPER), str(status_w), "--",
+        *sandboxed(argv, sandbox, hide=hide, expose=expose),
+    ]  # fmt: skip
+    try:
+        with (workdir / "stdin").open("rb") as task_in:
             proc = subprocess.Popen(
-                command, env=child_env(env, passthrough), stdout=out, stderr=err, stdin=task_in, cwd=cwd,
-                start_new_session=True,
+                command, env=child_env(env, passthrough), stdin=task_in, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, cwd=cwd, start_new_session=True, pass_fds=(status_w,),
             )  # fmt: skip
-        except OSError as exc:
-            return Outcome(AttemptState.failed, "spawn_error", f"cannot start {argv[0]!r}: {exc}"), None
+    except OSError as exc:
+        os.close(status_r)
+        return Outcome(AttemptState.failed, "spawn_error", f"cannot start {argv[0]!r}: {exc}"), None, ""
+    finally:
+        os.close(status_w)
+    assert proc.stdout is not None and proc.stderr is not None
+    capture = Capture({"stdout": proc.stdout, "stderr": proc.stderr}, workdir, max_output_bytes)
+    with os.fdopen(status_r, "rb") as status:
+        spawn_error = status.read().decode("utf-8", "replace")  # closed once the harness has started
+    if spawn_error:
+        proc.wait()
+        capture.close()
+        return Outcome(AttemptState.failed, "spawn_error", spawn_error), None, ""
 
-        def kill_group() -> None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):  # the group is empty (or its id reused)
-                pass
+    def kill_group() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # the group is empty (or its id reused)
+            pass
 
-        def kill() -> None:
+    def kill() -> None:
+        # The subreaper kills the harness's tree and exits; killing its group is the fallback if it does not.
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(STOP_S)
+        except subprocess.TimeoutExpired:
             kill_group()
             proc.wait()
 
-        def wait(seconds: float) -> bool:
-            try:
-                proc.wait(seconds)
-            except subprocess.TimeoutExpired:
-                return False
-            return True
+    def wait(seconds: float) -> bool:
+        try:
+            proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
+    try:
         verdict = supervise(wait, kill, **supervise_kw)
-        # Helpers the harness started in its process group end with the attempt, however it ended: left
-        # running they would pile up on a long-lived worker and post into attempts already ended.
-        kill_group()
+    finally:
+        kill_group()  # whatever is left in the subreaper's own group (nothing, unless it was killed)
+        notice = notices(capture.close())
     if verdict == "timeout":
         message = f"harness killed after the {supervise_kw['timeout_s']:g}s timeout{_tails(workdir)}"
-        return Outcome(AttemptState.timeout, "timeout", message), verdict
+        return Outcome(AttemptState.timeout, "timeout", message), verdict, notice
     if verdict is not None:
-        return None, verdict
+        return None, verdict, notice
     code = proc.returncode
     if code == 0:
-        return None, None
+        return None, None, notice
     if code < 0:  # ended by a signal: -code is its number
         name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
         reason, what = "killed", f"harness killed by {name}"
     else:
         reason, what = "exit_nonzero", f"harness exited with status {code}"
-    return Outcome(AttemptState.failed, reason, what + _tails(workdir)), None
+    return Outcome(AttemptState.failed, reason, what + _tails(workdir)), None, notice
 
 
 def run_inprocess(

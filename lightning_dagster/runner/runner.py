@@ -15,6 +15,7 @@ claims pause (see `RetryPolicy`) until it answers again.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -344,7 +345,16 @@ class Runner:
     # -- one attempt ------------------------------------------------------------------------------------------
 
     def _attempt(self, rollout: Rollout, attempt: Attempt) -> Outcome | None:
-        """Prepare, run and check one attempt; None when it was ended by someone else meanwhile."""
+        """Prepare, run and check one attempt; None when it was ended by someone else meanwhile. A command
+        harness whose output was cut to `max_output_bytes` has it said at the end of its reason message."""
+        notice: list[str] = []
+        outcome = self._run_attempt(rollout, attempt, notice)
+        if outcome is None or not notice or not notice[0]:
+            return outcome
+        message = f"{outcome.reason_message}\n{notice[0]}" if outcome.reason_message else notice[0]
+        return dataclasses.replace(outcome, reason_message=message)
+
+    def _run_attempt(self, rollout: Rollout, attempt: Attempt, notice: list[str]) -> Outcome | None:
         rollout_id, attempt_id = rollout.rollout_id, attempt.attempt_id
         workdir = self.workdir / rollout_id / attempt_id
         task = rollout.task
@@ -366,10 +376,11 @@ class Runner:
         }
         if self.mode == "subprocess":
             argv = self.harness.command()
-            failure, verdict = run_subprocess(
+            failure, verdict, cut = run_subprocess(
                 argv, env, workdir, supervise_kw, cwd=self.harness.cwd, passthrough=self.env_passthrough,
-                sandbox=self.sandbox, hide=[config.home()],
+                sandbox=self.sandbox, hide=[config.home()], max_output_bytes=self.harness.max_output_bytes,
             )  # fmt: skip
+            notice.append(cut)
         else:
             failure, verdict = run_inprocess(self.harness.run_task, task, env, supervise_kw)
         if self.harness.verify is not None:

@@ -9,7 +9,9 @@ from importlib import resources
 
 import pytest
 
+from lightning_dagster.harnesses.registry import HarnessSpec
 from lightning_dagster.project import PROJECT_FILE, ProjectError, load_project
+from lightning_dagster.runner.output import DEFAULT_MAX_OUTPUT_BYTES
 from tests.project.helpers import DELETE, write_project
 
 NOT_EXECUTABLE = "bin/agent.sh"
@@ -47,6 +49,8 @@ NOT_EXECUTABLE = "bin/agent.sh"
         ({"harness.timeout_s": 0}, "harness.timeout_s", "greater than 0"),
         ({"harness.timeout_s": float("inf")}, "harness.timeout_s", "finite number"),
         ({"harness.max_attempts": 0}, "harness.max_attempts", "greater than or equal to 1"),
+        ({"harness.max_output_bytes": 100}, "harness.max_output_bytes", "greater than or equal to 1024"),
+        ({"harness.max_output_bytes": "a lot"}, "harness.max_output_bytes", "valid integer"),
         ({"harness.expected_spans": []}, "harness.expected_spans", "at least one"),
         ({"harness.expected_spans": ["llm", "llm"]}, "harness.expected_spans", "twice"),
         ({"harness.env_map": {"1BAD": "question"}}, "harness.env_map", "not environment variable names"),
@@ -177,6 +181,9 @@ def test_defaults_are_a_split_column_and_the_llm_and_reward_spans(tmp_path):
     )
     assert project.harness.expected_spans == ("llm", "reward")
     assert (project.harness.timeout_s, project.harness.max_attempts) == (60.0, 1)
+    # One default for what a command's attempt keeps of each output stream, wherever it is declared.
+    spec_default = HarnessSpec(name="x", expected_span_families=(), argv=("true",)).max_output_bytes
+    assert project.harness.max_output_bytes == spec_default == DEFAULT_MAX_OUTPUT_BYTES == 4 * 1024 * 1024
     assert project.model is None and project.reward is None and project.policy is None
 
 

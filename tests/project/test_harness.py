@@ -21,10 +21,12 @@ def test_a_command_harness_runs_its_program_in_the_project_folder_with_the_proje
         "harness.expected_spans": ["llm", "reward", "effect"],
         "harness.env_map": {"QUESTION": "question"},
         "harness.prepare": "hooks:run",
+        "harness.max_output_bytes": 65536,
         "reward": "hooks:judge",
     }
     project = load_project(write_project(tmp_path, changes))
     spec = harness_spec(project)
+    assert spec.max_output_bytes == 65536
     assert spec.name == "demo" and spec.command() == [sys.executable, "agent.py"]
     assert spec.cwd == tmp_path and spec.run_task is None
     assert spec.run_mode("inprocess") == "subprocess"  # a program cannot run in our process

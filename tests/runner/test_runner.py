@@ -45,6 +45,14 @@ if not os.path.exists(marker):
 """
     + POST_REWARD
 )
+LLM_CALL = """
+import json, os, sys, urllib.request
+body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", method="POST",
+    data=json.dumps(body).encode(),
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+urllib.request.urlopen(req).read()
+"""
 SLEEP = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
 
 
@@ -183,6 +191,27 @@ def test_a_harness_past_its_deadline_is_killed_and_ends_in_timeout(store, gatewa
     pid = int((tmp_path / ids[0] / attempt.attempt_id / "stdout").read_text())
     assert pid_is_gone(pid)
     assert summary.attempts_by_ending == {"timeout": 1}
+
+
+def test_a_harness_printing_past_its_output_cap_keeps_its_reward_and_spans(store, gateway, tmp_path):
+    # An LLM call and a reward, with 50 MB of stdout between them (a pipe left unread would block it).
+    script = LLM_CALL + "sys.stdout.write('y\\n' * 25_000_000)\nsys.stdout.flush()\n" + POST_REWARD
+    cap = 64 * 1024
+    spec = dataclasses.replace(with_argv("calc", script), max_output_bytes=cap)
+    ids = enqueue(store, spec, seed=14)
+    summary = make_runner(store, gateway, spec, tmp_path).run(ids)
+    (attempt,) = attempts_of(store, ids[0])
+    assert attempt.state == AttemptState.succeeded and attempt.reason_code == "ok"
+    dropped = 50_000_000 - cap
+    assert (
+        attempt.reason_message
+        == f"stdout truncated: 50,000,000 bytes printed, {dropped:,} dropped from the middle"
+    )
+    kinds = [s.kind for s in store.list_spans(attempt_id=attempt.attempt_id)]
+    assert kinds.count(SpanKind.llm) == 1 and SpanKind.reward in kinds
+    assert summary.reward_mean == 1.0 and summary.rewards == 1
+    stdout = (tmp_path / ids[0] / attempt.attempt_id / "stdout").read_bytes()
+    assert len(stdout) < cap + 200 and f"{dropped:,} bytes of stdout dropped here".encode() in stdout
 
 
 def test_an_inprocess_harness_past_its_deadline_ends_in_timeout(store, gateway, tmp_path):
