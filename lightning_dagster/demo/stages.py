@@ -69,9 +69,15 @@ def asset_figures(asset: str, meta: dict[str, Any], training: Any) -> str:
             f"checkpoint of step {m('chosen_step')}" if m("chosen_step") is not None else "last checkpoint"
         )
         stopped = f" ({m('early_stop')})" if m("early_stop") else ""
+        unchanged = (
+            "; no step had a learning signal (in every group all rewards were equal), so the candidate "
+            "has the parent's weights"
+            if m("trained_rows") == 0
+            else ""
+        )
         return (
             f"{m('steps')} of {training.steps} RL steps x {per_step} rollouts{stopped}, final sampled reward "
-            f"{_fmt(m('final_reward'))}, {chosen}; candidate {m('model_version')}"
+            f"{_fmt(m('final_reward'))}, {chosen}; candidate {m('model_version')}{unchanged}"
         )
     if asset == "holdout_evaluation":
         return (

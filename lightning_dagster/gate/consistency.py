@@ -49,7 +49,8 @@ def inconsistencies(
     cand, parent = receipt.candidate, receipt.plan.parent
     if cand is not None and cand.weights_hash and cand.weights_hash == parent.weights_hash:
         out[Check.pinned].fail(
-            f"candidate weights hash equals the parent's ({parent.weights_hash}): nothing was trained"
+            f"candidate weights hash equals the parent's ({parent.weights_hash}): nothing was trained (an RL"
+            " step changes the weights only where rewards within a group differ)"
         )
     return out
 

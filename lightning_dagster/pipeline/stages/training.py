@@ -180,6 +180,8 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group 
             "early_stop": selection["early_stop"] or "",
             "final_reward": round(float(curve[-1].get("success", 0.0)), 4),
             "final_loss": round(float(curve[-1].get("loss", 0.0)), 6),
+            # 0: no step had a learning signal (every group's rewards were equal, so every advantage was 0)
+            "trained_rows": sum(int(point.get("trained_rows", 0)) for point in curve),
             "curves": Markdown(curve_table(curve)),
             "receipt_version": stored.version,
             **mlflow_links(p, reg, version.run_id, version.version),
