@@ -6,7 +6,9 @@ replica served it, or this gateway restarted) is rebuilt from them: the span seq
 seeds the next call, the token-in statistics and the last call's exact ids; the last call's conversation is
 matched by the digest its span records (`conversation`), so token-in continues exactly. Over a PostgreSQL
 store, where replicas share attempts, every call re-reads the attempt's state and highest span sequence and
-catches up when another replica wrote meanwhile (so an ended attempt is refused at once, too).
+catches up when another replica wrote meanwhile (so an ended attempt is refused at once, too, and so is an
+attempt of a rollout deleted through Agent Lightning's API on another replica: that read also returns the
+rollout's harness, so seeing the delete costs no round trip of its own).
 
 Serve sessions: a serve call names its session in `X-Session-Id` (1 to 256 characters); a call without one
 opens a new session, whose id the response returns in `X-Session-Id` for the client's next call. A session
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import secrets
 import time
 from array import array
@@ -32,6 +35,7 @@ from pydantic import ValidationError
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.keys import parse_attempt_key, same_key
 from lightning_dagster.gateway.tokenin import LastCall, TokenInStats, normalize_messages
+from lightning_dagster.store.agl import DELETED
 from lightning_dagster.store.errors import NotFound
 from lightning_dagster.types import AttemptState, RolloutKind, Sampling, Span, SpanKind
 
@@ -66,6 +70,14 @@ def conversation(last: LastCall) -> dict[str, Any]:
     }
 
 
+class RolloutDeleted(GatewayError):
+    """A call to an attempt of a rollout deleted through Agent Lightning's API: 404, answered as that API
+    answers any route of a rollout it no longer shows."""
+
+    def __init__(self, rollout_id: str):
+        super().__init__(404, f"rollout {rollout_id!r} not found")
+
+
 @dataclass
 class AttemptContext:
     """Per-attempt state kept in memory: last call (for token-in), span sequence, rollout facts."""
@@ -79,6 +91,7 @@ class AttemptContext:
     state: AttemptState
     checked_at: float
     next_sequence: int
+    harness: str | None = None  # the rollout's, as last read (`store.agl.DELETED`: deleted, refused)
     last: LastCall | None = None
     last_ids: array | None = None
     session: str | None = None  # serve rollouts: the client's session id
@@ -169,7 +182,7 @@ class Attempts:
     async def _load(self, rollout_id: str, attempt_id: str) -> AttemptContext:
         def load() -> AttemptContext:
             try:  # one read: the attempt, its rollout's kind and metadata, and its highest span sequence
-                owner, state, kind, metadata, highest = self.store.attempt_facts(attempt_id)
+                owner, state, kind, metadata, highest, harness = self.store.attempt_facts(attempt_id)
             except NotFound as exc:
                 raise GatewayError(404, f"unknown attempt {attempt_id}", code="attempt_not_found") from exc
             if owner != rollout_id:
@@ -192,6 +205,7 @@ class Attempts:
                 state=state,
                 checked_at=time.monotonic(),
                 next_sequence=0,
+                harness=harness,
             )
             if highest is not None:
                 self._catch_up(ctx, highest)
@@ -225,8 +239,8 @@ class Attempts:
         """Shared store: the attempt's state, and what another replica recorded since our last call."""
 
         def refresh() -> None:
-            _, state, _, _, highest = self.store.attempt_facts(ctx.attempt_id)
-            ctx.state, ctx.checked_at = state, time.monotonic()
+            _, state, _, _, highest, harness = self.store.attempt_facts(ctx.attempt_id)
+            ctx.state, ctx.harness, ctx.checked_at = state, harness, time.monotonic()
             if highest is not None and highest >= ctx.next_sequence:
                 self._catch_up(ctx, highest)
 
@@ -245,11 +259,27 @@ class Attempts:
             # only a caller that needs `running` needs the state fresh (it re-reads a stale one)
             attempt = await anyio.to_thread.run_sync(self.store.get_attempt, attempt_id)
             ctx.state, ctx.checked_at = attempt.state, time.monotonic()
+        # Checked here, when the call is accepted, not by the span insert: a span accepted before the delete
+        # and committed after it (a batch, a write-behind) is kept, and the check rides on the read a
+        # shared store makes anyway (a file store's contexts are marked by the delete: `changed`).
+        if ctx.harness == DELETED:
+            raise RolloutDeleted(rollout_id)
         if require_running and ctx.state != AttemptState.running:
             raise GatewayError(
                 409, f"attempt {attempt_id} is {ctx.state.value}, not running", code="not_running"
             )
         return ctx
+
+    def changed(self, attempt_ids: Sequence[str], *, deleted: bool = False) -> None:
+        """These attempts moved through this gateway (the next call needing one running re-reads its state)
+        or their rollout was deleted (every call to them is refused from now on). The contexts are marked,
+        not dropped: a call in flight keeps its span sequence, and a reload could hand the same one out."""
+        for aid in attempt_ids:
+            ctx = self.contexts.get(aid)
+            if ctx is not None:
+                ctx.checked_at = -math.inf
+                if deleted:
+                    ctx.harness = DELETED
 
     async def serve_context(self, request: Request, caller: Caller) -> AttemptContext:
         """The serve session's attempt: the one `X-Session-Id` names (if this caller's key opened it), or a

@@ -317,14 +317,21 @@ def current_attempt(store, rollout_id: str, worker_id: str) -> Attempt:
     return attempts[-1]
 
 
-def delete(store, rollout_id: str) -> None:
-    """Hide the rollout from this API (idempotent; a missing id is fine). Its attempts, spans and rewards
-    stay in the store: they are lineage of whatever was trained on them."""
+def delete(store, rollout_id: str) -> list[str]:
+    """Hide the rollout from this API (idempotent; a missing id is fine); returns the ids of its attempts
+    (none if nothing was hidden now). Its attempts, spans and rewards stay in the store: they are lineage of
+    whatever was trained on them; a gateway refuses further calls to those attempts once it reads the
+    rollout's harness (`attempt_facts`)."""
     with store._write() as c:
-        c.execute(
+        hidden = c.execute(
             sa.update(schema.rollouts)
             .where(R.rollout_id == rollout_id, R.harness == HARNESS)
             .values(harness=DELETED)
+        ).rowcount
+        if not hidden:
+            return []
+        return list(
+            c.execute(sa.select(A.attempt_id).where(A.rollout_id == rollout_id).order_by(A.id)).scalars()
         )
 
 

@@ -402,12 +402,16 @@ class SpanStore(Connection):
         with self.engine.connect() as c:
             return c.execute(sa.select(sa.func.count()).select_from(schema.spans).where(*where)).scalar_one()
 
-    def attempt_facts(self, attempt_id: str) -> tuple[str, AttemptState, RolloutKind, dict, int | None]:
-        """(rollout id, state, rollout kind, rollout metadata, highest span sequence or None) of an attempt
-        in one read: what a gateway needs to start serving it (an addition to the contract)."""
+    def attempt_facts(
+        self, attempt_id: str
+    ) -> tuple[str, AttemptState, RolloutKind, dict, int | None, str | None]:
+        """(rollout id, state, rollout kind, rollout metadata, highest span sequence or None, rollout
+        harness) of an attempt in one read: what a gateway needs to start serving it, and to see on every
+        call over a shared store that another replica ended the attempt or deleted its rollout (an addition
+        to the contract)."""
         top = sa.select(sa.func.max(S.sequence)).where(S.attempt_id == attempt_id).scalar_subquery()
         query = (
-            sa.select(A.rollout_id, A.state, R.kind, R.metadata, top)
+            sa.select(A.rollout_id, A.state, R.kind, R.metadata, top, R.harness)
             .join(schema.rollouts, R.rollout_id == A.rollout_id)
             .where(A.attempt_id == attempt_id)
         )
@@ -419,7 +423,7 @@ class SpanStore(Connection):
             self._known[(row[0], attempt_id)] = None
             if row[4] is None:
                 self._contexts.setdefault(attempt_id, None)
-        return row[0], AttemptState(row[1]), RolloutKind(row[2]), row[3] or {}, row[4]
+        return row[0], AttemptState(row[1]), RolloutKind(row[2]), row[3] or {}, row[4], row[5]
 
     def max_span_sequence(self, attempt_id: str) -> int | None:
         """The highest span sequence recorded for an attempt (None if none): the next recorder's start,

@@ -15,7 +15,7 @@ PUBLIC_METHODS = {
     "add_reward": "(self, r: 'Reward', *, span: 'Span | None' = None, request_id: 'str | None' = None) -> 'str | None'",
     "add_spans": "(self, spans: 'list[Span]', *, sync: 'bool' = True) -> 'None'",
     "append_document": "(self, collection: 'str', doc_id: 'str', content_hash: 'str', body: 'dict', previous_hash: 'str | None') -> 'int'",
-    "attempt_facts": "(self, attempt_id: 'str') -> 'tuple[str, AttemptState, RolloutKind, dict, int | None]'",
+    "attempt_facts": "(self, attempt_id: 'str') -> 'tuple[str, AttemptState, RolloutKind, dict, int | None, str | None]'",
     "claim_rollout": "(self, worker_id: 'str', *, kinds: 'RolloutKind | str | Iterable[RolloutKind | str] | None' = None, snapshot_key: 'str | None' = None, rollout_ids: 'Iterable[str] | None' = None, harness: 'str | None' = None, policy_versions: 'Iterable[int] | None' = None) -> 'tuple[Rollout, Attempt] | None'",
     "close": "(self) -> 'None'",
     "count_rollouts": "(self, *, status: 'RolloutStatus | str | Iterable[RolloutStatus | str] | None' = None, rollout_ids: 'Iterable[str] | None' = None, harness: 'str | None' = None) -> 'int'",

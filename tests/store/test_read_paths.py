@@ -54,15 +54,16 @@ def _spans(rollout_id: str, attempt_id: str, turns: int) -> list[Span]:
 
 
 def test_attempt_facts_is_one_read_of_what_a_gateway_needs(store: Store) -> None:
-    (rollout,) = store.enqueue_rollouts([Rollout(metadata={"sampling_seed": 3})])
+    (rollout,) = store.enqueue_rollouts([Rollout(metadata={"sampling_seed": 3}, harness="h")])
     _, attempt = store.claim_rollout("w")
-    rid, state, kind, metadata, highest = store.attempt_facts(attempt.attempt_id)
-    assert (rid, state, kind, metadata, highest) == (
+    rid, state, kind, metadata, highest, harness = store.attempt_facts(attempt.attempt_id)
+    assert (rid, state, kind, metadata, highest, harness) == (
         rollout.rollout_id,
         AttemptState.running,
         RolloutKind.train,
         {"sampling_seed": 3},
         None,
+        "h",
     )
     store.add_spans(_spans(rid, attempt.attempt_id, 2))
     assert store.attempt_facts(attempt.attempt_id)[4] == 1

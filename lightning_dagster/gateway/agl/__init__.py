@@ -62,7 +62,15 @@ class Target:
 class Agl:
     """What the Agent Lightning routes share: the settings, the server key check and the attempts their
     paths name (cached per rollout, by path attempt id; a lifecycle move or a delete drops the rollout's
-    entries, and a lookup that was under way meanwhile is not cached: it may have read the rollout before)."""
+    entries, and a lookup that was under way meanwhile is not cached: it may have read the rollout before).
+
+    Replicas over one PostgreSQL store: a move or delete through another replica leaves this cache as it
+    was, which is safe because nothing is decided from it alone. Every event and proxied call then takes
+    the attempt's context (`gateway.attempts`), which over a shared store re-reads the attempt's state and
+    its rollout's harness on every call (one read it made anyway): an ended attempt refuses proxied calls
+    (409) and a deleted rollout everything (404, `RolloutDeleted`, which drops the entries here too), as
+    on the replica that made the change. The current attempt (`0`) never changes once resolved: Agent
+    Lightning's lifecycle starts one attempt per rollout (queuing -> running)."""
 
     def __init__(self, settings: AglSettings, secret: str, max_rollouts: int = 10_000):
         self.settings = settings

@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from lightning_dagster.gateway import events as gateway_events
 from lightning_dagster.gateway import schemas
 from lightning_dagster.gateway.agl import Agl, reply
+from lightning_dagster.gateway.attempts import RolloutDeleted
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.store import agl as store_agl
 from lightning_dagster.types import Span, SpanKind
@@ -211,7 +212,11 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         req = schemas.validate(schemas.EventRequest, raw)
         retry_id = gateway_events.request_id(request)
         target = await agl.target(store, path["rollout_id"], path["attempt_id"])
-        ctx = await gw.attempts.context(path["rollout_id"], target.attempt_id, require_running=False)
+        try:
+            ctx = await gw.attempts.context(path["rollout_id"], target.attempt_id, require_running=False)
+        except RolloutDeleted:  # through another replica: what this one cached of it goes too
+            agl.moved(path["rollout_id"])
+            raise
         data = req.data
         if req.event_type == "reward":
             r = schemas.check(schemas.RewardRequest, data, "data.")

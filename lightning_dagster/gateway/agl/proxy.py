@@ -20,6 +20,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from lightning_dagster.gateway.agl import Agl, invalid, parse_json, reply
+from lightning_dagster.gateway.attempts import RolloutDeleted
 from lightning_dagster.gateway.backends import Backend
 from lightning_dagster.gateway.calls import llm_call
 from lightning_dagster.gateway.errors import GatewayError
@@ -222,6 +223,9 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         token = ROUTE.set(route)
         try:  # an upstream's 4xx is recorded by the LLM route like any refused call
             return await llm_call(gw, inner, dict(inner.path_params), chat=chat)
+        except RolloutDeleted:  # through another replica (refused before the upstream): forget its attempts
+            agl.moved(rid)
+            raise
         finally:
             ROUTE.reset(token)
             pause.inflight -= 1

@@ -221,14 +221,19 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
             return raw_reply(rendered.one(await read(store_agl.get, store, rid)))
         worker = fields.get("k8s_job_name") or WORKER_ID
         moved = await run(store_agl.move, store, rid, fields, worker)
+        if "state" in fields:  # an ended attempt's context re-reads its state now, not after `state_ttl_s`
+            gw.attempts.changed([t.attempt_id for t in (agl.targets.get(rid) or {}).values()])
         agl.moved(rid)
         return raw_reply(rendered.one(moved))
 
     async def delete(request: Request) -> Response:
         agl.check(request)
         rid = request.path_params["rollout_id"]
-        await run(store_agl.delete, store, rid)
+        attempts = await run(store_agl.delete, store, rid)
         agl.moved(rid)  # its cached attempts would still take events and proxied calls
+        # and their contexts calls by attempt key (a file store's are never read again while cached); other
+        # replicas (PostgreSQL) see the delete in the attempt read every call makes there (`gateway.attempts`)
+        gw.attempts.changed(attempts, deleted=True)
         return Response(status_code=204)
 
     return [
