@@ -163,10 +163,15 @@ def rollback() -> None:
 class ResumeConfig(dg.Config):
     """An authorized actor's signed resume of the paused continual-learning loop: the fields
     `lightning-dagster loop sign --actor --role --key --reason` prints (the signature covers them and the
-    pause in force). The actor must hold one of the deployment's default-approver roles."""
+    pause in force). The actor must hold one of the roles the pause in force names: the deployment's
+    default-approver roles (`GateResource.default_approver_roles`) when the sensor recorded it, the same
+    roles `loop resume` checks."""
 
     actor: str
-    role: str = "default-approver"
+    role: str = Field(
+        default="default-approver",
+        description="The role signed in: one the pause in force names (`lightning-dagster loop status`)",
+    )
     reason: str
     at: float
     pause_hash: str
@@ -184,7 +189,6 @@ def resume_loop(config: ResumeConfig, pipeline: PipelineResource) -> dg.Output:
             store,
             pauses.resume_request(config.model_dump()),
             actors=approvers(pipeline),
-            allowed_roles=pipeline.gate.default_approver_roles,
         )
     return dg.Output(None, metadata=to_metadata(pauses.decision_metadata(store, recorded)))
 
