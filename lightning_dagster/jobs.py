@@ -71,13 +71,29 @@ class PromoteConfig(dg.Config):
 
 
 class RollbackConfig(dg.Config):
-    """Move `approved-default` back to an exact earlier version from the pointer history."""
+    """An authorized actor's signed rollback of `approved-default` to an exact earlier version from the
+    pointer history: the fields `lightning-dagster registry sign-rollback VERSION --actor --key --reason`
+    prints (the signature covers them, this pointer and its newest move, so it rolls back once)."""
 
     target_version: str = Field(
         description="An MLflow model version approved-default held before "
         "(release_receipt: `rollback_targets`; `lightning-dagster registry history`)"
     )
+    from_version: str = Field(
+        description="The version approved-default holds now, as `sign-rollback` prints it"
+    )
+    from_seq: int = Field(description="The pointer's newest move, as `sign-rollback` prints it")
     actor: str = Field(description="A default-approver of the pinned roles (release_receipt: `actors`)")
+    role: str = Field(default="default-approver", description="The role signed in; only default-approver may")
+    reason: str = Field(description="Why approved-default goes back (signed)")
+    at: float = Field(description="Signing time (Unix seconds), as `sign-rollback` prints it")
+    signature: str = Field(description="The Ed25519 signature `sign-rollback` prints")
+
+    def request(self):
+        """The signed rollback these fields make; `InvalidInput` naming each bad field."""
+        from lightning_dagster.registry.rollbacks import rollback_request
+
+        return rollback_request(self.model_dump())
 
 
 @contextmanager
@@ -128,10 +144,13 @@ def promote_candidate(config: PromoteConfig, pipeline: PipelineResource) -> dg.O
     return dg.Output(None, metadata=to_metadata(result.metadata))
 
 
-@dg.op(description="Roll `approved-default` back to an exact earlier version after verifying its bytes.")
+@dg.op(
+    description="Roll `approved-default` back to an exact earlier version once the actor's signed rollback "
+    "verifies and the version's bytes do."
+)
 def rollback_default(config: RollbackConfig, pipeline: PipelineResource) -> dg.Output:
     with refusals("rollback"):
-        result = release.rollback(pipeline, config.target_version, config.actor)
+        result = release.rollback(pipeline, config.request())
     return dg.Output(None, metadata=to_metadata(result.metadata))
 
 
@@ -151,7 +170,8 @@ def promote() -> None:
 
 
 @dg.job(
-    description="Move approved-default back to an exact earlier version (run config: target_version, actor)."
+    description="Move approved-default back to an exact earlier version by an authorized actor's signed "
+    "decision (run config: the fields `registry sign-rollback` prints)."
 )
 def rollback() -> None:
     rollback_default()
@@ -163,10 +183,15 @@ def rollback() -> None:
 class ResumeConfig(dg.Config):
     """An authorized actor's signed resume of the paused continual-learning loop: the fields
     `lightning-dagster loop sign --actor --role --key --reason` prints (the signature covers them and the
-    pause in force). The actor must hold one of the deployment's default-approver roles."""
+    pause in force). The actor must hold one of the roles the pause in force names: the deployment's
+    default-approver roles (`GateResource.default_approver_roles`) when the sensor recorded it, the same
+    roles `loop resume` checks."""
 
     actor: str
-    role: str = "default-approver"
+    role: str = Field(
+        default="default-approver",
+        description="The role signed in: one the pause in force names (`lightning-dagster loop status`)",
+    )
     reason: str
     at: float
     pause_hash: str
@@ -184,7 +209,6 @@ def resume_loop(config: ResumeConfig, pipeline: PipelineResource) -> dg.Output:
             store,
             pauses.resume_request(config.model_dump()),
             actors=approvers(pipeline),
-            allowed_roles=pipeline.gate.default_approver_roles,
         )
     return dg.Output(None, metadata=to_metadata(pauses.decision_metadata(store, recorded)))
 

@@ -1,8 +1,9 @@
 """Pause and resume of the continual-learning loop as recorded decisions: what each says, what a resume
 signs, and what the next tick decides. Pure: the history comes from the caller (`pipeline.pauses`).
 
-A pause names its stop conditions and the receipt that met them. It is lifted by an authorized actor's
-signed resume (which accepts that receipt's conditions: the same receipt does not pause the loop again), or
+A pause names its stop conditions, the receipt that met them and the roles that may lift it (the
+deployment's default-approver roles when it was recorded: the `resume` job and `loop resume` both read them
+from the pause in force, so both give one answer). It is lifted by an authorized actor's signed resume (which accepts that receipt's conditions: the same receipt does not pause the loop again), or
 by itself when a newer judged receipt meets no stop condition. Conditions that are not a receipt's (the
 parent cannot be resolved now) pause again on every tick while they hold.
 """
@@ -24,6 +25,8 @@ LOOP = "continual_learning"
 MESSAGE_PURPOSE = "lightning-dagster loop resume v1"
 MAX_REASON_CHARS = 1024  # a reason is a sentence for the history, not a document
 MAX_NAME_CHARS = 128  # an actor's or role's name (as `registry keygen` allows)
+# Who may lift a pause recorded before pauses named their roles: `GateResource.default_approver_roles`' default.
+DEFAULT_RESUME_ROLES = ("default-approver",)
 
 
 class LoopDecision(BaseModel):
@@ -31,7 +34,9 @@ class LoopDecision(BaseModel):
     receipt (a newer judged receipt cleared the conditions). `receipt_id`: for a pause, the latest judged
     receipt then (None: there was none); for an actor's resume, the paused receipt whose conditions it
     accepts; for a receipt's resume, the clearing receipt. A resume names the pause it lifts by the hash
-    under which the history recorded it (`pause_hash`)."""
+    under which the history recorded it (`pause_hash`). `resume_roles`: for a pause, the roles whose signed
+    resume lifts it, as the deployment configured them when it was recorded (None: a pause recorded before
+    pauses named them, `DEFAULT_RESUME_ROLES`; see `resume_roles_of`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -46,6 +51,12 @@ class LoopDecision(BaseModel):
     role: str | None = None
     reason: str = ""
     signature: str | None = None
+    resume_roles: list[str] | None = None
+
+
+def resume_roles_of(pause: LoopDecision) -> list[str]:
+    """The roles whose signed resume lifts `pause`: the ones it names, else `DEFAULT_RESUME_ROLES`."""
+    return list(DEFAULT_RESUME_ROLES) if pause.resume_roles is None else list(pause.resume_roles)
 
 
 class ResumeRequest(BaseModel):
@@ -145,9 +156,12 @@ def next_decision(
     receipt_conditions: Sequence[str],
     live_conditions: Sequence[str],
     now: float,
+    *,
+    resume_roles: Sequence[str] | None = None,
 ) -> LoopDecision | None:
     """The decision a tick records, None when the state stays as it is. `receipt_conditions` are the stop
-    conditions `latest_receipt` meets; `live_conditions` those holding now whatever the receipts say."""
+    conditions `latest_receipt` meets; `live_conditions` those holding now whatever the receipts say. A pause
+    names `resume_roles`, the deployment's roles that may lift it (None: `DEFAULT_RESUME_ROLES`)."""
     last = history[-1] if history else None
     if last is not None and last.action == "pause":
         cleared = not receipt_conditions and not live_conditions
@@ -165,4 +179,11 @@ def next_decision(
     conditions = [*live_conditions, *([] if latest_receipt in accepted else receipt_conditions)]
     if not conditions:
         return None
-    return LoopDecision(action="pause", by="sensor", at=now, conditions=conditions, receipt_id=latest_receipt)
+    return LoopDecision(
+        action="pause",
+        by="sensor",
+        at=now,
+        conditions=conditions,
+        receipt_id=latest_receipt,
+        resume_roles=None if resume_roles is None else list(resume_roles),
+    )

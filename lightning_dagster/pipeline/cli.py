@@ -1,5 +1,7 @@
 """`lightning-dagster loop status | history | sign | resume`: the continual-learning loop's pauses and the
-signed resume of an authorized actor (the same decision the Dagster `resume` job records).
+signed resume of an authorized actor (the same decision the Dagster `resume` job records). Who may resume
+is what the pause in force names (the deployment's default-approver roles when the sensor recorded it), read
+from the store by both, so the command and the job give one answer for the same actor, role and key.
 
 Exit status: 0 done, 1 refused (not paused, not authorized, no pinned roles), 2 bad input."""
 
@@ -9,8 +11,6 @@ import argparse
 import json
 import sys
 from typing import Any
-
-DEFAULT_ROLE = "default-approver"  # GateResource.default_approver_roles' default: who may promote may resume
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +35,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--key", required=True, help="the actor's private key file")
         p.add_argument("--reason", required=True, help="why the loop may learn again")
         p.add_argument(
-            "--role", default=DEFAULT_ROLE, help=f"the role the actor acts in (default {DEFAULT_ROLE})"
+            "--role",
+            help="the role the actor acts in, one the pause names (default: the first; see `loop status`)",
         )
 
 
@@ -56,7 +57,7 @@ def _store(args: argparse.Namespace):
 
 
 def _status(args: argparse.Namespace) -> tuple[Any, str]:
-    from lightning_dagster.pipeline.pauses import describe, history
+    from lightning_dagster.pipeline.pauses import describe, history, pause_roles
 
     past = history(_store(args))
     last = past[-1] if past else None
@@ -64,8 +65,17 @@ def _status(args: argparse.Namespace) -> tuple[Any, str]:
         data = {"state": "running", "last": last.decision.model_dump(mode="json") if last else None}
         text = "running" + (f" ({describe(last.decision)})" if last else " (never paused)")
         return data, text
-    data = {"state": "paused", "pause_hash": last.hash, "pause": last.decision.model_dump(mode="json")}
-    return data, f"paused: {describe(last.decision)}\npause {last.hash}"
+    roles = pause_roles(last)
+    data = {
+        "state": "paused",
+        "pause_hash": last.hash,
+        "pause": last.decision.model_dump(mode="json"),
+        "resume_roles": roles,
+    }
+    text = (
+        f"paused: {describe(last.decision)}\npause {last.hash}\nmay resume: {', '.join(roles) or '(no role)'}"
+    )
+    return data, text
 
 
 def _history(args: argparse.Namespace) -> tuple[Any, str]:
@@ -95,7 +105,7 @@ def _resume(args: argparse.Namespace) -> tuple[Any, str]:
 
     store = _store(args)
     request = _signed(args, store)
-    recorded = resume(store, request, actors=deployment_roles(store).actors, allowed_roles=[DEFAULT_ROLE])
+    recorded = resume(store, request, actors=deployment_roles(store).actors)
     return recorded.decision.model_dump(
         mode="json"
     ), f"{describe(recorded.decision)} (decision {recorded.version})"

@@ -25,11 +25,12 @@ from lightning_dagster.gate.pauses import (
     next_decision,
     resume_message,
     resume_problem,
+    resume_roles_of,
 )
 from lightning_dagster.pipeline.results import Table
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Sequence
+    from collections.abc import Sequence
 
     from lightning_dagster.gate.approvals import ActorKey
     from lightning_dagster.store import Store
@@ -127,14 +128,23 @@ def tick(
     latest_receipt: str | None,
     receipt_conditions: Sequence[str],
     live_conditions: Sequence[str],
+    *,
+    resume_roles: Sequence[str] | None = None,
 ) -> LoopState:
-    """Record the decision the gate's rule makes now (if any) and return the loop's state after it."""
+    """Record the decision the gate's rule makes now (if any) and return the loop's state after it. A pause
+    recorded now names `resume_roles` (the deployment's default-approver roles, `GateSettings`) as the roles
+    whose signed resume lifts it."""
     from lightning_dagster.store.errors import Conflict
 
     for _ in range(3):  # a concurrent tick or resume moved the head: decide again on the new history
         past = history(store)
         decision = next_decision(
-            [r.decision for r in past], latest_receipt, receipt_conditions, live_conditions, time.time()
+            [r.decision for r in past],
+            latest_receipt,
+            receipt_conditions,
+            live_conditions,
+            time.time(),
+            resume_roles=resume_roles,
         )
         try:
             recorded = None if decision is None else _append(store, decision, past[-1] if past else None)
@@ -154,15 +164,33 @@ def current_pause(store: Store, loop: str = LOOP) -> Recorded | None:
     return past[-1] if past and past[-1].decision.action == "pause" else None
 
 
+def pause_roles(pause: Recorded) -> list[str]:
+    """The roles whose signed resume lifts the recorded `pause`: the ones the deployment configured when it
+    was recorded (`gate.pauses.resume_roles_of`). The one answer the `resume` job and `loop resume` give."""
+    return resume_roles_of(pause.decision)
+
+
 def sign_resume(
-    store: Store, *, actor: str, role: str, key: Path | str, reason: str, at: float | None = None
+    store: Store,
+    *,
+    actor: str,
+    role: str | None = None,
+    key: Path | str,
+    reason: str,
+    at: float | None = None,
 ) -> ResumeRequest:
-    """`actor`'s resume of the pause in force, signed with the private key file `key`."""
+    """`actor`'s resume of the pause in force in `role` (default: the first role the pause lets resume it),
+    signed with the private key file `key`."""
     from lightning_dagster.registry.signing import load_private_key, sign
 
     pause = current_pause(store)
     if pause is None:
         raise ResumeRefused(f"resume by {actor}: the loop is not paused")
+    if role is None:
+        allowed = pause_roles(pause)
+        if not allowed:
+            raise ResumeRefused(f"resume by {actor}: the pause in force names no role that may resume it")
+        role = allowed[0]
     at = time.time() if at is None else at
     fields = {"actor": actor, "role": role, "reason": reason, "at": at, "pause_hash": pause.hash}
     resume_request(fields)  # refuse what could not be recorded before anything is signed
@@ -175,10 +203,11 @@ def resume(
     request: ResumeRequest,
     *,
     actors: Mapping[str, ActorKey],
-    allowed_roles: Collection[str],
 ) -> Recorded:
     """Record `request` as the resume of the pause in force once it verifies against the deployment's
-    pinned approvers (`actors`) and the roles that may resume; otherwise `ResumeRefused`, nothing recorded.
+    pinned approvers (`actors`) and the roles the pause names as those that may resume it (`pause_roles`:
+    the deployment's default-approver roles when it was recorded, so the `resume` job and `loop resume`
+    decide alike); otherwise `ResumeRefused`, nothing recorded.
     A decision recorded meanwhile (another resume, a clearing receipt, a new pause) refuses it too: it
     signed a pause that is no longer the one in force."""
     from lightning_dagster.store.errors import Conflict
@@ -188,7 +217,7 @@ def resume(
         request,
         pause.hash if pause else None,
         actors,
-        allowed_roles,
+        pause_roles(pause) if pause else [],
         paused_at=pause.decision.at if pause else None,
     )
     if problem is not None or pause is None:

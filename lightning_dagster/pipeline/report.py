@@ -59,6 +59,7 @@ def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
     config to paste, the actors of the pinned roles, the versions a rollback may target."""
     from lightning_dagster.pipeline import context as ctx
     from lightning_dagster.registry.errors import RegistryError
+    from lightning_dagster.registry.promotion import DEFAULT_APPROVER
 
     store, reg = p.get_store(), ctx.registry(p)
     receipt = ctx.head_receipt(store, key)
@@ -85,6 +86,8 @@ def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
     history = reg.history()
     current = history[-1].to_value if history else None
     targets = sorted({m.to_value for m in history[:-1]} - {current}, key=int)
+    back = targets[-1] if targets else "VERSION"
+    rollback_actor = next((a for a, k in sorted(actors.items()) if DEFAULT_APPROVER in k.roles), "ACTOR")
     rid = receipt.receipt_id
     steps = [
         "**approve**: `lightning-dagster registry sign "
@@ -105,9 +108,20 @@ def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
         f"{plan.approvers.default[0] if plan.approvers.default else 'ROLE'} --key KEYFILE`):",
         "```yaml\n" + run_config("promote_candidate", receipt_id=rid, actor=actor) + "```",
         f"**rollback** (approved-default is {current or 'unset'}; earlier versions: "
-        f"{', '.join(targets) or 'none'}):",
+        f"{', '.join(targets) or 'none'}): `lightning-dagster registry sign-rollback {back} --actor "
+        f"{rollback_actor} --key KEYFILE --reason REASON` prints the fields; paste them with",
         "```yaml\n"
-        + run_config("rollback_default", target_version=targets[-1] if targets else "VERSION", actor=actor)
+        + run_config(
+            "rollback_default",
+            target_version=back,
+            from_version=current or "VERSION",
+            from_seq=history[-1].seq if history else "SEQ",
+            actor=rollback_actor,
+            role=DEFAULT_APPROVER,
+            reason="REASON",
+            at="AT",
+            signature="SIGNATURE",
+        )
         + "```",
     ]
     out["run_config"] = Markdown("\n\n".join(steps))

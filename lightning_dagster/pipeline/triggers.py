@@ -157,7 +157,9 @@ def stop_decision(p: Pipeline, keys: list[str]) -> Stop:
         latest, previous = gated[-1][1], (gated[-2][1] if len(gated) > 1 else None)
         latest_id = latest.receipt_id
         conditions = gate_stop(latest, ctx.policy(p), previous).reasons
-    state = tick(store, latest_id, conditions, live)
+    # A pause names who may lift it: the deployment's default-approver roles (the one place the `resume` job
+    # and `loop resume` read them from).
+    state = tick(store, latest_id, conditions, live, resume_roles=p.gate.default_approver_roles)
     return Stop(pause=state.paused, reason=state.reason, receipt_id=state.receipt_id, recorded=state.recorded)
 
 

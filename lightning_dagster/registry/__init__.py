@@ -1,6 +1,7 @@
 """MLflow lineage of every candidate and the two pointers: `latest-candidate` (moves at every update) and
 `approved-default` (moves only by an authorized promotion of a passing receipt, compare-and-set in the
-store, mirrored to MLflow), with approvals, rollback to the exact parent and the rollback drill.
+store, mirrored to MLflow), with signed approvals, signed rollback to the exact parent and the rollback
+drill.
 
 Core package: imports nothing from Dagster.
 """
@@ -18,6 +19,7 @@ from lightning_dagster.registry.errors import (
     RegistryError,
     RegistryUnavailable,
     RolesConfigError,
+    RollbackRefused,
     UnknownVersion,
     WeightsMismatch,
 )
@@ -25,6 +27,7 @@ from lightning_dagster.registry.incidents import PointerIncident
 from lightning_dagster.registry.lineage import CandidateVersion, SnapshotRef
 from lightning_dagster.registry.pointers import APPROVED, LATEST, ReconcileResult, ResolvedVersion
 from lightning_dagster.registry.promotion import DEFAULT_APPROVER, PromotionResult
+from lightning_dagster.registry.rollbacks import RollbackRequest
 from lightning_dagster.registry.tracking import ensure_tracking_store
 
 __all__ = [
@@ -49,6 +52,8 @@ __all__ = [
     "RegistryUnavailable",
     "ResolvedVersion",
     "RolesConfigError",
+    "RollbackRefused",
+    "RollbackRequest",
     "SnapshotRef",
     "UnknownVersion",
     "WeightsMismatch",

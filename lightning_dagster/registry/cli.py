@@ -1,4 +1,5 @@
-"""`lightning-dagster registry show | history | serving | keygen | roles | sign | approve | promote | rollback | drill`.
+"""`lightning-dagster registry show | history | serving | keygen | roles | sign | approve | promote | sign-rollback |
+rollback | drill`.
 
 Exit status: 0 done, 1 refused (not authorized, conflict, stale, unavailable), 2 bad input."""
 
@@ -55,12 +56,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--role", help="the role it is signed in (default: the receipt's first default approver)")
     p.add_argument("--fingerprints", help="JSON file of current fingerprints (voids stale checks)")
     p.add_argument("--policy", help="gate policy file (default: the packaged policy)")
-    p = command("rollback", "move approved-default back to a version it held before", _rollback)
-    p.add_argument("version")
-    p.add_argument("--actor", required=True)
-    p.add_argument(
-        "--role", default=DEFAULT_APPROVER, help=f"the role the actor acts in (only {DEFAULT_APPROVER} may)"
+    p = command(
+        "sign-rollback",
+        "print a signed rollback (JSON, the `rollback` job's run config) without moving anything",
+        _sign_rollback,
     )
+    _rollback_args(p, signed_file=False)
+    p = command(
+        "rollback", "move approved-default back to a version it held before (a signed decision)", _rollback
+    )
+    _rollback_args(p, signed_file=True)
     p = command(
         "drill", "rollback drill: resolve, verify, load and serve a version; pointer untouched", _drill
     )
@@ -75,6 +80,18 @@ def _approval_args(p: argparse.ArgumentParser, *, signed_file: bool = False) -> 
     p.add_argument("--step", choices=["canary", "default"], help="default: the step the role approves")
     if signed_file:
         p.add_argument("--approval", help="a signed approval JSON file (from `registry sign`)")
+
+
+def _rollback_args(p: argparse.ArgumentParser, *, signed_file: bool) -> None:
+    p.add_argument("version", nargs="?" if signed_file else None, help="the version to roll back to")
+    p.add_argument("--actor", required=not signed_file)
+    p.add_argument("--key", required=not signed_file, help="the actor's private key file")
+    p.add_argument("--reason", required=not signed_file, help="why approved-default goes back")
+    p.add_argument(
+        "--role", default=DEFAULT_APPROVER, help=f"the role the actor acts in (only {DEFAULT_APPROVER} may)"
+    )
+    if signed_file:
+        p.add_argument("--signed", metavar="FILE", help="a signed rollback JSON file (from `sign-rollback`)")
 
 
 def _registry(args: argparse.Namespace):
@@ -263,8 +280,31 @@ def _promote(args):
     return data, text
 
 
+def _signed_rollback(reg, args):
+    return reg.sign_rollback(args.version, actor=args.actor, role=args.role, key=args.key, reason=args.reason)
+
+
+def _sign_rollback(args):
+    data = _signed_rollback(_registry(args), args).model_dump(mode="json")
+    return data, json.dumps(data, indent=2)
+
+
 def _rollback(args):
-    result = _registry(args).rollback(args.version, args.actor, role=args.role)
+    from lightning_dagster.gate.receipt import read_json
+    from lightning_dagster.registry.rollbacks import rollback_request
+
+    reg = _registry(args)
+    if args.signed:
+        request = rollback_request(read_json(args.signed, "rollback"))
+        if args.version is not None and args.version != request.target_version:
+            raise ValueError(
+                f"{args.signed} signs a rollback to {request.target_version}, not {args.version}"
+            )
+    elif args.version and args.actor and args.key and args.reason:
+        request = _signed_rollback(reg, args)
+    else:
+        raise ValueError("give VERSION with --actor, --key and --reason to sign here, or --signed FILE")
+    result = reg.rollback(request)
     data = {**_move_row(result.move), "mirrored": result.mirrored, "mirror_error": result.mirror_error}
     return data, f"approved-default rolled back {data['from']} -> {data['to']} by {data['actor']}"
 

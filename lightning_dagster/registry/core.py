@@ -25,6 +25,7 @@ from lightning_dagster.registry.pointers import APPROVED, LATEST, ReconcileResul
 from lightning_dagster.registry.promotion import DEFAULT_APPROVER, PromotionResult
 from lightning_dagster.registry.receipt_tags import ReceiptTags
 from lightning_dagster.registry.roles import Roles, deployment_roles
+from lightning_dagster.registry.rollbacks import RollbackRequest, sign_rollback
 from lightning_dagster.registry.serving import approved_for_serving
 from lightning_dagster.registry.tracking import (
     EXPERIMENT_KIND,
@@ -318,17 +319,27 @@ class Registry:
             self, receipt, actor, policy=policy, current_fingerprints=current_fingerprints
         )
 
-    def rollback(
+    def sign_rollback(
         self,
         to_version: str,
-        actor: str,
         *,
+        actor: str,
+        key: Path | str,
+        reason: str,
         role: str = DEFAULT_APPROVER,
-        allowed_roles: Collection[str] = (DEFAULT_APPROVER,),
+        at: float | None = None,
+    ) -> RollbackRequest:
+        """`actor`'s signed rollback of `approved-default` to `to_version` from where it stands now, with
+        the private key file `key`; nothing moves (see `rollbacks.sign_rollback`)."""
+        return sign_rollback(self, to_version, actor=actor, role=role, key=key, reason=reason, at=at)
+
+    def rollback(
+        self, request: RollbackRequest, *, allowed_roles: Collection[str] = (DEFAULT_APPROVER,)
     ) -> PromotionResult:
-        """Move `approved-default` back to a version it held before, once that version serves; `actor`
-        holds `role`, one of `allowed_roles` (see `promotion.rollback`)."""
-        return promotion.rollback(self, to_version, actor, role=role, allowed_roles=allowed_roles)
+        """Move `approved-default` back to a version it held before, once that version serves and
+        `request`, an actor's signed rollback in one of `allowed_roles`, verifies against the pinned roles;
+        otherwise `RollbackRefused` (see `promotion.rollback`)."""
+        return promotion.rollback(self, request, allowed_roles=allowed_roles)
 
     def rollback_drill(self, parent_version: str, *, record: bool = True) -> DrillResult:
         """Resolve, verify, load and serve `parent_version` in a temporary gateway; the pointer stays put."""

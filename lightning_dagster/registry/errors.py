@@ -15,6 +15,7 @@ __all__ = [
     "RegistryError",
     "RegistryUnavailable",
     "RolesConfigError",
+    "RollbackRefused",
     "UnknownVersion",
     "WeightsMismatch",
 ]
@@ -63,6 +64,18 @@ class NotAuthorized(RegistryError):
         super().__init__(f"actor {actor!r} does not hold role {role!r}" + (f": {detail}" if detail else ""))
         self.actor = actor
         self.role = role
+
+
+class RollbackRefused(NotAuthorized):
+    """A rollback that is not an authorized actor's signed decision over exactly this move: a role that may
+    not move the pointer, an actor without it, no signature, one that does not verify with the actor's
+    pinned key, or one over another target, another pointer value or another time (`registry.rollbacks`)."""
+
+    def __init__(self, actor: str, role: str, reason: str):
+        RegistryError.__init__(self, f"rollback refused: {reason}")
+        self.actor = actor
+        self.role = role
+        self.reason = reason
 
 
 class RolesConfigError(RegistryError):

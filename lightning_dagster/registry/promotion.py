@@ -1,4 +1,5 @@
-"""Moving `approved-default`: promotion to a passing receipt's candidate, and rollback to an earlier value.
+"""Moving `approved-default`: promotion to a passing receipt's candidate, and rollback to an earlier value,
+each authorized by an actor's Ed25519 signature (a default-step approval on the receipt; a signed rollback).
 
 Both are a compare-and-set in the store (`PointerConflict` if another move came first), mirrored to MLflow
 afterwards (alias, `approved_default` flag, receipt tags); a failed mirror leaves the move standing and is repaired by the next operation."""
@@ -9,16 +10,18 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lightning_dagster.registry import pointers, receipt_tags, receipts
+from lightning_dagster.registry import pointers, receipt_tags, receipts, rollbacks
 from lightning_dagster.registry.errors import (
     NotAuthorized,
     PointerConflict,
     PromotionRefused,
+    RollbackRefused,
     WeightsMismatch,
 )
 
 if TYPE_CHECKING:
     from lightning_dagster.registry.core import Registry
+    from lightning_dagster.registry.rollbacks import RollbackRequest
 
 DEFAULT_APPROVER = "default-approver"
 
@@ -128,30 +131,35 @@ def promote(
 
 def rollback(
     reg: Registry,
-    to_version: str,
-    actor: str,
+    request: RollbackRequest,
     *,
-    role: str = DEFAULT_APPROVER,
     allowed_roles: Collection[str] = (DEFAULT_APPROVER,),
 ) -> PromotionResult:
     """Move `approved-default` back to a version it held before, after proving that version serves.
 
-    `actor` must hold `role`, one of the `allowed_roles` that may move the pointer: holding some other role
-    (`ml-lead`, `roles-admin`) and naming it authorizes nothing. The target must appear in the pointer
+    `request` is an actor's signed rollback (`rollbacks.sign_rollback`): its role must be one of the
+    `allowed_roles` that may move the pointer and held by the actor in the pinned roles (holding some other
+    role, `ml-lead` or `roles-admin`, and naming it authorizes nothing), and its signature must verify with
+    that actor's pinned key over exactly this decision (this pointer, its newest move, the target, role,
+    reason and time); otherwise `RollbackRefused` and nothing moves. The target must appear in the pointer
     history as an earlier approved value (never "the newest version"); its bytes are verified, it is loaded
     and answers one chat completion through a gateway, and only then does the pointer move, with a history
-    entry."""
+    entry naming the verified actor, role, reason and signature."""
     from lightning_dagster.registry.serving import serve_once
 
-    if role not in allowed_roles:
-        raise NotAuthorized(
-            actor, role, f"moving approved-default back needs one of the roles {sorted(allowed_roles)}"
-        )
     pointers.reconcile(reg)
-    reg.roles().require(actor, role)
-    to_version = str(to_version)
+    name = reg.pointer_name()
     history = reg.history()
-    current = history[-1].to_value if history else None
+    head = history[-1] if history else None
+
+    def refuse_unless_authorized(head: Any) -> None:
+        problem = rollbacks.rollback_problem(request, name, head, reg.roles().actors, allowed_roles)
+        if problem is not None:
+            raise RollbackRefused(request.actor, request.role, problem)
+
+    refuse_unless_authorized(head)
+    to_version = request.target_version
+    current = head.to_value if head else None
     if to_version == current:
         raise PromotionRefused(f"version {to_version} is already approved-default")
     if to_version not in {m.to_value for m in history[:-1]}:
@@ -161,8 +169,21 @@ def rollback(
     if target.weights_hash not in approved:
         raise WeightsMismatch(to_version, ",".join(sorted(h for h in approved if h)), target.weights_hash)
     serve_once(reg.fetch(target))
+    # The probe takes seconds: a move made meanwhile (even one back to this value) voids the signature.
+    latest = reg.store.pointer_history(name, last=1)
+    refuse_unless_authorized(latest[-1] if latest else None)
     move = pointers.move(
-        reg, expected=current, to=to_version, weights_hash=target.weights_hash, actor=actor, note="rollback"
+        reg,
+        expected=current,
+        to=to_version,
+        weights_hash=target.weights_hash,
+        actor=request.actor,
+        note="rollback",
+        role=request.role,
+        reason=request.reason,
+        signed_at=request.at,
+        from_seq=request.from_seq,
+        signature=request.signature,
     )
     error = pointers.mirror_after_move(reg)
     return PromotionResult(move=move, mirrored=error is None, mirror_error=error)

@@ -129,7 +129,7 @@ def resume_loop(p) -> None:
     request = pauses.sign_resume(
         store, actor="bob", role="default-approver", key=approver_keys() / "bob.key", reason="test cleanup"
     )
-    pauses.resume(store, request, actors=approvers(p), allowed_roles=["default-approver"])
+    pauses.resume(store, request, actors=approvers(p))
 
 
 @pytest.fixture

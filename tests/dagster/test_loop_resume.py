@@ -15,8 +15,6 @@ from lightning_dagster.pipeline import pauses
 from lightning_dagster.registry.roles import deployment_roles
 from lightning_dagster.store import Store
 
-ROLES = ["default-approver"]
-
 
 @pytest.fixture
 def store(tmp_path, monkeypatch) -> Store:
@@ -48,9 +46,9 @@ def test_a_resume_dated_ahead_of_the_clock_or_before_the_pause_is_refused_and_no
     pause = pauses.current_pause(store)
     for at in (1e20, 1.0, pause.decision.at - 3600):
         with pytest.raises(pauses.ResumeRefused, match="ahead of the clock|before the pause"):
-            pauses.resume(store, _signed(store, at=at), actors=_actors(store), allowed_roles=ROLES)
+            pauses.resume(store, _signed(store, at=at), actors=_actors(store))
     assert [r.hash for r in pauses.history(store)] == [pause.hash]
-    recorded = pauses.resume(store, _signed(store), actors=_actors(store), allowed_roles=ROLES)
+    recorded = pauses.resume(store, _signed(store), actors=_actors(store))
     assert recorded.decision.action == "resume" and pauses.current_pause(store) is None
 
 
@@ -65,7 +63,7 @@ def test_a_resume_racing_another_decision_is_refused_not_a_raw_conflict(store, m
 
     monkeypatch.setattr(pauses, "current_pause", racing)
     with pytest.raises(pauses.ResumeRefused, match="another decision was recorded"):
-        pauses.resume(store, request, actors=_actors(store), allowed_roles=ROLES)
+        pauses.resume(store, request, actors=_actors(store))
     monkeypatch.undo()
     assert [(r.decision.action, r.decision.by) for r in pauses.history(store)] == [
         ("pause", "sensor"),
@@ -169,3 +167,93 @@ def test_the_resume_job_records_a_signed_resume_once(store):
     again = _resume_job(store, config)  # the same signed resume again: the pause it signed is lifted
     assert not again.success
     assert [r.decision.action for r in pauses.history(store)] == ["pause", "resume"]
+
+
+# ---------------------------------------------------------------- a deployment with its own resume roles
+
+
+@pytest.fixture
+def owned(tmp_path, monkeypatch):
+    """A deployment whose gate lets `loop-owner` (carol) resume, not `default-approver` (bob): its roles
+    pinned in a store of its own, its loop paused by the sensor's rule (no approved parent resolves)."""
+    from lightning_dagster.pipeline.triggers import stop_decision
+    from lightning_dagster.registry.signing import generate_keypair
+    from lightning_dagster.resources import GateResource, MLflowResource, StoreResource, default_pipeline
+
+    keys = tmp_path / "keys"
+    pairs = {a: generate_keypair(a, keys) for a in ("carol", "bob")}
+    roles = {"carol": "loop-owner", "bob": "default-approver"}
+    entries = "".join(pairs[a].roles_entry([r]) for a, r in roles.items())
+    (tmp_path / "roles.yaml").write_text("actors:\n" + entries)
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    monkeypatch.setenv("LD_STORE_URL", url)
+    pipeline = default_pipeline(
+        deferred=False,
+        store=StoreResource(url=url),
+        mlflow=MLflowResource(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"),
+        gate=GateResource(roles_path=str(tmp_path / "roles.yaml"), default_approver_roles=["loop-owner"]),
+    )
+    store = pipeline.get_store()
+    deployment_roles(store, tmp_path / "roles.yaml")
+    assert stop_decision(pipeline, []).pause
+    return pipeline, keys
+
+
+def _job(pipeline, request) -> dg.ExecuteInProcessResult:
+    from lightning_dagster.jobs import resume
+
+    return resume.execute_in_process(
+        run_config={"ops": {"resume_loop": {"config": request.model_dump(mode="json")}}},
+        resources={"pipeline": pipeline},
+        raise_on_error=False,
+    )
+
+
+def _cli_resume(keys, actor: str, role: str | None) -> int:
+    role_args = ["--role", role] if role else []
+    return _loop(
+        "resume", "--actor", actor, "--key", str(keys / f"{actor}.key"), "--reason", "ok", *role_args
+    )
+
+
+def test_the_pause_names_the_deployments_resume_roles_and_the_cli_shows_them(owned, capsys):
+    pipeline, _ = owned
+    pause = pauses.current_pause(pipeline.get_store())
+    assert pause.decision.resume_roles == ["loop-owner"] and pauses.pause_roles(pause) == ["loop-owner"]
+    assert _loop("status") == 0
+    assert "may resume: loop-owner" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "actor, role",
+    [("bob", "default-approver"), ("bob", "loop-owner"), ("carol", "default-approver")],
+    ids=["default-role", "role-not-held", "carol-in-the-default-role"],
+)
+def test_cli_and_job_refuse_alike_outside_the_deployments_resume_roles(owned, actor, role, capsys):
+    pipeline, keys = owned
+    store = pipeline.get_store()
+    before = [r.hash for r in pauses.history(store)]
+    assert _cli_resume(keys, actor, role) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("refused: resume by ") and "\n" not in err
+    request = pauses.sign_resume(store, actor=actor, role=role, key=keys / f"{actor}.key", reason="ok")
+    result = _job(pipeline, request)
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    job_reason = failure.step_failure_data.user_failure_data.metadata["reason"].value
+    assert job_reason == err.removeprefix("refused: ")  # the same one-line reason
+    if role != "loop-owner":
+        assert "may not resume (allowed: ['loop-owner'])" in err
+    assert [r.hash for r in pauses.history(store)] == before
+
+
+def test_cli_and_job_both_accept_a_signed_resume_in_the_deployments_role(owned):
+    pipeline, keys = owned
+    store = pipeline.get_store()
+    assert _cli_resume(keys, "carol", None) == 0  # the role defaults to the pause's first
+    resumed = pauses.history(store)[-1].decision
+    assert (resumed.action, resumed.actor, resumed.role) == ("resume", "carol", "loop-owner")
+    assert pauses.tick(store, None, [], ["parent unavailable: x"], resume_roles=["loop-owner"]).paused
+    request = pauses.sign_resume(store, actor="carol", role="loop-owner", key=keys / "carol.key", reason="ok")
+    assert _job(pipeline, request).success
+    assert [r.decision.action for r in pauses.history(store)] == ["pause", "resume", "pause", "resume"]

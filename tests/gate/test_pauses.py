@@ -17,6 +17,7 @@ from lightning_dagster.gate.pauses import (
     next_decision,
     resume_message,
     resume_problem,
+    resume_roles_of,
 )
 
 KEY = Ed25519PrivateKey.generate()
@@ -55,6 +56,14 @@ def test_a_stop_condition_pauses_naming_the_condition_and_the_receipt():
     assert pause is not None and (pause.action, pause.by) == ("pause", "sensor")
     assert pause.conditions == PROTECTED and pause.receipt_id == "rcpt-1"
     assert next_decision([], "rcpt-1", [], [], now=1.0) is None  # nothing holds: no decision
+
+
+def test_a_pause_names_the_roles_that_may_lift_it_else_the_default_approver():
+    pause = next_decision([], "rcpt-1", PROTECTED, [], now=1.0, resume_roles=["loop-owner"])
+    assert pause.resume_roles == ["loop-owner"] and resume_roles_of(pause) == ["loop-owner"]
+    older = LoopDecision.model_validate({"action": "pause", "by": "sensor", "at": 1.0})  # named none
+    assert resume_roles_of(older) == ["default-approver"]
+    assert resume_roles_of(pause.model_copy(update={"resume_roles": []})) == []  # nobody, not the default
 
 
 def test_a_paused_loop_stays_paused_on_the_same_receipt_or_a_newer_one_that_still_stops():

@@ -96,3 +96,10 @@ def approve(registry, receipt, keys, actor: str, role: str = "release-owner", st
     current = receipts.load(registry.store, receipt).receipt
     approval = sign_approval(current, actor=actor, role=role, key=keys[actor], step=step)
     return registry.approve(receipt, approval)
+
+
+def signed_rollback(registry, version: str, actor: str, keys, *, role: str = "default-approver", **kw):
+    """`actor`'s rollback of approved-default to `version`, signed with `keys[actor]` (`sign_rollback`)."""
+    return registry.sign_rollback(
+        version, actor=actor, role=role, key=keys[actor], reason=kw.pop("reason", "back to the parent"), **kw
+    )

@@ -123,7 +123,9 @@ def test_cli_show_history_approve_promote_rollback(
     shown = json.loads(out)
     assert shown[APPROVED] == cand.version and shown["latest-candidate"] == cand.version
     assert [v["version"] for v in shown["versions"]] == [cand.version, parent.version]
-    code, out = run("rollback", parent.version, "--actor", "alice", "--json")
+    back = ["--actor", "alice", "--key", str(approver_keys["alice"]), "--reason", "back", "--json"]
+    assert run("rollback", parent.version, "--actor", "alice", "--reason", "unsigned")[0] == 2
+    code, out = run("rollback", parent.version, *back)
     assert code == 0 and json.loads(out)["to"] == parent.version
     code, out = run("history", "--json")
     assert [(m["from"], m["to"]) for m in json.loads(out)] == [

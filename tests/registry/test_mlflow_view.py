@@ -16,7 +16,7 @@ from lightning_dagster.registry import APPROVED, links
 from lightning_dagster.registry.lineage import plot_series
 from lightning_dagster.registry.pointers import APPROVED_FLAG
 from lightning_dagster.registry.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
-from tests.registry.helpers import approve, candidate_kwargs, passing_receipt
+from tests.registry.helpers import approve, candidate_kwargs, passing_receipt, signed_rollback
 
 
 def test_the_training_plot_draws_the_trainers_reward_mean_and_loss():
@@ -156,7 +156,7 @@ def test_version_tags_the_ledger_and_the_pointer_agree_after_promotion_and_rollb
     assert str(model.aliases[APPROVED]) == cand.version
     assert model.description.startswith(f"{APPROVED}: version {cand.version} (promotion by alice")
 
-    registry.rollback(parent.version, "alice")
+    registry.rollback(signed_rollback(registry, parent.version, "alice", approver_keys))
     assert registry.current(APPROVED) == parent.version == registry.history()[-1].to_value
     assert _flagged(client, registry) == [parent.version]
     after = _mlflow_view(client, registry, cand.version)

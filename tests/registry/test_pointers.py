@@ -23,7 +23,7 @@ from lightning_dagster.registry import (
 from lightning_dagster.registry.errors import ApprovalRefused
 from lightning_dagster.registry.lineage import DIGEST_CHARS, register_version
 from lightning_dagster.store import Store
-from tests.registry.helpers import approve, candidate_kwargs, passing_receipt
+from tests.registry.helpers import approve, candidate_kwargs, passing_receipt, signed_rollback
 
 
 def _bootstrap(registry, variant, n_candidates: int = 1):
@@ -243,11 +243,13 @@ def test_rollback_restores_the_exact_parent(registry, variant, approver_keys):
 
     newer = registry.log_candidate(variant(2), **candidate_kwargs(cand.version))
     with pytest.raises(PromotionRefused, match="never approved"):
-        registry.rollback(newer.version, "alice")  # rollback goes back, never to "the newest"
-    with pytest.raises(NotAuthorized):
-        registry.rollback(parent.version, "bob")
+        registry.rollback(signed_rollback(registry, newer.version, "alice", approver_keys))
+    with pytest.raises(
+        NotAuthorized
+    ):  # rollback goes back, never to "the newest"; bob is no default-approver
+        registry.rollback(signed_rollback(registry, parent.version, "bob", approver_keys))
 
-    result = registry.rollback(parent.version, "alice")
+    result = registry.rollback(signed_rollback(registry, parent.version, "alice", approver_keys))
     assert result.mirrored and result.move.actor == "alice"
     assert [(m.from_value, m.to_value) for m in registry.history()] == [
         (None, parent.version),

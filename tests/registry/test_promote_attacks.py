@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 
 from lightning_dagster.registry import NotAuthorized, PromotionRefused
-from tests.registry.helpers import approve, passing_receipt
+from tests.registry.helpers import approve, passing_receipt, signed_rollback
 from tests.registry.test_pointers import _artifact_files, _bootstrap
 
 
@@ -77,9 +77,10 @@ def test_rollback_in_a_role_that_may_not_move_the_pointer_is_refused(
     # bob holds ml-lead only, alice also roles-admin: naming a role one holds is not leave to move the pointer.
     for actor, role in (("bob", "ml-lead"), ("alice", "roles-admin")):
         with pytest.raises(NotAuthorized, match="needs one of the roles"):
-            registry.rollback(parent.version, actor, role=role)
+            registry.rollback(signed_rollback(registry, parent.version, actor, approver_keys, role=role))
     monkeypatch.setenv("LD_STORE_URL", registry.store.url)
     argv = ["registry", "rollback", parent.version, "--actor", "bob", "--role", "ml-lead"]
+    argv += ["--key", str(approver_keys["bob"]), "--reason", "regression"]
     assert main([*argv, "--tracking-uri", tracking.uri, "--model-name", registry.model_name]) == 1
     assert "needs one of the roles ['default-approver']" in capsys.readouterr().err
     assert [m.to_value for m in registry.history()] == [parent.version, cand.version]

@@ -15,6 +15,7 @@ from lightning_dagster.types import RolloutKind
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import Approval, Receipt
     from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.registry.rollbacks import RollbackRequest
 
 # Checks judged on the first batch alone, where their asset sits: coverage and retry debt of the rollouts
 # sampled from the parent. `release_receipt` judges them again over every rollout against the full plan.
@@ -160,8 +161,17 @@ def promote(p: Pipeline, receipt_id: str, actor: str) -> StageResult:
     )
 
 
-def rollback(p: Pipeline, target_version: str, actor: str) -> StageResult:
-    result = ctx.registry(p).rollback(target_version, actor)
+def rollback(p: Pipeline, request: RollbackRequest) -> StageResult:
+    """The registry verifies the actor's signed rollback against the pinned roles and keys, then the
+    target's bytes, and moves the pointer back (see `promotion.rollback`)."""
+    result = ctx.registry(p).rollback(request)
     return StageResult(
-        metadata={"approved_default": result.move.to_value, "from": result.move.from_value, "actor": actor}
+        metadata={
+            "approved_default": result.move.to_value,
+            "from": result.move.from_value,
+            "actor": request.actor,
+            "role": request.role,
+            "reason": request.reason,
+            "mirrored_to_mlflow": result.mirrored,
+        }
     )
