@@ -3,7 +3,8 @@
 A partition key that is not a snapshot key (`../x`, a comma, 500 characters: anyone may add a partition in
 the UI) is refused before any stage builds a path or a receipt id from it. An upstream stage that never
 materialized for the partition, a receipt the pipeline did not write, a tampered snapshot or receipt chain,
-a registry that refuses (no `approved-default`, MLflow unreachable) or a store that cannot be reached stop the step with the reason as
+a registry that refuses (no `approved-default`, MLflow unreachable), a store that cannot be reached, a first
+batch with too many invalid rollouts or transitions of another tokenizer stop the step with the reason as
 metadata, not a traceback of the stage's frames."""
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ def snapshot_stage(what: str, partition_key: str | None) -> Iterator[str]:
         StageMissing,
     )
     from lightning_dagster.pipeline.snapshots import SnapshotTampered
+    from lightning_dagster.pipeline.transitions_file import TokenizerMismatch
     from lightning_dagster.registry.errors import RegistryError
     from lightning_dagster.store.errors import Conflict, StoreUnavailable
+    from lightning_dagster.training.transitions import TooManyExcludedRollouts
 
     key = snapshot_partition(what, partition_key)
 
@@ -61,6 +64,10 @@ def snapshot_stage(what: str, partition_key: str | None) -> Iterator[str]:
         # it froze meanwhile): the record stands as that run wrote it
         Conflict,
         AmendmentError,
+        # the first batch's data refused: too many rollouts with an invalid span, or transitions built with
+        # another tokenizer than the parent's
+        TooManyExcludedRollouts,
+        TokenizerMismatch,
     ) as exc:
         reason = " ".join(str(exc).split())
         metadata = {"error": type(exc).__name__, "reason": reason, "snapshot": key}

@@ -14,6 +14,7 @@ from lightning_dagster.engine.chat import (
 )
 from lightning_dagster.engine.engine import Engine, StateDictMismatch
 from lightning_dagster.engine.sampling import EngineError, Generation, SamplingParams
+from lightning_dagster.engine.tokenizer_hash import tokenizer_fingerprint, tokenizer_fingerprint_of
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -31,4 +32,6 @@ __all__ = [
     "checkpoint_hash",
     "find_retokenization_drift",
     "parse_assistant",
+    "tokenizer_fingerprint",
+    "tokenizer_fingerprint_of",
 ]

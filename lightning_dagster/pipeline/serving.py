@@ -34,9 +34,15 @@ def retry_policy(p: Pipeline, spec: HarnessSpec) -> RetryPolicy:
 def step_settings(p: Pipeline) -> StepSettings:
     """What every RL step of the snapshot samples and how its batch becomes rows (shared with `train`)."""
     from lightning_dagster.training.loop import StepSettings
+    from lightning_dagster.training.transitions import TransitionConfig
 
     t = p.training
-    return StepSettings(group_size=t.group_size, temperature=t.temperature, advantage=t.advantage)  # type: ignore[arg-type]
+    return StepSettings(
+        group_size=t.group_size,
+        temperature=t.temperature,
+        advantage=t.advantage,  # type: ignore[arg-type]
+        transitions=TransitionConfig(max_excluded_share=t.max_excluded_rollouts),
+    )
 
 
 def trainer_config(p: Pipeline) -> TrainerConfig:
@@ -143,6 +149,13 @@ def upstream_of(p: Pipeline) -> tuple[str | None, Path | None]:
     if model is not None and model.upstream is not None:
         return model.upstream, model.tokenizer
     return p.model.upstream_url or None, None
+
+
+def spans_tokenizer(p: Pipeline, parent_dir: Path) -> Path:
+    """The tokenizer folder whose ids the parent's rollouts recorded: the upstream's `model.tokenizer` when
+    an upstream serves the parent (`rollout_service` with `serves_parent`), else the parent checkpoint's."""
+    upstream, tokenizer = upstream_of(p)
+    return tokenizer if upstream is not None and tokenizer is not None else parent_dir
 
 
 def collect(store: Store, rollouts: list[Rollout]) -> RolloutBatch:

@@ -48,6 +48,7 @@ class TrainingSettings(Protocol):
     max_attempts: int | None
     attempt_timeout_s: float | None
     advantage: str
+    max_excluded_rollouts: float
     loss_normalization: str
     loss_constant: float | None
     kl_coef: float

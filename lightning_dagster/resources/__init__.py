@@ -124,6 +124,10 @@ class TrainingResource(dg.ConfigurableResource):
     max_attempts: int | None = None
     attempt_timeout_s: float | None = None
     advantage: str = "grpo"  # rollout-level advantage mode (training.advantages)
+    # A rollout with an invalid span (NaN/inf/positive logprobs, negative ids, an empty prompt, no finite
+    # temperature) is left out of its step, named in the step's metadata; more than this share of a step's
+    # rollouts left out, or none left, fails the step (training.transitions.TooManyExcludedRollouts).
+    max_excluded_rollouts: float = 0.1
     # how per-token losses are weighted (training.loss): token_mean, seq_mean_token_mean (per rollout), or
     # constant (Dr. GRPO's fixed denominator, `loss_constant`, e.g. the token budget of a step)
     loss_normalization: str = "token_mean"

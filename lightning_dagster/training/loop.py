@@ -39,7 +39,13 @@ from lightning_dagster.training.selection import (
     validation_split,
 )
 from lightning_dagster.training.trainer import Trainer, TrainerConfig
-from lightning_dagster.training.transitions import Row, TransitionConfig, merge_calls
+from lightning_dagster.training.transitions import (
+    ExcludedRollout,
+    MergeStats,
+    Row,
+    TransitionConfig,
+    merge_rollouts,
+)
 from lightning_dagster.types import RolloutKind, Sampling
 
 EVAL_SAMPLING = Sampling(temperature=1.0)  # held-out success is judged on samples, where RL's effect shows
@@ -128,10 +134,18 @@ def sample_step(
 
 def batch_transitions(
     batch: RolloutBatch, settings: StepSettings
-) -> tuple[list[Row], Advantages, dict[str, float | int]]:
-    """A batch's training rows, their rollouts' advantages, and the merge statistics (`merge_*`)."""
-    rows, rewards, merge = rows_and_rewards(batch, settings.transitions)
-    return rows, compute_advantages(rewards, settings.advantage), merge
+) -> tuple[list[Row], Advantages, dict[str, float | int], list[ExcludedRollout]]:
+    """A batch's training rows, their rollouts' advantages, the merge statistics (`merge_*`) and the rollouts
+    left out for an invalid span (`transitions.merge_rollouts`): advantages are computed over the kept
+    rollouts only, so an excluded one weighs on no group's mean or std."""
+    rows, rewards, stats = _rows_rewards_stats(batch, settings.transitions)
+    merge = {f"merge_{k}": v for k, v in stats.to_dict().items()}
+    return rows, compute_advantages(rewards, settings.advantage), merge, stats.excluded
+
+
+def excluded_metrics(excluded: list[ExcludedRollout]) -> dict:
+    """What a step's metrics name of its excluded rollouts (nothing when none was)."""
+    return {"excluded": [asdict(e) for e in excluded]} if excluded else {}
 
 
 def rl_step(
@@ -152,10 +166,14 @@ def rl_step(
     batch = sample_step(
         service, tasks, step=step, settings=settings, base_seed=base_seed, tag=tag, snapshot_key=snapshot_key
     )
-    rows, advantages, merge = batch_transitions(batch, settings)
-    metrics = trainer.step(
-        rows, advantages, extra={**merge, "success": batch.success(), "rollout_seconds": batch.seconds}
-    )
+    rows, advantages, merge, excluded = batch_transitions(batch, settings)
+    extra = {
+        **merge,
+        **excluded_metrics(excluded),
+        "success": batch.success(),
+        "rollout_seconds": batch.seconds,
+    }
+    metrics = trainer.step(rows, advantages, extra=extra)
     service.load_weights(trainer.state_dict(), resource_id)
     return batch, metrics
 
@@ -163,22 +181,24 @@ def rl_step(
 def rows_and_rewards(
     batch: RolloutBatch, config: TransitionConfig
 ) -> tuple[list[Row], list[RolloutReward], dict[str, float | int]]:
-    """The batch's training rows and one reward per rollout (only rollouts with both)."""
-    rows: list[Row] = []
-    rewards: list[RolloutReward] = []
-    stats = None
-    for r in batch.rollouts:
-        if r.rollout_id not in batch.rewards or r.rollout_id not in batch.spans:
-            continue
-        attempt_rows, s = merge_calls(batch.spans[r.rollout_id], config)
-        if stats is None:
-            stats = s
-        else:
-            stats.add(s)
-        rows.extend(attempt_rows)
-        rewards.append(RolloutReward(r.rollout_id, r.group_id, batch.rewards[r.rollout_id]))
-    merge = stats.to_dict() if stats is not None else {}
-    return rows, rewards, {f"merge_{k}": v for k, v in merge.items()}
+    """The batch's training rows and one reward per rollout (only rollouts with both, and none excluded for
+    an invalid span), and the merge statistics (`merge_*`)."""
+    rows, rewards, stats = _rows_rewards_stats(batch, config)
+    return rows, rewards, {f"merge_{k}": v for k, v in stats.to_dict().items()}
+
+
+def _rows_rewards_stats(
+    batch: RolloutBatch, config: TransitionConfig
+) -> tuple[list[Row], list[RolloutReward], MergeStats]:
+    candidates = [r for r in batch.rollouts if r.rollout_id in batch.rewards and r.rollout_id in batch.spans]
+    kept, stats = merge_rollouts(((r.rollout_id, batch.spans[r.rollout_id]) for r in candidates), config)
+    rows = [row for r in candidates for row in kept.get(r.rollout_id, [])]
+    rewards = [
+        RolloutReward(r.rollout_id, r.group_id, batch.rewards[r.rollout_id])
+        for r in candidates
+        if r.rollout_id in kept
+    ]
+    return rows, rewards, stats
 
 
 # ----------------------------------------------------------------------------------------------------------

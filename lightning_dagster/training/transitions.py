@@ -14,6 +14,11 @@ the same temperature. Anything else (an edited history, a re-rendered prompt tha
 `MergeStats`; a prefix break is counted as a `PrefixMismatch` with the first differing position and the ids
 around it. Every row carries the one temperature its response tokens were sampled at (the gateway records it
 on each LLM span as `attributes["temperature"]`), so the trainer scores them under that distribution.
+
+A span no engine could have recorded (no token ids, NaN/inf/positive logprobs, negative ids, an empty prompt,
+no finite temperature) makes `merge_calls` raise `TransitionError` naming it. A step merges through
+`merge_rollouts`, which leaves such a rollout out whole and lists it (rollout, span, reason) in
+`MergeStats.excluded`, and refuses the step (`TooManyExcludedRollouts`) past `max_excluded_share`.
 """
 
 from __future__ import annotations
@@ -29,12 +34,47 @@ MergeMode = Literal["merged", "per_call"]
 
 
 class TransitionError(ValueError):
-    """An LLM span lacks the token fields a training row needs."""
+    """An LLM span lacks the token fields a training row needs, or holds values no engine samples (NaN, inf
+    or positive logprobs, negative ids, an empty prompt). `span_id`, `rollout_id` and `reason` name it."""
+
+    def __init__(self, message: str, *, span_id: str = "", rollout_id: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.span_id, self.rollout_id, self.reason = span_id, rollout_id, reason or message
 
 
 class MissingTemperature(TransitionError):
     """An LLM span does not record the temperature it was sampled at (spans from before the gateway recorded
     it): its logprobs cannot be matched by the trainer, and guessing 1.0 would train on a wrong ratio."""
+
+
+def _invalid(span: Span, reason: str, kind: type[TransitionError] = TransitionError) -> TransitionError:
+    return kind(
+        f"span {span.span_id}: {reason}", span_id=span.span_id, rollout_id=span.rollout_id, reason=reason
+    )
+
+
+class TooManyExcludedRollouts(ValueError):
+    """More of a batch's rollouts hold an invalid span than `TransitionConfig.max_excluded_share` allows, or
+    none is left: the step is refused rather than trained on what a mass exclusion left over. `excluded`
+    lists every excluded rollout (`ExcludedRollout`), `considered` how many rollouts there were."""
+
+    def __init__(
+        self, message: str, *, excluded: Sequence[ExcludedRollout] = (), considered: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.excluded, self.considered = list(excluded), considered
+
+
+def _too_many(excluded: Sequence[ExcludedRollout], considered: int, limit: float) -> TooManyExcludedRollouts:
+    shown = "; ".join(e.describe() for e in excluded[:3])
+    more = f" (and {len(excluded) - 3} more)" if len(excluded) > 3 else ""
+    left = "none is left to train on" if len(excluded) >= considered else f"more than the {limit:.0%} allowed"
+    return TooManyExcludedRollouts(
+        f"{len(excluded)} of {considered} rollouts have an invalid span and were excluded, {left}: "
+        f"{shown}{more}",
+        excluded=excluded,
+        considered=considered,
+    )
 
 
 @dataclass(frozen=True)
@@ -43,6 +83,14 @@ class TransitionConfig:
     max_prompt_tokens: int | None = None  # a row whose first prompt is longer is dropped (counted)
     max_response_tokens: int | None = None  # a row's response past this is truncated (mask and logprobs too)
     context: int = 4  # ids shown on either side of a mismatch
+    # `merge_rollouts`: a rollout with an invalid span is left out of the step (all its spans); past this
+    # share of the rollouts (or when none is left) the step is refused with `TooManyExcludedRollouts`
+    max_excluded_share: float = 0.1
+
+    def __post_init__(self) -> None:
+        share = self.max_excluded_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+            raise ValueError(f"max_excluded_share must be a number in [0, 1], got {share!r}")
 
 
 @dataclass
@@ -87,6 +135,18 @@ class PrefixMismatch:
         )
 
 
+@dataclass(frozen=True)
+class ExcludedRollout:
+    """A rollout left out of a step because one of its spans is invalid (the first one found)."""
+
+    rollout_id: str
+    span_id: str
+    reason: str
+
+    def describe(self) -> str:
+        return f"rollout {self.rollout_id} span {self.span_id}: {self.reason}"
+
+
 @dataclass
 class MergeStats:
     attempts: int = 0
@@ -100,6 +160,7 @@ class MergeStats:
     truncated_rows: int = 0
     single_row_attempts: int = 0  # attempts whose every call landed in one row
     mismatches: list[PrefixMismatch] = field(default_factory=list)
+    excluded: list[ExcludedRollout] = field(default_factory=list)  # rollouts left out (`merge_rollouts`)
 
     @property
     def mismatch_rate(self) -> float:
@@ -122,6 +183,7 @@ class MergeStats:
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.mismatches.extend(other.mismatches)
+        self.excluded.extend(other.excluded)
 
     def to_dict(self) -> dict[str, float | int]:
         return {
@@ -137,6 +199,7 @@ class MergeStats:
             "dropped_long_prompt": self.dropped_long_prompt,
             "truncated_rows": self.truncated_rows,
             "single_row_attempts": self.single_row_attempts,
+            "excluded_rollouts": len(self.excluded),
         }
 
 
@@ -144,32 +207,27 @@ def _llm_calls(spans: Sequence[Span]) -> list[Span]:
     calls = [s for s in spans if s.kind == SpanKind.llm]
     for s in calls:
         if s.prompt_token_ids is None or s.response_token_ids is None or s.response_logprobs is None:
-            raise TransitionError(f"span {s.span_id}: LLM span without prompt/response token ids or logprobs")
+            raise _invalid(s, "LLM span without prompt/response token ids or logprobs")
         if len(s.response_logprobs) != len(s.response_token_ids):
-            raise TransitionError(
-                f"span {s.span_id}: {len(s.response_logprobs)} logprobs for {len(s.response_token_ids)} tokens"
-            )
+            raise _invalid(s, f"{len(s.response_logprobs)} logprobs for {len(s.response_token_ids)} tokens")
         ids = [*s.prompt_token_ids, *s.response_token_ids]
         if not s.prompt_token_ids or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
-            raise TransitionError(
-                f"span {s.span_id}: prompt empty or token ids not all non-negative integers"
-            )
+            raise _invalid(s, "prompt empty or token ids not all non-negative integers")
         bad = [
             x for x in s.response_logprobs if not isinstance(x, int | float) or not x <= 0 or math.isinf(x)
         ]
         if bad:
             # a NaN, +inf or -inf (or positive) logprob is no probability the engine sampled at: as a
             # behaviour logprob it turns the importance weights, and then the loss and weights, into NaN
-            raise TransitionError(f"span {s.span_id}: logprobs must be finite and <= 0, got {bad[:3]}")
+            raise _invalid(s, f"logprobs must be finite and <= 0, got {bad[:3]}")
         temperature = s.attributes.get("temperature")
         if (
             isinstance(temperature, bool)
             or not isinstance(temperature, int | float)
             or not 0 <= temperature < math.inf
         ):
-            raise MissingTemperature(
-                f"span {s.span_id}: LLM span without a recorded sampling temperature (got {temperature!r})"
-            )
+            reason = f"LLM span without a recorded sampling temperature (got {temperature!r})"
+            raise _invalid(s, reason, MissingTemperature)
     return sorted(calls, key=lambda s: s.sequence)
 
 
@@ -232,7 +290,8 @@ def _apply_limits(row: Row, config: TransitionConfig, stats: MergeStats) -> Row 
 def merge_calls(
     spans: Sequence[Span], config: TransitionConfig = TransitionConfig()
 ) -> tuple[list[Row], MergeStats]:
-    """One attempt's spans (any kinds, any order) -> its training rows and what happened on the way."""
+    """One attempt's spans (any kinds, any order) -> its training rows and what happened on the way.
+    Strict: an invalid span raises `TransitionError` naming it (`merge_rollouts` excludes its rollout)."""
     stats = MergeStats(attempts=1)
     calls = _llm_calls(spans)
     stats.calls = len(calls)
@@ -298,3 +357,34 @@ def build_rows(
         rows.extend(attempt_rows)
         total.add(stats)
     return rows, total
+
+
+def merge_rollouts(
+    rollouts: Iterable[tuple[str, Sequence[Span]]],
+    config: TransitionConfig = TransitionConfig(),
+    *,
+    strict: bool = False,
+) -> tuple[dict[str, list[Row]], MergeStats]:
+    """(rollout id, its attempt's spans) pairs -> each kept rollout's rows, and the merge statistics.
+
+    A rollout with an invalid span (`TransitionError`) is left out whole, since a part of its trajectory
+    would be trained under the whole rollout's advantage; it is listed in `MergeStats.excluded` (rollout,
+    span, reason). More excluded than `config.max_excluded_share` of the rollouts, or none left, raises
+    `TooManyExcludedRollouts`. `strict` re-raises the first `TransitionError` instead."""
+    kept: dict[str, list[Row]] = {}
+    total = MergeStats()
+    considered = 0
+    for rollout_id, spans in rollouts:
+        considered += 1
+        try:
+            rows, stats = merge_calls(spans, config)
+        except TransitionError as exc:
+            if strict:
+                raise
+            total.excluded.append(ExcludedRollout(rollout_id, exc.span_id, exc.reason))
+            continue
+        kept[rollout_id] = rows
+        total.add(stats)
+    if total.excluded and (len(total.excluded) > config.max_excluded_share * considered or not kept):
+        raise _too_many(total.excluded, considered, config.max_excluded_share)
+    return kept, total

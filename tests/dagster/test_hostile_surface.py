@@ -173,3 +173,28 @@ def test_training_a_snapshot_whose_receipt_has_its_candidate_again_is_refused_be
         failure.description
     )
     assert p.get_store().document_versions(ctx.STAGES, f"{key}/candidate_resource") == []
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "lightning_dagster.training.transitions.TooManyExcludedRollouts",
+        "lightning_dagster.pipeline.transitions_file.TokenizerMismatch",
+    ],
+)
+def test_a_refused_first_batch_is_a_one_line_failure_naming_the_error(error):
+    """Too many rollouts with an invalid span, or transitions of another tokenizer: the data's fault, named,
+    not a traceback of the stage."""
+    from importlib import import_module
+
+    from lightning_dagster.assets.failures import snapshot_stage
+
+    module, name = error.rsplit(".", 1)
+    cls = getattr(import_module(module), name)
+    key = "snap-20261130T0800Z-1a2b3c4d"
+    with pytest.raises(dg.Failure) as caught, snapshot_stage("training_transitions", key):
+        raise cls("2 of 8 rollouts have an invalid span\nand were excluded")
+    assert caught.value.description == (
+        f"training_transitions of snapshot {key} failed: 2 of 8 rollouts have an invalid span and were excluded"
+    )
+    assert caught.value.metadata["error"].value == name

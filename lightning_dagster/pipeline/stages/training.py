@@ -9,8 +9,14 @@ from typing import TYPE_CHECKING, Any
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.evidence import first_batch
 from lightning_dagster.pipeline.report import mlflow_links
-from lightning_dagster.pipeline.results import Markdown, StageResult
-from lightning_dagster.pipeline.serving import collect, rollout_service, step_settings, trainer_config
+from lightning_dagster.pipeline.results import Markdown, StageResult, Table
+from lightning_dagster.pipeline.serving import (
+    collect,
+    rollout_service,
+    spans_tokenizer,
+    step_settings,
+    trainer_config,
+)
 from lightning_dagster.pipeline.snapshots import load_manifest, snapshot_refs
 
 if TYPE_CHECKING:
@@ -22,22 +28,43 @@ if TYPE_CHECKING:
 
 
 def training_transitions(p: Pipeline, key: str) -> StageResult:
-    """Merged rows and rollout-level advantages of the first batch, written to a file referenced by URI."""
+    """Merged rows and rollout-level advantages of the first batch, written to a file referenced by URI with
+    the fingerprint of the tokenizer the parent's rollouts were tokenized with. A rollout with an invalid
+    span is left out (named in the metadata); too many left out fails the stage (`TooManyExcludedRollouts`)."""
+    from lightning_dagster.engine.tokenizer_hash import tokenizer_fingerprint_of
     from lightning_dagster.pipeline.transitions_file import write_transitions
     from lightning_dagster.training.loop import batch_transitions
 
     store = p.get_store()
-    batch = collect(store, first_batch(store, key, ctx.head_receipt(store, key)))
-    rows, advantages, merge = batch_transitions(batch, step_settings(p))
-    path = write_transitions(ctx.snapshot_dir(key) / "transitions.jsonl.gz", rows, advantages)
-    ctx.save_stage(store, key, "training_transitions", {"uri": path.as_uri(), "rows": len(rows)})
+    receipt = ctx.head_receipt(store, key)
+    batch = collect(store, first_batch(store, key, receipt))
+    rows, advantages, merge, excluded = batch_transitions(batch, step_settings(p))
+    parent_dir = ctx.registry(p).download(ctx.registered_version(receipt.plan.parent))
+    tokenizer = tokenizer_fingerprint_of(spans_tokenizer(p, parent_dir))
+    path = write_transitions(
+        ctx.snapshot_dir(key) / "transitions.jsonl.gz",
+        rows,
+        advantages,
+        tokenizer=tokenizer,
+        excluded=excluded,
+    )
+    ctx.save_stage(
+        store,
+        key,
+        "training_transitions",
+        {"uri": path.as_uri(), "rows": len(rows), "tokenizer": tokenizer, "excluded_rollouts": len(excluded)},
+    )
     return StageResult(
         metadata={
             "transitions_uri": path.as_uri(),
             "rows": len(rows),
             "trained_tokens": sum(r.trained_tokens for r in rows),
+            "tokenizer": tokenizer,
             "merge_rate": merge.get("merge_single_row_attempts", 0) / max(1, merge.get("merge_attempts", 0)),
             **{k: v for k, v in merge.items()},
+            "excluded": Table(
+                ["rollout", "span", "reason"], [[e.rollout_id, e.span_id, e.reason] for e in excluded]
+            ),
             **{f"advantage_{k}": v for k, v in advantages.to_dict().items()},
         }
     )
@@ -63,10 +90,16 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group 
     best that keeps the parent's validation cases, and training stops early when validation regresses.
     With `group` this is rank 0 of a process group: the other ranks get the parent and trainer settings, then
     train every step with it (`training.distributed.follow`)."""
+    from lightning_dagster.engine.tokenizer_hash import tokenizer_fingerprint_of
     from lightning_dagster.gate import receipt as R
-    from lightning_dagster.pipeline.transitions_file import read_transitions
+    from lightning_dagster.pipeline.transitions_file import load_transitions
     from lightning_dagster.training import distributed
-    from lightning_dagster.training.loop import CheckpointKeeper, rl_step, selection_summary, validation_split
+    from lightning_dagster.training.loop import (
+        CheckpointKeeper,
+        rl_step,
+        selection_summary,
+        validation_split,
+    )
     from lightning_dagster.training.trainer import Trainer
 
     inputs_ready(p, key)
@@ -79,11 +112,18 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group 
     config = trainer_config(p)
     validation = validation_settings(p)
     started = time.time()
+    # read (and its tokenizer checked against the parent's) before the other ranks are sent anything
+    transitions = load_transitions(
+        ctx.load_stage(store, key, "training_transitions")["uri"],
+        tokenizer=tokenizer_fingerprint_of(parent_dir),
+    )
     if group is not None:
         distributed.broadcast((parent_dir, config), group)
     trainer = Trainer(parent_dir, config, group=group)
-    rows, advantages = read_transitions(ctx.load_stage(store, key, "training_transitions")["uri"])
-    curve = [trainer.step(rows, advantages)]
+    first = {"merge_excluded_rollouts": len(transitions.excluded)}
+    if transitions.excluded:
+        first["excluded"] = transitions.excluded
+    curve = [trainer.step(transitions.rows, transitions.advantages, extra=first)]
     keeper, chosen = None, None
     if t.steps > 1 or validation.tasks:
         source = ctx.harness_source(p)
