@@ -101,9 +101,10 @@ def promote(
         raise PromotionRefused(
             f"candidate version {candidate.version}'s artifact is not the weights it was registered with: {exc}"
         ) from None
+    history = reg.history()
     # The exact parent: the pointer must hold the receipt's parent version, and the weights recorded when it
     # was approved must be the receipt's parent weights (version numbers can be reused).
-    last = (reg.history() or [None])[-1]
+    last = (history or [None])[-1]
     current = last.to_value if last else None
     approved_hash = pointers.approved_hash(last)
     if facts.parent_version is not None and current != facts.parent_version:
@@ -111,6 +112,16 @@ def promote(
     if facts.parent_weights_hash and not receipts.same_hash(approved_hash, facts.parent_weights_hash):
         raise PointerConflict(
             reg.pointer_name(), f"weights {facts.parent_weights_hash}", f"{current} ({approved_hash})"
+        )
+    # A receipt moves the pointer once. After a rollback the pointer holds the receipt's parent again, so the
+    # same receipt and approval would pass every check above and undo the rollback with a decision made
+    # before it; a rolled-back candidate goes forward again only through a new receipt and approval.
+    used = [m for m in history if m.receipt_id == facts.receipt_id]
+    if used:
+        raise PromotionRefused(
+            f"receipt {facts.receipt_id} already moved {reg.pointer_name()} (move {used[0].seq}, "
+            f"{used[0].from_value} -> {used[0].to_value}, {pointers.iso(used[0].moved_at)}); a receipt "
+            "promotes once: a candidate rolled back since is promoted again only through a new receipt"
         )
     move = pointers.move(
         reg,

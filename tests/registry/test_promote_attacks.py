@@ -196,3 +196,29 @@ def test_a_receipt_brought_in_under_a_snapshots_id_is_not_adopted_by_the_pipelin
     with pytest.raises(RegistryError, match="whose receipt only the pipeline writes"):
         registry.approve(claimed.model_copy(update={"approvals": []}), canary)
     assert find_receipt(registry.store, "snap-claimed") is None
+
+
+@pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
+def test_a_promotion_replayed_after_a_rollback_is_refused(
+    registry, variant, tracking, approver_keys, monkeypatch, capsys
+):
+    """promote 1 -> 2, a signed rollback 2 -> 1: the pointer holds the receipt's exact parent again, so the
+    same receipt and approval passed every check and silently undid the rollback with a decision made
+    before it. A receipt moves the pointer once."""
+    from lightning_dagster.cli import main
+
+    parent, (cand,) = _bootstrap(registry, variant)
+    approve(
+        registry, passing_receipt(registry, parent, cand, "rec-replay", approver_keys), approver_keys, "alice"
+    )
+    registry.promote("rec-replay", "alice")
+    registry.rollback(signed_rollback(registry, parent.version, "alice", approver_keys, reason="canary harm"))
+
+    with pytest.raises(PromotionRefused, match="receipt rec-replay already moved .* promotes once"):
+        registry.promote("rec-replay", "alice")
+    monkeypatch.setenv("LD_STORE_URL", registry.store.url)
+    argv = ["registry", "promote", "rec-replay", "--actor", "alice", "--tracking-uri", tracking.uri]
+    assert main([*argv, "--model-name", registry.model_name]) == 1
+    assert "already moved" in capsys.readouterr().err
+    assert [m.to_value for m in registry.history()] == [parent.version, cand.version, parent.version]
+    assert registry.serve_approved(download=False).version == parent.version
