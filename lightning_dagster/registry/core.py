@@ -334,11 +334,11 @@ class Registry:
         return sign_rollback(self, to_version, actor=actor, role=role, key=key, reason=reason, at=at)
 
     def rollback(
-        self, request: RollbackRequest, *, allowed_roles: Collection[str] = (DEFAULT_APPROVER,)
+        self, request: RollbackRequest, *, allowed_roles: Collection[str] | None = None
     ) -> PromotionResult:
         """Move `approved-default` back to a version it held before, once that version serves and
-        `request`, an actor's signed rollback in one of `allowed_roles`, verifies against the pinned roles;
-        otherwise `RollbackRefused` (see `promotion.rollback`)."""
+        `request`, an actor's signed rollback in one of `allowed_roles` (default: `promotion.rollback_roles`),
+        verifies against the pinned roles; otherwise `RollbackRefused` (see `promotion.rollback`)."""
         return promotion.rollback(self, request, allowed_roles=allowed_roles)
 
     def rollback_drill(self, parent_version: str, *, record: bool = True) -> DrillResult:

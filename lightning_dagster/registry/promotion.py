@@ -140,11 +140,25 @@ def promote(
     return PromotionResult(move=move, mirrored=error is None, mirror_error=error)
 
 
+def rollback_roles(reg: Registry, head: Any) -> list[str]:
+    """Who may move the pointer back by default: `default-approver`, and the roles the receipt of the move
+    being undone named for its default step (a deployment's `default_approver_roles`, recorded in its plan):
+    whoever may move the default forward may also take that move back."""
+    roles = [DEFAULT_APPROVER]
+    if head is not None and head.receipt_id:
+        try:
+            stored = receipts.load(reg.store, head.receipt_id)
+        except Exception:  # noqa: BLE001 - an unreadable receipt widens nothing
+            return roles
+        roles += [r for r in stored.receipt.plan.approvers.default if r not in roles]
+    return roles
+
+
 def rollback(
     reg: Registry,
     request: RollbackRequest,
     *,
-    allowed_roles: Collection[str] = (DEFAULT_APPROVER,),
+    allowed_roles: Collection[str] | None = None,
 ) -> PromotionResult:
     """Move `approved-default` back to a version it held before, after proving that version serves.
 
@@ -162,6 +176,8 @@ def rollback(
     name = reg.pointer_name()
     history = reg.history()
     head = history[-1] if history else None
+    if allowed_roles is None:
+        allowed_roles = rollback_roles(reg, head)
 
     def refuse_unless_authorized(head: Any) -> None:
         problem = rollbacks.rollback_problem(request, name, head, reg.roles().actors, allowed_roles)

@@ -82,7 +82,7 @@ def test_rollback_in_a_role_that_may_not_move_the_pointer_is_refused(
     argv = ["registry", "rollback", parent.version, "--actor", "bob", "--role", "ml-lead"]
     argv += ["--key", str(approver_keys["bob"]), "--reason", "regression"]
     assert main([*argv, "--tracking-uri", tracking.uri, "--model-name", registry.model_name]) == 1
-    assert "needs one of the roles ['default-approver']" in capsys.readouterr().err
+    assert "needs one of the roles ['default-approver', 'release-owner']" in capsys.readouterr().err
     assert [m.to_value for m in registry.history()] == [parent.version, cand.version]
 
 
@@ -222,3 +222,29 @@ def test_a_promotion_replayed_after_a_rollback_is_refused(
     assert "already moved" in capsys.readouterr().err
     assert [m.to_value for m in registry.history()] == [parent.version, cand.version, parent.version]
     assert registry.serve_approved(download=False).version == parent.version
+
+
+@pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
+def test_the_roles_that_approved_a_promotion_may_roll_it_back(registry, variant, tracking, approver_keys):
+    """A deployment whose default step is approved in its own role (the receipt's plan names `release-owner`,
+    as `default_approver_roles` records it): an actor holding only that role may take the move back, as
+    `default-approver` may; a role the receipt does not name may not."""
+    from lightning_dagster.registry import RollbackRefused
+
+    parent, (cand,) = _bootstrap(registry, variant)
+    receipt = passing_receipt(registry, parent, cand, "rec-own-role", approver_keys)
+    assert receipt.plan.approvers.default == ["release-owner"]
+    approve(registry, receipt, approver_keys, "alice")
+    registry.promote("rec-own-role", "alice")
+
+    with pytest.raises(
+        RollbackRefused, match=r"needs one of the roles \['default-approver', 'release-owner'\]"
+    ):
+        registry.rollback(signed_rollback(registry, parent.version, "bob", approver_keys, role="ml-lead"))
+    # racer0 holds release-owner only: the role that approved the promotion
+    registry.rollback(
+        signed_rollback(registry, parent.version, "racer0", approver_keys, role="release-owner")
+    )
+    history = registry.history()
+    assert [m.to_value for m in history] == [parent.version, cand.version, parent.version]
+    assert history[-1].actor == "racer0"
