@@ -119,6 +119,7 @@ class Runner:
         self._active: set[str] = set()  # attempt ids a live worker of ours is running or ending
         self._outage_since: float | None = None  # monotonic time an attempt first found the gateway down
         self.driven = 0  # rollouts this runner claimed
+        self._queued_hint = True  # the last claim found a rollout (so try the next claim without a count)
 
     # -- public -------------------------------------------------------------------------------------------
 
@@ -202,13 +203,16 @@ class Runner:
         try:
             # A read first: claiming takes the write lock, and idle workers would otherwise keep taking
             # it away from the gateway's span writes.
+            # Skipped while the last claim found one: then another is likely queued, and the count would
+            # only add a read to every claim of a busy run.
             scope = {"rollout_ids": ids} if ids is not None else {"harness": self.harness.name}
-            if self.store.count_rollouts(status=RolloutStatus.queued, **scope):
+            if self._queued_hint or self.store.count_rollouts(status=RolloutStatus.queued, **scope):
                 # a rollout tagged with a policy version starts only once every live serving process
                 # serves that version (`gateway.weightsync`); untagged rollouts start at once
                 ready = self.store.fleet_version()
                 versions = () if ready is None else (ready,)
                 claimed = self.store.claim_rollout(worker_id, policy_versions=versions, **scope)
+                self._queued_hint = claimed is not None
         finally:
             if claimed is None:
                 self._release()
