@@ -238,6 +238,10 @@ def main() -> int:
     parser.add_argument(
         "--parallel", type=int, default=16, help="runner workers (the pipeline's gateway.parallel)"
     )
+    parser.add_argument(
+        "--split-parallel", type=int, default=None,
+        help="runner workers of the --split path (default: --parallel); more than max_batch keeps its batch full",
+    )  # fmt: skip
     parser.add_argument("--max-batch", type=int, default=64, help="the pipeline's model.max_batch")
     parser.add_argument("--threads", type=int, default=2, help="engine torch threads (model.engine_threads)")
     parser.add_argument(
@@ -264,7 +268,7 @@ def main() -> int:
             store,
             model,
             harness="calc",
-            parallel=args.parallel,
+            parallel=args.split_parallel or args.parallel if side == "split" else args.parallel,
             serving="process",
             runner_mode="inprocess",
             max_batch=args.max_batch,

@@ -20,6 +20,7 @@ def bootstrap_parent(
     p: Pipeline, *, actor: str = "bootstrap", progress: Callable[[dict[str, Any]], None] | None = None
 ) -> StageResult:
     """`progress` (optional) receives the warm start's metrics after every SFT step."""
+    from lightning_dagster.pipeline.serving import runner_parallel
     from lightning_dagster.registry.core import APPROVED
     from lightning_dagster.training.warmstart import WarmStartConfig, base_model, has_demos, warm_start
 
@@ -44,10 +45,11 @@ def bootstrap_parent(
                 probe_tasks=t.warm_start_probe_tasks,
                 demos=t.warm_start_demos,
                 seed=p.model.seed,
-                parallel=p.gateway.parallel,
+                parallel=runner_parallel(p),
                 max_batch=p.model.max_batch,
                 engine_threads=p.model.engine_threads,
                 engine_device=p.model.engine_device,
+                engine_process=p.model.engine_process,
             ),
             log=progress,
         )

@@ -123,7 +123,7 @@ def rollout_service(
         tokenizer if forwards else model_dir,
         harness=harness,
         resource_id=resource_id,
-        parallel=p.gateway.parallel,
+        parallel=runner_parallel(p),
         serving="thread" if forwards else "process",
         reuse=not forwards,
         runner_mode=p.gateway.runner_mode,  # type: ignore[arg-type]
@@ -136,8 +136,20 @@ def rollout_service(
         max_batch=p.model.max_batch,
         threads=p.model.engine_threads,
         device=p.model.engine_device,
+        engine_process=p.model.engine_process and not forwards,
     )
     return SnapshotService(service, snapshot_key)
+
+
+def runner_parallel(p: Pipeline) -> int:
+    """Harness attempts at once: `gateway.parallel`, or when 0 (auto) twice `model.max_batch` for in-process
+    attempts (spare attempts keep the engine's batch full while others take their turn between calls) and
+    `model.max_batch` for subprocess attempts."""
+    if p.gateway.parallel < 0:
+        raise ValueError(f"gateway.parallel must be >= 0 (0: auto), got {p.gateway.parallel}")
+    if p.gateway.parallel:
+        return p.gateway.parallel
+    return p.model.max_batch * (2 if p.gateway.runner_mode == "inprocess" else 1)
 
 
 def upstream_of(p: Pipeline) -> tuple[str | None, Path | None]:

@@ -22,6 +22,7 @@ class ModelSettings(Protocol):
     engine_threads: int
     engine_device: str
     max_batch: int
+    engine_process: bool
     upstream_url: str
     seed: int
 

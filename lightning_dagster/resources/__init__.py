@@ -71,6 +71,12 @@ class PolicyModelResource(dg.ConfigurableResource):
     engine_device: str = "auto"
     # the most sequences the embedded engine decodes at once (`LocalGateway(max_batch=)`)
     max_batch: int = 64
+    # the embedded engine in a process of its own (token ids in, tokens and logprobs out; `LocalGateway(
+    # engine_process=)`): its decode loop then has an interpreter lock to itself instead of sharing the
+    # gateway's with the HTTP server and the span writers, which took it back at every torch call of a
+    # forward and doubled a decode step's cost (benchmarks/README.md, rollout path); false: a thread of the
+    # gateway's process (one process fewer to start)
+    engine_process: bool = True
     # e.g. a vLLM server, or several comma-separated (each rollout sticks to one, failing over when it is
     # down): the gateway forwards every call there instead of to the embedded engine; empty: the embedded
     # engine serves (`LocalGateway(upstream_url=)`)
@@ -96,9 +102,11 @@ class GatewayResource(dg.ConfigurableResource):
     # "bwrap": each subprocess attempt runs under bubblewrap in a PID namespace of its own, away from the
     # gateway's /proc and the lightning-dagster home (needs runner_mode "subprocess"; docs/SECURITY.md)
     sandbox: str = "none"
-    # harness attempts the runner runs at once; as many as the engine batches (`model.max_batch`), since
-    # each attempt has at most one call in flight (benchmarks/README.md, rollout path)
-    parallel: int = 64
+    # harness attempts the runner runs at once; 0 (auto): twice `model.max_batch` for in-process attempts
+    # (each has at most one call in flight, and the spare attempts fill the rows of those in their own turn
+    # between calls, so the engine's batch stays full: benchmarks/README.md, rollout path), `model.max_batch`
+    # for subprocess ones (each a process of its own)
+    parallel: int = 0
 
 
 class TrainingResource(dg.ConfigurableResource):

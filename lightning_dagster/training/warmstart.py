@@ -71,6 +71,7 @@ class WarmStartConfig:
     max_batch: int = 64  # the probe's engine settings (the pipeline's `model` resource)
     engine_threads: int | None = None
     engine_device: str = "auto"
+    engine_process: bool = False  # the probe's engine in a process of its own (see LocalGateway)
 
 
 def demo_row(engine: Any, messages: list[dict], tools: list[dict] | None, eos_ids: set[int]) -> Row:
@@ -250,6 +251,7 @@ def warm_start(
         max_batch=config.max_batch,
         threads=config.engine_threads,
         device=config.engine_device,
+        engine_process=config.engine_process,
         reuse=True,
     )
     pool.shutdown(wait=False)

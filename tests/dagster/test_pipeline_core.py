@@ -166,8 +166,44 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
             assert (
                 candidate.service.runner.mode == "subprocess" and candidate.service.runner.sandbox == sandbox
             )
+            # the engine in a process of its own (`model.engine_process`, on by default), the gateway's child
+            assert any(
+                "lightning_dagster.engine.remote" in cmd for cmd in _children(candidate.service.gateway.pid)
+            )
             batch = candidate.run(
                 tasks[:1], group=1, kind=RolloutKind.train, sampling=Sampling(), seed=1, tag="c"
             )
         llm = [s for spans in batch.spans.values() for s in spans if s.kind == SpanKind.llm]
         assert llm and {s.attributes["backend"] for s in llm} == {"engine"}
+
+
+def _children(pid: int) -> list[str]:
+    """Command lines of `pid`'s child processes."""
+    from pathlib import Path
+
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            out.append(Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+    return out
+
+
+def test_runner_parallel_is_auto_unless_set(embedded_home):
+    """0 (the default): twice the engine's batch for in-process attempts, the batch for subprocess ones;
+    a number is taken as it is; a negative one is refused by name."""
+    from lightning_dagster.pipeline.serving import runner_parallel
+    from lightning_dagster.resources import GatewayResource, PolicyModelResource
+
+    def with_(parallel: int, mode: str):
+        return pipeline_for().model_copy(
+            update={
+                "model": PolicyModelResource(max_batch=24),
+                "gateway": GatewayResource(parallel=parallel, runner_mode=mode),
+            }
+        )
+
+    assert runner_parallel(with_(0, "inprocess")) == 48
+    assert runner_parallel(with_(0, "subprocess")) == 24
+    assert runner_parallel(with_(5, "inprocess")) == 5
+    with pytest.raises(ValueError, match="gateway.parallel must be >= 0"):
+        runner_parallel(with_(-1, "inprocess"))
