@@ -32,14 +32,26 @@ class BadReward(TypeError):
 
 
 def reward_value(value: Any, source: str) -> float | None:
-    """`value` as a reward: None stays None (the harness posted its own), a real number becomes a float."""
+    """`value` as a reward: None stays None (the harness posted its own), a real number becomes a float. An
+    integer beyond a float's range (10**400) is a BadReward too, not Python's OverflowError."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise BadReward(
             f"{source} returned {type(value).__name__} {value!r}; expected a finite number or None"
         )
-    return float(value)
+    try:
+        reward = float(value)
+    except OverflowError:  # its text may be thousands of digits (past int's str limit): not shown
+        raise BadReward(
+            f"{source} returned an {type(value).__name__} too large for a float (beyond about 1.8e308); "
+            "expected a finite number or None"
+        ) from None
+    if not math.isfinite(reward):
+        raise BadReward(
+            f"{source} returned {type(value).__name__} {value!r}; expected a finite number or None"
+        )
+    return reward
 
 
 def post_reward(event_url: str, key: str, value: float, *, judge: str | None = None) -> None:
