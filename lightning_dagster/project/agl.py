@@ -1,5 +1,6 @@
 """Agent Lightning's side of a harness: `post_reward` (its reward event, the one way lightning-dagster posts
-a reward on a harness's behalf) and the launcher that runs an Agent Lightning v1.0-style class unchanged:
+a reward on a harness's behalf), `read_task` (a harness's task from its environment) and the launcher that
+runs an Agent Lightning v1.0-style class unchanged:
 
     python -m lightning_dagster.project.agl ROOT module:Class
 
@@ -18,6 +19,7 @@ import numbers
 import os
 import sys
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,18 @@ def post_reward(event_url: str, key: str, value: float, *, judge: str | None = N
     )
     with urllib.request.urlopen(request, timeout=POST_TIMEOUT_S) as response:
         response.read()
+
+
+def read_task(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A harness's task: the JSON in `AGL_TASK` (or `LD_TASK`), else in the file `LD_TASK_FILE` names: a
+    task too large for one environment variable (over 128 KiB) is passed only that way."""
+    env = os.environ if environ is None else environ
+    text = env.get("AGL_TASK", env.get("LD_TASK"))
+    if text is None:
+        if "LD_TASK_FILE" not in env:
+            raise KeyError("no task: none of AGL_TASK, LD_TASK and LD_TASK_FILE is set")
+        text = Path(env["LD_TASK_FILE"]).read_text(encoding="utf-8")
+    return json.loads(text)
 
 
 def run_agent(ref: str, root: Path) -> float | None:

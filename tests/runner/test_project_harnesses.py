@@ -269,6 +269,53 @@ def test_a_command_harness_gets_its_task_in_ld_task_and_on_stdin_and_env_map_in_
     assert attempt.reason_code == "no_reward" and summary.missing_rewards == 1
 
 
+HUGE_PROBE = """
+import json, os, sys
+from lightning_dagster.project.agl import read_task
+with open(os.environ["LD_TASK_FILE"], encoding="utf-8") as fh:
+    from_file = fh.read()
+task = read_task()
+print(json.dumps({
+    "has": sorted(name for name in ("LD_TASK", "AGL_TASK", "LD_TASK_FILE") if name in os.environ),
+    "file": from_file,
+    "stdin": sys.stdin.read(),
+    "read_task_ok": task == json.loads(from_file),
+}))
+req = urllib.request.Request(os.environ["AGL_EVENT_URL"], method="POST",
+    data=json.dumps({"event_type": "reward", "data": {"value": len(task["blob"]) / 1024}}).encode(),
+    headers={"Authorization": "Bearer " + os.environ["AGL_KEY"], "Content-Type": "application/json"})
+urllib.request.urlopen(req).read()
+"""
+
+
+def test_a_200_kib_task_reaches_a_subprocess_harness_through_ld_task_file_and_stdin(store, gateway, tmp_path):
+    # Linux refuses to exec with one environment string over 128 KiB (E2BIG): the task is left out of LD_TASK
+    # and AGL_TASK and passed in LD_TASK_FILE (and on standard input); a small task keeps LD_TASK as well.
+    rows = task_rows()
+    rows[0]["blob"] = "x" * (200 * 1024)
+    rows[1]["blob"] = "small"
+    folder = make_project(
+        tmp_path / "huge", {"command": ["python", "probe.py"]}, {"probe.py": CHAT + HUGE_PROBE}, rows=rows
+    )
+    _, summary, rollouts = run_project(store, gateway, folder, tmp_path, n=2)
+    assert summary.rollouts_by_status == {"succeeded": 2}
+    huge, small = sorted(rollouts, key=lambda r: len(r.task["blob"]), reverse=True)
+    for rollout, expected in ((huge, ["LD_TASK_FILE"]), (small, ["AGL_TASK", "LD_TASK", "LD_TASK_FILE"])):
+        attempt = only_attempt(store, rollout.rollout_id)
+        assert (attempt.state, attempt.reason_code) == (AttemptState.succeeded, "ok")
+        printed = json.loads(
+            (tmp_path / "attempts" / rollout.rollout_id / attempt.attempt_id / "stdout").read_text()
+        )
+        assert printed["has"] == expected
+        assert json.loads(printed["file"]) == rollout.task and printed["stdin"] == printed["file"]
+        assert printed["read_task_ok"] is True
+        assert reward_of(store, attempt.attempt_id).value == len(rollout.task["blob"]) / 1024
+    assert len(json.dumps(huge.task).encode()) > 128 * 1024
+    # the attempt says why its task was not in LD_TASK; the small one's reason says nothing of it
+    assert "AGL_TASK and LD_TASK were left out" in only_attempt(store, huge.rollout_id).reason_message
+    assert "LD_TASK" not in (only_attempt(store, small.rollout_id).reason_message or "")
+
+
 JUDGE = """
 SEEN = []
 
