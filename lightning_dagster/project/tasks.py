@@ -195,7 +195,8 @@ def _key_value(value: Any) -> bool:
     return value is None or (isinstance(value, str | int | float) and not isinstance(value, bool))
 
 
-def _text(value: Any) -> str | None:
+def key_text(value: Any) -> str | None:
+    """A task id, family or split value as the loader keeps it: text, a whole float without its `.0`."""
     if value is None:
         return None
     if isinstance(value, float) and value.is_integer():
@@ -263,7 +264,7 @@ def _conflicts(
         if column == field or row.get(field) is None:
             continue
         own = row[field]
-        if (_text(own) if _key_value(own) else own) != task[field]:
+        if (key_text(own) if _key_value(own) else own) != task[field]:
             found.append(
                 (
                     field,
@@ -306,14 +307,14 @@ def load_tasks(project: Project) -> TaskSet:
             not_text[key_column].append(number)
         if wrong:
             continue
-        task_id, family = _text(row[spec.id_column]), _text(row[spec.family_column])
+        task_id, family = key_text(row[spec.id_column]), key_text(row[spec.family_column])
         if not task_id:
             no_id.append(number)
             continue
         rows_of[task_id].append(number)
         if not family:
             no_family.append(number)
-        split = _text(row[spec.split_column]) if spec.split_column else split_of(task_id, weights)
+        split = key_text(row[spec.split_column]) if spec.split_column else split_of(task_id, weights)
         if split not in SPLITS:
             bad_split[str(split)].append(number)
         task = {**row, "task_id": task_id, "family": family, "split": split}
