@@ -1,9 +1,12 @@
 // A lightning-dagster harness in Node.js 20: `fetch` only, no npm dependencies.
 //
-// Its task is the JSON in LD_TASK (also on standard input); the model is the OpenAI-compatible server at
+// Its task is the JSON in LD_TASK (also on standard input; over 128 KiB only in the file LD_TASK_FILE
+// names); the model is the OpenAI-compatible server at
 // OPENAI_BASE_URL with the key OPENAI_API_KEY. It asks one arithmetic question, scores the reply and posts
 // the reward as an Agent Lightning event to AGL_EVENT_URL (bearer AGL_KEY). Any exception exits non-zero,
 // which the runner records as the attempt's failure.
+
+import { readFileSync } from "node:fs";
 
 const SYSTEM = "Reply with the number only.";
 const NUMBER = /-?\d+(?:\.\d+)?/;
@@ -20,7 +23,8 @@ async function post(url, key, body) {
   return response.json();
 }
 
-const task = JSON.parse(process.env.LD_TASK);
+// A task too large for an environment variable (over 128 KiB) is only in the file LD_TASK_FILE names.
+const task = JSON.parse(process.env.LD_TASK ?? readFileSync(process.env.LD_TASK_FILE, "utf8"));
 const messages = [
   { role: "system", content: SYSTEM },
   { role: "user", content: task.question },

@@ -101,6 +101,63 @@ def _not_copied(home: Path) -> Callable[[str, list[str]], set[str]]:
     return ignore
 
 
+# The project file's keys that name a path, relative to the project folder (`tasks.path` must lie inside it).
+PATH_KEYS = (("model", "path"), ("model", "tokenizer"), ("model", "warm_start"), ("policy",))
+
+
+def _absolute_outside_paths(original: Path, copy: Path) -> None:
+    """Rewrite the copied project file `copy` so that every relative path of `original` that points outside
+    its folder (`../shared/demos.jsonl`, a command `../bin/agent`, an argument `../lib/agent.py`) is
+    absolute: relative to the copy's folder it would name another file, or none. Paths inside the folder
+    stay relative (they name the copy's files). The file is left as it is when there are none."""
+    import yaml
+
+    root = original.parent.resolve()
+
+    def absolute(value: object, *, must_exist: bool = False) -> object:
+        if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+            return value
+        path = (root / Path(value).expanduser()).resolve()
+        if path.is_relative_to(root) or (must_exist and not path.exists()):
+            return value
+        return str(path)
+
+    data = yaml.safe_load(original.read_text())
+    before = yaml.safe_dump(data, sort_keys=False)
+    for keys in PATH_KEYS:
+        section = data
+        for key in keys[:-1]:
+            section = section.get(key) if isinstance(section, dict) else None
+        if isinstance(section, dict) and keys[-1] in section:
+            section[keys[-1]] = absolute(section[keys[-1]])
+    command = (data.get("harness") or {}).get("command")
+    if isinstance(command, list):  # the harness runs in the copy's folder: its paths are relative to it
+        data["harness"]["command"] = [
+            absolute(part, must_exist=True) if isinstance(part, str) and "/" in part else part
+            for part in command
+        ]
+    after = yaml.safe_dump(data, sort_keys=False)
+    if after != before:
+        note = f"# copied from {original} by the demo; paths outside its folder made absolute\n"
+        copy.write_text(note + after)
+
+
+def _drop_jsonl_lines(path: Path, id_column: str, ids: set[str]) -> None:
+    """Remove the tasks whose id is in `ids` from the JSONL file `path`; every other line is kept byte for
+    byte (a re-serialization would change number formats, unicode escapes and key order)."""
+    import json
+
+    from lightning_dagster.project.tasks import key_text
+
+    kept = []
+    for number, line in enumerate(path.read_bytes().splitlines(keepends=True)):
+        text = line.decode("utf-8-sig" if number == 0 else "utf-8").strip()
+        row = json.loads(text) if text else None
+        if not (isinstance(row, dict) and key_text(row.get(id_column)) in ids):
+            kept.append(line)
+    path.write_bytes(b"".join(kept))
+
+
 class WorkingCopy:
     """The project copied into `<home>/demo-project` once, its tasks file without the late train tasks;
     `add_late_tasks` restores the full file, so the task pool the sensor watches changes."""
@@ -128,6 +185,7 @@ class WorkingCopy:
             shutil.rmtree(self.root)
         if not self.root.exists():
             shutil.copytree(folder, self.root, ignore=_not_copied(home))
+            _absolute_outside_paths(source.file, self.file)
             self._withhold(source.tasks.id_column)
             marker.write_text(origin)
 
@@ -140,15 +198,14 @@ class WorkingCopy:
         late = set(train[len(train) - int(len(train) * LATE_TRAIN_SHARE) :])
         suffix = self.tasks_file.suffix.lower()
         if suffix == ".jsonl":
-            frame = pd.read_json(self.tasks_file, lines=True, dtype=False)
-        elif suffix == ".csv":
+            _drop_jsonl_lines(self.tasks_file, id_column, late)
+            return
+        if suffix == ".csv":
             frame = pd.read_csv(self.tasks_file, dtype=str)
         else:
             frame = pd.read_parquet(self.tasks_file)
         kept = frame[~frame[id_column].astype(str).isin(late)]
-        if suffix == ".jsonl":
-            kept.to_json(self.tasks_file, orient="records", lines=True)
-        elif suffix == ".csv":
+        if suffix == ".csv":
             kept.to_csv(self.tasks_file, index=False)
         else:
             kept.to_parquet(self.tasks_file)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from lightning_dagster.gateway.backends import CallSampling, Completion
 from lightning_dagster.gateway.errors import GatewayError
@@ -102,6 +103,10 @@ class CompletionRequest(_Sampled):
         return p
 
 
+# The error code of a reward value that is no finite float (the `BadReward` of a harness's returned value).
+BAD_REWARD = "bad_reward"
+
+
 class RewardRequest(BaseModel):
     """A reward: `value` (and `uncertainty`) a finite JSON number, never a string or boolean coerced into
     one; string lengths are the store's column limits, so both stores refuse the same input."""
@@ -114,11 +119,26 @@ class RewardRequest(BaseModel):
     rollout_id: str | None = Field(None, max_length=64)
     attempt_id: str | None = Field(None, max_length=64)
 
+    @field_validator("value", "uncertainty", mode="before")
+    @classmethod
+    def _fits_a_float(cls, value: Any) -> Any:
+        # A JSON integer past a float's range (10**400) parses as a Python int; strict float validation
+        # would call it "not a valid number". Named as what it is (BAD_REWARD), with the message saying why.
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                float(value)
+            except OverflowError:
+                raise PydanticCustomError(
+                    BAD_REWARD,
+                    "an integer too large for a float (beyond about 1.8e308); expected a finite number",
+                ) from None
+        return value
+
     @field_validator("value", "uncertainty")
     @classmethod
     def _finite(cls, value: float | None) -> float | None:
         if value is not None and not math.isfinite(value):
-            raise ValueError("must be a finite number")
+            raise PydanticCustomError(BAD_REWARD, "must be a finite number")
         return value
 
 
@@ -157,7 +177,8 @@ def check(model: type[BaseModel], data: dict, where: str = "") -> Any:
         first = exc.errors()[0]
         field = where + ".".join(str(p) for p in first["loc"]) or "body"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise GatewayError(422, f"{field}: {first['msg']}{more}", param=field) from exc
+        code = BAD_REWARD if first["type"] == BAD_REWARD else None
+        raise GatewayError(422, f"{field}: {first['msg']}{more}", param=field, code=code) from exc
 
 
 def dumps(obj: Any) -> bytes:

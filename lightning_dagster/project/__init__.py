@@ -4,7 +4,7 @@ policy, and their tasks read through pandas. Core logic: no Dagster imports.
 - `config`: `load_project(path=None) -> Project` (`Harness`, `Tasks`, `Model`), `PROJECT_FILE`.
 - `tasks`: `load_tasks(project) -> TaskSet` (tasks per split, `content_hash`, `require_splits`).
 - `references`: `resolve_callable`, `resolve_agent_class`, `resolve_program` for what the file points at.
-- `errors`: `ProjectError` (file, dotted key, problem) and `TaskDataError`.
+- `errors`: `ProjectError` (file, dotted key, problem), `TaskDataError` and `TaskFieldConflict`.
 - `harness`: `harness_spec(project) -> HarnessSpec`, how the runner runs a `command`, `python` or `agl` harness.
 - `agl`: the launcher that runs an Agent Lightning-style class unchanged in its own process.
 - `scaffold`: `lightning-dagster init DIR` writes the starter project in `starter/`.
@@ -12,7 +12,7 @@ policy, and their tasks read through pandas. Core logic: no Dagster imports.
 """
 
 from lightning_dagster.project.config import PROJECT_FILE, Harness, Model, Project, Tasks, load_project
-from lightning_dagster.project.errors import ProjectError, TaskDataError
+from lightning_dagster.project.errors import ProjectError, TaskDataError, TaskFieldConflict
 from lightning_dagster.project.tasks import TaskSet, load_tasks
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "Project",
     "ProjectError",
     "TaskDataError",
+    "TaskFieldConflict",
     "TaskSet",
     "Tasks",
     "load_project",

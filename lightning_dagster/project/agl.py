@@ -1,5 +1,6 @@
 """Agent Lightning's side of a harness: `post_reward` (its reward event, the one way lightning-dagster posts
-a reward on a harness's behalf) and the launcher that runs an Agent Lightning v1.0-style class unchanged:
+a reward on a harness's behalf), `read_task` (a harness's task from its environment) and the launcher that
+runs an Agent Lightning v1.0-style class unchanged:
 
     python -m lightning_dagster.project.agl ROOT module:Class
 
@@ -18,6 +19,7 @@ import numbers
 import os
 import sys
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +34,26 @@ class BadReward(TypeError):
 
 
 def reward_value(value: Any, source: str) -> float | None:
-    """`value` as a reward: None stays None (the harness posted its own), a real number becomes a float."""
+    """`value` as a reward: None stays None (the harness posted its own), a real number becomes a float. An
+    integer beyond a float's range (10**400) is a BadReward too, not Python's OverflowError."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise BadReward(
             f"{source} returned {type(value).__name__} {value!r}; expected a finite number or None"
         )
-    return float(value)
+    try:
+        reward = float(value)
+    except OverflowError:  # its text may be thousands of digits (past int's str limit): not shown
+        raise BadReward(
+            f"{source} returned an {type(value).__name__} too large for a float (beyond about 1.8e308); "
+            "expected a finite number or None"
+        ) from None
+    if not math.isfinite(reward):
+        raise BadReward(
+            f"{source} returned {type(value).__name__} {value!r}; expected a finite number or None"
+        )
+    return reward
 
 
 def post_reward(event_url: str, key: str, value: float, *, judge: str | None = None) -> None:
@@ -56,6 +70,18 @@ def post_reward(event_url: str, key: str, value: float, *, judge: str | None = N
     )
     with urllib.request.urlopen(request, timeout=POST_TIMEOUT_S) as response:
         response.read()
+
+
+def read_task(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A harness's task: the JSON in `AGL_TASK` (or `LD_TASK`), else in the file `LD_TASK_FILE` names: a
+    task too large for one environment variable (over 128 KiB) is passed only that way."""
+    env = os.environ if environ is None else environ
+    text = env.get("AGL_TASK", env.get("LD_TASK"))
+    if text is None:
+        if "LD_TASK_FILE" not in env:
+            raise KeyError("no task: none of AGL_TASK, LD_TASK and LD_TASK_FILE is set")
+        text = Path(env["LD_TASK_FILE"]).read_text(encoding="utf-8")
+    return json.loads(text)
 
 
 def run_agent(ref: str, root: Path) -> float | None:

@@ -18,3 +18,9 @@ class ProjectError(ValueError):
 
 class TaskDataError(ProjectError):
     """The tasks file cannot be read or its rows break a rule; the message names the column and rows."""
+
+
+class TaskFieldConflict(TaskDataError):
+    """A task row has a column named `task_id`, `family` or `split` that is not the configured source of
+    that field, with another value than the one the loader sets: one of the two would silently win. The
+    message names each task, the field, both values and where the loader's value comes from."""

@@ -2,7 +2,9 @@
 dtypes, so values keep their types) and split four ways.
 
 Every task is a plain JSON-able dict with every column of its row (missing values as None) and three keys
-set by the loader: `task_id` and `family` (as strings, from the configured columns) and `split`. The set's
+set by the loader: `task_id` and `family` (as strings, from the configured columns) and `split`. A row whose
+own column of one of these names (not the configured source) holds another value is refused
+(`TaskFieldConflict`, naming the task and field) rather than overwritten. The set's
 `content_hash` covers the tasks sorted by id: row order and column order do not change it, any value, id
 or split assignment does. Messages count rows from 1, header not counted.
 """
@@ -23,7 +25,7 @@ import pandas as pd
 
 from lightning_dagster.harnesses.splits import SPLITS, UnknownSplit, content_hash, split_of
 from lightning_dagster.project.config import Project
-from lightning_dagster.project.errors import TaskDataError
+from lightning_dagster.project.errors import TaskDataError, TaskFieldConflict
 
 SHOWN = 3  # offending ids or rows named in one message
 
@@ -193,7 +195,8 @@ def _key_value(value: Any) -> bool:
     return value is None or (isinstance(value, str | int | float) and not isinstance(value, bool))
 
 
-def _text(value: Any) -> str | None:
+def key_text(value: Any) -> str | None:
+    """A task id, family or split value as the loader keeps it: text, a whole float without its `.0`."""
     if value is None:
         return None
     if isinstance(value, float) and value.is_integer():
@@ -236,6 +239,42 @@ def _check_columns(project: Project, columns: list[str]) -> None:
         raise TaskDataError(project.file, unmapped)
 
 
+def _sources(project: Project) -> dict[str, tuple[str | None, str]]:
+    """Each loader-set field: the column it is read from (None: computed) and how a message names that."""
+    spec = project.tasks
+    split = (
+        (spec.split_column, f"column {spec.split_column!r} (tasks.split_column)")
+        if spec.split_column
+        else (None, "tasks.split_fractions (a hash of the task id)")
+    )
+    return {
+        "task_id": (spec.id_column, f"column {spec.id_column!r} (tasks.id_column)"),
+        "family": (spec.family_column, f"column {spec.family_column!r} (tasks.family_column)"),
+        "split": split,
+    }
+
+
+def _conflicts(
+    row: dict[str, Any], number: int, task: dict[str, Any], sources: dict
+) -> list[tuple[str, str]]:
+    """A (field, message) for each loader-set field whose same-named column in `row` holds another value
+    (a missing value, None, is no conflict: the loader fills it)."""
+    found = []
+    for field, (column, source) in sources.items():
+        if column == field or row.get(field) is None:
+            continue
+        own = row[field]
+        if (key_text(own) if _key_value(own) else own) != task[field]:
+            found.append(
+                (
+                    field,
+                    f"task {task['task_id']!r} (row {number}): column {field!r} holds {own!r}, but the loader "
+                    f"sets {field} to {task[field]!r} from {source}; rename the column, or make it the source",
+                )
+            )
+    return found
+
+
 def load_tasks(project: Project) -> TaskSet:
     """Read, check and split the project's tasks; raises TaskDataError naming the column and rows."""
     spec = project.tasks
@@ -255,6 +294,8 @@ def load_tasks(project: Project) -> TaskSet:
     if spec.split_column:
         keyed.append(("tasks.split_column", spec.split_column))
     tasks: list[dict[str, Any]] = []
+    sources = _sources(project)
+    conflicts: dict[str, list[str]] = defaultdict(list)
     for number, record in enumerate(records, start=1):
         row = {str(column): _plain(value) for column, value in record.items()}
         json_problem = _json_problem(row, number)
@@ -266,17 +307,20 @@ def load_tasks(project: Project) -> TaskSet:
             not_text[key_column].append(number)
         if wrong:
             continue
-        task_id, family = _text(row[spec.id_column]), _text(row[spec.family_column])
+        task_id, family = key_text(row[spec.id_column]), key_text(row[spec.family_column])
         if not task_id:
             no_id.append(number)
             continue
         rows_of[task_id].append(number)
         if not family:
             no_family.append(number)
-        split = _text(row[spec.split_column]) if spec.split_column else split_of(task_id, weights)
+        split = key_text(row[spec.split_column]) if spec.split_column else split_of(task_id, weights)
         if split not in SPLITS:
             bad_split[str(split)].append(number)
-        tasks.append({**row, "task_id": task_id, "family": family, "split": split})
+        task = {**row, "task_id": task_id, "family": family, "split": split}
+        for field, message in _conflicts(row, number, task, sources):
+            conflicts[field].append(message)
+        tasks.append(task)
     for (key, column), rows in not_text.items():
         problems.append((key, f"{column!r} is not text or a number in {_rows_text(rows)}"))
     if no_id:
@@ -293,8 +337,15 @@ def load_tasks(project: Project) -> TaskSet:
     for value, rows in bad_split.items():
         problem = f"{value!r} in {_rows_text(rows)} is not a split; use {', '.join(SPLITS)}"
         problems.append((split_key, problem))
+    for field, messages in conflicts.items():
+        more = (
+            [f"and {len(messages) - SHOWN} more task(s) with another {field}"]
+            if len(messages) > SHOWN
+            else []
+        )
+        problems.append((field, "; ".join(messages[:SHOWN] + more)))
     if problems:
-        raise TaskDataError(spec.path, problems)
+        raise (TaskFieldConflict if conflicts else TaskDataError)(spec.path, problems)
     tasks.sort(key=lambda task: task["task_id"])
     return TaskSet(
         file=spec.path,

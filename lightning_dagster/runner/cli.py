@@ -3,7 +3,8 @@
 
 The harness and tasks are a project's (`--project PATH`, default the working directory's project file;
 `--harness calc` / `--harness ledger` name the built-in example projects): the first N tasks of the split
-in its tasks file. `--run-id` names the run: the same command again resumes its unfinished rollouts instead
+in its tasks file. A local gateway serves the project's model (`model.path`, or `model.upstream` read with
+`model.tokenizer`) unless `--model` or `--upstream-url` names another; without either, the embedded default. `--run-id` names the run: the same command again resumes its unfinished rollouts instead
 of queuing new ones (a killed run's attempts are ended by the reaper after the heartbeat timeout and
 retried). Exit status: 0 ran, 2 bad arguments or a bad project."""
 
@@ -91,8 +92,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     _task_options(run)
     add_runner_options(run)
     run.add_argument("--gateway", help="URL of a running gateway (default: a local one, see --serving)")
-    run.add_argument("--model", type=Path, help="model directory for the local gateway "
-                     "(default: <home>/models/base, built if absent)")  # fmt: skip
+    run.add_argument("--model", type=Path, help="model directory for the local gateway (default: the "
+                     "project's model.path or model.upstream, else <home>/models/base, built if absent)")  # fmt: skip
     run.add_argument("--serving", choices=("thread", "process"), default="thread",
                      help="the local gateway in this process or in a child process")  # fmt: skip
     run.add_argument("--upstream-url", help="the local gateway forwards every call to this OpenAI-compatible "
@@ -289,7 +290,10 @@ def _run(args: argparse.Namespace) -> int:
         except ModelFolderError as err:  # a folder given is used as it is: never built over
             print(f"error: --model: {err}", file=sys.stderr)
             return 2
-    if not args.upstream_url:
+    upstream_url, tokenizer = args.upstream_url, None
+    if args.model is None and not upstream_url:
+        args.model, upstream_url, tokenizer = _project_model(project)
+    if not upstream_url:
         model_dir = args.model or config.models_dir() / "base"
         if not (model_dir / "config.json").exists():
             from lightning_dagster.engine import build_base_model
@@ -299,14 +303,28 @@ def _run(args: argparse.Namespace) -> int:
         resource_id = model_resource(store, model_dir).resource_id
     with LocalGateway(
         store,
-        model_dir,
+        model_dir if model_dir is not None else tokenizer,
         serving=args.serving,
-        upstream_url=args.upstream_url,
+        upstream_url=upstream_url,
         resource_id=resource_id,
         model_aliases=spec.model_names,
     ) as gateway:
         decode = gateway.codec.decode if gateway.codec is not None else None
         return execute(gateway.url, gateway.secret, resource_id, decode)
+
+
+def _project_model(project: Any) -> tuple[Path | None, str | None, Path | None]:
+    """(model folder, upstream URL, its tokenizer folder) of the project's `model` section, as `train` and
+    the pipeline serve it: `model.path`, or `model.upstream` read with `model.tokenizer`, else all None (the
+    embedded default). Said on stderr, so a run never serves another model than the project's silently."""
+    model = project.model
+    if model is not None and model.path is not None:
+        print(f"model: {model.path} (the project's model.path)", file=sys.stderr)
+        return model.path, None, None
+    if model is not None and model.upstream is not None:
+        print(f"model: {model.upstream} (the project's model.upstream)", file=sys.stderr)
+        return None, model.upstream, model.tokenizer
+    return None, None, None
 
 
 @contextlib.contextmanager

@@ -121,13 +121,41 @@ def sandboxed(
     return [*wrapped, "--", *argv]
 
 
+# Linux refuses to start a program given any one environment string ("NAME=value" and its NUL) longer than
+# MAX_ARG_STRLEN, 32 pages of 4 KiB: exec fails with E2BIG ("Argument list too long"). A task whose JSON
+# does not fit is left out of AGL_TASK and LD_TASK; the harness reads it from LD_TASK_FILE.
+MAX_ENV_STRING = 32 * 4096
+TASK_FILE = "task.json"  # in the attempt's workdir: the task as JSON, named by LD_TASK_FILE
+
+
+def fits_env(name: str, value: str) -> bool:
+    """Whether `name=value` is an environment string Linux lets a program start with."""
+    return len(name.encode()) + len(value.encode()) + 2 <= MAX_ENV_STRING
+
+
+def write_task_file(workdir: Path, task_json: str) -> Path:
+    """The task written to the attempt's `task.json` (its absolute path, for `LD_TASK_FILE`)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = (workdir / TASK_FILE).resolve()
+    path.write_text(task_json, encoding="utf-8")
+    return path
+
+
 def harness_env(
-    gateway_url: str, key: str, rollout_id: str, attempt_id: str, task_json: str
+    gateway_url: str,
+    key: str,
+    rollout_id: str,
+    attempt_id: str,
+    task_json: str,
+    *,
+    task_file: Path | None = None,
 ) -> dict[str, str]:
     """The Agent Lightning environment a harness reads (see CONTRACTS.md, runner), and its task as JSON in
-    `LD_TASK` too (the same text a subprocess reads on standard input)."""
+    `LD_TASK` too (the same text a subprocess reads on standard input). With `task_file` (a subprocess's
+    attempt), `LD_TASK_FILE` names it; a task too large for one environment string (`fits_env`, 128 KiB)
+    is then only there and on standard input, never in `AGL_TASK` / `LD_TASK` (see `task_note`)."""
     base = f"{gateway_url}/v1"
-    return {
+    env = {
         "OPENAI_BASE_URL": base,
         "AGL_OPENAI_BASE_URL": base,
         "OPENAI_API_KEY": key,
@@ -135,9 +163,25 @@ def harness_env(
         "AGL_EVENT_URL": f"{gateway_url}/v1/events",
         "AGL_ROLLOUT_ID": rollout_id,
         "AGL_ATTEMPT_ID": attempt_id,
-        "AGL_TASK": task_json,
-        "LD_TASK": task_json,
     }
+    if fits_env("AGL_TASK", task_json):
+        env["AGL_TASK"] = env["LD_TASK"] = task_json
+    if task_file is not None:
+        env["LD_TASK_FILE"] = str(task_file)
+    return env
+
+
+def task_note(env: dict[str, str], task_json: str) -> str:
+    """Why a subprocess's task is not in `LD_TASK` / `AGL_TASK` ("" when it is, or the harness runs in
+    process and gets the task as an argument)."""
+    if "LD_TASK" in env or "LD_TASK_FILE" not in env:
+        return ""
+    size = len(task_json.encode())
+    return (
+        f"the task is {size} bytes of JSON, more than the {MAX_ENV_STRING // 1024} KiB Linux allows one "
+        "environment variable: AGL_TASK and LD_TASK were left out, the task is in the file LD_TASK_FILE "
+        "names (and on standard input)"
+    )
 
 
 def supervise(
@@ -207,8 +251,8 @@ def run_subprocess(
     (`sandboxed`, hiding `hide`); returns (failure outcome or None on exit 0, supervision verdict, a line
     per output stream cut to `max_output_bytes`: "" when all was kept).
 
-    Its standard input is the task (`env["LD_TASK"]`), from a file so a harness that never reads it cannot
-    block us. It runs under `runner/subreaper.py`, a process of its own per attempt that is the harness's child
+    Its standard input is the task (the file `env["LD_TASK_FILE"]` names, else `env["LD_TASK"]` written to
+    the workdir's `stdin`), from a file so a harness that never reads it cannot block us. It runs under `runner/subreaper.py`, a process of its own per attempt that is the harness's child
     subreaper: when the harness exits, or is stopped (timeout, superseded), every process it left behind
     ends with it and is reaped, also a helper that started a session of its own or a double-forked daemon
     (see subreaper.py for why this is per attempt and not the runner). stdout and stderr are read through
@@ -216,7 +260,9 @@ def run_subprocess(
     the failure reason.
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "stdin").write_text(env["LD_TASK"])
+    task_in_path = Path(env["LD_TASK_FILE"]) if "LD_TASK_FILE" in env else workdir / "stdin"
+    if "LD_TASK_FILE" not in env:
+        task_in_path.write_text(env["LD_TASK"])
     expose = [workdir.resolve()] + ([Path(cwd).resolve()] if cwd is not None else [])
     status_r, status_w = os.pipe()
     command = [
@@ -224,7 +270,7 @@ def run_subprocess(
         *sandboxed(argv, sandbox, hide=hide, expose=expose),
     ]  # fmt: skip
     try:
-        with (workdir / "stdin").open("rb") as task_in:
+        with task_in_path.open("rb") as task_in:
             proc = subprocess.Popen(
                 command, env=child_env(env, passthrough), stdin=task_in, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, cwd=cwd, start_new_session=True, pass_fds=(status_w,),

@@ -41,6 +41,8 @@ from lightning_dagster.runner.execute import (
     harness_env,
     run_inprocess,
     run_subprocess,
+    task_note,
+    write_task_file,
 )
 from lightning_dagster.runner.policy import RetryPolicy
 from lightning_dagster.runner.summary import RunSummary, summarize
@@ -353,9 +355,10 @@ class Runner:
         harness whose output was cut to `max_output_bytes` has it said at the end of its reason message."""
         notice: list[str] = []
         outcome = self._run_attempt(rollout, attempt, notice)
-        if outcome is None or not notice or not notice[0]:
+        note = "\n".join(line for line in notice if line)
+        if outcome is None or not note:
             return outcome
-        message = f"{outcome.reason_message}\n{notice[0]}" if outcome.reason_message else notice[0]
+        message = f"{outcome.reason_message}\n{note}" if outcome.reason_message else note
         return dataclasses.replace(outcome, reason_message=message)
 
     def _run_attempt(self, rollout: Rollout, attempt: Attempt, notice: list[str]) -> Outcome | None:
@@ -369,10 +372,15 @@ class Runner:
                 return Outcome(AttemptState.failed, "prepare_error", f"{type(exc).__name__}: {exc}")
         key = attempt_key(self.secret, rollout_id, attempt_id)
         # The attempt's own variables win over a task field mapped onto the same name.
+        task_json = json.dumps(task)
+        task_file = write_task_file(workdir, task_json) if self.mode == "subprocess" else None
         env = {
             **self.harness.task_env(task),
-            **harness_env(self.gateway_url, key, rollout_id, attempt_id, json.dumps(task)),
+            **harness_env(self.gateway_url, key, rollout_id, attempt_id, task_json, task_file=task_file),
         }
+        if note := task_note(env, task_json):  # said in the log and at the end of the attempt's reason
+            log.info("attempt %s: %s", attempt_id, note)
+            notice.append(note)
         supervise_kw = {
             "timeout_s": self.policy.timeout_s,
             "heartbeat_interval_s": self.policy.heartbeat_interval_s,

@@ -154,6 +154,28 @@ def test_rewards_and_agent_lightning_events_land_with_their_attempt(gateway):
     assert [s.sequence for s in spans] == [0, 1, 2, 3]
 
 
+def test_a_reward_integer_too_large_for_a_float_is_a_422_bad_reward_at_every_route(gateway):
+    rid, aid, key = gateway.attempt()
+    huge = 10**400  # valid JSON; past a float's range
+    answers = [
+        post(gateway, "/v1/rewards", key, {"value": huge}),
+        post(gateway, "/v1/rewards", key, {"value": 0.5, "uncertainty": -huge}),
+        post(gateway, "/v1/events", key, {"event_type": "reward", "data": {"value": huge}}),
+        post(gateway, f"/api/rollouts/{rid}/attempt/{aid}/events", key,
+             {"event_type": "reward", "data": {"value": huge}}),
+    ]  # fmt: skip
+    for answer, field in zip(answers, ["value", "uncertainty", "data.value", "data.value"], strict=True):
+        assert answer.status_code == 422, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "bad_reward" and error["param"] == field
+        assert error["message"] == f"{field}: an integer too large for a float (beyond about 1.8e308); " \
+            "expected a finite number"  # fmt: skip
+    assert gateway.store.list_rewards(rollout_ids=[rid]) == []
+    # the attempt is still usable: a proper reward lands
+    assert post(gateway, "/v1/rewards", key, {"value": 1}).status_code == 200
+    assert [r.value for r in gateway.store.list_rewards(rollout_ids=[rid])] == [1.0]
+
+
 def test_serve_key_creates_a_serve_rollout_per_session_and_takes_late_rewards(gateway):
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=SERVE, max_retries=0)
     headers = {"X-Session-Id": "session-1"}

@@ -15,7 +15,7 @@ from lightning_dagster.cli import main
 from lightning_dagster.harnesses.splits import SPLITS
 from lightning_dagster.project import PROJECT_FILE, load_project, load_tasks
 from tests.harnesses.scripted_llm import ScriptedLLM, say
-from tests.project.helpers import write_project
+from tests.project.helpers import task_rows, write_project
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,3 +118,29 @@ def test_project_check_without_a_project_file_exits_2(tmp_path, monkeypatch, cap
     monkeypatch.chdir(tmp_path)
     assert main(["project", "check"]) == 2
     assert f"error: {tmp_path / PROJECT_FILE}: cannot read the project file" in capsys.readouterr().err
+
+
+def _python_m(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_dagster", *argv],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_python_m_lightning_dagster_runs_the_cli_with_its_exit_status(tmp_path):
+    file = write_project(tmp_path / "ok", rows=task_rows())
+    done = _python_m("project", "check", "--project", str(file), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == f"project demo ({file})"
+    assert done.stdout.splitlines()[-1] == "ok"
+
+    bad = write_project(tmp_path / "bad", {"harness.command": ["no-such-program-7f3a"]})
+    done = _python_m("project", "check", "--project", str(bad), cwd=tmp_path)
+    assert done.returncode == 2 and "harness.command: program 'no-such-program-7f3a' not found" in done.stderr
+
+    done = _python_m("--help", cwd=tmp_path)
+    assert done.returncode == 0 and "usage: lightning-dagster" in done.stdout and "rollouts" in done.stdout

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import yaml
+
 from lightning_dagster.demo.setup import WorkingCopy
 from lightning_dagster.project import load_project, load_tasks
 from tests.project.helpers import task_rows, write_project
@@ -50,3 +52,59 @@ def test_an_earlier_demo_copy_elsewhere_in_the_folder_is_not_copied(tmp_path):
 
     assert (copy.root / "old-home").is_dir()
     assert not (copy.root / "old-home" / "demo-project").exists()
+
+
+def test_paths_outside_the_project_folder_are_absolute_in_the_copy_and_inside_ones_stay_relative(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "demos.jsonl").write_text('{"messages": []}\n')
+    (shared / "agent.py").write_text("print('shared agent')\n")
+    folder = tmp_path / "projects" / "agent"
+    changes = {
+        "harness.command": ["python", "../../shared/agent.py", "--flag", "out/x"],
+        "model.warm_start": "../../shared/demos.jsonl",
+    }
+    file = write_project(folder, changes, rows=task_rows(per_split=8))
+    (folder / "local.jsonl").write_text("{}\n")
+
+    copy = WorkingCopy(file, tmp_path / "home")
+
+    data = yaml.safe_load(copy.file.read_text())
+    assert data["model"]["warm_start"] == str(shared / "demos.jsonl")
+    assert data["harness"]["command"] == ["python", str(shared / "agent.py"), "--flag", "out/x"]
+    assert data["tasks"]["path"] == "tasks.jsonl"  # inside: the copy's own tasks file
+    copied = load_project(copy.file)
+    assert copied.model.warm_start == shared / "demos.jsonl"
+    assert copied.tasks.path == copy.root / "tasks.jsonl"
+
+
+def test_a_project_with_only_inside_paths_keeps_its_project_file_byte_for_byte(tmp_path):
+    folder = tmp_path / "agent"
+    file = write_project(folder, rows=task_rows(per_split=8))
+    file.write_text("# my comment\n" + file.read_text())
+    copy = WorkingCopy(file, tmp_path / "home")
+    assert copy.file.read_bytes() == file.read_bytes()
+
+
+def test_kept_jsonl_task_lines_are_copied_byte_for_byte(tmp_path):
+    folder = tmp_path / "agent"
+    write_project(folder, rows=task_rows(per_split=8))
+    # number formats, unicode escapes, spacing and key order json.dumps (or pandas) would each rewrite
+    lines = [
+        f'{{"split": "{row["split"]}",  "task_id":"{row["task_id"]}", "family": "{row["family"]}", '
+        f'"answer": 1.50, "big": 1e5, "text": "caf\\u00e9 \\ud83d\\ude00", "raw": "café", "neg": -0.0}}'
+        for row in task_rows(per_split=8)
+    ]
+    original = ("\n".join(lines) + "\n").encode()
+    (folder / "tasks.jsonl").write_bytes(original)
+    file = folder / "lightning-dagster.yaml"
+
+    copy = WorkingCopy(file, tmp_path / "home")
+
+    kept = copy.tasks_file.read_bytes().splitlines(keepends=True)
+    assert 0 < len(kept) < len(lines)
+    assert set(kept) <= set(original.splitlines(keepends=True))  # each kept line exactly as written
+    late = [line for line in original.splitlines(keepends=True) if line not in kept]
+    assert late and all(b'"split": "train"' in line for line in late)
+    assert copy.add_late_tasks() == len(late)
+    assert copy.tasks_file.read_bytes() == original

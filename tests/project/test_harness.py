@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from lightning_dagster.project import ProjectError, load_project
-from lightning_dagster.project.agl import AGL_LAUNCHER_USAGE, BadReward, reward_value
-from lightning_dagster.project.harness import AGL_LAUNCHER, harness_spec
+from lightning_dagster.project.agl import AGL_LAUNCHER_USAGE, BadReward, read_task, reward_value
+from lightning_dagster.project.harness import AGL_LAUNCHER, harness_spec, inprocess_entry
 from tests.project.helpers import write_project
 
 
@@ -77,6 +77,33 @@ def test_a_reward_must_be_a_finite_number_or_none(value):
     assert reward_value(None, "f") is None and reward_value(1, "f") == 1.0
     with pytest.raises(BadReward, match="f returned"):
         reward_value(value, "f")
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400), 2**1024])
+def test_an_integer_too_large_for_a_float_is_a_bad_reward_not_an_overflow_error(value):
+    with pytest.raises(BadReward, match="f returned an int too large for a float"):
+        reward_value(value, "f")
+    assert reward_value(2**1023, "f") == float(2**1023)  # the largest power of two a float holds
+
+
+def test_an_inprocess_harness_returning_a_huge_integer_fails_with_bad_reward_before_posting(tmp_path):
+    def solve(task, client):
+        return 10**400
+
+    run_task = inprocess_entry(solve, "agent:solve", 5.0)
+    # Nothing listens on port 9: a reward that got as far as posting would raise a connection error.
+    with pytest.raises(BadReward, match="agent:solve returned an int too large for a float"):
+        run_task({}, base_url="http://127.0.0.1:9/v1", api_key="k", event_url="http://127.0.0.1:9/v1/events")
+
+
+def test_read_task_takes_the_environment_variable_else_the_file_ld_task_file_names(tmp_path):
+    (tmp_path / "task.json").write_text(json.dumps({"task_id": "big", "text": "é"}), encoding="utf-8")
+    assert read_task({"LD_TASK_FILE": str(tmp_path / "task.json")}) == {"task_id": "big", "text": "é"}
+    both = {"AGL_TASK": '{"task_id": "env"}', "LD_TASK_FILE": str(tmp_path / "task.json")}
+    assert read_task(both) == {"task_id": "env"}
+    assert read_task({"LD_TASK": '{"task_id": "ld"}'}) == {"task_id": "ld"}
+    with pytest.raises(KeyError, match="none of AGL_TASK, LD_TASK and LD_TASK_FILE"):
+        read_task({})
 
 
 def test_the_launcher_refuses_a_class_it_cannot_load_with_exit_status_and_message(tmp_path):

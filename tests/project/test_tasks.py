@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from lightning_dagster.harnesses.splits import SPLITS
-from lightning_dagster.project import ProjectError, TaskDataError, load_project, load_tasks
+from lightning_dagster.project import ProjectError, TaskDataError, TaskFieldConflict, load_project, load_tasks
 from tests.project.helpers import task_rows, write_jsonl, write_project
 
 ROWS = [
@@ -100,6 +100,55 @@ def test_the_configured_columns_become_task_id_family_and_split(tmp_path):
     )
     assert tasks.splits["holdout"] == [
         {"ident": 1, "kind": "k", "part": "holdout", "task_id": "1", "family": "k", "split": "holdout"}
+    ]
+
+
+def test_a_column_named_like_a_loader_field_with_another_value_is_refused_naming_task_and_field(tmp_path):
+    rows = [
+        {"ident": f"t{i}", "kind": "k", "part": split, "task_id": f"t{i}", "family": "k", "split": split}
+        for i, split in enumerate(SPLITS)
+    ]
+    rows[1]["task_id"] = "other-id"  # the loader would have replaced it with t1
+    rows[2]["family"] = "other-family"
+    keys = {"id_column": "ident", "family_column": "kind", "split_column": "part"}
+    with pytest.raises(TaskFieldConflict) as caught:
+        load_tasks(_project(tmp_path, "tasks.jsonl", rows, **keys))
+    assert isinstance(caught.value, TaskDataError) and caught.value.keys == ["task_id", "family"]
+    message = str(caught.value)
+    assert (
+        "task_id: task 't1' (row 2): column 'task_id' holds 'other-id', but the loader sets task_id to 't1' "
+        "from column 'ident' (tasks.id_column)" in message
+    )
+    assert (
+        "family: task 't2' (row 3): column 'family' holds 'other-family', but the loader sets family to 'k' "
+        "from column 'kind' (tasks.family_column)" in message
+    )
+
+
+def test_a_split_column_that_disagrees_with_split_fractions_is_refused(tmp_path):
+    rows = [{"task_id": f"t{i}", "family": "f"} for i in range(40)]
+    tasks = load_tasks(_project(tmp_path / "a", "tasks.jsonl", rows, split_fractions=FRACTIONS))
+    hashed = {t["task_id"]: t["split"] for split in SPLITS for t in tasks.splits[split]}
+    # the same split written in the file agrees: loaded as before
+    agreeing = [{**row, "split": hashed[row["task_id"]]} for row in rows]
+    again = load_tasks(_project(tmp_path / "b", "tasks.jsonl", agreeing, split_fractions=FRACTIONS))
+    assert {t["task_id"]: t["split"] for s in SPLITS for t in again.splits[s]} == hashed
+    disagreeing = [dict(row) for row in agreeing]
+    disagreeing[5]["split"] = "canary" if hashed["t5"] != "canary" else "train"
+    with pytest.raises(TaskFieldConflict, match=r"split: task 't5' \(row 6\): column 'split' holds '\w+', but "
+                       r"the loader sets split to '\w+' from tasks.split_fractions"):  # fmt: skip
+        load_tasks(_project(tmp_path / "c", "tasks.jsonl", disagreeing, split_fractions=FRACTIONS))
+
+
+def test_equal_values_and_missing_ones_in_same_named_columns_are_no_conflict(tmp_path):
+    rows = [
+        {"ident": i, "kind": "k", "split": split, "task_id": i, "family": None}
+        for i, split in enumerate(SPLITS)
+    ]
+    tasks = load_tasks(_project(tmp_path, "tasks.jsonl", rows, id_column="ident", family_column="kind"))
+    # 1 (a number) and "1" are the same id, as the loader reads ids; a missing family is filled in
+    assert tasks.splits["holdout"] == [
+        {"ident": 1, "kind": "k", "split": "holdout", "task_id": "1", "family": "k"}
     ]
 
 

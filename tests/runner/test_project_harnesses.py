@@ -238,6 +238,76 @@ def test_the_model_names_a_project_declares_are_served_and_any_other_is_404_mode
     assert attempt.reason_code == "exit_nonzero" and "404" in (attempt.reason_message or "")
 
 
+ASK_AND_REWARD = (
+    CHAT
+    + """
+chat("hi")
+req = urllib.request.Request(os.environ["AGL_EVENT_URL"], method="POST",
+    data=json.dumps({"event_type": "reward", "data": {"value": 1.0}}).encode(),
+    headers={"Authorization": "Bearer " + os.environ["AGL_KEY"], "Content-Type": "application/json"})
+urllib.request.urlopen(req).read()
+"""
+)
+
+
+def _with_model(folder: Path, model: dict[str, Any]) -> Path:
+    file = folder / "lightning-dagster.yaml"
+    file.write_text(yaml.safe_dump({**yaml.safe_load(file.read_text()), "model": model}))
+    return folder
+
+
+def test_rollouts_run_serves_the_projects_model_path_not_the_embedded_default(
+    store, model_dir, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("LIGHTNING_DAGSTER_HOME", str(tmp_path / "home"))
+    # a copy of the tiny locally built model, so its path is the project's own and no other test's
+    own = shutil.copytree(model_dir, tmp_path / "my-model")
+    folder = make_project(
+        tmp_path / "with-model", {"command": ["python", "ask.py"]}, {"ask.py": ASK_AND_REWARD}
+    )
+    _with_model(folder, {"path": str(own)})
+    argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--store", store.url, "--json"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    assert summary["rollouts_by_status"] == {"succeeded": 2} and summary["rewards"] == 2
+    assert f"model: {own} (the project's model.path)" in err
+    for rollout_id in summary["rollout_ids"]:
+        rollout = store.get_rollout(rollout_id)
+        assert store.get_resource(rollout.resource_id).uri == str(own.resolve())
+        (llm,) = store.list_spans(rollout_id=rollout_id, kind=SpanKind.llm)
+        assert llm.resource_id == rollout.resource_id
+    # the embedded default was neither built nor served
+    assert not (tmp_path / "home" / "models" / "base").exists()
+
+
+def test_rollouts_run_forwards_to_the_projects_upstream_with_its_tokenizer(
+    store, model_dir, tmp_path, monkeypatch, capsys
+):
+    from lightning_dagster.gateway.server import GatewayServer
+    from tests.support.stub_upstream import create_stub_app
+
+    monkeypatch.setenv("LIGHTNING_DAGSTER_HOME", str(tmp_path / "home"))
+    folder = make_project(
+        tmp_path / "with-upstream", {"command": ["python", "ask.py"]}, {"ask.py": ASK_AND_REWARD}
+    )
+    with GatewayServer(create_stub_app()) as stub:
+        _with_model(folder, {"upstream": stub.url, "tokenizer": str(model_dir)})
+        argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--store", store.url, "--json"]
+        assert main(argv) == 0
+        calls = dict(stub.app.state.calls)
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    assert summary["rollouts_by_status"] == {"succeeded": 2}
+    assert f"model: {stub.url} (the project's model.upstream)" in err
+    # with the tokenizer, every call went to the upstream as exact token ids
+    assert calls == {"completions": 2}
+    for rollout_id in summary["rollout_ids"]:
+        (llm,) = store.list_spans(rollout_id=rollout_id, kind=SpanKind.llm)
+        assert llm.attributes["backend"] == "upstream" and llm.prompt_token_ids
+    assert not (tmp_path / "home" / "models" / "base").exists()
+
+
 def test_a_command_harness_gets_its_task_in_ld_task_and_on_stdin_and_env_map_in_variables(
     store, gateway, tmp_path, monkeypatch
 ):
@@ -267,6 +337,53 @@ def test_a_command_harness_gets_its_task_in_ld_task_and_on_stdin_and_env_map_in_
     # Of our environment, only the allowlist and the names the project passes through reach the harness.
     assert printed["inherited"] == {"TOOL_API_KEY": "tool-secret", "UNLISTED_VAR": None}
     assert attempt.reason_code == "no_reward" and summary.missing_rewards == 1
+
+
+HUGE_PROBE = """
+import json, os, sys
+from lightning_dagster.project.agl import read_task
+with open(os.environ["LD_TASK_FILE"], encoding="utf-8") as fh:
+    from_file = fh.read()
+task = read_task()
+print(json.dumps({
+    "has": sorted(name for name in ("LD_TASK", "AGL_TASK", "LD_TASK_FILE") if name in os.environ),
+    "file": from_file,
+    "stdin": sys.stdin.read(),
+    "read_task_ok": task == json.loads(from_file),
+}))
+req = urllib.request.Request(os.environ["AGL_EVENT_URL"], method="POST",
+    data=json.dumps({"event_type": "reward", "data": {"value": len(task["blob"]) / 1024}}).encode(),
+    headers={"Authorization": "Bearer " + os.environ["AGL_KEY"], "Content-Type": "application/json"})
+urllib.request.urlopen(req).read()
+"""
+
+
+def test_a_200_kib_task_reaches_a_subprocess_harness_through_ld_task_file_and_stdin(store, gateway, tmp_path):
+    # Linux refuses to exec with one environment string over 128 KiB (E2BIG): the task is left out of LD_TASK
+    # and AGL_TASK and passed in LD_TASK_FILE (and on standard input); a small task keeps LD_TASK as well.
+    rows = task_rows()
+    rows[0]["blob"] = "x" * (200 * 1024)
+    rows[1]["blob"] = "small"
+    folder = make_project(
+        tmp_path / "huge", {"command": ["python", "probe.py"]}, {"probe.py": CHAT + HUGE_PROBE}, rows=rows
+    )
+    _, summary, rollouts = run_project(store, gateway, folder, tmp_path, n=2)
+    assert summary.rollouts_by_status == {"succeeded": 2}
+    huge, small = sorted(rollouts, key=lambda r: len(r.task["blob"]), reverse=True)
+    for rollout, expected in ((huge, ["LD_TASK_FILE"]), (small, ["AGL_TASK", "LD_TASK", "LD_TASK_FILE"])):
+        attempt = only_attempt(store, rollout.rollout_id)
+        assert (attempt.state, attempt.reason_code) == (AttemptState.succeeded, "ok")
+        printed = json.loads(
+            (tmp_path / "attempts" / rollout.rollout_id / attempt.attempt_id / "stdout").read_text()
+        )
+        assert printed["has"] == expected
+        assert json.loads(printed["file"]) == rollout.task and printed["stdin"] == printed["file"]
+        assert printed["read_task_ok"] is True
+        assert reward_of(store, attempt.attempt_id).value == len(rollout.task["blob"]) / 1024
+    assert len(json.dumps(huge.task).encode()) > 128 * 1024
+    # the attempt says why its task was not in LD_TASK; the small one's reason says nothing of it
+    assert "AGL_TASK and LD_TASK were left out" in only_attempt(store, huge.rollout_id).reason_message
+    assert "LD_TASK" not in (only_attempt(store, small.rollout_id).reason_message or "")
 
 
 JUDGE = """

@@ -285,6 +285,7 @@ def test_a_harness_that_exits_cleanly_without_a_reward_is_reported(store, gatewa
         "AGL_ROLLOUT_ID",
         "AGL_TASK",
         "LD_TASK",
+        "LD_TASK_FILE",
     ]
     assert attempt.state == AttemptState.succeeded and attempt.reason_code == "no_reward"
     assert summary.missing_rewards == 1 and summary.rewards == 0 and summary.reward_mean is None

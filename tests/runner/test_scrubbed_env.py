@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,9 +19,12 @@ from lightning_dagster.harnesses.registry import HarnessSpec
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
 from lightning_dagster.runner.execute import (
     INHERITED_ENV,
+    MAX_ENV_STRING,
     SandboxUnavailable,
     check_passthrough,
     check_sandbox,
+    harness_env,
+    task_note,
 )
 from lightning_dagster.types import AttemptState, RolloutStatus
 from tests.support.stub_upstream import create_stub_app
@@ -118,7 +122,7 @@ def test_a_harness_inherits_only_the_allowlist_the_passthrough_and_its_attempt_v
     monkeypatch.setenv("LC_ALL", "C.UTF-8")
     seen = probe(store, process_gateway, tmp_path, env_passthrough=["PROJECT_FLAG"])
     attempt_vars = {"OPENAI_BASE_URL", "OPENAI_API_KEY", "AGL_OPENAI_BASE_URL", "AGL_KEY", "AGL_EVENT_URL",
-                    "AGL_ROLLOUT_ID", "AGL_ATTEMPT_ID", "AGL_TASK", "LD_TASK"}  # fmt: skip
+                    "AGL_ROLLOUT_ID", "AGL_ATTEMPT_ID", "AGL_TASK", "LD_TASK", "LD_TASK_FILE"}  # fmt: skip
     inherited = {k for k in os.environ if k in INHERITED_ENV} | {"PROJECT_FLAG", "LC_ALL"}
     # The interpreter itself may add LC_CTYPE when it coerces the C locale.
     assert set(seen["env"]) - {"LC_CTYPE"} == attempt_vars | inherited
@@ -196,3 +200,22 @@ def test_rollouts_run_reads_the_gateways_secret_from_stdin(store, gateway, monke
     assert main(argv + ["--gateway", gateway.url, "--secret-file", "-", "--store", store.url]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["attempts_by_ending"] == {"succeeded": 1} and summary["rewards"] == 1
+
+
+def test_a_task_is_in_ld_task_up_to_linuxs_limit_for_one_environment_string_and_not_one_byte_more(tmp_path):
+    prefix = '{"t": "'  # the task JSON is prefix + filler + '"}'
+    at_limit = prefix + "x" * (MAX_ENV_STRING - len("AGL_TASK=") - 1 - len(prefix) - 2) + '"}'
+    file = tmp_path / "task.json"
+    for task_json, kept in ((at_limit, True), (at_limit[:-2] + 'x"}', False)):
+        env = harness_env("http://gw", "key", "ro-1", "at-1", task_json, task_file=file)
+        assert ("AGL_TASK" in env, "LD_TASK" in env, env["LD_TASK_FILE"]) == (kept, kept, str(file))
+        assert (task_note(env, task_json) == "") is kept
+        # the limit is Linux's own: the environment that keeps the task starts a program
+        if kept:
+            assert subprocess.run(["true"], env=env).returncode == 0
+        else:
+            with pytest.raises(OSError, match="Argument list too long"):
+                subprocess.run(["true"], env={**env, "AGL_TASK": task_json})
+    # without a task file (an in-process attempt, which gets the task as an argument) nothing is noted
+    env = harness_env("http://gw", "key", "ro-1", "at-1", at_limit + " ")
+    assert "LD_TASK" not in env and "LD_TASK_FILE" not in env and task_note(env, at_limit + " ") == ""

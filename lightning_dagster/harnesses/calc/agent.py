@@ -217,8 +217,18 @@ def run_task(task: dict[str, Any], *, base_url: str, api_key: str, event_url: st
     return reward
 
 
+def read_task() -> dict[str, Any]:
+    """The attempt's task: `AGL_TASK`, or the file `LD_TASK_FILE` names (a task too large for an environment
+    variable, over 128 KiB, is only there)."""
+    text = os.environ.get("AGL_TASK")
+    if text is None:
+        with open(os.environ["LD_TASK_FILE"], encoding="utf-8") as task_file:
+            text = task_file.read()
+    return json.loads(text)
+
+
 def main() -> int:
-    task = json.loads(os.environ["AGL_TASK"])
+    task = read_task()
     reward = run_task(
         task,
         base_url=os.environ.get("AGL_OPENAI_BASE_URL") or os.environ["OPENAI_BASE_URL"],

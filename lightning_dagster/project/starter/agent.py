@@ -1,6 +1,7 @@
 """A starter agent: asks the model one arithmetic question and reports whether the answer is right.
 
-It runs as a plain program and needs only `openai`: its task is the JSON in `LD_TASK`, the model is the
+It runs as a plain program and needs only `openai`: its task is the JSON in `LD_TASK` (or, over 128 KiB, in
+the file `LD_TASK_FILE` names), the model is the
 OpenAI-compatible server at `OPENAI_BASE_URL` (key `OPENAI_API_KEY`), and it posts one reward to
 `AGL_EVENT_URL` with the bearer token `AGL_KEY`. Replace `solve` with your own agent; keep posting a reward.
 """
@@ -45,8 +46,18 @@ def post_reward(value: float) -> None:
         response.read()
 
 
+def read_task() -> dict[str, Any]:
+    """This attempt's task: `LD_TASK`, or the file `LD_TASK_FILE` names (a task too large for an environment
+    variable, over 128 KiB, is only there)."""
+    text = os.environ.get("LD_TASK")
+    if text is None:
+        with open(os.environ["LD_TASK_FILE"], encoding="utf-8") as task_file:
+            text = task_file.read()
+    return json.loads(text)
+
+
 def main() -> int:
-    task = json.loads(os.environ["LD_TASK"])
+    task = read_task()
     client = OpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"])
     reward = solve(client, task)
     post_reward(reward)
