@@ -248,13 +248,25 @@ def mirror_after_move(reg: Registry) -> str | None:
 
 
 def move(
-    reg: Registry, *, expected: str | None, to: str, weights_hash: str, actor: str, note: str = "", **extra
+    reg: Registry,
+    *,
+    expected: str | None,
+    expected_seq: int,
+    to: str,
+    weights_hash: str,
+    actor: str,
+    note: str = "",
+    **extra,
 ) -> Any:
-    """Compare-and-set `approved-default` in the store; the note records the approved weights hash."""
+    """Compare-and-set `approved-default` in the store on its value and its move number: `expected_seq` is
+    the `seq` of the newest move the caller decided on (0: never set), so a move made since, even one that
+    brought the pointer back to `expected` (A -> B -> A), refuses this one (`PointerSeqConflict`). The note
+    records the approved weights hash."""
     body = {"weights_hash": weights_hash, "model": reg.model_name, "note": note, **extra}
     return reg.store.move_pointer(
         reg.pointer_name(),
         expected=expected,
+        expected_seq=expected_seq,
         to=str(to),
         actor=actor,
         receipt_id=extra.get("receipt_id"),

@@ -126,6 +126,7 @@ def promote(
     move = pointers.move(
         reg,
         expected=current,
+        expected_seq=last.seq if last else 0,  # the state every check above judged, not only its value
         to=candidate.version,
         weights_hash=candidate.weights_hash,
         actor=actor,
@@ -202,6 +203,7 @@ def rollback(
     move = pointers.move(
         reg,
         expected=current,
+        expected_seq=head.seq,  # the move the signature names: any move since refuses this one
         to=to_version,
         weights_hash=target.weights_hash,
         actor=request.actor,
