@@ -260,6 +260,7 @@ class Registry:
             expected_seq=seq,  # 0: a bootstrap racing another one (or any move) is refused, not repeated
             to=version.version,
             weights_hash=version.weights_hash,
+            files_hash=version.files_hash,
             actor=actor,
             note=note,
         )

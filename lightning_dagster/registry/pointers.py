@@ -18,6 +18,7 @@ from mlflow.exceptions import MlflowException
 
 from lightning_dagster.registry import incidents
 from lightning_dagster.registry.errors import (
+    CheckpointFilesMismatch,
     PointerNotSet,
     RegistryError,
     RegistryUnavailable,
@@ -66,6 +67,11 @@ def check_alias(alias: str) -> None:
 def approved_hash(move: Any) -> str | None:
     """The weights hash recorded when `move` was made: version numbers can be reused, this cannot."""
     return None if move is None else _note(move).get("weights_hash")
+
+
+def approved_files_hash(move: Any) -> str | None:
+    """The checkpoint files hash recorded when `move` was made (None: the move recorded none)."""
+    return None if move is None else _note(move).get("files_hash")
 
 
 def _note(move: Any) -> dict[str, Any]:
@@ -256,13 +262,16 @@ def move(
     weights_hash: str,
     actor: str,
     note: str = "",
+    files_hash: str = "",
     **extra,
 ) -> Any:
     """Compare-and-set `approved-default` in the store on its value and its move number: `expected_seq` is
     the `seq` of the newest move the caller decided on (0: never set), so a move made since, even one that
     brought the pointer back to `expected` (A -> B -> A), refuses this one (`PointerSeqConflict`). The note
-    records the approved weights hash."""
+    records the approved weights hash and, when the version has one, its checkpoint files hash."""
     body = {"weights_hash": weights_hash, "model": reg.model_name, "note": note, **extra}
+    if files_hash:
+        body["files_hash"] = files_hash
     return reg.store.move_pointer(
         reg.pointer_name(),
         expected=expected,
@@ -316,6 +325,11 @@ def resolve(reg: Registry, alias: str = APPROVED, *, download: bool = True) -> R
         expected = approved_hash(last)
         if expected and expected != typed.weights_hash:
             raise WeightsMismatch(version, expected, typed.weights_hash)
+        # Likewise the checkpoint files: a version whose `files_hash` tag was rewritten or removed after
+        # approval would otherwise be fetched against the new tag (or none).
+        expected_files = approved_files_hash(last)
+        if expected_files and expected_files != typed.files_hash:
+            raise CheckpointFilesMismatch(version, expected_files, typed.files_hash or "(none recorded)")
     return ResolvedVersion(
         version=typed.version,
         weights_hash=typed.weights_hash,
