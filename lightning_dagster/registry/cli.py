@@ -163,13 +163,14 @@ def _history(args):
     if found:
         lines += [
             "",
-            "INCIDENTS: MLflow's alias moved outside the registry (the store's pointer above stands)",
+            "INCIDENTS: MLflow's mirror changed outside the registry (the store's pointer above stands)",
         ]
         lines += [
             f"  !{i.number:>2}  {iso(i.detected_at)}  alias was {i.found_version or '(deleted)'}, "
             f"store {i.store_version or '(unset)'} (seq {i.store_seq or '-'})  "
             f"{'restored' if i.restored else f'NOT restored: {i.error}'}  moved by {i.moved_by}"
             + (f", after {iso(i.not_before)}" if i.not_before else "")
+            + (f"; differed: {'; '.join(i.differences)}" if i.differences else "")
             for i in found
         ]
     timeline = [(m.moved_at, {"kind": "move", **row}) for m, row in zip(history, moves, strict=True)]
