@@ -192,7 +192,13 @@ def _keygen(args):
 
 
 def _roles(args):
-    from lightning_dagster.registry.roles import pin_message, pin_roles, pinned_roles, read_roles_file
+    from lightning_dagster.registry.roles import (
+        pin_message,
+        pin_roles,
+        pin_state,
+        pinned_roles,
+        read_roles_file,
+    )
 
     store = _registry(args).store
     if args.pin:
@@ -200,9 +206,8 @@ def _roles(args):
         if args.key:
             from lightning_dagster.registry.signing import load_private_key, sign
 
-            current = pinned_roles(store)
-            previous = current.digest if current else None
-            signature = sign(load_private_key(args.key), pin_message(previous, roles.digest))
+            previous, pin_seq = pin_state(store)
+            signature = sign(load_private_key(args.key), pin_message(previous, roles.digest, pin_seq=pin_seq))
         pin_roles(store, roles, **({"actor": args.actor} if args.actor else {}), signature=signature)
     roles = pinned_roles(store)
     if roles is None:
