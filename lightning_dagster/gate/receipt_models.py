@@ -197,6 +197,9 @@ class CandidateArtifact(_Model):
     resource_id: NonEmpty
     uri: NonEmpty
     weights_hash: str | None = None
+    # The hash of the checkpoint's other files (tokenizer, chat template, configs; the registry's
+    # `checkpoints.files_hash`). Left out of the JSON when None, as `training` is.
+    files_hash: str | None = Field(default=None, exclude_if=lambda v: v is None)
     parent_id: NonEmpty
     model_version: str | None = None  # the registry's version (e.g. "3"), when registered
     created_at: float | None = None  # when training produced it (unix seconds)

@@ -11,6 +11,7 @@ from lightning_dagster.registry.drill import DrillResult
 from lightning_dagster.registry.errors import (
     AliasDiverged,
     ApprovalRefused,
+    CheckpointFilesMismatch,
     KeyFileError,
     NotAuthorized,
     PointerConflict,
@@ -38,6 +39,7 @@ __all__ = [
     "DEFAULT_MODEL_NAME",
     "LATEST",
     "CandidateVersion",
+    "CheckpointFilesMismatch",
     "DrillResult",
     "KeyFileError",
     "NotAuthorized",

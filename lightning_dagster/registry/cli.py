@@ -163,13 +163,14 @@ def _history(args):
     if found:
         lines += [
             "",
-            "INCIDENTS: MLflow's alias moved outside the registry (the store's pointer above stands)",
+            "INCIDENTS: MLflow's mirror changed outside the registry (the store's pointer above stands)",
         ]
         lines += [
             f"  !{i.number:>2}  {iso(i.detected_at)}  alias was {i.found_version or '(deleted)'}, "
             f"store {i.store_version or '(unset)'} (seq {i.store_seq or '-'})  "
             f"{'restored' if i.restored else f'NOT restored: {i.error}'}  moved by {i.moved_by}"
             + (f", after {iso(i.not_before)}" if i.not_before else "")
+            + (f"; differed: {'; '.join(i.differences)}" if i.differences else "")
             for i in found
         ]
     timeline = [(m.moved_at, {"kind": "move", **row}) for m, row in zip(history, moves, strict=True)]
@@ -191,7 +192,13 @@ def _keygen(args):
 
 
 def _roles(args):
-    from lightning_dagster.registry.roles import pin_message, pin_roles, pinned_roles, read_roles_file
+    from lightning_dagster.registry.roles import (
+        pin_message,
+        pin_roles,
+        pin_state,
+        pinned_roles,
+        read_roles_file,
+    )
 
     store = _registry(args).store
     if args.pin:
@@ -199,9 +206,8 @@ def _roles(args):
         if args.key:
             from lightning_dagster.registry.signing import load_private_key, sign
 
-            current = pinned_roles(store)
-            previous = current.digest if current else None
-            signature = sign(load_private_key(args.key), pin_message(previous, roles.digest))
+            previous, pin_seq = pin_state(store)
+            signature = sign(load_private_key(args.key), pin_message(previous, roles.digest, pin_seq=pin_seq))
         pin_roles(store, roles, **({"actor": args.actor} if args.actor else {}), signature=signature)
     roles = pinned_roles(store)
     if roles is None:

@@ -244,7 +244,7 @@ class Registry:
 
         Refused with `PointerConflict` if `approved-default` is already set: bootstrapping happens once."""
         self.reconcile()
-        current = self.store.current_pointer(self.pointer_name())
+        current, seq = self.store.pointer_state(self.pointer_name())
         if current is not None:
             raise PointerConflict(self.pointer_name(), None, current)
         version = register_version(
@@ -255,7 +255,14 @@ class Registry:
             params={},
         )
         pointers.move(
-            self, expected=None, to=version.version, weights_hash=version.weights_hash, actor=actor, note=note
+            self,
+            expected=None,
+            expected_seq=seq,  # 0: a bootstrap racing another one (or any move) is refused, not repeated
+            to=version.version,
+            weights_hash=version.weights_hash,
+            files_hash=version.files_hash,
+            actor=actor,
+            note=note,
         )
         pointers.mirror_after_move(self)
         return version

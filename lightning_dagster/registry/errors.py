@@ -7,6 +7,7 @@ from lightning_dagster.store.errors import PointerConflict
 __all__ = [
     "AliasDiverged",
     "ApprovalRefused",
+    "CheckpointFilesMismatch",
     "KeyFileError",
     "NotAuthorized",
     "PointerConflict",
@@ -57,6 +58,23 @@ class WeightsMismatch(RegistryError):
         self.version = version
         self.expected = expected
         self.actual = actual
+
+
+class CheckpointFilesMismatch(WeightsMismatch):
+    """The checkpoint's other files (tokenizer, chat template, configs) do not hash to the registered
+    `files_hash`, or one of them is a symlink that does not stay inside the checkpoint; `changed` names the
+    files that differ (added, removed or edited) when the registered file list is known."""
+
+    def __init__(self, version: str, expected: str, actual: str, changed: list[str] | None = None):
+        RegistryError.__init__(
+            self,
+            f"version {version}: checkpoint files hash {actual} does not match the registered {expected}"
+            + (f" (changed: {', '.join(changed)})" if changed else ""),
+        )
+        self.version = version
+        self.expected = expected
+        self.actual = actual
+        self.changed = list(changed or [])
 
 
 class NotAuthorized(RegistryError):

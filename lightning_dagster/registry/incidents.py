@@ -9,7 +9,7 @@ wrote or verified the mirror (`not_before`), at or before the watch found it (`d
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from lightning_dagster.gate import content_hash
 from lightning_dagster.store.errors import Conflict
@@ -36,6 +36,11 @@ class PointerIncident:
     error: str | None = None  # why the alias could not be restored
     moved_by: str = UNKNOWN_ACTOR
     moved_by_source: str = ACTOR_SOURCE
+    # The mirror was changed outside the registry (the alias, or any mirrored tag or the description while
+    # the alias was right); `differences` names each mirrored field found otherwise than the store says.
+    # Incidents recorded before the whole mirror was compared read back as False with no differences.
+    tampered: bool = False
+    differences: list[str] = field(default_factory=list)
     number: int = 0
 
     def to_dict(self) -> dict:
@@ -44,10 +49,11 @@ class PointerIncident:
     def summary(self) -> str:
         found = "deleted" if self.found_version is None else f"version {self.found_version}"
         outcome = "restored to" if self.restored else f"NOT restored ({self.error}); the store says"
-        return (
-            f"MLflow alias {self.alias} of {self.model} was {found}, not the store's pointer; "
-            f"{outcome} {self.store_version or '(unset)'} (moved by {self.moved_by})"
-        )
+        if self.found_version == self.store_version and self.differences:
+            what = f"MLflow mirror of {self.alias} of {self.model} was tampered with ({'; '.join(self.differences)})"
+        else:
+            what = f"MLflow alias {self.alias} of {self.model} was {found}, not the store's pointer"
+        return f"{what}; {outcome} {self.store_version or '(unset)'} (moved by {self.moved_by})"
 
 
 def record(store, incident: PointerIncident) -> PointerIncident:

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 DIGEST_CHARS = 36
 PARAM_CHARS = 6000
 BATCH = 900  # under MLflow's 1000 metrics / 100 params per log_batch request
+FILES_HASH_TAG = "files_hash"
+FILES_MANIFEST_TAG = "files_manifest"
 
 
 @dataclass(frozen=True)
@@ -64,16 +66,29 @@ class CandidateVersion:
     run_id: str
     weights_hash: str  # "" for a version this registry did not register
     model_uri: str  # `models:/<model>/<version>`
+    files_hash: str = ""  # the non-weight files' hash (`checkpoints.files_hash`); "" if registered before it
+    files_list: str = ""  # the `files_manifest` tag: JSON {relative path: sha256}; "" when too long
 
     @classmethod
     def of(cls, mv: Any, model_name: str) -> CandidateVersion:
-        """From an MLflow `ModelVersion`; the weights hash is the tag `register_version` wrote."""
+        """From an MLflow `ModelVersion`; the hashes are the tags `register_version` wrote."""
         return cls(
             version=str(mv.version),
             run_id=mv.run_id,
             weights_hash=mv.tags.get("weights_hash", ""),
             model_uri=model_uri(model_name, mv.version),
+            files_hash=mv.tags.get(FILES_HASH_TAG, ""),
+            files_list=mv.tags.get(FILES_MANIFEST_TAG, ""),
         )
+
+    @property
+    def files_manifest(self) -> dict[str, str] | None:
+        """The registered non-weight files and their sha256, None when not recorded (or unreadable)."""
+        try:
+            manifest = json.loads(self.files_list) if self.files_list else None
+        except ValueError:
+            return None
+        return manifest if isinstance(manifest, dict) else None
 
 
 def model_uri(model_name: str, version: str | int) -> str:
@@ -281,13 +296,20 @@ def register_version(
 ) -> CandidateVersion:
     """One function for every kind of version: hash the weights, log the run with its lineage, then register
     the version with the same tags (the weights hash among them); the run's logged model names the version."""
-    from lightning_dagster.registry.checkpoints import weights_hash as hash_weights
+    from lightning_dagster.registry import checkpoints
 
     if not checkpoint_dir.is_dir():
         raise RegistryError(f"checkpoint directory {checkpoint_dir} does not exist")
     reg.connect()
-    weights_hash = hash_weights(checkpoint_dir)
-    all_tags = {k: str(v) for k, v in tags.items() if v not in (None, "")} | {"weights_hash": weights_hash}
+    weights_hash = checkpoints.weights_hash(checkpoint_dir)
+    manifest = checkpoints.files_manifest(checkpoint_dir)  # refuses a symlink leaving the checkpoint
+    files_hash = checkpoints.manifest_hash(manifest)
+    files_list = checkpoints.manifest_tag(manifest) or ""
+    all_tags = {k: str(v) for k, v in tags.items() if v not in (None, "")} | {
+        "weights_hash": weights_hash,
+        FILES_HASH_TAG: files_hash,
+        **({FILES_MANIFEST_TAG: files_list} if files_list else {}),
+    }
     run = reg.call_mlflow(
         "log lineage run",
         log_lineage_run,
@@ -318,4 +340,11 @@ def register_version(
         {"mlflow.modelVersions": json.dumps([{"name": reg.model_name, "version": str(mv.version)}])},
     )
     # Built from what was just written: a server's reply need not echo the tags.
-    return CandidateVersion(str(mv.version), run.run_id, weights_hash, model_uri(reg.model_name, mv.version))
+    return CandidateVersion(
+        str(mv.version),
+        run.run_id,
+        weights_hash,
+        model_uri(reg.model_name, mv.version),
+        files_hash=files_hash,
+        files_list=files_list,
+    )

@@ -18,6 +18,7 @@ from mlflow.exceptions import MlflowException
 
 from lightning_dagster.registry import incidents
 from lightning_dagster.registry.errors import (
+    CheckpointFilesMismatch,
     PointerNotSet,
     RegistryError,
     RegistryUnavailable,
@@ -68,6 +69,11 @@ def approved_hash(move: Any) -> str | None:
     return None if move is None else _note(move).get("weights_hash")
 
 
+def approved_files_hash(move: Any) -> str | None:
+    """The checkpoint files hash recorded when `move` was made (None: the move recorded none)."""
+    return None if move is None else _note(move).get("files_hash")
+
+
 def _note(move: Any) -> dict[str, Any]:
     """The JSON body `move` records with a pointer move; {} for a note written by hand, not by the registry."""
     try:
@@ -97,55 +103,137 @@ def _seq(mv: Any) -> str:
     return "" if mv is None else mv.tags.get(f"{APPROVED}.seq", "")
 
 
-def _flagged(mv: Any, last: Any) -> bool:
-    """Whether the alias's version carries the approved flag (a mirror written before the flag existed
-    is rewritten once)."""
-    return last is None or (mv is not None and mv.tags.get(APPROVED_FLAG) == "true")
-
-
 def mirror_flag(pointer: str) -> str:
     """The store flag holding what the registry last wrote to (or verified in) the MLflow mirror."""
     return f"mirror/{pointer}"
 
 
-def reconcile(reg: Registry, *, last_verified: float | None = None) -> ReconcileResult:
-    """Make MLflow's `approved-default` alias and tags agree with the store's pointer and history.
+@dataclass(frozen=True)
+class MirrorState:
+    """What MLflow shows of `approved-default`, read in three calls: the alias's version (with its tags), the
+    registered model (its tags and description) and the versions flagged `approved_default=true`."""
 
-    The mirror is current when the alias names the store's version and that version's `approved-default.seq`
-    tag is the store's newest move (one MLflow call). Idempotent; re-reads the store after writing so that a
-    move made meanwhile is mirrored too. An alias the registry did not put there (see `_explained`) is
-    recorded as a `PointerIncident` before it is restored; `last_verified` (when a watcher last saw the
-    mirror agree) narrows the incident's time window."""
+    alias_version: Any  # MLflow's ModelVersion behind the alias, None when the alias is unset
+    model_tags: dict[str, str]
+    description: str
+    flagged: frozenset[str]  # versions whose `approved_default` tag is "true"
+
+    @property
+    def alias(self) -> str | None:
+        return None if self.alias_version is None else str(self.alias_version.version)
+
+
+def read_mirror(reg: Registry) -> MirrorState:
+    c, m, call = reg.client, reg.model_name, reg.call_mlflow
+    mv = reg.alias_version(APPROVED)
+    rm = call("get registered model", c.get_registered_model, m)
+    flagged = call(
+        "search versions", c.search_model_versions, f"name='{m}' and tags.{APPROVED_FLAG} = 'true'"
+    )
+    return MirrorState(
+        alias_version=mv,
+        model_tags=dict(rm.tags or {}),
+        description=rm.description or "",
+        flagged=frozenset(str(v.version) for v in flagged),
+    )
+
+
+def version_tags(last: Any) -> dict[str, str]:
+    """The tags the mirror keeps on the pointer's version."""
+    return {
+        APPROVED_FLAG: "true",
+        f"{APPROVED}.approved_by": last.actor,
+        f"{APPROVED}.approved_at": iso(last.moved_at),
+        f"{APPROVED}.receipt_id": last.receipt_id or "",
+        f"{APPROVED}.seq": str(last.seq),
+    }
+
+
+def model_tags(history: list) -> dict[str, str]:
+    """The tags the mirror keeps on the registered model."""
+    entries = [move_dict(mv) for mv in history[-HISTORY_TAG_ENTRIES:]]
+    return {f"{APPROVED}.history": json.dumps(entries), f"{APPROVED}.moves": str(len(history))}
+
+
+def _shown(value: Any) -> str:
+    text = "(unset)" if value is None else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def mirror_differences(history: list, found: MirrorState) -> list[str]:
+    """Every mirrored field MLflow shows otherwise than the store's history says: the alias, the pointer
+    version's tags, the registered model's tags and description, the versions flagged approved. [] when
+    the mirror is exact (a pointer never set: no alias and no flagged version)."""
+    last = history[-1] if history else None
+    diffs: list[str] = []
+
+    def compare(field: str, actual: Any, expected: Any) -> None:
+        if actual != expected:
+            diffs.append(f"{field}: found {_shown(actual)}, the store says {_shown(expected)}")
+
+    compare("alias", found.alias, None if last is None else last.to_value)
+    if last is None:
+        compare("versions flagged approved", sorted(found.flagged), [])
+        return diffs
+    tags = {} if found.alias_version is None else dict(found.alias_version.tags or {})
+    for key, value in version_tags(last).items():
+        compare(f"version tag {key}", tags.get(key), value)
+    for key, value in model_tags(history).items():
+        compare(f"model tag {key}", found.model_tags.get(key), value)
+    compare("description", found.description, description(last))
+    compare("versions flagged approved", sorted(found.flagged), [last.to_value])
+    return diffs
+
+
+def reconcile(reg: Registry, *, last_verified: float | None = None) -> ReconcileResult:
+    """Make MLflow's `approved-default` mirror agree with the store's pointer and history.
+
+    The whole mirror is compared (`mirror_differences`: the alias, the pointer version's tags, the
+    registered model's history tags and description, which versions carry the approved flag) in three MLflow
+    calls, and rewritten when anything differs. Idempotent; re-reads the store after writing so that a move
+    made meanwhile is mirrored too. A mirror the registry did not leave that way is recorded as a
+    `PointerIncident` (`tampered=True`, `differences` naming each field) before it is restored: an alias
+    the registry cannot have left where it is (see `_explained`), or any difference while the store's
+    mirror flag says the registry already wrote (or verified) the mirror of the newest move. A mirror merely
+    behind the store (a write lost to an outage or still under way) is repaired without an incident.
+    `last_verified` (when a watcher last saw the mirror agree) narrows the incident's time window."""
     reg.connect()
     name = reg.pointer_name()
     incident = None
     for _ in range(3):
-        # Read in the reverse order of the registry's writes (store move, alias, then the mirror flag), so
-        # that whatever alias the registry wrote is backed by the flag and the history read here.
+        # Read in the reverse order of the registry's writes (store move, mirror, then the mirror flag), so
+        # that whatever mirror the registry wrote is backed by the flag and the history read here.
         mirrored = reg.store.get_flag(mirror_flag(name))
-        mv = reg.alias_version(APPROVED)
+        found = read_mirror(reg)
         history = reg.store.pointer_history(name)
         last = history[-1] if history else None
         pointer = last.to_value if last else None
-        alias = None if mv is None else str(mv.version)
-        if alias == pointer and _seq(mv) == (str(last.seq) if last else "") and _flagged(mv, last):
+        alias = found.alias
+        differences = mirror_differences(history, found)
+        if not differences:
             _note_mirrored(reg, last, mirrored)
             return ReconcileResult(
-                pointer, changed=False, last_move=last, model_version=mv, incident=incident
+                pointer, changed=False, last_move=last, model_version=found.alias_version, incident=incident
             )
-        found = incident is None and not _explained(alias, history, mirrored)
+        tampered = incident is None and (not _explained(alias, history, mirrored) or _written(last, mirrored))
         try:
             _write_mirror(reg, history, alias)
         except (RegistryError, MlflowException, OSError) as exc:
-            if found:
-                _incident(reg, alias, last, mirrored, last_verified, error=str(exc))
+            if tampered:
+                _incident(reg, alias, last, mirrored, last_verified, differences, error=str(exc))
             raise
         _note_mirrored(reg, last, mirrored)
-        if found:
-            incident = _incident(reg, alias, last, mirrored, last_verified)
+        if tampered:
+            incident = _incident(reg, alias, last, mirrored, last_verified, differences)
         if reg.store.current_pointer(name) == pointer:
             break
     return ReconcileResult(pointer, changed=True, last_move=last, incident=incident)
+
+
+def _written(last: Any, mirrored: dict | None) -> bool:
+    """Whether the registry already wrote (or verified) the mirror of the store's newest move: from then on
+    nothing but someone else can make the mirror differ."""
+    return last is not None and mirrored is not None and mirrored.get("seq") == last.seq
 
 
 def _explained(alias: str | None, history: list, mirrored: dict | None) -> bool:
@@ -170,6 +258,7 @@ def _incident(
     last: Any,
     mirrored: dict | None,
     last_verified: float | None,
+    differences: list[str],
     error: str | None = None,
 ) -> incidents.PointerIncident:
     since = [t for t in ((mirrored or {}).get("at"), last_verified) if t is not None]
@@ -186,6 +275,8 @@ def _incident(
             not_before=max(since) if since else None,
             restored=error is None,
             error=error,
+            tampered=True,
+            differences=list(differences),
         ),
     )
     log.warning("pointer incident %d: %s", incident.number, incident.summary())
@@ -196,7 +287,10 @@ def _write_mirror(reg: Registry, history: list, alias: str | None) -> None:
     # Tags first, alias last, and the alias's version carries the move's seq: an interrupted write leaves
     # the alias or its seq behind the store, so the next reconcile redoes all of it.
     c, m, call = reg.client, reg.model_name, reg.call_mlflow
+    flagged_true = f"name='{m}' and tags.{APPROVED_FLAG} = 'true'"
     if not history:
+        for left in {str(v.version) for v in call("search versions", c.search_model_versions, flagged_true)}:
+            call("set version tag", c.set_model_version_tag, m, left, APPROVED_FLAG, "false")
         if alias is not None:
             call("delete alias", c.delete_registered_model_alias, m, APPROVED)
         return
@@ -206,22 +300,13 @@ def _write_mirror(reg: Registry, history: list, alias: str | None) -> None:
     expected, actual = approved_hash(last), reg.model_version(last.to_value).weights_hash
     if expected and expected != actual:
         raise WeightsMismatch(last.to_value, expected, actual)
-    flagged = call(
-        "search versions", c.search_model_versions, f"name='{m}' and tags.{APPROVED_FLAG} = 'true'"
-    )
+    flagged = call("search versions", c.search_model_versions, flagged_true)
     for left in {str(v.version) for v in flagged} - {last.to_value}:
         call("set version tag", c.set_model_version_tag, m, left, APPROVED_FLAG, "false")
-    for key, value in {
-        APPROVED_FLAG: "true",
-        f"{APPROVED}.approved_by": last.actor,
-        f"{APPROVED}.approved_at": iso(last.moved_at),
-        f"{APPROVED}.receipt_id": last.receipt_id or "",
-        f"{APPROVED}.seq": str(last.seq),
-    }.items():
+    for key, value in version_tags(last).items():
         call("set version tag", c.set_model_version_tag, m, last.to_value, key, value)
-    entries = [move_dict(mv) for mv in history[-HISTORY_TAG_ENTRIES:]]
-    call("set tag", c.set_registered_model_tag, m, f"{APPROVED}.history", json.dumps(entries))
-    call("set tag", c.set_registered_model_tag, m, f"{APPROVED}.moves", str(len(history)))
+    for key, value in model_tags(history).items():
+        call("set tag", c.set_registered_model_tag, m, key, value)
     call("update description", c.update_registered_model, m, description(last))
     call("set alias", c.set_registered_model_alias, m, APPROVED, last.to_value)
 
@@ -248,13 +333,28 @@ def mirror_after_move(reg: Registry) -> str | None:
 
 
 def move(
-    reg: Registry, *, expected: str | None, to: str, weights_hash: str, actor: str, note: str = "", **extra
+    reg: Registry,
+    *,
+    expected: str | None,
+    expected_seq: int,
+    to: str,
+    weights_hash: str,
+    actor: str,
+    note: str = "",
+    files_hash: str = "",
+    **extra,
 ) -> Any:
-    """Compare-and-set `approved-default` in the store; the note records the approved weights hash."""
+    """Compare-and-set `approved-default` in the store on its value and its move number: `expected_seq` is
+    the `seq` of the newest move the caller decided on (0: never set), so a move made since, even one that
+    brought the pointer back to `expected` (A -> B -> A), refuses this one (`PointerSeqConflict`). The note
+    records the approved weights hash and, when the version has one, its checkpoint files hash."""
     body = {"weights_hash": weights_hash, "model": reg.model_name, "note": note, **extra}
+    if files_hash:
+        body["files_hash"] = files_hash
     return reg.store.move_pointer(
         reg.pointer_name(),
         expected=expected,
+        expected_seq=expected_seq,
         to=str(to),
         actor=actor,
         receipt_id=extra.get("receipt_id"),
@@ -304,6 +404,11 @@ def resolve(reg: Registry, alias: str = APPROVED, *, download: bool = True) -> R
         expected = approved_hash(last)
         if expected and expected != typed.weights_hash:
             raise WeightsMismatch(version, expected, typed.weights_hash)
+        # Likewise the checkpoint files: a version whose `files_hash` tag was rewritten or removed after
+        # approval would otherwise be fetched against the new tag (or none).
+        expected_files = approved_files_hash(last)
+        if expected_files and expected_files != typed.files_hash:
+            raise CheckpointFilesMismatch(version, expected_files, typed.files_hash or "(none recorded)")
     return ResolvedVersion(
         version=typed.version,
         weights_hash=typed.weights_hash,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_dagster.registry import pointers, receipt_tags, receipts, rollbacks
 from lightning_dagster.registry.errors import (
+    CheckpointFilesMismatch,
     NotAuthorized,
     PointerConflict,
     PromotionRefused,
@@ -92,15 +93,25 @@ def promote(
             f"candidate version {candidate.version} has weights {candidate.weights_hash}, "
             f"the receipt names {facts.candidate_weights_hash}"
         )
+    if facts.candidate_files_hash and facts.candidate_files_hash != candidate.files_hash:
+        raise PromotionRefused(
+            f"candidate version {candidate.version} has checkpoint files {candidate.files_hash or '(none recorded)'}, "
+            f"the receipt names {facts.candidate_files_hash}"
+        )
     # The bytes MLflow hands out must be the registered weights: its artifact store lies in the learner's
     # write surface, and a pointer moved onto other bytes names a model no server can load (nor roll back
     # from once it is a parent). Rollback checks its target the same way before it moves.
     try:
         reg.fetch(candidate, fresh=True)
+    except CheckpointFilesMismatch as exc:
+        raise PromotionRefused(
+            f"candidate version {candidate.version}'s artifact is not the checkpoint it was registered "
+            f"with: {exc}"
+        ) from exc
     except WeightsMismatch as exc:
         raise PromotionRefused(
             f"candidate version {candidate.version}'s artifact is not the weights it was registered with: {exc}"
-        ) from None
+        ) from exc
     history = reg.history()
     # The exact parent: the pointer must hold the receipt's parent version, and the weights recorded when it
     # was approved must be the receipt's parent weights (version numbers can be reused).
@@ -126,8 +137,10 @@ def promote(
     move = pointers.move(
         reg,
         expected=current,
+        expected_seq=last.seq if last else 0,  # the state every check above judged, not only its value
         to=candidate.version,
         weights_hash=candidate.weights_hash,
+        files_hash=candidate.files_hash,
         actor=actor,
         note="promotion",
         receipt_id=facts.receipt_id,
@@ -195,6 +208,9 @@ def rollback(
     approved = {pointers.approved_hash(m) for m in history if m.to_value == to_version}
     if target.weights_hash not in approved:
         raise WeightsMismatch(to_version, ",".join(sorted(h for h in approved if h)), target.weights_hash)
+    files = {pointers.approved_files_hash(m) for m in history if m.to_value == to_version} - {None}
+    if files and target.files_hash not in files:
+        raise CheckpointFilesMismatch(to_version, ",".join(sorted(files)), target.files_hash or "(none)")
     serve_once(reg.fetch(target))
     # The probe takes seconds: a move made meanwhile (even one back to this value) voids the signature.
     latest = reg.store.pointer_history(name, last=1)
@@ -202,8 +218,10 @@ def rollback(
     move = pointers.move(
         reg,
         expected=current,
+        expected_seq=head.seq,  # the move the signature names: any move since refuses this one
         to=to_version,
         weights_hash=target.weights_hash,
+        files_hash=target.files_hash,
         actor=request.actor,
         note="rollback",
         role=request.role,

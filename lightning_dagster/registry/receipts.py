@@ -34,6 +34,7 @@ class ReceiptFacts:
     receipt_id: str
     candidate_version: str
     candidate_weights_hash: str | None
+    candidate_files_hash: str | None  # None: a receipt written before checkpoint files were hashed
     parent_version: str | None  # None: the parent is named by weights hash only
     parent_weights_hash: str | None
 
@@ -74,6 +75,7 @@ def facts(receipt: Receipt, model_name: str) -> ReceiptFacts:
         receipt_id=receipt.receipt_id,
         candidate_version=candidate,
         candidate_weights_hash=cand.weights_hash,
+        candidate_files_hash=cand.files_hash,
         parent_version=parent,
         parent_weights_hash=plan.parent.weights_hash,
     )

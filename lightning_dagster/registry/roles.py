@@ -12,8 +12,10 @@ against a store pins that file's content (hash and body) in the store: pointer `
 `approval_roles`. From then on the pinned roles are the only ones that authorize: the registry reads them
 from the store, and a roles file given later is accepted only if it hashes to the pin, so a file a caller
 writes (or an environment variable pointing at one) authorizes no one. Changing the pin needs an Ed25519
-signature, over the old and new hashes, by an actor holding `roles-admin` in the pinned roles; every pin is a
-recorded move in the pointer's history. A roles file inside the learner's write surface (the models
+signature, over the old and new hashes and the pin's move number (`pin_seq`, `pin_message`, format v2), by an
+actor holding `roles-admin` in the pinned roles; every pin is a recorded move in the pointer's history. The
+move number makes a signature good for one change from one pin state: after the pins A -> B -> A, the
+signature that once moved A to B no longer verifies (v1 signatures, over the hashes only, verify no more). A roles file inside the learner's write surface (the models
 directory, the MLflow artifact root) is refused before anything is pinned.
 """
 
@@ -109,27 +111,51 @@ def pinned_roles(store: Any) -> Roles | None:
     return roles
 
 
-def pin_message(previous: str | None, new: str) -> bytes:
-    return canonical_json({"purpose": "lightning-dagster roles pin v1", "from": previous, "to": new})
+PIN_MESSAGE_PURPOSE = "lightning-dagster roles pin v2"
+
+
+def pin_message(previous: str | None, new: str, *, pin_seq: int) -> bytes:
+    """The exact bytes a roles-admin signs to change the pin from `previous` to `new`: both hashes and the
+    pin's newest move number as it stands (`pin_seq`, `pin_state`), so the signature changes that one state
+    and cannot be replayed after the pin moved, even back to `previous`."""
+    return canonical_json({"purpose": PIN_MESSAGE_PURPOSE, "from": previous, "to": new, "pin_seq": pin_seq})
+
+
+def pin_state(store: Any) -> tuple[str | None, int]:
+    """The pinned roles' hash and the pin's newest move number ((None, 0): never pinned): what a roles-admin
+    signs over (`pin_message`)."""
+    return store.pointer_state(PIN)
 
 
 def pin_roles(store: Any, roles: Roles, *, actor: str = DEPLOYMENT, signature: str | None = None) -> Roles:
     """Pin `roles` in the store. The first pin needs no signature; replacing one needs `signature` (see
-    `pin_message`) by `actor` holding `roles-admin` in the pinned roles. Pinning the same roles is a no-op."""
+    `pin_message`, over the pin as it stands now) by `actor` holding `roles-admin` in the pinned roles.
+    Pinning the same roles is a no-op. The move is a compare-and-set on the move number that was signed."""
+    _, pin_seq = pin_state(store)  # read before the roles: a pin moved in between fails the move below
     current = pinned_roles(store)
     if current is not None and current.digest == roles.digest:
         return current
     if current is not None:
         current.require(actor, ROLES_ADMIN)
-        message = pin_message(current.digest, roles.digest)
+        message = pin_message(current.digest, roles.digest, pin_seq=pin_seq)
         if not signature or not verify_signature(current.actors[actor].public_key, message, signature):
-            raise NotAuthorized(actor, ROLES_ADMIN, "the new roles are not signed with this actor's key")
+            raise NotAuthorized(
+                actor,
+                ROLES_ADMIN,
+                f"the new roles are not signed with this actor's key over the pin as it stands (move "
+                f"{pin_seq}, {PIN_MESSAGE_PURPOSE}; a signature over an earlier pin state does not verify)",
+            )
     try:
         if not store.document_versions(COLLECTION, roles.digest):
             body = {"actors": roles.table(), "source": roles.source}
             store.append_document(COLLECTION, roles.digest, roles.digest, body, None)
         store.move_pointer(
-            PIN, expected=current.digest if current else None, to=roles.digest, actor=actor, note=roles.source
+            PIN,
+            expected=current.digest if current else None,
+            expected_seq=pin_seq,
+            to=roles.digest,
+            actor=actor,
+            note=roles.source,
         )
     except Conflict:  # PointerConflict too: another process pinned first; its pin stands if it is ours
         if store.current_pointer(PIN) != roles.digest:

@@ -8,7 +8,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from lightning_dagster.store import schema
 from lightning_dagster.store.connection import Connection, checked, nonempty_text
-from lightning_dagster.store.errors import Conflict, InvalidInput, PointerConflict
+from lightning_dagster.store.errors import Conflict, InvalidInput, PointerConflict, PointerSeqConflict
 from lightning_dagster.store.records import PointerMove, StoredDocument
 from lightning_dagster.types import now
 
@@ -68,11 +68,19 @@ class DocumentStore(Connection):
         actor: str,
         receipt_id: str | None = None,
         note: str = "",
+        expected_seq: int | None = None,
     ) -> PointerMove:
         """Compare-and-set under a row lock: moves only if the current value equals `expected` (None: the
-        pointer was never set), else PointerConflict(name, expected, actual). Every move is kept."""
+        pointer was never set), else PointerConflict(name, expected, actual). With `expected_seq` (the
+        newest move's `seq` the caller read, 0: never moved) it also moves only if no move happened since,
+        else `PointerSeqConflict` naming both move numbers: a pointer moved A -> B -> A in between holds the
+        value the caller read, but the caller's decision was made about an older state. Every move is kept."""
         for field, value in (("name", name), ("to", to), ("actor", actor)):
             nonempty_text(field, value)
+        if expected_seq is not None and (
+            isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0
+        ):
+            raise InvalidInput(f"expected_seq must be a non-negative integer, got {expected_seq!r}")
         p = schema.pointers.c
         try:
             with self._write() as c:
@@ -80,6 +88,9 @@ class DocumentStore(Connection):
                     sa.select(schema.pointers).where(p.name == name).with_for_update(key_share=True)
                 ).first()
                 actual = row.value if row else None
+                actual_seq = row.seq if row else 0
+                if expected_seq is not None and actual_seq != expected_seq:
+                    raise PointerSeqConflict(name, expected, actual, expected_seq, actual_seq)
                 if actual != expected:
                     raise PointerConflict(name, expected, actual)
                 move = PointerMove(
@@ -90,7 +101,7 @@ class DocumentStore(Connection):
                     receipt_id=receipt_id,
                     note=note,
                     moved_at=now(),
-                    seq=row.seq + 1 if row else 1,
+                    seq=actual_seq + 1,
                 )
                 state = {"value": to, "seq": move.seq, "updated_at": move.moved_at}
                 if row:
@@ -101,8 +112,19 @@ class DocumentStore(Connection):
         except PointerConflict:
             raise
         except Conflict as exc:
-            raise PointerConflict(name, expected, self.current_pointer(name)) from exc
+            value, seq = self.pointer_state(name)
+            if expected_seq is not None:
+                raise PointerSeqConflict(name, expected, value, expected_seq, seq) from exc
+            raise PointerConflict(name, expected, value) from exc
         return move
+
+    def pointer_state(self, name: str) -> tuple[str | None, int]:
+        """The pointer's value and its newest move's `seq` in one primary-key read ((None, 0): never set):
+        what a caller passes back to `move_pointer` as `expected` and `expected_seq`."""
+        p = schema.pointers.c
+        with self.engine.connect() as c:
+            row = c.execute(sa.select(p.value, p.seq).where(p.name == name)).first()
+        return (row.value, row.seq) if row else (None, 0)
 
     def current_pointer(self, name: str) -> str | None:
         """One primary-key read of the pointer row (the history is not touched)."""

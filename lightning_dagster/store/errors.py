@@ -24,6 +24,25 @@ class PointerConflict(Conflict):
         self.actual = actual
 
 
+class PointerSeqConflict(PointerConflict):
+    """Compare-and-set on the move number failed: the pointer moved since the caller read it (move
+    `expected_seq`), even if it is back at the value the caller read (A -> B -> A)."""
+
+    def __init__(
+        self, name: str, expected: str | None, actual: str | None, expected_seq: int, actual_seq: int
+    ):
+        Conflict.__init__(
+            self,
+            f"pointer {name!r}: expected move {expected_seq} ({expected!r}), actual move {actual_seq} "
+            f"({actual!r}); it moved since it was read",
+        )
+        self.name = name
+        self.expected = expected
+        self.actual = actual
+        self.expected_seq = expected_seq
+        self.actual_seq = actual_seq
+
+
 class InvalidInput(ValueError):
     """Input that passed type validation but cannot be stored alike on SQLite and PostgreSQL (a token id
     outside int32, NaN or Infinity, a NUL character, a string longer than its column); the message starts

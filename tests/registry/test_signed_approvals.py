@@ -15,7 +15,13 @@ from lightning_dagster.gate.receipt import Approval, add_approval
 from lightning_dagster.registry import NotAuthorized, PromotionRefused, Registry, RolesConfigError
 from lightning_dagster.registry.cli import register
 from lightning_dagster.registry.errors import ApprovalRefused, KeyFileError
-from lightning_dagster.registry.roles import pin_message, pin_roles, pinned_roles, read_roles_file
+from lightning_dagster.registry.roles import (
+    pin_message,
+    pin_roles,
+    pin_state,
+    pinned_roles,
+    read_roles_file,
+)
 from lightning_dagster.registry.signing import (
     generate_keypair,
     load_private_key,
@@ -156,14 +162,62 @@ def test_roles_change_only_with_a_roles_admin_signature(registry, approver_keys,
         )
     )
     changed = read_roles_file(new)
-    wrong = sign(load_private_key(approver_keys["bob"]), pin_message(deployed.digest, changed.digest))
+    assert pin_state(registry.store) == (deployed.digest, 1)
+    wrong = sign(
+        load_private_key(approver_keys["bob"]), pin_message(deployed.digest, changed.digest, pin_seq=1)
+    )
     with pytest.raises(NotAuthorized):
         pin_roles(registry.store, changed, actor="alice", signature=wrong)
-    right = sign(load_private_key(approver_keys["alice"]), pin_message(deployed.digest, changed.digest))
+    right = sign(
+        load_private_key(approver_keys["alice"]), pin_message(deployed.digest, changed.digest, pin_seq=1)
+    )
     pin_roles(registry.store, changed, actor="alice", signature=right)
     assert "bob" not in pinned_roles(registry.store).actors
     with pytest.raises(RolesConfigError, match="not the deployment's pinned roles"):
         registry.roles()  # the old file no longer matches the pin
+
+
+@SQLITE
+def test_a_roles_signature_is_not_replayed_after_the_pin_moved_back(registry, approver_keys, tmp_path):
+    """Pins A -> B -> A: the signature that moved A to B names pin move 1 and does not verify at move 3."""
+    from lightning_dagster.gate.hashing import canonical_json
+
+    a = registry.roles()
+    alice = load_private_key(approver_keys["alice"])
+    new = tmp_path / "roles-b.yaml"
+    new.write_text(
+        "actors:\n"
+        + "".join(
+            f"  {n}:\n    roles: [{', '.join(sorted(k.roles))}]\n    key: {k.public_key}\n"
+            for n, k in a.actors.items()
+            if n != "bob"
+        )
+    )
+    b = read_roles_file(new)
+    to_b = sign(alice, pin_message(a.digest, b.digest, pin_seq=1))
+    pin_roles(registry.store, b, actor="alice", signature=to_b)
+    pin_roles(
+        registry.store, a, actor="alice", signature=sign(alice, pin_message(b.digest, a.digest, pin_seq=2))
+    )
+    assert pin_state(registry.store) == (a.digest, 3)
+    with pytest.raises(NotAuthorized, match="move 3"):
+        pin_roles(registry.store, b, actor="alice", signature=to_b)  # the replay
+    assert pinned_roles(registry.store).digest == a.digest
+    # A v1 signature (over the two hashes only) verifies no more either.
+    v1 = canonical_json({"purpose": "lightning-dagster roles pin v1", "from": a.digest, "to": b.digest})
+    with pytest.raises(NotAuthorized):
+        pin_roles(registry.store, b, actor="alice", signature=sign(alice, v1))
+    # Signed over the pin as it stands, the same change is accepted.
+    pin_roles(
+        registry.store, b, actor="alice", signature=sign(alice, pin_message(a.digest, b.digest, pin_seq=3))
+    )
+    assert pin_state(registry.store) == (b.digest, 4)
+    assert [m.actor for m in registry.store.pointer_history("approval-roles")] == [
+        "deployment",
+        "alice",
+        "alice",
+        "alice",
+    ]
 
 
 def test_keygen_writes_an_owner_only_key_and_prints_the_public_line(tmp_path, capsys):
@@ -181,3 +235,27 @@ def test_keygen_writes_an_owner_only_key_and_prints_the_public_line(tmp_path, ca
     os.chmod(key, 0o644)
     with pytest.raises(KeyFileError, match="readable by others"):
         load_private_key(key)
+
+
+@SQLITE
+def test_the_roles_command_signs_over_the_pin_as_it_stands(
+    registry, approver_keys, tracking, store_url, tmp_path, capsys
+):
+    a = registry.roles()
+    new = tmp_path / "roles-c.yaml"
+    new.write_text(
+        "actors:\n"
+        + "".join(
+            f"  {n}:\n    roles: [{', '.join(sorted(k.roles))}]\n    key: {k.public_key}\n"
+            for n, k in a.actors.items()
+            if n != "racer0"
+        )
+    )
+    parser = argparse.ArgumentParser()
+    register(parser)
+    common = ["--tracking-uri", tracking.uri, "--store-url", store_url, "--model-name", registry.model_name]
+    pin = ["roles", *common, "--pin", str(new), "--actor", "alice", "--key", str(approver_keys["alice"])]
+    args = parser.parse_args(pin + ["--json"])
+    assert args.handler(args) == 0
+    assert json.loads(capsys.readouterr().out)["digest"] == read_roles_file(new).digest
+    assert pin_state(registry.store) == (read_roles_file(new).digest, 2)

@@ -36,7 +36,8 @@ PUBLIC_METHODS = {
     "list_rewards": "(self, *, rollout_ids: 'Iterable[str] | None' = None, rollout_id: 'str | None' = None) -> 'list[Reward]'",
     "list_spans": "(self, *, rollout_id: 'str | None' = None, attempt_id: 'str | None' = None, rollout_ids: 'Iterable[str] | None' = None, kind: 'SpanKind | str | Iterable[SpanKind | str] | None' = None) -> 'list[Span]'",
     "max_span_sequence": "(self, attempt_id: 'str') -> 'int | None'",
-    "move_pointer": "(self, name: 'str', *, expected: 'str | None', to: 'str', actor: 'str', receipt_id: 'str | None' = None, note: 'str' = '') -> 'PointerMove'",
+    "move_pointer": "(self, name: 'str', *, expected: 'str | None', to: 'str', actor: 'str', receipt_id: 'str | None' = None, note: 'str' = '', expected_seq: 'int | None' = None) -> 'PointerMove'",
+    "pointer_state": "(self, name: 'str') -> 'tuple[str | None, int]'",
     "pointer_history": "(self, name: 'str', *, last: 'int | None' = None) -> 'list[PointerMove]'",
     "publish_policy": "(self, resource_id: 'str', path: 'str', weights_hash: 'str') -> 'PolicyVersion'",
     "published_policy": "(self) -> 'PolicyVersion | None'",
@@ -72,6 +73,7 @@ def test_the_store_package_exports_the_same_names() -> None:
         "NotFound",
         "PointerConflict",
         "PointerMove",
+        "PointerSeqConflict",
         "Store",
         "StoredDocument",
     ]

@@ -8,7 +8,14 @@ import pydantic
 import pytest
 import sqlalchemy as sa
 
-from lightning_dagster.store import Conflict, InvalidInput, NotFound, PointerConflict, Store
+from lightning_dagster.store import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PointerConflict,
+    PointerSeqConflict,
+    Store,
+)
 from lightning_dagster.types import AttemptState, Resource, Reward, Rollout, RolloutKind, RolloutStatus
 from tests.store.conftest import run_processes
 
@@ -132,6 +139,58 @@ def test_pointer_compare_and_set_and_history(store):
     assert store.pointer_history("approved-default") == history
 
 
+def test_pointer_move_compares_the_move_number_not_only_the_value(store):
+    """A -> B -> A by another actor between a read and a move: the value is back, the decision is stale."""
+    assert store.pointer_state("p") == (None, 0)
+    store.move_pointer("p", expected=None, to="A", actor="setup", expected_seq=0)
+    read = store.pointer_state("p")
+    assert read == ("A", 1)
+    store.move_pointer("p", expected="A", to="B", actor="other", expected_seq=1)
+    store.move_pointer("p", expected="B", to="A", actor="other", expected_seq=2)
+    with pytest.raises(PointerSeqConflict) as err:
+        store.move_pointer("p", expected=read[0], to="C", actor="stale", expected_seq=read[1])
+    assert (err.value.expected_seq, err.value.actual_seq) == (1, 3)
+    assert (err.value.expected, err.value.actual) == ("A", "A")
+    assert "expected move 1" in str(err.value) and "actual move 3" in str(err.value)
+    assert isinstance(err.value, PointerConflict)  # one class for every compare-and-set loss
+    assert store.pointer_state("p") == ("A", 3)
+    # Without the move number the value alone still passes (the old contract, kept for callers that
+    # hold no decision about an earlier state); with the current one it passes too.
+    moved = store.move_pointer("p", expected="A", to="C", actor="fresh", expected_seq=3)
+    assert (moved.seq, moved.from_value, moved.to_value) == (4, "A", "C")
+    with pytest.raises(PointerSeqConflict):  # a first move that finds the pointer set
+        store.move_pointer("p", expected=None, to="D", actor="late", expected_seq=0)
+    with pytest.raises(InvalidInput, match="expected_seq"):
+        store.move_pointer("p", expected="C", to="D", actor="x", expected_seq=-1)
+    assert [m.seq for m in store.pointer_history("p")] == [1, 2, 3, 4]
+
+
+def _race_pointer_seq(url: str, name: str, seq: int, to: str, barrier) -> tuple[str, str]:
+    store = Store(url)
+    value, _ = store.pointer_state(name)
+    barrier.wait()
+    try:
+        store.move_pointer(name, expected=value, to=to, actor=to, expected_seq=seq)
+        return to, "won"
+    except PointerSeqConflict as exc:
+        return to, f"lost:{exc.expected_seq}->{exc.actual_seq}"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("seq", [0, 1], ids=["first-move", "later-move"])
+def test_pointer_race_on_the_move_number_has_exactly_one_winner(store, store_url, seq):
+    if seq:
+        store.move_pointer("p", expected=None, to="v0", actor="setup")
+    store.close()
+    racers = [f"w{i}" for i in range(4)]
+    results = dict(run_processes(_race_pointer_seq, [(store_url, "p", seq, to) for to in racers]))
+    winners = [to for to, result in results.items() if result == "won"]
+    assert len(winners) == 1
+    assert sorted(results.values()) == [f"lost:{seq}->{seq + 1}"] * 3 + ["won"]
+    assert store.pointer_state("p") == (winners[0], seq + 1)
+
+
 def _race_pointer(url: str, name: str, expected: str | None, to: str, barrier) -> tuple[str, str]:
     store = Store(url)
     barrier.wait()
@@ -169,7 +228,9 @@ def test_flags(store):
 
 
 def test_count_rollouts_counts_what_query_rollouts_returns(store):
-    made = store.enqueue_rollouts([Rollout(kind=RolloutKind.train, harness=h) for h in ("calc", "calc", "web")])
+    made = store.enqueue_rollouts(
+        [Rollout(kind=RolloutKind.train, harness=h) for h in ("calc", "calc", "web")]
+    )
     ids = [r.rollout_id for r in made]
     store.claim_rollout("w", rollout_ids=ids[:1])
     for status in (None, RolloutStatus.queued, "running", [RolloutStatus.queued, RolloutStatus.running]):

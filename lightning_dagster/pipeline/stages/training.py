@@ -197,6 +197,7 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group 
             resource_id=candidate_id,
             uri=version.model_uri,
             weights_hash=version.weights_hash,
+            files_hash=version.files_hash or None,
             parent_id=receipt.plan.parent.resource_id,
             model_version=version.version,
             training=training_run(selection, t.steps),
