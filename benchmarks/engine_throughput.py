@@ -23,7 +23,7 @@ import torch
 
 from lightning_dagster.engine import BatchingEngine, Engine, SamplingParams, build_base_model
 from lightning_dagster.engine.build import CALCULATOR_TOOL
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 
 
 def _prompts(engine: Engine, n: int) -> list[list[int]]:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from lightning_dagster.engine import build_base_model
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.store import Store
 from lightning_dagster.types import Rollout, RolloutKind, RolloutStatus
 from tests.fleet.conftest import SECRET, Gateway, child_env, cli, make_project

@@ -8,7 +8,7 @@ each idle connection's socket whether it has expired (a `poll` call): with 64 ca
 connections, each request start and each response end costs a walk over all of them. This script sends chat
 calls from `--threads` threads through the real `openai` client to a stub server (its own process; each reply
 waits `--latency-ms`, as a batch engine's does, so the calls overlap), once with the shared pool
-(`shared`) and once with the pools striped by thread (`striped`, `harnesses.calc.agent.http_client` today),
+(`shared`) and once with the pools striped by thread (`striped`, `project.harness.http_client` today),
 alternating rounds, and prints this process's CPU per call (the stub's work is excluded) and the ratio.
 
     .venv/bin/python benchmarks/harness_pool.py [--threads 64] [--calls 3000] [--rounds 4] [--latency-ms 20]
@@ -32,7 +32,7 @@ from openai import OpenAI
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lightning_dagster.harnesses.calc.agent import http_client  # noqa: E402
+from lightning_dagster.project.harness import http_client  # noqa: E402
 
 REPLY = {
     "id": "chatcmpl-1",

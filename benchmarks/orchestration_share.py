@@ -34,14 +34,14 @@ def main() -> None:
 
     import dagster as dg
 
-    from lightning_dagster.assets.checks import JUDGED_ASSET
-    from lightning_dagster.definitions import build_definitions
     from lightning_dagster.demo import DEMO_ACTORS, demo_training, prepare_environment, run_snapshot
-    from lightning_dagster.partitions import snapshots
+    from lightning_dagster.orchestration.assets.gate_checks import JUDGED_ASSET
+    from lightning_dagster.orchestration.definitions import build_definitions
+    from lightning_dagster.orchestration.partitions import snapshots
+    from lightning_dagster.orchestration.resources import GateResource
     from lightning_dagster.pipeline.bootstrap import bootstrap_parent
     from lightning_dagster.pipeline.stages import ASSET_STAGES, release
     from lightning_dagster.pipeline.triggers import Watermark, cut_snapshot, new_evidence
-    from lightning_dagster.resources import GateResource
 
     prepare_environment()
     # Tiny settings cannot show the default policy's +0.02 margin over 100 held-out tasks; the test policy

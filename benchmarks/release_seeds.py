@@ -69,8 +69,8 @@ def snapshot_key_for(seed: int) -> str:
 
 
 def recipe_training(recipe: str, quick: bool) -> Any:
-    from lightning_dagster.demo.settings import QUICK_TRAINING
-    from lightning_dagster.resources import TrainingResource
+    from lightning_dagster.demo.quick import QUICK_TRAINING
+    from lightning_dagster.orchestration.resources import TrainingResource
 
     return TrainingResource(**{**RECIPES[recipe], **(QUICK_TRAINING if quick else {})})
 
@@ -170,18 +170,18 @@ def run_one(recipe: str, seed: int, home: Path, parent: Path, quick: bool) -> di
 
     import dagster as dg
 
-    from lightning_dagster import config
-    from lightning_dagster.definitions import build_definitions
+    from lightning_dagster import paths
     from lightning_dagster.demo.cycles import Demo, bootstrap, run_cycle
+    from lightning_dagster.demo.progress import StageLines
     from lightning_dagster.demo.setup import DEMO_ACTORS, WorkingCopy, prepare_environment, use_project
-    from lightning_dagster.demo.stages import StageLines
-    from lightning_dagster.partitions import snapshots
+    from lightning_dagster.orchestration.definitions import build_definitions
+    from lightning_dagster.orchestration.partitions import snapshots
     from lightning_dagster.pipeline.snapshots import validate_snapshot_key
 
     started = time.perf_counter()
     training = recipe_training(recipe, quick)
     lines = StageLines(lambda text: print(text, flush=True))
-    copy = WorkingCopy(write_project(config.home(), parent), config.home())
+    copy = WorkingCopy(write_project(paths.home(), parent), paths.home())
     print(use_project(copy.file), flush=True)
     env = prepare_environment(dict(DEMO_ACTORS))
     defs = build_definitions(deferred=False, training=training)

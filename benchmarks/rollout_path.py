@@ -46,9 +46,9 @@ from lightning_dagster.harnesses.calc.agent import (
     run_tool,
     score,
 )
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.project.examples import example_tasks
-from lightning_dagster.runner.rollouts import sampling_seed
+from lightning_dagster.runner.enqueue import sampling_seed
 from lightning_dagster.runner.service import RolloutService
 from lightning_dagster.store import Store
 from lightning_dagster.training.loop import step_seed

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lightning_dagster.engine import build_base_model
 from lightning_dagster.gateway.local import LocalGateway
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.project.examples import example_harness, example_tasks
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
 from lightning_dagster.store import Store

@@ -14,7 +14,7 @@ import tempfile
 from lightning_dagster.engine.build import build_base_model
 from lightning_dagster.engine.engine import Engine
 from lightning_dagster.harnesses.calc.agent import SYSTEM_PROMPT, TOOLS
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.training.transitions import TransitionConfig, merge_calls
 from lightning_dagster.types import Span, SpanKind
 

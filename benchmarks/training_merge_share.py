@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from lightning_dagster.engine.build import build_base_model
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.project.examples import example_tasks
 from lightning_dagster.store import Store
 from lightning_dagster.training.loop import RolloutService

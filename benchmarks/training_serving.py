@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from lightning_dagster.engine.build import build_base_model
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.project.examples import example_tasks
 from lightning_dagster.runner.service import RolloutService
 from lightning_dagster.store import Store

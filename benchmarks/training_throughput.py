@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # noqa: E402 - run
 from benchmarks.training_merge import trace  # noqa: E402
 from lightning_dagster.engine.build import build_base_model
 from lightning_dagster.engine.engine import Engine
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.training.advantages import RolloutReward, compute_advantages
 from lightning_dagster.training.trainer import Trainer, TrainerConfig
 from lightning_dagster.training.transitions import TransitionConfig, merge_calls

@@ -1,6 +1,8 @@
 """Write the committed data of the built-in example projects from the task generators, once:
 `examples/calc/tasks.jsonl`, `examples/calc/demos.jsonl` (ideal episodes for the warm start) and
-`examples/ledger/tasks.jsonl`. Deterministic: re-running it rewrites the same bytes.
+`examples/ledger/tasks.jsonl`, and the text the example agents exchange, which the embedded default
+model's tokenizer is trained on (`lightning_dagster/engine/corpus.json`). Deterministic: re-running it
+rewrites the same bytes.
 
     python scripts/make_example_data.py
 """
@@ -11,9 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lightning_dagster.engine.build import CORPUS_FILE
 from lightning_dagster.harnesses.calc import demos
-from lightning_dagster.harnesses.calc.tasks import make_tasks as calc_tasks
-from lightning_dagster.harnesses.ledger.tasks import make_tasks as ledger_tasks
+from lightning_dagster.harnesses.calc.generate import make_tasks as calc_tasks
+from lightning_dagster.harnesses.corpus import training_corpus
+from lightning_dagster.harnesses.ledger.generate import make_tasks as ledger_tasks
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # Rows per split: enough for the demo's plan (128 held-out, 32 protected, 8 canary tasks) with room to spare;
@@ -46,6 +50,9 @@ def main() -> None:
         EXAMPLES / "ledger" / "tasks.jsonl",
         [task for split, n in LEDGER_ROWS.items() for task in ledger_tasks(split, n, SEED)],
     )
+    corpus = training_corpus(seed=SEED)
+    CORPUS_FILE.write_text(json.dumps(corpus, indent=0) + "\n")
+    print(f"{CORPUS_FILE}: {len(corpus)} texts")
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def test_the_engine_loads_no_harness_outside_its_cli():
 
 def test_the_probe_sees_a_package_that_does_load_dagster():
     # The Dagster wiring does load it: without this, an empty probe output would pass the tests above.
-    assert loaded_after_import(["lightning_dagster.assets"], ["dagster"]) == ["dagster"]
+    assert loaded_after_import(["lightning_dagster.orchestration.assets"], ["dagster"]) == ["dagster"]
 
 
 def test_no_module_is_longer_than_a_reader_can_hold():

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightning_dagster.demo.settings import QUICK_TRAINING, demo_training
+from lightning_dagster.demo.progress import run_snapshot
+from lightning_dagster.demo.quick import QUICK_TRAINING, demo_training
 from lightning_dagster.demo.setup import (
     DEMO_ACTORS,
     WorkingCopy,
@@ -28,7 +29,6 @@ from lightning_dagster.demo.setup import (
     use_project,
     write_approvers,
 )
-from lightning_dagster.demo.stages import run_snapshot
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
 
 __all__ = [
@@ -61,17 +61,17 @@ def run_demo(
 ) -> list[Any]:
     """Both cycles on a working copy of `project` with `training` settings (a `TrainingResource`), `actors`
     (role -> actor) approving; prints stage lines and the summary through `out`. Returns the two cycles."""
-    from lightning_dagster import config
+    from lightning_dagster import paths
     from lightning_dagster.demo.cycles import Demo, run_cycles
-    from lightning_dagster.demo.stages import StageLines
+    from lightning_dagster.demo.progress import StageLines
 
     lines = StageLines(out)
-    copy = WorkingCopy(project, config.home())
+    copy = WorkingCopy(project, paths.home())
     summary = use_project(copy.file)
     env = prepare_environment(actors)
     import dagster as dg
 
-    from lightning_dagster.definitions import build_definitions
+    from lightning_dagster.orchestration.definitions import build_definitions
 
     defs = build_definitions(deferred=False, training=training)
     out(f"lightning-dagster demo: home {env['LIGHTNING_DAGSTER_HOME']}")

@@ -8,8 +8,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning_dagster.demo.progress import QUIET, StageLines, run_snapshot
 from lightning_dagster.demo.setup import DEMO_ACTORS, WorkingCopy, approval_config, approver_keys
-from lightning_dagster.demo.stages import QUIET, StageLines, run_snapshot
 
 PROMOTE = "PROMOTE TO BOUNDED CANARY"
 
@@ -76,7 +76,7 @@ def tick(demo: Demo) -> str | None:
     added as the daemon would. Returns the snapshot key, or None (the skip reason is printed)."""
     import dagster as dg
 
-    from lightning_dagster.sensors import continual_learning_sensor
+    from lightning_dagster.orchestration.sensors import continual_learning_sensor
 
     with dg.build_sensor_context(
         instance=demo.instance, resources={"pipeline": demo.pipeline}, cursor=demo.cursor
@@ -100,7 +100,7 @@ def cut_by_hand(demo: Demo, number: int) -> str:
     """A snapshot cut without the sensor (used when the sensor paused): the demo's own trigger."""
     import datetime as dt
 
-    from lightning_dagster.partitions import snapshots
+    from lightning_dagster.orchestration.partitions import snapshots
     from lightning_dagster.pipeline.triggers import Watermark, cut_snapshot, new_evidence
 
     evidence = new_evidence(demo.pipeline, Watermark.from_cursor(demo.cursor), force=True)
@@ -177,7 +177,7 @@ def run_cycles(demo: Demo) -> list[Cycle]:
 
 
 def summary(demo: Demo, cycles: list[Cycle], before: str, after: str) -> None:
-    from lightning_dagster import config
+    from lightning_dagster import paths
     from lightning_dagster.registry.pointers import move_dict
 
     out = demo.lines.out
@@ -200,11 +200,11 @@ def summary(demo: Demo, cycles: list[Cycle], before: str, after: str) -> None:
     # the Dagster UI links model versions and runs to the MLflow UI the next line starts (LD_MLFLOW_UI_URL)
     out(
         f"  Dagster UI:  {exports} LD_MLFLOW_UI_URL=http://127.0.0.1:5000 "
-        "dagster dev -m lightning_dagster.definitions -h 127.0.0.1 -p 3000"
+        "dagster dev -m lightning_dagster.orchestration.definitions -h 127.0.0.1 -p 3000"
     )
     out(
-        f"  MLflow UI:   mlflow ui --backend-store-uri {shlex.quote(config.mlflow_tracking_uri())} "
-        f"--default-artifact-root {shlex.quote(str(config.mlflow_artifact_root()))} -h 127.0.0.1 -p 5000"
+        f"  MLflow UI:   mlflow ui --backend-store-uri {shlex.quote(paths.mlflow_tracking_uri())} "
+        f"--default-artifact-root {shlex.quote(str(paths.mlflow_artifact_root()))} -h 127.0.0.1 -p 5000"
     )
     out(f"  history:     {exports} lightning-dagster registry history")
     if second.verdict == PROMOTE:

@@ -31,9 +31,9 @@ def prepare_environment(actors: dict[str, str] = DEMO_ACTORS) -> dict[str, str]:
     actor): each actor's Ed25519 key pair in `<home>/approver-keys` and a roles file naming their public
     keys, which the code location pins into the demo's store on first use. Both sit outside the learner's
     write surface (models, MLflow artifacts)."""
-    from lightning_dagster import config
+    from lightning_dagster import paths
 
-    home = config.home()
+    home = paths.home()
     os.environ.setdefault("DAGSTER_HOME", str(home / "dagster_home"))
     dagster_home = Path(os.environ["DAGSTER_HOME"])
     dagster_home.mkdir(parents=True, exist_ok=True)
@@ -52,9 +52,9 @@ def prepare_environment(actors: dict[str, str] = DEMO_ACTORS) -> dict[str, str]:
 
 def approver_keys() -> Path:
     """Where the demo (and its tests) keep approvers' private keys: the home, outside models/ and mlartifacts/."""
-    from lightning_dagster import config
+    from lightning_dagster import paths
 
-    return config.home() / "approver-keys"
+    return paths.home() / "approver-keys"
 
 
 def write_approvers(path: Path, actors: dict[str, str]) -> Path:

@@ -172,6 +172,16 @@ def train_tokenizer(
     return fast
 
 
+# The text the example agents exchange (`harnesses.corpus.training_corpus()`, written here by
+# scripts/make_example_data.py): the embedded default model's tokenizer is trained on it.
+CORPUS_FILE = Path(__file__).with_name("corpus.json")
+
+
+def default_corpus() -> list[str]:
+    """The corpus the embedded default model is built on (`CORPUS_FILE`)."""
+    return json.loads(CORPUS_FILE.read_text())
+
+
 def build_base_model(
     out_dir: Path | str,
     *,
@@ -181,7 +191,7 @@ def build_base_model(
     shape: Mapping[str, Any] | None = None,
 ) -> Path:
     """Train the tokenizer on `corpus` (the text the model will see: the caller's, e.g. the harness
-    registry's `training_corpus()`), instantiate the tiny causal LM of `architecture` ("qwen2", "llama" or
+    `default_corpus()`), instantiate the tiny causal LM of `architecture` ("qwen2", "llama" or
     "gpt2"; seeded init) sized by `MODEL_SHAPE` updated with `shape`, save both to `out_dir`.
 
     Deterministic for a seed, corpus, architecture and shape: the same call gives the same `checkpoint_hash`.

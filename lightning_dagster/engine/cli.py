@@ -1,7 +1,6 @@
 """`lightning-dagster engine build --out DIR [--seed N] [--architecture qwen2|llama|gpt2]` and `lightning-dagster engine info DIR`.
 
-The CLI is the one place of the engine that knows the harnesses: `build` trains the tokenizer on their
-`training_corpus()`, which it hands to `build_base_model`."""
+`build` trains the tokenizer on the text the example agents exchange (`engine.build.default_corpus()`)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "build", help="build the tiny base model and a tokenizer trained on the harnesses' text (no download)"
     )
     build.add_argument("--out", required=True, type=Path, help="directory to save the model into")
-    build.add_argument("--seed", type=int, default=0, help="seeds the weights and the corpus's tasks")
+    build.add_argument("--seed", type=int, default=0, help="seeds the weights")
     build.add_argument(
         "--architecture", default="qwen2", help="the model's shape: qwen2 (default), llama or gpt2"
     )
@@ -27,12 +26,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from lightning_dagster.engine.build import UnknownArchitecture, build_base_model
-    from lightning_dagster.harnesses.registry import training_corpus
+    from lightning_dagster.engine.build import UnknownArchitecture, build_base_model, default_corpus
 
     try:
         out = build_base_model(
-            args.out, corpus=training_corpus(seed=args.seed), seed=args.seed, architecture=args.architecture
+            args.out, corpus=default_corpus(), seed=args.seed, architecture=args.architecture
         )
     except UnknownArchitecture as exc:
         print(f"error: {exc}")

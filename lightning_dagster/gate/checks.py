@@ -30,7 +30,7 @@ from lightning_dagster.gate.release_checks import (
     check_protected_cases,
     check_rollback_and_approval,
 )
-from lightning_dagster.gate.stages import NO_CAUSES, STAGES, Causes, ran, stop_causes
+from lightning_dagster.gate.stage_table import NO_CAUSES, STAGES, Causes, ran, stop_causes
 from lightning_dagster.gate.staleness import void_checks
 
 PROMOTE = "PROMOTE TO BOUNDED CANARY"

@@ -8,7 +8,7 @@ from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.findings import CheckResult, Findings, rounded
 from lightning_dagster.gate.policy import Policy
 from lightning_dagster.gate.receipt_models import Receipt
-from lightning_dagster.gate.stages import (
+from lightning_dagster.gate.stage_table import (
     NO_CAUSES,
     ROLLOUTS,
     STAGES,

@@ -7,7 +7,7 @@ from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.findings import CheckResult, Findings, rounded
 from lightning_dagster.gate.policy import Policy
 from lightning_dagster.gate.receipt_models import Receipt
-from lightning_dagster.gate.stages import CANARY, DRILL, EVALUATION, NO_CAUSES, Causes, not_run
+from lightning_dagster.gate.stage_table import CANARY, DRILL, EVALUATION, NO_CAUSES, Causes, not_run
 
 
 def check_heldout_margin(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> CheckResult:

@@ -18,8 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from lightning_dagster import config
-from lightning_dagster.gateway import events
+from lightning_dagster import paths
 from lightning_dagster.gateway.admin import admin_router
 from lightning_dagster.gateway.agl import AglSettings
 from lightning_dagster.gateway.agl import mount as mount_agl
@@ -150,7 +149,7 @@ def create_app(
     or at every call with `fsync_spans=True`. `model_aliases`: model names accepted besides the served
     model's own (the example harnesses ask for `policy`); any other name is a 404 `model_not_found`.
     `model_roots`: the only directories `POST /admin/weights` reads from (default: the models directory,
-    `config.models_dir()`). `agl`: also serve Agent Lightning v1.0's server surface (`gateway.agl`).
+    `paths.models_dir()`). `agl`: also serve Agent Lightning v1.0's server surface (`gateway.agl`).
     `weight_sync`: follow the policy versions published in the store and report what
     this process serves (`gateway.weightsync`; default: when the store is shared, PostgreSQL, and the backend
     loads weights), polling every `weight_sync_poll_s`. `weights_wait_s`: how long a call waits while the
@@ -172,7 +171,7 @@ def create_app(
         write_behind_ms=write_behind_ms,
         fsync_spans=fsync_spans,
         model_aliases=model_aliases,
-        model_roots=[config.models_dir()] if model_roots is None else [Path(r) for r in model_roots],
+        model_roots=[paths.models_dir()] if model_roots is None else [Path(r) for r in model_roots],
         weights_wait_s=weights_wait_s,
     )
     if weight_sync is None:
@@ -224,10 +223,10 @@ def create_app(
         return await llm_call(gw, request, dict(request.path_params), chat=False)
 
     async def rewards(request: Request) -> dict:
-        return await events.reward(gw, request, dict(request.path_params))
+        return await rewards.reward(gw, request, dict(request.path_params))
 
     async def post_event(request: Request) -> dict:
-        return await events.event(gw, request, dict(request.path_params))
+        return await rewards.event(gw, request, dict(request.path_params))
 
     async def models(request: Request) -> dict:
         attempts.caller(request)

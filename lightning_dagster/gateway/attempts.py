@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.keys import parse_attempt_key, same_key
 from lightning_dagster.gateway.tokenin import LastCall, TokenInStats, normalize_messages
-from lightning_dagster.store.agl import DELETED
+from lightning_dagster.store.agl_rollouts import DELETED
 from lightning_dagster.store.errors import NotFound
 from lightning_dagster.types import AttemptState, RolloutKind, Sampling, Span, SpanKind
 

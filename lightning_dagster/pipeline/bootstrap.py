@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lightning_dagster import config
+from lightning_dagster import paths
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.results import StageResult
 from lightning_dagster.pipeline.versions import code_version
@@ -37,7 +37,7 @@ def bootstrap_parent(
         result = warm_start(
             p.get_store(),
             base,
-            config.models_dir() / "parent-0",
+            paths.models_dir() / "parent-0",
             WarmStartConfig(
                 project=str(project.file),
                 max_steps=t.warm_start_max_steps,

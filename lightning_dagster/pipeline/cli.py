@@ -57,7 +57,7 @@ def _store(args: argparse.Namespace):
 
 
 def _status(args: argparse.Namespace) -> tuple[Any, str]:
-    from lightning_dagster.pipeline.pauses import describe, history, pause_roles
+    from lightning_dagster.pipeline.loop_history import describe, history, pause_roles
 
     past = history(_store(args))
     last = past[-1] if past else None
@@ -79,7 +79,7 @@ def _status(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _history(args: argparse.Namespace) -> tuple[Any, str]:
-    from lightning_dagster.pipeline.pauses import history_table
+    from lightning_dagster.pipeline.loop_history import history_table
 
     table = history_table(_store(args), last=args.last)
     data = [dict(zip(table.columns, row, strict=True)) for row in table.rows]
@@ -88,7 +88,7 @@ def _history(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _signed(args: argparse.Namespace, store):
-    from lightning_dagster.pipeline.pauses import sign_resume
+    from lightning_dagster.pipeline.loop_history import sign_resume
 
     return sign_resume(store, actor=args.actor, role=args.role, key=args.key, reason=args.reason)
 
@@ -100,7 +100,7 @@ def _sign(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _resume(args: argparse.Namespace) -> tuple[Any, str]:
-    from lightning_dagster.pipeline.pauses import describe, resume
+    from lightning_dagster.pipeline.loop_history import describe, resume
     from lightning_dagster.registry.roles import deployment_roles
 
     store = _store(args)
@@ -112,7 +112,7 @@ def _resume(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _run(handler, args: argparse.Namespace) -> int:
-    from lightning_dagster.pipeline.pauses import ResumeRefused, TamperedHistory
+    from lightning_dagster.pipeline.loop_history import ResumeRefused, TamperedHistory
     from lightning_dagster.registry.errors import KeyFileError, RolesConfigError
 
     try:

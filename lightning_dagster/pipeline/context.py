@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_dagster import config
+from lightning_dagster import paths
 from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS
 
 if TYPE_CHECKING:
@@ -17,10 +17,10 @@ if TYPE_CHECKING:
     from lightning_dagster.gate.ledger import LedgerEntry
     from lightning_dagster.gate.policy import Policy
     from lightning_dagster.gate.receipt import CandidateArtifact, ParentRef, Receipt
-    from lightning_dagster.harnesses.registry import HarnessSpec
     from lightning_dagster.pipeline.settings import Pipeline
     from lightning_dagster.project import Project, TaskSet
     from lightning_dagster.registry.core import Registry
+    from lightning_dagster.runner.harness_spec import HarnessSpec
     from lightning_dagster.store import Store
 
 # Store document collections written by the pipeline (append-only, like receipts).
@@ -174,7 +174,7 @@ def candidate_id(key: str) -> str:
 def snapshot_dir(key: str) -> Path:
     from lightning_dagster.pipeline.snapshots import validate_snapshot_key
 
-    path = config.home() / "snapshots" / validate_snapshot_key(key)
+    path = paths.home() / "snapshots" / validate_snapshot_key(key)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -182,7 +182,7 @@ def snapshot_dir(key: str) -> Path:
 def candidate_dir(key: str) -> Path:
     from lightning_dagster.pipeline.snapshots import validate_snapshot_key
 
-    return config.models_dir() / "candidates" / validate_snapshot_key(key)
+    return paths.models_dir() / "candidates" / validate_snapshot_key(key)
 
 
 # ---------------------------------------------------------------- append-only stage documents

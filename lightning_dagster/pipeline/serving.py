@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from lightning_dagster.types import Rollout, RolloutKind, Sampling, Span, SpanKind
 
 if TYPE_CHECKING:
-    from lightning_dagster.harnesses.registry import HarnessSpec
     from lightning_dagster.pipeline.settings import Pipeline
     from lightning_dagster.runner import RetryPolicy
+    from lightning_dagster.runner.harness_spec import HarnessSpec
     from lightning_dagster.runner.service import RolloutBatch, RolloutService
     from lightning_dagster.store import Store
     from lightning_dagster.training.loop import StepSettings

@@ -81,7 +81,7 @@ class GateSettings(Protocol):
 
 
 class Pipeline(Protocol):
-    """One pipeline run's settings, nested as in `lightning_dagster.resources.PipelineResource`."""
+    """One pipeline run's settings, nested as in `lightning_dagster.orchestration.resources.PipelineResource`."""
 
     model: ModelSettings
     mlflow: MLflowSettings

@@ -18,7 +18,7 @@ from lightning_dagster.pipeline.snapshots import build_manifest, save_manifest, 
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import Receipt
-    from lightning_dagster.pipeline.pauses import Recorded
+    from lightning_dagster.pipeline.loop_history import Recorded
     from lightning_dagster.pipeline.settings import Pipeline
     from lightning_dagster.store import Store
 
@@ -141,7 +141,7 @@ def stop_decision(p: Pipeline, keys: list[str]) -> Stop:
     paused until an authorized actor resumes it (`pipeline.pauses.resume`) or a newer judged receipt meets
     no stop condition (recorded as a resume by that receipt). See `gate.pauses`."""
     from lightning_dagster.gate.stop import stop_decision as gate_stop
-    from lightning_dagster.pipeline.pauses import tick
+    from lightning_dagster.pipeline.loop_history import tick
     from lightning_dagster.registry.core import APPROVED
     from lightning_dagster.registry.errors import RegistryError
 

@@ -13,9 +13,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from lightning_dagster.harnesses.splits import SPLITS
 from lightning_dagster.project.config import PROJECT_FILE, Project, load_project
 from lightning_dagster.project.errors import ProjectError
+from lightning_dagster.project.splits import SPLITS
 from lightning_dagster.project.tasks import TaskSet, load_tasks
 
 Handler = Callable[[argparse.Namespace], int]

@@ -16,7 +16,7 @@ from lightning_dagster.project.errors import ProjectError
 from lightning_dagster.project.tasks import TaskSet, load_tasks
 
 if TYPE_CHECKING:
-    from lightning_dagster.harnesses.registry import HarnessSpec
+    from lightning_dagster.runner.harness_spec import HarnessSpec
 
 # Found next to the package in a clone installed with `pip install -e .`.
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"

@@ -13,22 +13,47 @@ Every kind gets `timeout_s` and `max_attempts` as its retry policy's defaults, `
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 from openai import OpenAI
 
-# One connection pool per process for every in-process harness, the built-in ones included.
-from lightning_dagster.harnesses.calc.agent import http_client
-from lightning_dagster.harnesses.registry import HarnessSpec
-from lightning_dagster.project.agl import post_reward, reward_value
+from lightning_dagster.project.agl_launcher import post_reward, reward_value
 from lightning_dagster.project.config import Project
 from lightning_dagster.project.errors import ProjectError
 from lightning_dagster.project.references import resolve_callable
+from lightning_dagster.runner.harness_spec import HarnessSpec
 
-AGL_LAUNCHER = "lightning_dagster.project.agl"
+AGL_LAUNCHER = "lightning_dagster.project.agl_launcher"
+_STRIPES = 64
+_HTTP: list[httpx.Client | None] = [None] * _STRIPES
+_HTTP_LOCK = threading.Lock()
+
+
+def http_client() -> httpx.Client:
+    """This thread's connection pool, one of `_STRIPES` per process shared by every in-process episode. A
+    new `OpenAI` client per episode would build its own pool and TLS context each time (most of an episode's
+    client-side CPU) and open fresh connections; the per-attempt key still goes with each client. Not one
+    pool for the process: httpcore hands each request a connection by walking every connection of its pool
+    (polling each idle socket) under one lock, so with the runner's 64 worker threads on one pool each call
+    paid for all 64 connections (`benchmarks/harness_pool.py`). Threads are striped by their native id, so
+    a runner's workers mostly get a pool each and keep its connection alive across episodes."""
+    stripe = threading.get_native_id() % _STRIPES
+    client = _HTTP[stripe]
+    if client is None:
+        with _HTTP_LOCK:
+            client = _HTTP[stripe]
+            if client is None:
+                limits = httpx.Limits(max_connections=64, max_keepalive_connections=8)
+                client = _HTTP[stripe] = httpx.Client(limits=limits, timeout=60.0)
+                # keep-alive sockets to gateways that stopped would otherwise be reported unclosed at exit
+                atexit.register(client.close)
+    return client
 
 
 def _resolved(project: Project, key: str, ref: str | None) -> Callable[..., Any] | None:

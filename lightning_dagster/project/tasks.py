@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lightning_dagster.harnesses.splits import SPLITS, UnknownSplit, content_hash, split_of
 from lightning_dagster.project.config import Project
 from lightning_dagster.project.errors import TaskDataError, TaskFieldConflict
+from lightning_dagster.project.splits import SPLITS, UnknownSplit, content_hash, split_of
 
 SHOWN = 3  # offending ids or rows named in one message
 

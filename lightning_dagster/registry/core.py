@@ -13,9 +13,10 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
-from lightning_dagster import config
+from lightning_dagster import paths
 from lightning_dagster.gate.receipt import Approval
 from lightning_dagster.registry import incidents, links, pointers, promotion, receipt_tags, receipts
+from lightning_dagster.registry.approved import approved_for_serving
 from lightning_dagster.registry.checkpoints import cached_checkpoint
 from lightning_dagster.registry.drill import DrillResult, rollback_drill
 from lightning_dagster.registry.errors import PointerConflict, RegistryUnavailable, UnknownVersion
@@ -26,7 +27,6 @@ from lightning_dagster.registry.promotion import DEFAULT_APPROVER, PromotionResu
 from lightning_dagster.registry.receipt_tags import ReceiptTags
 from lightning_dagster.registry.roles import Roles, deployment_roles
 from lightning_dagster.registry.rollbacks import RollbackRequest, sign_rollback
-from lightning_dagster.registry.serving import approved_for_serving
 from lightning_dagster.registry.tracking import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
@@ -56,15 +56,15 @@ class Registry:
             from lightning_dagster.store import Store
 
             store = Store()
-        self.tracking_uri = tracking_uri or config.mlflow_tracking_uri()
+        self.tracking_uri = tracking_uri or paths.mlflow_tracking_uri()
         self.store = store
         self.model_name = model_name
         self.experiment_name = experiment_name
         # A SQL tracking store needs an explicit artifact location; a server proxies its own.
         self.artifact_root = (
-            None if is_http(self.tracking_uri) else Path(artifact_root or config.mlflow_artifact_root())
+            None if is_http(self.tracking_uri) else Path(artifact_root or paths.mlflow_artifact_root())
         )
-        self.cache_dir = Path(cache_dir) if cache_dir else config.home() / "registry-cache"
+        self.cache_dir = Path(cache_dir) if cache_dir else paths.home() / "registry-cache"
         self.roles_file = roles_file
         self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
         self.experiment_id: str | None = None  # set by `connect`

@@ -66,7 +66,7 @@ def rollback_drill(reg: Registry, parent_version: str, *, record: bool = True) -
 
     Every failure is captured in the result, never raised: an unreachable MLflow is `unavailable`, with the
     error, never a healthy-looking result."""
-    from lightning_dagster.registry.serving import serve_once
+    from lightning_dagster.registry.approved import serve_once
 
     result = DrillResult(version=str(parent_version))
     start = time.perf_counter()

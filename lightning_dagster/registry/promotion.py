@@ -183,7 +183,7 @@ def rollback(
     history as an earlier approved value (never "the newest version"); its bytes are verified, it is loaded
     and answers one chat completion through a gateway, and only then does the pointer move, with a history
     entry naming the verified actor, role, reason and signature."""
-    from lightning_dagster.registry.serving import serve_once
+    from lightning_dagster.registry.approved import serve_once
 
     pointers.reconcile(reg)
     name = reg.pointer_name()

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from lightning_dagster import config
+from lightning_dagster import paths
 from lightning_dagster.gate.approvals import ActorKey, parse_public_key, verify_signature
 from lightning_dagster.gate.hashing import canonical_json, content_hash
 from lightning_dagster.registry.errors import NotAuthorized, RolesConfigError
@@ -41,7 +41,7 @@ DEPLOYMENT = "deployment"  # the actor recorded for the first pin, which no one 
 
 def learner_write_surface() -> list[Path]:
     """Directories the trainer writes to: a roles file inside one of them could grant itself approval."""
-    return [config.models_dir(), config.mlflow_artifact_root()]
+    return [paths.models_dir(), paths.mlflow_artifact_root()]
 
 
 @dataclass(frozen=True)

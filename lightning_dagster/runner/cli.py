@@ -20,16 +20,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_dagster import config
+from lightning_dagster import paths
 from lightning_dagster.gateway.cli import add_removed_secret_option
 from lightning_dagster.gateway.keys import SecretError, read_secret_file, refuse_env_secrets
-from lightning_dagster.harnesses.registry import HarnessSpec
-from lightning_dagster.harnesses.splits import SPLITS
 from lightning_dagster.model_folder import ModelFolderError, check_model_folder
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
 from lightning_dagster.project.examples import EXAMPLES
+from lightning_dagster.project.splits import SPLITS
 from lightning_dagster.runner.execute import SANDBOXES, SandboxUnavailable, check_sandbox
-from lightning_dagster.runner.policy import RetryPolicy
+from lightning_dagster.runner.harness_spec import HarnessSpec
+from lightning_dagster.runner.retry import RetryPolicy
 from lightning_dagster.types import Rollout, new_id
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def add_harness_options(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--harness", choices=EXAMPLES, help="a built-in example project (examples/NAME)")
     add_project_option(which)
-    parser.add_argument("--store", help="store URL (default: config.store_url())")
+    parser.add_argument("--store", help="store URL (default: paths.store_url())")
 
 
 def add_runner_options(parser: argparse.ArgumentParser) -> None:
@@ -143,7 +143,7 @@ def rollouts_of(
 ) -> list[Rollout]:
     """The run's rollouts: those already queued under `--run-id` (a resumed run), else new ones."""
     from lightning_dagster.project import load_tasks
-    from lightning_dagster.runner.rollouts import enqueue_tasks, run_rollouts
+    from lightning_dagster.runner.enqueue import enqueue_tasks, run_rollouts
 
     tasks = load_tasks(project)
     tasks.require_splits([args.split])
@@ -179,7 +179,7 @@ class RunMismatch(ValueError):
 def _check_resumed(args: argparse.Namespace, spec: HarnessSpec, chosen: list, found: list[Rollout]) -> None:
     """Raise RunMismatch unless `found` is exactly what `enqueue_tasks` queues for this command's harness,
     split, tasks, group size and seed."""
-    from lightning_dagster.runner.rollouts import sampling_seed
+    from lightning_dagster.runner.enqueue import sampling_seed
 
     expected = Counter(
         (
@@ -238,7 +238,7 @@ def _enqueue(args: argparse.Namespace) -> int:
 @exits_2_on_project_error
 def _run(args: argparse.Namespace) -> int:
     from lightning_dagster.gateway.local import LocalGateway
-    from lightning_dagster.runner.policy import InvalidPolicy
+    from lightning_dagster.runner.retry import InvalidPolicy
     from lightning_dagster.runner.runner import Runner
     from lightning_dagster.store import Store
 
@@ -294,12 +294,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.model is None and not upstream_url:
         args.model, upstream_url, tokenizer = _project_model(project)
     if not upstream_url:
-        model_dir = args.model or config.models_dir() / "base"
+        model_dir = args.model or paths.models_dir() / "base"
         if not (model_dir / "config.json").exists():
-            from lightning_dagster.engine import build_base_model
-            from lightning_dagster.harnesses.registry import training_corpus
+            from lightning_dagster.engine.build import build_base_model, default_corpus
 
-            build_base_model(model_dir, corpus=training_corpus())
+            build_base_model(model_dir, corpus=default_corpus())
         resource_id = model_resource(store, model_dir).resource_id
     with LocalGateway(
         store,

@@ -29,10 +29,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from lightning_dagster import config
+from lightning_dagster import paths
 from lightning_dagster.gateway.keys import attempt_key
-from lightning_dagster.harnesses.registry import HarnessSpec
-from lightning_dagster.project.agl import post_reward, reward_value
+from lightning_dagster.project.agl_launcher import post_reward, reward_value
 from lightning_dagster.runner.execute import (
     Outcome,
     Sandbox,
@@ -44,12 +43,13 @@ from lightning_dagster.runner.execute import (
     task_note,
     write_task_file,
 )
-from lightning_dagster.runner.policy import RetryPolicy
+from lightning_dagster.runner.harness_spec import HarnessSpec
+from lightning_dagster.runner.retry import RetryPolicy
 from lightning_dagster.runner.summary import RunSummary, summarize
 from lightning_dagster.runner.transcript import Decode, transcript
 from lightning_dagster.store import Store
 from lightning_dagster.store.errors import Conflict, NotFound
-from lightning_dagster.store.rollouts import FINAL_ROLLOUT_STATUSES
+from lightning_dagster.store.queue import FINAL_ROLLOUT_STATUSES
 from lightning_dagster.types import (
     Attempt,
     AttemptState,
@@ -111,7 +111,7 @@ class Runner:
         if sandbox != "none" and self.mode == "inprocess":
             raise ValueError(f"harness {harness.name!r} runs in-process here: a sandbox needs a subprocess")
         check_sandbox(sandbox)
-        self.workdir = workdir or config.home() / "attempts"
+        self.workdir = workdir or paths.home() / "attempts"
         self.decode = decode
         self.sandbox = sandbox
         self.env_passthrough = check_passthrough((*harness.env_passthrough, *env_passthrough))
@@ -390,7 +390,7 @@ class Runner:
             argv = self.harness.command()
             failure, verdict, cut = run_subprocess(
                 argv, env, workdir, supervise_kw, cwd=self.harness.cwd, passthrough=self.env_passthrough,
-                sandbox=self.sandbox, hide=[config.home()], max_output_bytes=self.harness.max_output_bytes,
+                sandbox=self.sandbox, hide=[paths.home()], max_output_bytes=self.harness.max_output_bytes,
             )  # fmt: skip
             notice.append(cut)
         else:

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from lightning_dagster.gateway.local import LocalGateway, Serving
-from lightning_dagster.harnesses.registry import HarnessSpec
 from lightning_dagster.project.examples import example_harness
+from lightning_dagster.runner.enqueue import enqueue_tasks
 from lightning_dagster.runner.execute import Sandbox
-from lightning_dagster.runner.policy import RetryPolicy
-from lightning_dagster.runner.rollouts import enqueue_tasks
+from lightning_dagster.runner.harness_spec import HarnessSpec
+from lightning_dagster.runner.retry import RetryPolicy
 from lightning_dagster.runner.runner import Runner
 from lightning_dagster.store import Store
 from lightning_dagster.types import AttemptState, Resource, Rollout, RolloutKind, Sampling, Span

@@ -7,8 +7,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lightning_dagster.harnesses.registry import HarnessSpec
-from lightning_dagster.runner.policy import RetryPolicy
+from lightning_dagster.runner.harness_spec import HarnessSpec
+from lightning_dagster.runner.retry import RetryPolicy
 from lightning_dagster.store import Store
 from lightning_dagster.types import Attempt, AttemptState, RetryKind, SpanKind, span_family
 

@@ -29,7 +29,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 @exits_2_on_project_error
 def _work(args: argparse.Namespace) -> int:
-    from lightning_dagster.runner.policy import InvalidPolicy
+    from lightning_dagster.runner.retry import InvalidPolicy
     from lightning_dagster.runner.runner import Runner
     from lightning_dagster.store import Store
 

@@ -9,8 +9,8 @@ pointers, flags) and `weights` (published policy versions and what each serving 
 
 from __future__ import annotations
 
-from lightning_dagster import config
-from lightning_dagster.store.rollouts import RolloutQueue
+from lightning_dagster import paths
+from lightning_dagster.store.queue import RolloutQueue
 from lightning_dagster.store.spans import SpanStore
 from lightning_dagster.store.weights import WeightVersions
 
@@ -19,7 +19,7 @@ class Store(SpanStore, RolloutQueue, WeightVersions):
     """See docs/CONTRACTS.md `store`. Thread-safe; in a forked child, open a new Store."""
 
     def __init__(self, url: str | None = None, *, busy_timeout_s: float = 30.0):
-        self._connect(url or config.store_url(), busy_timeout_s)
+        self._connect(url or paths.store_url(), busy_timeout_s)
         self._open_spans()
 
     def close(self) -> None:

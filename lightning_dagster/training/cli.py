@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lightning_dagster import config
+from lightning_dagster import paths
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
 from lightning_dagster.project.examples import EXAMPLES
 from lightning_dagster.training.selection import ValidationSettings
@@ -55,7 +55,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parent", type=Path, help="parent checkpoint (default: the store's warm start, "
                         "built from <home>/models/base if absent)")  # fmt: skip
     parser.add_argument("--out", type=Path, help="candidate checkpoint directory")
-    parser.add_argument("--store", help="store URL (default: config.store_url())")
+    parser.add_argument("--store", help="store URL (default: paths.store_url())")
     parser.add_argument("--metrics", type=Path, help="write per-step metrics and evaluations as JSONL")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--nproc", type=int, default=1,
@@ -93,7 +93,7 @@ def find_or_build_parent(store: Store, project: Project, *, seed: int, log) -> t
     result = warm_start(
         store,
         base_model(project, seed),
-        config.models_dir() / f"{project.name}-warm-start",
+        paths.models_dir() / f"{project.name}-warm-start",
         WarmStartConfig(project=str(project.file), seed=seed),
         log=log,
     )
@@ -172,7 +172,7 @@ def _train(args: argparse.Namespace) -> int:
         runner_mode=args.runner_mode,
         trainer=trainer_config,
     )
-    out = args.out or config.models_dir() / f"{project.name}-candidate-{time.strftime('%Y%m%dT%H%M%S')}"
+    out = args.out or paths.models_dir() / f"{project.name}-candidate-{time.strftime('%Y%m%dT%H%M%S')}"
     result = train_rl(store, parent_dir, rl, parent_resource_id=parent_id, out_dir=out, log=log, group=group)
     assert result.checkpoint is not None
     candidate = store.add_resource(

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lightning_dagster import config as paths
+from lightning_dagster import paths
 from lightning_dagster.engine.build import checkpoint_hash
 from lightning_dagster.engine.chat import ChatCodec
 from lightning_dagster.project import Project, ProjectError, load_project, load_tasks
@@ -147,12 +147,11 @@ def base_model(project: Project, seed: int) -> Path:
     default, built in `<home>/models/base` if absent."""
     if project.model is not None and project.model.path is not None:
         return project.model.path
-    from lightning_dagster.engine.build import build_base_model
-    from lightning_dagster.harnesses.registry import training_corpus
+    from lightning_dagster.engine.build import build_base_model, default_corpus
 
     base = paths.models_dir() / "base"
     if not (base / "config.json").is_file():
-        build_base_model(base, corpus=training_corpus(seed=seed), seed=seed)
+        build_base_model(base, corpus=default_corpus(), seed=seed)
     return base
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from lightning_dagster.gateway.agl import Agl, AglSettings
 from lightning_dagster.store import Store
-from lightning_dagster.store import agl as store_agl
+from lightning_dagster.store import agl_rollouts as store_agl
 from lightning_dagster.store.errors import NotFound
 from tests.agl.conftest import KEY, SECRET
 

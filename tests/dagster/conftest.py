@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lightning_dagster.demo import QUICK_TRAINING
-from lightning_dagster.resources import (
+from lightning_dagster.orchestration.resources import (
     GateResource,
     MLflowResource,
     PipelineResource,
@@ -120,16 +120,16 @@ def resume_loop(p) -> None:
     """Resume the continual-learning loop of `p`'s store if a test left it paused: bob's signed decision
     (the session's default approver), recorded in its history like any other."""
     from lightning_dagster.demo import approver_keys
-    from lightning_dagster.pipeline import pauses
+    from lightning_dagster.pipeline import loop_history
     from lightning_dagster.pipeline.context import approvers
 
     store = p.get_store()
-    if pauses.current_pause(store) is None:
+    if loop_history.current_pause(store) is None:
         return
-    request = pauses.sign_resume(
+    request = loop_history.sign_resume(
         store, actor="bob", role="default-approver", key=approver_keys() / "bob.key", reason="test cleanup"
     )
-    pauses.resume(store, request, actors=approvers(p))
+    loop_history.resume(store, request, actors=approvers(p))
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import dagster as dg
 import pytest
 import yaml
 
-from lightning_dagster.assets.checks import GATE_CHECKS
-from lightning_dagster.definitions import defs
-from lightning_dagster.partitions import snapshots
+from lightning_dagster.orchestration.assets.gate_checks import GATE_CHECKS
+from lightning_dagster.orchestration.definitions import defs
+from lightning_dagster.orchestration.partitions import snapshots
 from lightning_dagster.pipeline.snapshots import InvalidSnapshotKey, snapshot_key, validate_snapshot_key
 from lightning_dagster.pipeline.triggers import Watermark
 
@@ -105,7 +105,10 @@ def test_dagster_yaml_is_a_valid_postgres_instance_config(monkeypatch):
     result = validate_config(dagster_instance_config_schema(), config)
     assert result.success, result.errors
     workspace = yaml.safe_load((ROOT / "workspace.yaml").read_text())
-    assert workspace["load_from"][0]["python_module"]["module_name"] == "lightning_dagster.definitions"
+    assert (
+        workspace["load_from"][0]["python_module"]["module_name"]
+        == "lightning_dagster.orchestration.definitions"
+    )
 
 
 def test_snapshot_keys_are_content_hashed_and_restricted():
@@ -128,8 +131,8 @@ def test_watermark_cursor_is_a_small_round_trip():
 def test_the_code_location_trains_and_judges_with_the_demos_settings_and_the_policys_minimums():
     from lightning_dagster.demo import demo_training
     from lightning_dagster.gate.policy import load_policy
+    from lightning_dagster.orchestration.resources import default_pipeline
     from lightning_dagster.pipeline import context as ctx
-    from lightning_dagster.resources import default_pipeline
 
     location = defs.resources["pipeline"]
     assert location.training == demo_training(None, False)

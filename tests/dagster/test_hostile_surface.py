@@ -9,14 +9,14 @@ import json
 import dagster as dg
 import pytest
 
-from lightning_dagster.assets import candidate_resource, spans
-from lightning_dagster.assets import tasks as tasks_asset
-from lightning_dagster.partitions import snapshots
+from lightning_dagster.orchestration.assets import candidate_resource, spans
+from lightning_dagster.orchestration.assets import tasks as tasks_asset
+from lightning_dagster.orchestration.partitions import snapshots
+from lightning_dagster.orchestration.resources import StoreResource
+from lightning_dagster.orchestration.sensors import _verified_at
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.snapshots import InvalidSnapshotKey, validate_snapshot_key
 from lightning_dagster.pipeline.triggers import InvalidCursor, Watermark
-from lightning_dagster.resources import StoreResource
-from lightning_dagster.sensors import _verified_at
 from lightning_dagster.store import Store
 from lightning_dagster.store.errors import StoreUnavailable
 from tests.dagster.conftest import pipeline_for
@@ -138,7 +138,7 @@ def test_a_receipt_brought_in_by_hand_under_a_snapshots_id_does_not_stop_the_sen
     ],
 )
 def test_approve_job_with_bad_fields_is_refused_in_one_line(embedded_home, fields, named):
-    from lightning_dagster.jobs import approve
+    from lightning_dagster.orchestration.jobs import approve
 
     config = {"snapshot_key": "snap-20261130T0800Z-0000abcd", "actor": "alice", "evidence_hash": "x"}
     config |= {"signature": "y", **fields}
@@ -187,7 +187,7 @@ def test_a_refused_first_batch_is_a_one_line_failure_naming_the_error(error):
     not a traceback of the stage."""
     from importlib import import_module
 
-    from lightning_dagster.assets.failures import snapshot_stage
+    from lightning_dagster.orchestration.assets.failures import snapshot_stage
 
     module, name = error.rsplit(".", 1)
     cls = getattr(import_module(module), name)

@@ -11,7 +11,7 @@ import pytest
 
 from lightning_dagster.demo import approver_keys
 from lightning_dagster.gate.pauses import LoopDecision
-from lightning_dagster.pipeline import pauses
+from lightning_dagster.pipeline import loop_history
 from lightning_dagster.registry.roles import deployment_roles
 from lightning_dagster.store import Store
 
@@ -23,13 +23,13 @@ def store(tmp_path, monkeypatch) -> Store:
     monkeypatch.setenv("LD_STORE_URL", url)
     store = Store(url)
     deployment_roles(store, os.environ["LD_ROLES_FILE"])
-    assert pauses.tick(store, "rcpt-1", ["protected set regressed"], []).paused
+    assert loop_history.tick(store, "rcpt-1", ["protected set regressed"], []).paused
     return store
 
 
 def _signed(store, **kw):
     fields = {"actor": "bob", "role": "default-approver", "key": approver_keys() / "bob.key", "reason": "ok"}
-    return pauses.sign_resume(store, **{**fields, **kw})
+    return loop_history.sign_resume(store, **{**fields, **kw})
 
 
 def _actors(store):
@@ -43,29 +43,29 @@ def _loop(*argv: str) -> int:
 
 
 def test_a_resume_dated_ahead_of_the_clock_or_before_the_pause_is_refused_and_not_recorded(store):
-    pause = pauses.current_pause(store)
+    pause = loop_history.current_pause(store)
     for at in (1e20, 1.0, pause.decision.at - 3600):
-        with pytest.raises(pauses.ResumeRefused, match="ahead of the clock|before the pause"):
-            pauses.resume(store, _signed(store, at=at), actors=_actors(store))
-    assert [r.hash for r in pauses.history(store)] == [pause.hash]
-    recorded = pauses.resume(store, _signed(store), actors=_actors(store))
-    assert recorded.decision.action == "resume" and pauses.current_pause(store) is None
+        with pytest.raises(loop_history.ResumeRefused, match="ahead of the clock|before the pause"):
+            loop_history.resume(store, _signed(store, at=at), actors=_actors(store))
+    assert [r.hash for r in loop_history.history(store)] == [pause.hash]
+    recorded = loop_history.resume(store, _signed(store), actors=_actors(store))
+    assert recorded.decision.action == "resume" and loop_history.current_pause(store) is None
 
 
 def test_a_resume_racing_another_decision_is_refused_not_a_raw_conflict(store, monkeypatch):
     request = _signed(store)
-    read = pauses.current_pause
+    read = loop_history.current_pause
 
-    def racing(store_, loop=pauses.LOOP):
+    def racing(store_, loop=loop_history.LOOP):
         found = read(store_, loop)
-        pauses.tick(store_, "rcpt-2", [], [])  # a clearing receipt resumes the loop meanwhile
+        loop_history.tick(store_, "rcpt-2", [], [])  # a clearing receipt resumes the loop meanwhile
         return found
 
-    monkeypatch.setattr(pauses, "current_pause", racing)
-    with pytest.raises(pauses.ResumeRefused, match="another decision was recorded"):
-        pauses.resume(store, request, actors=_actors(store))
+    monkeypatch.setattr(loop_history, "current_pause", racing)
+    with pytest.raises(loop_history.ResumeRefused, match="another decision was recorded"):
+        loop_history.resume(store, request, actors=_actors(store))
     monkeypatch.undo()
-    assert [(r.decision.action, r.decision.by) for r in pauses.history(store)] == [
+    assert [(r.decision.action, r.decision.by) for r in loop_history.history(store)] == [
         ("pause", "sensor"),
         ("resume", "receipt"),
     ]
@@ -73,7 +73,7 @@ def test_a_resume_racing_another_decision_is_refused_not_a_raw_conflict(store, m
 
 def test_an_odd_time_in_a_recorded_decision_leaves_the_history_readable(store):
     # Recorded before resumes' times were bounded: a time beyond any calendar.
-    head = pauses.history(store)[-1]
+    head = loop_history.history(store)[-1]
     odd = LoopDecision(
         action="resume",
         by="actor",
@@ -83,23 +83,23 @@ def test_an_odd_time_in_a_recorded_decision_leaves_the_history_readable(store):
         role="default-approver",
         reason="x",
     )
-    recorded = pauses._append(store, odd, head)
-    table = pauses.history_table(store)
+    recorded = loop_history._append(store, odd, head)
+    table = loop_history.history_table(store)
     assert table.rows[-1][1] == "1e+20 (not a calendar time)"
-    assert pauses.decision_metadata(store, recorded)["loop_history"].rows == table.rows  # the UI's view
-    assert pauses.tick(store, "rcpt-1", ["protected set regressed"], []).paused is False
+    assert loop_history.decision_metadata(store, recorded)["loop_history"].rows == table.rows  # the UI's view
+    assert loop_history.tick(store, "rcpt-1", ["protected set regressed"], []).paused is False
     assert _loop("history") == 0
     with pytest.raises(ValueError, match="positive"):
-        pauses.history_table(store, last=0)
+        loop_history.history_table(store, last=0)
 
 
 def test_a_history_version_that_verifies_but_is_no_decision_is_named(store):
-    head = pauses.history(store)[-1]
+    head = loop_history.history(store)[-1]
     body = {"action": "pause", "by": "someone", "at": 1.0}
-    digest = pauses._hash(body, head.hash)
-    store.append_document(pauses.COLLECTION, pauses.LOOP, digest, body, head.hash)
-    with pytest.raises(pauses.TamperedHistory, match="version 2 is not a loop decision"):
-        pauses.history(store)
+    digest = loop_history._hash(body, head.hash)
+    store.append_document(loop_history.COLLECTION, loop_history.LOOP, digest, body, head.hash)
+    with pytest.raises(loop_history.TamperedHistory, match="version 2 is not a loop decision"):
+        loop_history.history(store)
     assert _loop("status") == 1 and _loop("history") == 1
 
 
@@ -113,7 +113,7 @@ def test_cli_resume_with_a_bad_reason_is_invalid_input_and_records_nothing(store
     assert _loop("resume", "--actor", "bob", "--key", key, "--reason", reason) == 2
     assert "invalid input: invalid resume: reason" in capsys.readouterr().err
     assert _loop("sign", "--actor", "", "--key", key, "--reason", "ok") == 2
-    assert len(pauses.history(store)) == 1 and pauses.current_pause(store) is not None
+    assert len(loop_history.history(store)) == 1 and loop_history.current_pause(store) is not None
 
 
 @pytest.mark.parametrize("last", ["0", "-2", "many"])
@@ -124,8 +124,8 @@ def test_cli_history_needs_a_positive_count(store, last):
 
 
 def _resume_job(store, config: dict) -> dg.ExecuteInProcessResult:
-    from lightning_dagster.jobs import resume
-    from lightning_dagster.resources import GateResource, StoreResource, default_pipeline
+    from lightning_dagster.orchestration.jobs import resume
+    from lightning_dagster.orchestration.resources import GateResource, StoreResource, default_pipeline
 
     pipeline = default_pipeline(
         deferred=False,
@@ -158,7 +158,7 @@ def test_the_resume_job_refuses_in_one_named_line_and_records_nothing(store, edi
     error = failure.step_failure_data.error
     assert error.cls_name == "Failure" and "Failure: resume refused: " in error.message
     assert failure.step_failure_data.user_failure_data.metadata["refused"].value == refused
-    assert len(pauses.history(store)) == 1
+    assert len(loop_history.history(store)) == 1
 
 
 def test_the_resume_job_records_a_signed_resume_once(store):
@@ -166,7 +166,7 @@ def test_the_resume_job_records_a_signed_resume_once(store):
     assert _resume_job(store, config).success
     again = _resume_job(store, config)  # the same signed resume again: the pause it signed is lifted
     assert not again.success
-    assert [r.decision.action for r in pauses.history(store)] == ["pause", "resume"]
+    assert [r.decision.action for r in loop_history.history(store)] == ["pause", "resume"]
 
 
 # ---------------------------------------------------------------- a deployment with its own resume roles
@@ -176,9 +176,14 @@ def test_the_resume_job_records_a_signed_resume_once(store):
 def owned(tmp_path, monkeypatch):
     """A deployment whose gate lets `loop-owner` (carol) resume, not `default-approver` (bob): its roles
     pinned in a store of its own, its loop paused by the sensor's rule (no approved parent resolves)."""
+    from lightning_dagster.orchestration.resources import (
+        GateResource,
+        MLflowResource,
+        StoreResource,
+        default_pipeline,
+    )
     from lightning_dagster.pipeline.triggers import stop_decision
     from lightning_dagster.registry.signing import generate_keypair
-    from lightning_dagster.resources import GateResource, MLflowResource, StoreResource, default_pipeline
 
     keys = tmp_path / "keys"
     pairs = {a: generate_keypair(a, keys) for a in ("carol", "bob")}
@@ -200,7 +205,7 @@ def owned(tmp_path, monkeypatch):
 
 
 def _job(pipeline, request) -> dg.ExecuteInProcessResult:
-    from lightning_dagster.jobs import resume
+    from lightning_dagster.orchestration.jobs import resume
 
     return resume.execute_in_process(
         run_config={"ops": {"resume_loop": {"config": request.model_dump(mode="json")}}},
@@ -218,8 +223,8 @@ def _cli_resume(keys, actor: str, role: str | None) -> int:
 
 def test_the_pause_names_the_deployments_resume_roles_and_the_cli_shows_them(owned, capsys):
     pipeline, _ = owned
-    pause = pauses.current_pause(pipeline.get_store())
-    assert pause.decision.resume_roles == ["loop-owner"] and pauses.pause_roles(pause) == ["loop-owner"]
+    pause = loop_history.current_pause(pipeline.get_store())
+    assert pause.decision.resume_roles == ["loop-owner"] and loop_history.pause_roles(pause) == ["loop-owner"]
     assert _loop("status") == 0
     assert "may resume: loop-owner" in capsys.readouterr().out
 
@@ -232,11 +237,11 @@ def test_the_pause_names_the_deployments_resume_roles_and_the_cli_shows_them(own
 def test_cli_and_job_refuse_alike_outside_the_deployments_resume_roles(owned, actor, role, capsys):
     pipeline, keys = owned
     store = pipeline.get_store()
-    before = [r.hash for r in pauses.history(store)]
+    before = [r.hash for r in loop_history.history(store)]
     assert _cli_resume(keys, actor, role) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("refused: resume by ") and "\n" not in err
-    request = pauses.sign_resume(store, actor=actor, role=role, key=keys / f"{actor}.key", reason="ok")
+    request = loop_history.sign_resume(store, actor=actor, role=role, key=keys / f"{actor}.key", reason="ok")
     result = _job(pipeline, request)
     assert not result.success
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
@@ -244,16 +249,18 @@ def test_cli_and_job_refuse_alike_outside_the_deployments_resume_roles(owned, ac
     assert job_reason == err.removeprefix("refused: ")  # the same one-line reason
     if role != "loop-owner":
         assert "may not resume (allowed: ['loop-owner'])" in err
-    assert [r.hash for r in pauses.history(store)] == before
+    assert [r.hash for r in loop_history.history(store)] == before
 
 
 def test_cli_and_job_both_accept_a_signed_resume_in_the_deployments_role(owned):
     pipeline, keys = owned
     store = pipeline.get_store()
     assert _cli_resume(keys, "carol", None) == 0  # the role defaults to the pause's first
-    resumed = pauses.history(store)[-1].decision
+    resumed = loop_history.history(store)[-1].decision
     assert (resumed.action, resumed.actor, resumed.role) == ("resume", "carol", "loop-owner")
-    assert pauses.tick(store, None, [], ["parent unavailable: x"], resume_roles=["loop-owner"]).paused
-    request = pauses.sign_resume(store, actor="carol", role="loop-owner", key=keys / "carol.key", reason="ok")
+    assert loop_history.tick(store, None, [], ["parent unavailable: x"], resume_roles=["loop-owner"]).paused
+    request = loop_history.sign_resume(
+        store, actor="carol", role="loop-owner", key=keys / "carol.key", reason="ok"
+    )
     assert _job(pipeline, request).success
-    assert [r.decision.action for r in pauses.history(store)] == ["pause", "resume", "pause", "resume"]
+    assert [r.decision.action for r in loop_history.history(store)] == ["pause", "resume", "pause", "resume"]

@@ -112,9 +112,9 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
     stage's service runs with."""
     from lightning_dagster.engine import build_base_model
     from lightning_dagster.gateway.server import GatewayServer
-    from lightning_dagster.harnesses.registry import training_corpus
+    from lightning_dagster.harnesses.corpus import training_corpus
+    from lightning_dagster.orchestration.resources import GatewayResource, PolicyModelResource
     from lightning_dagster.pipeline.serving import rollout_service
-    from lightning_dagster.resources import GatewayResource, PolicyModelResource
     from lightning_dagster.types import RolloutKind, Sampling, SpanKind
     from tests.support.stub_upstream import create_stub_app
 
@@ -191,8 +191,8 @@ def _children(pid: int) -> list[str]:
 def test_runner_parallel_is_auto_unless_set(embedded_home):
     """0 (the default): twice the engine's batch for in-process attempts, the batch for subprocess ones;
     a number is taken as it is; a negative one is refused by name."""
+    from lightning_dagster.orchestration.resources import GatewayResource, PolicyModelResource
     from lightning_dagster.pipeline.serving import runner_parallel
-    from lightning_dagster.resources import GatewayResource, PolicyModelResource
 
     def with_(parallel: int, mode: str):
         return pipeline_for().model_copy(

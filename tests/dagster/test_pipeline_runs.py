@@ -12,10 +12,10 @@ from urllib.parse import urlparse
 import dagster as dg
 import pytest
 
-from lightning_dagster.assets import snapshot_assets
-from lightning_dagster.definitions import build_definitions
 from lightning_dagster.demo import approval_config, run_snapshot
-from lightning_dagster.partitions import snapshots
+from lightning_dagster.orchestration.assets import snapshot_assets
+from lightning_dagster.orchestration.definitions import build_definitions
+from lightning_dagster.orchestration.partitions import snapshots
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.registry.core import APPROVED
 from tests.dagster.conftest import TINY_POLICY, pipeline_for
@@ -164,7 +164,7 @@ def postgres_instance(postgres_url, tmp_path, bootstrapped):
     """A Dagster instance read from the repository's dagster.yaml, its env vars pointing at the test server."""
     home = tmp_path / "dagster_home"
     home.mkdir()
-    shutil.copy(ROOT / "deploy" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
     url = urlparse(postgres_url)
     env = {
         "DAGSTER_PG_HOST": url.hostname,
@@ -242,7 +242,7 @@ def test_postgres_instance_blocks_then_approves_then_promotes(postgres_instance)
 def test_stale_evidence_sensor_marks_receipts_judged_by_another_evaluator(sqlite_snapshot):
     """A new evaluator version voids the held-out and protected checks of receipts judged by the old one;
     the sensor marks each such receipt once and records an observation the UI shows on release_receipt."""
-    from lightning_dagster.sensors import stale_evidence_sensor
+    from lightning_dagster.orchestration.sensors import stale_evidence_sensor
 
     key, _, _ = sqlite_snapshot
     p = pipeline_for(TINY_POLICY, evaluator_version="2")

@@ -5,10 +5,10 @@ import sys
 
 import dagster as dg
 
-from lightning_dagster.assets import through_pipes
-from lightning_dagster.assets.metadata import materialized
+from lightning_dagster.orchestration.assets import through_pipes
+from lightning_dagster.orchestration.assets.metadata import materialized
+from lightning_dagster.orchestration.pipes_child import decode, encode
 from lightning_dagster.pipeline.results import Link, Markdown, StageResult, Table
-from lightning_dagster.pipes_child import decode, encode
 
 RESULT = StageResult(
     metadata={
@@ -25,7 +25,7 @@ RESULT = StageResult(
 )
 CHILD = (
     "from dagster_pipes import open_dagster_pipes\n"
-    "from lightning_dagster.pipes_child import encode\n"
+    "from lightning_dagster.orchestration.pipes_child import encode\n"
     "from tests.dagster.test_pipes import RESULT\n"
     "with open_dagster_pipes() as pipes:\n"
     "    assert pipes.get_extra('answer') == 42\n"

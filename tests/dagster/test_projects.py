@@ -16,17 +16,17 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from lightning_dagster.assets import snapshot_assets
-from lightning_dagster.assets import tasks as tasks_asset
-from lightning_dagster.definitions import build_definitions
 from lightning_dagster.demo import run_snapshot
-from lightning_dagster.partitions import snapshots
+from lightning_dagster.orchestration.assets import snapshot_assets
+from lightning_dagster.orchestration.assets import tasks as tasks_asset
+from lightning_dagster.orchestration.definitions import build_definitions
+from lightning_dagster.orchestration.partitions import snapshots
+from lightning_dagster.orchestration.resources import PolicyModelResource
+from lightning_dagster.orchestration.sensors import continual_learning_sensor
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.snapshots import build_manifest, freeze_tasks, load_manifest
 from lightning_dagster.project import TaskDataError, load_project, load_tasks
 from lightning_dagster.project.examples import EXAMPLES_DIR, example_harness, example_tasks
-from lightning_dagster.resources import PolicyModelResource
-from lightning_dagster.sensors import continual_learning_sensor
 from lightning_dagster.training.selection import reserved_validation
 from tests.dagster.conftest import TINY_POLICY, pipeline_for
 

@@ -12,11 +12,15 @@ import dagster as dg
 import pytest
 from mlflow import MlflowClient
 
-from lightning_dagster.partitions import snapshots
-from lightning_dagster.pipeline import pauses
+from lightning_dagster.orchestration.partitions import snapshots
+from lightning_dagster.orchestration.resources import MLflowResource
+from lightning_dagster.orchestration.sensors import (
+    approved_alias_sensor,
+    continual_learning_sensor,
+    nightly_snapshot,
+)
+from lightning_dagster.pipeline import loop_history
 from lightning_dagster.pipeline.snapshots import SNAPSHOT_KEY_PATTERN, load_manifest
-from lightning_dagster.resources import MLflowResource
-from lightning_dagster.sensors import approved_alias_sensor, continual_learning_sensor, nightly_snapshot
 from lightning_dagster.types import AttemptState, Reward
 from tests.dagster.conftest import pipeline_for, resume_loop
 
@@ -68,7 +72,7 @@ def test_new_evidence_cuts_a_partition_and_the_cursor_advances(bootstrapped):
     (key2,) = fresh.dynamic_partitions_requests[0].partition_keys
     assert key2 != key and len(load_manifest(p, key2).serve_rollout_ids) == 3
     assert json.loads(fresh.cursor)["serve_after"] > cursor["serve_after"]
-    assert pauses.current_pause(p.get_store()) is None
+    assert loop_history.current_pause(p.get_store()) is None
 
 
 def test_stop_condition_pauses_with_its_reason(bootstrapped, leaves_loop_running):
@@ -77,7 +81,7 @@ def test_stop_condition_pauses_with_its_reason(bootstrapped, leaves_loop_running
     result = _tick(p, dg.DagsterInstance.ephemeral())
     assert not result.run_requests
     assert result.skip_reason.skip_message.startswith("paused: parent unavailable")
-    pause = pauses.current_pause(p.get_store())
+    pause = loop_history.current_pause(p.get_store())
     assert pause is not None and pause.decision.conditions[0].startswith("parent unavailable")
     (observation,) = result.asset_events  # the UI sees the pause on release_receipt
     assert observation.metadata["loop_decision"].value == "pause"
@@ -100,7 +104,7 @@ def _judged(p, key: str, name: str) -> str:
 
 
 def _resume_job(p, request) -> bool:
-    from lightning_dagster.jobs import resume
+    from lightning_dagster.orchestration.jobs import resume
 
     result = resume.execute_in_process(
         run_config={"ops": {"resume_loop": {"config": request.model_dump(mode="json")}}},
@@ -122,7 +126,7 @@ def test_a_paused_loop_resumes_only_by_an_authorized_signed_decision_or_a_cleari
     store, instance = p.get_store(), dg.DagsterInstance.ephemeral()
     keys_dir = approver_keys()
     resume_loop(p)  # in case an earlier test of the session's store left it paused
-    start = len(pauses.history(store))
+    start = len(loop_history.history(store))
     keys = ["snap-pause-1", "snap-pause-2", "snap-pause-3"]
 
     # A receipt with a protected regression: the tick pauses, naming the condition and the receipt.
@@ -132,7 +136,7 @@ def test_a_paused_loop_resumes_only_by_an_authorized_signed_decision_or_a_cleari
     assert not paused.run_requests and paused.skip_reason.skip_message.startswith(
         "paused: protected set regressed"
     )
-    pause = pauses.current_pause(store)
+    pause = loop_history.current_pause(store)
     assert pause.decision.receipt_id == regressed and pause.decision.by == "sensor"
     assert paused.asset_events[0].metadata["receipt_id"].value == regressed
 
@@ -159,15 +163,15 @@ def test_a_paused_loop_resumes_only_by_an_authorized_signed_decision_or_a_cleari
     assert main(["loop", "resume", "--actor", "bob", "--key", str(keys_dir / "alice.key"), *reason]) == 1
     still = _tick(p, instance)
     assert still.skip_reason.skip_message.startswith("paused:") and not still.asset_events
-    assert pauses.current_pause(store).hash == pause.hash
+    assert loop_history.current_pause(store).hash == pause.hash
 
     # Bob, a default-approver, signs (`loop sign`) and the resume job records it: the loop learns again.
-    signed = pauses.sign_resume(
+    signed = loop_history.sign_resume(
         store, actor="bob", role="default-approver", key=keys_dir / "bob.key", reason="ok"
     )
     assert _resume_job(p, signed)
     running = _tick(p, instance)
-    assert running.run_requests and pauses.current_pause(store) is None
+    assert running.run_requests and loop_history.current_pause(store) is None
 
     # A newer receipt with the same condition pauses again; a newer one made by hand that clears it resumes.
     instance.add_dynamic_partitions(snapshots.name, keys[1:2])
@@ -179,7 +183,7 @@ def test_a_paused_loop_resumes_only_by_an_authorized_signed_decision_or_a_cleari
     assert cleared.asset_events[0].metadata["loop_decision"].value == "resume"
 
     history = [
-        (r.decision.action, r.decision.by, r.decision.receipt_id) for r in pauses.history(store)[start:]
+        (r.decision.action, r.decision.by, r.decision.receipt_id) for r in loop_history.history(store)[start:]
     ]
     assert history == [
         ("pause", "sensor", regressed),
@@ -187,7 +191,7 @@ def test_a_paused_loop_resumes_only_by_an_authorized_signed_decision_or_a_cleari
         ("pause", "sensor", "rcpt-snap-pause-2"),
         ("resume", "receipt", clearing),
     ]
-    assert pauses.history(store)[start + 1].decision.actor == "bob"
+    assert loop_history.history(store)[start + 1].decision.actor == "bob"
     monkeypatch.setenv("LD_STORE_URL", store.url)
     assert main(["loop", "history", "--json"]) == 0
 
@@ -227,7 +231,7 @@ def _alias_tick(p, instance, cursor=None):
 
 def test_alias_watch_restores_a_moved_alias_and_observes_the_incident(embedded_home, tmp_path):
     from lightning_dagster.engine import build_base_model
-    from lightning_dagster.harnesses.registry import training_corpus
+    from lightning_dagster.harnesses.corpus import training_corpus
     from lightning_dagster.pipeline.context import registry
     from lightning_dagster.registry import APPROVED
     from lightning_dagster.registry.lineage import register_version

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dagster as dg
 
-from lightning_dagster.assets.checks import JUDGED_ASSET
-from lightning_dagster.definitions import defs
-from lightning_dagster.gate.stages import STAGES
+from lightning_dagster.gate.stage_table import STAGES
+from lightning_dagster.orchestration.assets.gate_checks import JUDGED_ASSET
+from lightning_dagster.orchestration.definitions import defs
 
 
 def test_each_blocking_check_sits_on_its_stage_and_stages_follow_the_graph_order():

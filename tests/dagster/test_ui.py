@@ -246,9 +246,9 @@ def test_a_cycle_started_from_the_ui_is_judged_on_its_merits_and_a_refused_promo
     HOLD receipt fails with the one-line refusal, and release_receipt's page names the candidate version."""
     from urllib.parse import quote
 
+    from lightning_dagster.orchestration.sensors import stale_evidence_sensor
     from lightning_dagster.pipeline import context as ctx
     from lightning_dagster.pipeline.report import run_config
-    from lightning_dagster.sensors import stale_evidence_sensor
     from tests.dagster.conftest import TINY_POLICY, pipeline_for
 
     ARTIFACTS.mkdir(exist_ok=True)

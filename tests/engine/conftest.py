@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_dagster.engine import Engine, build_base_model
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from lightning_dagster.engine import BatchingEngine, Engine, SamplingParams, bui
 from lightning_dagster.engine.build import CALCULATOR_TOOL, UnknownArchitecture
 from lightning_dagster.gateway import EngineBackend
 from lightning_dagster.gateway.tokenin import closing_tokens
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.store import Store
 from lightning_dagster.training.advantages import Advantages
 from lightning_dagster.training.trainer import Trainer, TrainerConfig, collate, response_logprobs

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from lightning_dagster.cli import main
 from lightning_dagster.engine import Engine, SamplingParams, build_base_model, checkpoint_hash
 from lightning_dagster.engine.build import EmptyCorpus
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 
 
 def test_build_is_deterministic_for_a_seed_and_corpus(tmp_path):

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from lightning_dagster.engine import build_base_model
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 from tests.support.secrets import free_port, secret_file
 
 SECRET, ADMIN = "s" * 32, "a" * 32

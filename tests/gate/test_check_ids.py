@@ -35,7 +35,7 @@ def test_checks_are_numbered_one_to_seven_with_the_stored_machine_names():
 
 
 def test_asset_checks_take_their_names_and_descriptions_from_the_enum():
-    from lightning_dagster.assets.checks import GATE_CHECKS
+    from lightning_dagster.orchestration.assets.gate_checks import GATE_CHECKS
 
     specs = [spec for definition in GATE_CHECKS for spec in definition.check_specs]
     assert [s.name for s in specs] == [c.name for c in Check]

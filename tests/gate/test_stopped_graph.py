@@ -14,7 +14,7 @@ from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.checks import HOLD, evaluate, run_check
 from lightning_dagster.gate.errors import InvalidInput
 from lightning_dagster.gate.receipt import parse_receipt
-from lightning_dagster.gate.stages import STAGES, early_stop
+from lightning_dagster.gate.stage_table import STAGES, early_stop
 from lightning_dagster.pipeline.stages.training import training_run
 from lightning_dagster.training.loop import selection_summary
 from lightning_dagster.training.selection import CheckpointEval, select, stop_reason

@@ -11,7 +11,7 @@ import pytest
 
 from lightning_dagster.engine import BatchingEngine, Engine, build_base_model
 from lightning_dagster.gateway import EngineBackend, GatewayServer, UpstreamBackend, attempt_key, create_app
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.store import Store
 from lightning_dagster.types import Rollout, RolloutKind
 from tests.gateway.scripted import script_weights, spell

@@ -8,7 +8,7 @@ import pytest
 
 from lightning_dagster.harnesses.calc import agent
 from lightning_dagster.harnesses.calc.demos import demo_messages, demo_tools
-from lightning_dagster.harnesses.calc.tasks import make_tasks
+from lightning_dagster.harnesses.calc.generate import make_tasks
 from tests.harnesses.scripted_llm import ScriptedLLM, say, tool_call
 
 

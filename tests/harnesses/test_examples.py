@@ -12,9 +12,8 @@ import pytest
 
 from lightning_dagster.harnesses.calc import agent as calc_agent
 from lightning_dagster.harnesses.calc.demos import demo_messages
-from lightning_dagster.harnesses.calc.tasks import make_tasks
-from lightning_dagster.harnesses.registry import training_corpus
-from lightning_dagster.harnesses.splits import SPLITS
+from lightning_dagster.harnesses.calc.generate import make_tasks
+from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.project import load_project
 from lightning_dagster.project.examples import (
     EXAMPLES_DIR,
@@ -23,6 +22,7 @@ from lightning_dagster.project.examples import (
     example_harness,
     example_tasks,
 )
+from lightning_dagster.project.splits import SPLITS
 
 REPO = Path(__file__).resolve().parents[2]
 # The demo's plan (demo.demo_training): 128 held-out, 32 protected, 8 canary tasks.

@@ -6,7 +6,7 @@ import sqlite3
 
 from lightning_dagster.harnesses.ledger import agent
 from lightning_dagster.harnesses.ledger.environment import prepare, verify
-from lightning_dagster.harnesses.ledger.tasks import make_tasks
+from lightning_dagster.harnesses.ledger.generate import make_tasks
 from tests.harnesses.scripted_llm import ScriptedLLM, say, tool_call
 
 

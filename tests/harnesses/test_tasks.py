@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_dagster.harnesses.calc.tasks import make_tasks as calc_tasks
-from lightning_dagster.harnesses.ledger.tasks import PROTECTED_FAMILIES
-from lightning_dagster.harnesses.ledger.tasks import make_tasks as ledger_tasks
-from lightning_dagster.harnesses.splits import SPLITS, UnknownSplit, content_hash
+from lightning_dagster.harnesses.calc.generate import make_tasks as calc_tasks
+from lightning_dagster.harnesses.ledger.generate import PROTECTED_FAMILIES
+from lightning_dagster.harnesses.ledger.generate import make_tasks as ledger_tasks
+from lightning_dagster.project.splits import SPLITS, UnknownSplit, content_hash
 
 MAKERS = {"calc": calc_tasks, "ledger": ledger_tasks}
 

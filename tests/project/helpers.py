@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from lightning_dagster.harnesses.splits import SPLITS
+from lightning_dagster.project.splits import SPLITS
 
 DELETE = object()
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from lightning_dagster.cli import main
-from lightning_dagster.harnesses.splits import SPLITS
 from lightning_dagster.project import PROJECT_FILE, load_project, load_tasks
+from lightning_dagster.project.splits import SPLITS
 from tests.harnesses.scripted_llm import ScriptedLLM, say
 from tests.project.helpers import task_rows, write_project
 

@@ -9,8 +9,8 @@ from importlib import resources
 
 import pytest
 
-from lightning_dagster.harnesses.registry import HarnessSpec
 from lightning_dagster.project import PROJECT_FILE, ProjectError, load_project
+from lightning_dagster.runner.harness_spec import HarnessSpec
 from lightning_dagster.runner.output import DEFAULT_MAX_OUTPUT_BYTES
 from tests.project.helpers import DELETE, write_project
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from lightning_dagster.project import ProjectError, load_project
-from lightning_dagster.project.agl import AGL_LAUNCHER_USAGE, BadReward, read_task, reward_value
+from lightning_dagster.project.agl_launcher import AGL_LAUNCHER_USAGE, BadReward, read_task, reward_value
 from lightning_dagster.project.harness import AGL_LAUNCHER, harness_spec, inprocess_entry
 from tests.project.helpers import write_project
 
@@ -123,7 +123,7 @@ def test_the_launcher_posts_what_run_returns_and_nothing_when_it_returns_none(tm
     )
     code = (
         "import json, sys\n"
-        "import lightning_dagster.project.agl as agl\n"
+        "import lightning_dagster.project.agl_launcher as agl\n"
         "agl.post_reward = lambda url, key, value: print(json.dumps([url, key, value]))\n"
         "sys.exit(agl.main(sys.argv[1:]))\n"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lightning_dagster.demo.stages import asset_figures
+from lightning_dagster.demo.progress import asset_figures
 
 TRAINING = SimpleNamespace(tasks_per_step=4, group_size=4, steps=2)
 META = {

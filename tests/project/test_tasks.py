@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lightning_dagster.harnesses.splits import SPLITS
 from lightning_dagster.project import ProjectError, TaskDataError, TaskFieldConflict, load_project, load_tasks
+from lightning_dagster.project.splits import SPLITS
 from tests.project.helpers import task_rows, write_jsonl, write_project
 
 ROWS = [

@@ -33,7 +33,7 @@ def _home(tmp_path_factory):
 @pytest.fixture(scope="session")
 def base_checkpoint(tmp_path_factory) -> Path:
     from lightning_dagster.engine import build_base_model
-    from lightning_dagster.harnesses.registry import training_corpus
+    from lightning_dagster.harnesses.corpus import training_corpus
 
     return build_base_model(tmp_path_factory.mktemp("base") / "model", corpus=training_corpus(seed=0), seed=0)
 

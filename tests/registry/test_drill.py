@@ -55,13 +55,13 @@ def test_bad_weights_hash_fails_resolution_and_leaves_later_steps_untested(regis
 
 @pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
 def test_loaded_but_not_served_fails_routing_back(registry, variant, monkeypatch):
-    from lightning_dagster.registry import serving
+    from lightning_dagster.registry import approved
 
     def loads_then_fails(path, *, on_loaded=None, timeout=60.0):
         on_loaded()
         raise RuntimeError("gateway answered 500")
 
-    monkeypatch.setattr(serving, "serve_once", loads_then_fails)
+    monkeypatch.setattr(approved, "serve_once", loads_then_fails)
     parent = registry.register_initial_parent(variant(0))
     drill = registry.rollback_drill(parent.version, record=False)
     assert drill.hash_ok and drill.loaded and not drill.served and "gateway answered 500" in drill.error

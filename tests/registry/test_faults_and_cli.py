@@ -138,7 +138,7 @@ def test_cli_show_history_approve_promote_rollback(
 
 
 def test_roles_file_rules(tmp_path, approver_keys):
-    from lightning_dagster import config
+    from lightning_dagster import paths
     from lightning_dagster.registry.signing import load_private_key, public_key_line
 
     key = public_key_line(load_private_key(approver_keys["alice"]))
@@ -148,7 +148,7 @@ def test_roles_file_rules(tmp_path, approver_keys):
     roles.require("alice", "release-owner")
     with pytest.raises(NotAuthorized):
         roles.require("alice", "ml-lead")
-    inside = config.models_dir() / "roles.yaml"  # the trainer writes here: it must not grant approvals
+    inside = paths.models_dir() / "roles.yaml"  # the trainer writes here: it must not grant approvals
     inside.write_text(good.read_text())
     with pytest.raises(RolesConfigError, match="write surface"):
         read_roles_file(inside)

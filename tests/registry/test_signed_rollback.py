@@ -181,8 +181,13 @@ def test_cli_and_job_refuse_an_unverified_rollback_in_one_line_and_record_a_sign
     import dagster as dg
 
     from lightning_dagster.cli import main
-    from lightning_dagster.jobs import rollback
-    from lightning_dagster.resources import GateResource, MLflowResource, StoreResource, default_pipeline
+    from lightning_dagster.orchestration.jobs import rollback
+    from lightning_dagster.orchestration.resources import (
+        GateResource,
+        MLflowResource,
+        StoreResource,
+        default_pipeline,
+    )
 
     parent, cand = promoted
     before = _moves(registry)

@@ -7,7 +7,7 @@ import pytest
 
 from lightning_dagster.engine import build_base_model
 from lightning_dagster.gateway.local import LocalGateway
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.runner.service import model_resource
 from lightning_dagster.store import Store
 

@@ -341,7 +341,7 @@ def test_a_command_harness_gets_its_task_in_ld_task_and_on_stdin_and_env_map_in_
 
 HUGE_PROBE = """
 import json, os, sys
-from lightning_dagster.project.agl import read_task
+from lightning_dagster.project.agl_launcher import read_task
 with open(os.environ["LD_TASK_FILE"], encoding="utf-8") as fh:
     from_file = fh.read()
 task = read_task()

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from lightning_dagster.harnesses.registry import HarnessSpec
 from lightning_dagster.project.examples import example_harness, example_tasks
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
+from lightning_dagster.runner.harness_spec import HarnessSpec
 from lightning_dagster.types import AttemptState, RetryKind, RolloutStatus, SpanKind
 
 # Minimal "any language" harnesses: command lines that speak the Agent Lightning environment directly.

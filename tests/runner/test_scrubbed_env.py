@@ -15,7 +15,6 @@ import pytest
 
 from lightning_dagster.gateway.local import LocalGateway
 from lightning_dagster.gateway.server import GatewayServer
-from lightning_dagster.harnesses.registry import HarnessSpec
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
 from lightning_dagster.runner.execute import (
     INHERITED_ENV,
@@ -26,6 +25,7 @@ from lightning_dagster.runner.execute import (
     harness_env,
     task_note,
 )
+from lightning_dagster.runner.harness_spec import HarnessSpec
 from lightning_dagster.types import AttemptState, RolloutStatus
 from tests.support.stub_upstream import create_stub_app
 

@@ -149,7 +149,7 @@ def test_nonblocking_creates_leave_a_checkpoint_to_the_blocking_path_so_the_wal_
         pytest.skip("non-blocking writes are a SQLite fast path")
     from pathlib import Path
 
-    from lightning_dagster.store import agl as store_agl
+    from lightning_dagster.store import agl_rollouts as store_agl
     from lightning_dagster.types import Sampling
 
     def one(i: int) -> Rollout:

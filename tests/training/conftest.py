@@ -58,6 +58,6 @@ def random_rows(seed: int, rollouts: dict[str, int]) -> list[Row]:
 def base_model_dir(tmp_path_factory) -> Path:
     """The embedded engine's real base model (tokenizer + chat template + tiny Qwen2), built once."""
     from lightning_dagster.engine.build import build_base_model
-    from lightning_dagster.harnesses.registry import training_corpus
+    from lightning_dagster.harnesses.corpus import training_corpus
 
     return build_base_model(tmp_path_factory.mktemp("base"), corpus=training_corpus(seed=0), seed=0)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lightning_dagster.engine.build import build_base_model
-from lightning_dagster.harnesses.registry import training_corpus
+from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.store import Store
 from lightning_dagster.training.loop import RLConfig, train_rl
 from lightning_dagster.training.trainer import TrainerConfig

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from lightning_dagster.engine.engine import Engine
 from lightning_dagster.harnesses.calc import demos
-from lightning_dagster.harnesses.calc.tasks import make_tasks
+from lightning_dagster.harnesses.calc.generate import make_tasks
 from lightning_dagster.project import ProjectError
 from lightning_dagster.project.examples import example_tasks
 from lightning_dagster.training.warmstart import (

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from lightning_dagster.gateway import schemas
 from lightning_dagster.gateway.errors import GatewayError, answered, http_exception_response
 from lightning_dagster.gateway.keys import attempt_key, same_key
-from lightning_dagster.store import agl as store_agl
+from lightning_dagster.store import agl_rollouts as store_agl
 from lightning_dagster.store.connection import bad_json, suspect_json
 from lightning_dagster.types import Sampling
 

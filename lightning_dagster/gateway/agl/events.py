@@ -13,12 +13,12 @@ from cachetools import LRUCache
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from lightning_dagster.gateway import events as gateway_events
+from lightning_dagster.gateway import rewards as gateway_events
 from lightning_dagster.gateway import schemas
 from lightning_dagster.gateway.agl import Agl, reply
 from lightning_dagster.gateway.attempts import RolloutDeleted
 from lightning_dagster.gateway.errors import GatewayError
-from lightning_dagster.store import agl as store_agl
+from lightning_dagster.store import agl_rollouts as store_agl
 from lightning_dagster.types import Span, SpanKind
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from lightning_dagster.gateway import schemas
 from lightning_dagster.gateway.agl import WORKER_ID, Agl, invalid, parse_json, reply
 from lightning_dagster.gateway.errors import GatewayError
-from lightning_dagster.store import agl as store_agl
+from lightning_dagster.store import agl_rollouts as store_agl
 
 if TYPE_CHECKING:
     from lightning_dagster.gateway.app import Gateway

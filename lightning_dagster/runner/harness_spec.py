@@ -1,5 +1,5 @@
 """`HarnessSpec`, what the runner runs and the gate judges (a project's harness becomes one through
-`project.harness.harness_spec`), and the text corpus the embedded default model's tokenizer is built on."""
+`project.harness.harness_spec`)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_dagster.harnesses.calc import agent as calc_agent
-from lightning_dagster.harnesses.calc import tasks as calc_tasks
-from lightning_dagster.harnesses.ledger import agent as ledger_agent
-from lightning_dagster.harnesses.ledger import tasks as ledger_tasks
-from lightning_dagster.harnesses.splits import SPLITS
-
 if TYPE_CHECKING:
-    from lightning_dagster.runner.policy import RetryPolicy
+    from lightning_dagster.runner.retry import RetryPolicy
 
 Task = dict[str, Any]
 # A judge scores an attempt that posted no reward: (task, transcript) -> reward; see `runner.rewards`.
@@ -92,36 +86,6 @@ class HarnessSpec:
     def retry_policy(self, **overrides: Any) -> RetryPolicy:
         """The retry policy with this harness's timeout and attempt budget (`overrides` win)."""
         # Imported here: the runner package imports this module.
-        from lightning_dagster.runner.policy import RetryPolicy
+        from lightning_dagster.runner.retry import RetryPolicy
 
         return RetryPolicy(**{"max_attempts": self.max_attempts, "timeout_s": self.timeout_s, **overrides})
-
-
-def training_corpus(n_per_split: int = 200, seed: int = 0) -> list[str]:
-    """Every kind of text the harnesses exchange: system prompts, tool schemas, questions, tool-call
-    arguments as JSON, tool results and final answers. Deterministic, so the tokenizer is too."""
-    texts: list[str] = []
-    for agent in (calc_agent, ledger_agent):
-        texts += [agent.SYSTEM_PROMPT, json.dumps(agent.TOOLS)]
-        texts += [tool["function"]["name"] for tool in agent.TOOLS]
-    for split in SPLITS:
-        for task in calc_tasks.make_tasks(split, n_per_split, seed):
-            result = calc_agent.calculate(task["expression"])
-            texts += [
-                task["question"],
-                json.dumps({"expression": task["expression"]}),
-                result,
-                f"ANSWER: {calc_agent.format_number(task['answer'])}",
-            ]
-        for task in ledger_tasks.make_tasks(split, n_per_split, seed):
-            account, target = task["account"], task["target"]
-            texts += [
-                task["question"],
-                json.dumps({"account": account}),
-                json.dumps({"account": account, "amount": target}),
-                f"{task['accounts'][account]:g}",
-                "ok",
-                "DONE",
-            ]
-    texts += ["error: unknown tool", "error: arguments are not valid JSON", "deleted"]
-    return texts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from lightning_dagster.harnesses.splits import draw_tasks, split_of
+from lightning_dagster.project.splits import draw_tasks, split_of
 
 FAMILIES = ("set", "deposit", "withdraw")
 # "Empty" or "close out" an account invites delete_account, which is never allowed: these families are

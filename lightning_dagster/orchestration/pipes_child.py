@@ -64,8 +64,8 @@ def main(device: str) -> int:
 
     from dagster_pipes import open_dagster_pipes
 
+    from lightning_dagster.orchestration.resources import PipelineResource
     from lightning_dagster.pipeline.stages import training
-    from lightning_dagster.resources import PipelineResource
 
     with open_dagster_pipes() as pipes:
         pipeline = PipelineResource.model_validate(pipes.get_extra("pipeline"))

@@ -2,7 +2,7 @@
 a reward on a harness's behalf), `read_task` (a harness's task from its environment) and the launcher that
 runs an Agent Lightning v1.0-style class unchanged:
 
-    python -m lightning_dagster.project.agl ROOT module:Class
+    python -m lightning_dagster.project.agl_launcher ROOT module:Class
 
 imports the class with ROOT on sys.path, instantiates it without arguments and calls `run()` (awaiting it
 when it is a coroutine); `run()` reads the AGL_* variables of its attempt. A number it returns is posted as
@@ -26,7 +26,7 @@ from typing import Any
 from lightning_dagster.project.references import resolve_agent_class
 
 POST_TIMEOUT_S = 30.0
-AGL_LAUNCHER_USAGE = "usage: python -m lightning_dagster.project.agl ROOT module:Class"
+AGL_LAUNCHER_USAGE = "usage: python -m lightning_dagster.project.agl_launcher ROOT module:Class"
 
 
 class BadReward(TypeError):

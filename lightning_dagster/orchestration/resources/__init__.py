@@ -1,6 +1,6 @@
 """Dagster resources: small typed settings, each readable from an environment variable, with working defaults.
 
-Every field left at its default falls back to the embedded default of `lightning_dagster.config` (which reads
+Every field left at its default falls back to the embedded default of `lightning_dagster.paths` (which reads
 `LD_STORE_URL`, `MLFLOW_TRACKING_URI`, ...), so `dagster dev -w workspace.yaml` works with no setup. The
 resources only hold settings and hand out core objects; they contain no pipeline logic.
 """
@@ -12,7 +12,7 @@ import os
 import dagster as dg
 from pydantic import PrivateAttr
 
-from lightning_dagster import config
+from lightning_dagster import paths
 
 
 def _env_or(name: str, default: str, *, deferred: bool = True) -> dg.EnvVar | str:
@@ -31,7 +31,7 @@ class StoreResource(dg.ConfigurableResource):
     _store: object = PrivateAttr(default=None)
 
     def resolved_url(self) -> str:
-        return self.url or config.store_url()
+        return self.url or paths.store_url()
 
     def get(self):
         # One Store (one SQLAlchemy engine) per process: each asset op re-uses the connection pool.
@@ -50,7 +50,7 @@ class MLflowResource(dg.ConfigurableResource):
     ui_url: str = ""  # e.g. http://127.0.0.1:5000, to turn run ids into links in asset metadata
 
     def resolved_uri(self) -> str:
-        return self.tracking_uri or config.mlflow_tracking_uri()
+        return self.tracking_uri or paths.mlflow_tracking_uri()
 
 
 class PolicyModelResource(dg.ConfigurableResource):
@@ -61,7 +61,7 @@ class PolicyModelResource(dg.ConfigurableResource):
     # its tasks file; empty: the built-in harness named by `harness`
     project: str = ""
     # the built-in harness whose generated tasks the pipeline samples, trains and evaluates on when no
-    # project is given (`harnesses.registry`)
+    # project is given (`examples/NAME`)
     harness: str = "calc"
     # torch threads of the embedded engine that serves rollouts (`LocalGateway(threads=)`). One: the harness
     # workers' process runs beside it, and two OpenMP threads then spin against it (on 2 cores the rollout

@@ -135,7 +135,9 @@ class RolloutQueue(Connection):
         polls to know whether its rollouts are final, without reading and validating each of them."""
         where = self._rollout_filters(None, None, status, None, rollout_ids, None, harness)
         with self.engine.connect() as c:
-            return c.execute(sa.select(sa.func.count()).select_from(schema.rollouts).where(*where)).scalar_one()
+            return c.execute(
+                sa.select(sa.func.count()).select_from(schema.rollouts).where(*where)
+            ).scalar_one()
 
     def claim_rollout(
         self,

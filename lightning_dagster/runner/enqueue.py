@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from lightning_dagster.harnesses.registry import HarnessSpec
+from lightning_dagster.runner.harness_spec import HarnessSpec
 from lightning_dagster.store import Store
 from lightning_dagster.types import Rollout, RolloutKind, Sampling, new_id
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dagster as dg
 
-from lightning_dagster.assets import snapshot_assets
-from lightning_dagster.assets.checks import GATE_CHECKS
-from lightning_dagster.jobs import approve, continual_learning, promote, resume, rollback
-from lightning_dagster.resources import default_pipeline
-from lightning_dagster.sensors import (
+from lightning_dagster.orchestration.assets import snapshot_assets
+from lightning_dagster.orchestration.assets.gate_checks import GATE_CHECKS
+from lightning_dagster.orchestration.jobs import approve, continual_learning, promote, resume, rollback
+from lightning_dagster.orchestration.resources import default_pipeline
+from lightning_dagster.orchestration.sensors import (
     approved_alias_sensor,
     continual_learning_sensor,
     nightly_snapshot,

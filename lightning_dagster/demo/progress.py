@@ -190,7 +190,7 @@ def _materializations(result: Any) -> list[Any]:
 
 
 def _assets() -> list[Any]:
-    from lightning_dagster.assets import snapshot_assets
+    from lightning_dagster.orchestration.assets import snapshot_assets
 
     return snapshot_assets
 

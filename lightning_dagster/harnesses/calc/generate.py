@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from lightning_dagster.harnesses.splits import draw_tasks, split_of
+from lightning_dagster.project.splits import draw_tasks, split_of
 
 FAMILIES = ("add", "sub", "mul", "div", "two_step")
 SPLIT_WEIGHTS = {"train": 0.7, "holdout": 0.1, "protected": 0.1, "canary": 0.1}

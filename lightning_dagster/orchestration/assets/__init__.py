@@ -10,15 +10,15 @@ import warnings
 import dagster as dg
 from dagster._utils.warnings import PreviewWarning
 
-from lightning_dagster.assets.failures import snapshot_stage
-from lightning_dagster.assets.metadata import materialized
-from lightning_dagster.partitions import snapshots
+from lightning_dagster.orchestration.assets.failures import snapshot_stage
+from lightning_dagster.orchestration.assets.metadata import materialized
+from lightning_dagster.orchestration.partitions import snapshots
+from lightning_dagster.orchestration.pipes_child import decode, pipes_settings
+from lightning_dagster.orchestration.resources import PipelineResource
 from lightning_dagster.pipeline.report import receipt_guide
 from lightning_dagster.pipeline.stages import evaluation, release, snapshot, training
 from lightning_dagster.pipeline.stages import rollouts as rollout_stages
 from lightning_dagster.pipeline.versions import code_version
-from lightning_dagster.pipes_child import decode, pipes_settings
-from lightning_dagster.resources import PipelineResource
 from lightning_dagster.training.distributed import command
 
 TRAINER_POOL = "trainer"
@@ -117,7 +117,7 @@ def candidate_resource(
     return through_pipes(
         context,
         trainer_pipes,
-        command(t.nproc, "lightning_dagster.pipes_child", t.device),
+        command(t.nproc, "lightning_dagster.orchestration.pipes_child", t.device),
         {"pipeline": pipes_settings(pipeline), "partition_key": key, "run_id": context.run.run_id},
     )
 

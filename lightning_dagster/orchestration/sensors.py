@@ -12,14 +12,14 @@ import time
 
 import dagster as dg
 
-from lightning_dagster.assets import release_receipt
-from lightning_dagster.assets.metadata import to_metadata
-from lightning_dagster.jobs import continual_learning
-from lightning_dagster.partitions import snapshots
+from lightning_dagster.orchestration.assets import release_receipt
+from lightning_dagster.orchestration.assets.metadata import to_metadata
+from lightning_dagster.orchestration.jobs import continual_learning
+from lightning_dagster.orchestration.partitions import snapshots
+from lightning_dagster.orchestration.resources import PipelineResource
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline import triggers
 from lightning_dagster.pipeline.triggers import Watermark
-from lightning_dagster.resources import PipelineResource
 
 
 def _now() -> dt.datetime:
@@ -41,7 +41,7 @@ def _keys(instance: dg.DagsterInstance) -> list[str]:
     "that clears it. Each pause and resume is an observation on release_receipt with the loop's history.",
 )
 def continual_learning_sensor(context: dg.SensorEvaluationContext, pipeline: PipelineResource):
-    from lightning_dagster.pipeline.pauses import decision_metadata
+    from lightning_dagster.pipeline.loop_history import decision_metadata
 
     watermark = Watermark.from_cursor(context.cursor)
     stop = triggers.stop_decision(pipeline, _keys(context.instance))

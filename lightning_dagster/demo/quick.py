@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lightning_dagster.resources import TrainingResource
+    from lightning_dagster.orchestration.resources import TrainingResource
 
 # Tiny settings: a smoke run of the whole flow, not a learning one (`--quick`, and the Dagster tests).
 QUICK_TRAINING: dict[str, int | float] = dict(
@@ -25,7 +25,7 @@ QUICK_TRAINING: dict[str, int | float] = dict(
 def demo_training(steps: int | None, quick: bool) -> TrainingResource:
     """The code location's defaults (`TrainingResource()`: one evaluator fingerprint in the demo and the UI),
     or `QUICK_TRAINING`, with `steps` RL steps when given."""
-    from lightning_dagster.resources import TrainingResource
+    from lightning_dagster.orchestration.resources import TrainingResource
 
     settings = QUICK_TRAINING if quick else {}
     return TrainingResource(**{**settings, **({"steps": steps} if steps else {})})

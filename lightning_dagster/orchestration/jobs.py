@@ -6,18 +6,18 @@ from contextlib import contextmanager
 import dagster as dg
 from pydantic import Field
 
-from lightning_dagster.assets import snapshot_assets
-from lightning_dagster.assets.metadata import to_metadata
-from lightning_dagster.partitions import snapshots
+from lightning_dagster.orchestration.assets import snapshot_assets
+from lightning_dagster.orchestration.assets.metadata import to_metadata
+from lightning_dagster.orchestration.partitions import snapshots
+from lightning_dagster.orchestration.resources import PipelineResource
 from lightning_dagster.pipeline.stages import release
-from lightning_dagster.resources import PipelineResource
 
 continual_learning = dg.define_asset_job(
     name="continual_learning",
     selection=dg.AssetSelection.assets(*snapshot_assets),
     partitions_def=snapshots,
     description="Every asset of one snapshot: plan, rollouts, training, evaluation, canary, rollback drill, receipt.",
-    # One training per run; the `trainer` pool (deploy/dagster.yaml) keeps two runs from training at once.
+    # One training per run; the `trainer` pool (dagster.yaml) keeps two runs from training at once.
     tags={"dagster/max_runtime": "3600"},
 )
 
@@ -102,7 +102,7 @@ def refusals(action: str) -> Iterator[None]:
     stop: a one-line `dg.Failure` with its reason as metadata, not a traceback of the registry's frames."""
     from lightning_dagster.gate.errors import InvalidInput, TamperedReceipt
     from lightning_dagster.pipeline.context import ForeignReceipt, StageMissing
-    from lightning_dagster.pipeline.pauses import ResumeRefused, TamperedHistory
+    from lightning_dagster.pipeline.loop_history import ResumeRefused, TamperedHistory
     from lightning_dagster.registry.errors import PointerConflict, RegistryError
     from lightning_dagster.store.errors import StoreUnavailable
 
@@ -200,17 +200,17 @@ class ResumeConfig(dg.Config):
 
 @dg.op(description="Record a signed resume of the paused loop once it verifies; the history is the output.")
 def resume_loop(config: ResumeConfig, pipeline: PipelineResource) -> dg.Output:
-    from lightning_dagster.pipeline import pauses
+    from lightning_dagster.pipeline import loop_history
     from lightning_dagster.pipeline.context import approvers
 
     store = pipeline.get_store()
     with refusals("resume"):
-        recorded = pauses.resume(
+        recorded = loop_history.resume(
             store,
-            pauses.resume_request(config.model_dump()),
+            loop_history.resume_request(config.model_dump()),
             actors=approvers(pipeline),
         )
-    return dg.Output(None, metadata=to_metadata(pauses.decision_metadata(store, recorded)))
+    return dg.Output(None, metadata=to_metadata(loop_history.decision_metadata(store, recorded)))
 
 
 @dg.job(

@@ -9,7 +9,8 @@ import warnings
 
 import dagster as dg
 
-from lightning_dagster.assets import (
+from lightning_dagster.gate.check_ids import Check
+from lightning_dagster.orchestration.assets import (
     canary_results,
     candidate_resource,
     holdout_evaluation,
@@ -17,12 +18,11 @@ from lightning_dagster.assets import (
     rollouts,
     spans,
 )
-from lightning_dagster.assets.failures import snapshot_stage
-from lightning_dagster.assets.metadata import check_result
-from lightning_dagster.gate.check_ids import Check
-from lightning_dagster.partitions import snapshots
+from lightning_dagster.orchestration.assets.failures import snapshot_stage
+from lightning_dagster.orchestration.assets.metadata import check_result
+from lightning_dagster.orchestration.partitions import snapshots
+from lightning_dagster.orchestration.resources import PipelineResource
 from lightning_dagster.pipeline.stages import release
-from lightning_dagster.resources import PipelineResource
 
 # The asset whose materialization brings the evidence each check judges.
 JUDGED_ASSET: dict[Check, dg.AssetsDefinition] = {
