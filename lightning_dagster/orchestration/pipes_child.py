@@ -43,7 +43,7 @@ def pipes_settings(pipeline: Any) -> dict[str, Any]:
     """The resolved pipeline settings the child rebuilds, without the gateway secret: Pipes extras are
     stored and shown by Dagster, so the child's gateway signs attempt keys with a fresh secret of its own."""
     settings = pipeline.model_dump()
-    settings["gateway"]["secret"] = ""
+    settings["serving"]["secret"] = ""
     return settings
 
 

@@ -13,14 +13,13 @@ from lightning_dagster.pipeline.results import StageResult
 from lightning_dagster.pipeline.versions import code_version
 
 if TYPE_CHECKING:
-    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.pipeline.run import Pipeline
 
 
 def bootstrap_parent(
     p: Pipeline, *, actor: str = "bootstrap", progress: Callable[[dict[str, Any]], None] | None = None
 ) -> StageResult:
     """`progress` (optional) receives the warm start's metrics after every SFT step."""
-    from lightning_dagster.pipeline.serving import runner_parallel
     from lightning_dagster.registry.core import APPROVED
     from lightning_dagster.training.warmstart import WarmStartConfig, base_model, has_demos, warm_start
 
@@ -29,7 +28,7 @@ def bootstrap_parent(
     if current is not None:
         return StageResult(metadata={"approved_default": current, "bootstrapped": False})
     project = ctx.harness_source(p).project
-    base = base_model(project, p.model.seed)
+    base = base_model(project, p.training.seed)
     warmed: dict[str, object] = {"warm_start_steps": 0}
     parent = base
     if has_demos(project):
@@ -44,12 +43,12 @@ def bootstrap_parent(
                 min_steps=min(4, t.warm_start_max_steps),
                 probe_tasks=t.warm_start_probe_tasks,
                 demos=t.warm_start_demos,
-                seed=p.model.seed,
-                parallel=runner_parallel(p),
-                max_batch=p.model.max_batch,
-                engine_threads=p.model.engine_threads,
-                engine_device=p.model.engine_device,
-                engine_process=p.model.engine_process,
+                seed=p.training.seed,
+                parallel=p.serving.attempts_at_once(),
+                max_batch=p.serving.max_batch,
+                engine_threads=p.serving.engine_threads,
+                engine_device=p.serving.engine_device,
+                engine_process=p.serving.engine_process,
             ),
             log=progress,
         )

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from lightning_dagster.gate.ledger import LedgerEntry
     from lightning_dagster.gate.policy import Policy
     from lightning_dagster.gate.receipt import CandidateArtifact, ParentRef, Receipt
-    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.pipeline.run import Pipeline
     from lightning_dagster.project import Project, TaskSet
     from lightning_dagster.registry.core import Registry
     from lightning_dagster.runner.harness_spec import HarnessSpec
@@ -134,7 +134,7 @@ def project_file(p: Pipeline) -> Path | str:
     `model.harness` (`examples/<name>`)."""
     from lightning_dagster.project.examples import example_file
 
-    return p.model.project or example_file(p.model.harness)
+    return p.project.project or example_file(p.project.harness)
 
 
 def pipeline_project(p: Pipeline) -> Project:

@@ -10,7 +10,7 @@ from lightning_dagster.pipeline.results import Link, Markdown, Table
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.checks import Evaluation
-    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.pipeline.run import Pipeline
     from lightning_dagster.registry.core import Registry
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from lightning_dagster.types import Rollout, RolloutKind, Sampling, Span, SpanKind
 
 if TYPE_CHECKING:
-    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.pipeline.run import Pipeline
     from lightning_dagster.runner import RetryPolicy
     from lightning_dagster.runner.harness_spec import HarnessSpec
     from lightning_dagster.runner.service import RolloutBatch, RolloutService
@@ -123,33 +123,22 @@ def rollout_service(
         tokenizer if forwards else model_dir,
         harness=harness,
         resource_id=resource_id,
-        parallel=runner_parallel(p),
+        parallel=p.serving.attempts_at_once(),
         serving="thread" if forwards else "process",
         reuse=not forwards,
-        runner_mode=p.gateway.runner_mode,  # type: ignore[arg-type]
-        sandbox=p.gateway.sandbox,  # type: ignore[arg-type]
+        runner_mode=p.serving.runner_mode,  # type: ignore[arg-type]
+        sandbox=p.serving.sandbox,  # type: ignore[arg-type]
         retry_policy=retry_policy(p, harness),
         upstream_url=upstream if forwards else None,
-        host=p.gateway.host,
-        port=p.gateway.port,
-        secret=p.gateway.secret or None,
-        max_batch=p.model.max_batch,
-        threads=p.model.engine_threads,
-        device=p.model.engine_device,
-        engine_process=p.model.engine_process and not forwards,
+        host=p.serving.host,
+        port=p.serving.port,
+        secret=p.serving.secret or None,
+        max_batch=p.serving.max_batch,
+        threads=p.serving.engine_threads,
+        device=p.serving.engine_device,
+        engine_process=p.serving.engine_process and not forwards,
     )
     return SnapshotService(service, snapshot_key)
-
-
-def runner_parallel(p: Pipeline) -> int:
-    """Harness attempts at once: `gateway.parallel`, or when 0 (auto) twice `model.max_batch` for in-process
-    attempts (spare attempts keep the engine's batch full while others take their turn between calls) and
-    `model.max_batch` for subprocess attempts."""
-    if p.gateway.parallel < 0:
-        raise ValueError(f"gateway.parallel must be >= 0 (0: auto), got {p.gateway.parallel}")
-    if p.gateway.parallel:
-        return p.gateway.parallel
-    return p.model.max_batch * (2 if p.gateway.runner_mode == "inprocess" else 1)
 
 
 def upstream_of(p: Pipeline) -> tuple[str | None, Path | None]:
@@ -160,7 +149,7 @@ def upstream_of(p: Pipeline) -> tuple[str | None, Path | None]:
     model = pipeline_project(p).model
     if model is not None and model.upstream is not None:
         return model.upstream, model.tokenizer
-    return p.model.upstream_url or None, None
+    return p.serving.upstream_url or None, None
 
 
 def spans_tokenizer(p: Pipeline, parent_dir: Path) -> Path:

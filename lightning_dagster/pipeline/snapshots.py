@@ -22,7 +22,7 @@ from lightning_dagster.training.selection import train_tasks
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import SnapshotRef
-    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.pipeline.run import Pipeline
 
 Split = Literal["train", "holdout", "protected", "canary"]
 CLOSED_SPLITS: tuple[Split, ...] = ("holdout", "protected")  # the same cases for every snapshot

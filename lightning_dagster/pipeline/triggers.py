@@ -19,7 +19,7 @@ from lightning_dagster.pipeline.snapshots import build_manifest, save_manifest, 
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import Receipt
     from lightning_dagster.pipeline.loop_history import Recorded
-    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.pipeline.run import Pipeline
     from lightning_dagster.store import Store
 
 

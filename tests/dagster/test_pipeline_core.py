@@ -113,7 +113,7 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
     from lightning_dagster.engine import build_base_model
     from lightning_dagster.gateway.server import GatewayServer
     from lightning_dagster.harnesses.corpus import training_corpus
-    from lightning_dagster.orchestration.resources import GatewayResource, PolicyModelResource
+    from lightning_dagster.orchestration.resources import ServingResource
     from lightning_dagster.pipeline.serving import rollout_service
     from lightning_dagster.types import RolloutKind, Sampling, SpanKind
     from tests.support.stub_upstream import create_stub_app
@@ -129,9 +129,15 @@ def test_resource_settings_decide_how_the_pipeline_serves_and_runs(embedded_home
     with GatewayServer(create_stub_app()) as upstream:
         p = pipeline_for().model_copy(
             update={
-                "model": PolicyModelResource(upstream_url=upstream.url, max_batch=4, engine_threads=1),
-                "gateway": GatewayResource(
-                    runner_mode="subprocess", sandbox=sandbox, port=port, secret="s3cret", parallel=2
+                "serving": ServingResource(
+                    upstream_url=upstream.url,
+                    max_batch=4,
+                    engine_threads=1,
+                    runner_mode="subprocess",
+                    sandbox=sandbox,
+                    port=port,
+                    secret="s3cret",
+                    parallel=2,
                 ),
                 "training": tiny_training(max_attempts=2),
             }
@@ -191,19 +197,15 @@ def _children(pid: int) -> list[str]:
 def test_runner_parallel_is_auto_unless_set(embedded_home):
     """0 (the default): twice the engine's batch for in-process attempts, the batch for subprocess ones;
     a number is taken as it is; a negative one is refused by name."""
-    from lightning_dagster.orchestration.resources import GatewayResource, PolicyModelResource
-    from lightning_dagster.pipeline.serving import runner_parallel
+    import pydantic
+
+    from lightning_dagster.orchestration.resources import ServingResource
 
     def with_(parallel: int, mode: str):
-        return pipeline_for().model_copy(
-            update={
-                "model": PolicyModelResource(max_batch=24),
-                "gateway": GatewayResource(parallel=parallel, runner_mode=mode),
-            }
-        )
+        return ServingResource(max_batch=24, parallel=parallel, runner_mode=mode)
 
-    assert runner_parallel(with_(0, "inprocess")) == 48
-    assert runner_parallel(with_(0, "subprocess")) == 24
-    assert runner_parallel(with_(5, "inprocess")) == 5
-    with pytest.raises(ValueError, match="gateway.parallel must be >= 0"):
-        runner_parallel(with_(-1, "inprocess"))
+    assert with_(0, "inprocess").attempts_at_once() == 48
+    assert with_(0, "subprocess").attempts_at_once() == 24
+    assert with_(5, "inprocess").attempts_at_once() == 5
+    with pytest.raises(pydantic.ValidationError, match="parallel"):
+        with_(-1, "inprocess")

@@ -21,7 +21,7 @@ from lightning_dagster.orchestration.assets import snapshot_assets
 from lightning_dagster.orchestration.assets import tasks as tasks_asset
 from lightning_dagster.orchestration.definitions import build_definitions
 from lightning_dagster.orchestration.partitions import snapshots
-from lightning_dagster.orchestration.resources import PolicyModelResource
+from lightning_dagster.orchestration.resources import ProjectResource
 from lightning_dagster.orchestration.sensors import continual_learning_sensor
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.snapshots import build_manifest, freeze_tasks, load_manifest
@@ -73,7 +73,7 @@ def write_project(root: Path, rows: list[dict], name: str = "calc-project") -> P
 
 
 def project_pipeline(root: Path, policy: Path | None = None):
-    return pipeline_for(policy).model_copy(update={"model": PolicyModelResource(project=str(root))})
+    return pipeline_for(policy).model_copy(update={"project": ProjectResource(project=str(root))})
 
 
 def test_project_snapshot_draws_every_split_from_the_dataset(embedded_home, tmp_path):
@@ -195,7 +195,7 @@ def test_the_whole_graph_runs_on_a_user_project_and_mlflow_shows_its_data(bootst
     (root / "lightning-dagster.yaml").write_text(yaml.safe_dump(spec))
     p = project_pipeline(root, TINY_POLICY)
     defs = build_definitions(
-        deferred=False, **{name: getattr(p, name) for name in ("model", "training", "gate")}
+        deferred=False, **{name: getattr(p, name) for name in ("project", "training", "gate")}
     )
     instance = dg.DagsterInstance.ephemeral()
     key = "snap-20261130T0800Z-00000f11"

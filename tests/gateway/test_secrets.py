@@ -156,7 +156,7 @@ def test_the_training_loops_gateway_child_gets_its_secrets_on_stdin_only(tmp_pat
 def test_the_pipeline_resources_refuse_a_gateway_secret_in_the_environment(monkeypatch):
     from lightning_dagster.orchestration.resources import default_pipeline
 
-    assert default_pipeline().gateway.secret == ""  # a fresh secret per run, held in memory
+    assert default_pipeline().serving.secret == ""  # a fresh secret per run, held in memory
     monkeypatch.setenv("LD_GATEWAY_SECRET", "env-secret-value")
     with pytest.raises(SecretError, match="LD_GATEWAY_SECRET set in the environment"):
         default_pipeline()

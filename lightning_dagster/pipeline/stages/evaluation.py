@@ -14,7 +14,7 @@ from lightning_dagster.types import RolloutKind, Sampling, SpanKind
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import ProtectedResults
-    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.pipeline.run import Pipeline
 
 # Held-out success is sampled at T=1.0 (RL's effect shows there); protected cases are decoded greedily, so
 # "the parent passed and the candidate failed" is a regression, not sampling noise.

@@ -14,7 +14,7 @@ from lightning_dagster.types import RolloutKind
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import Approval, Receipt
-    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.pipeline.run import Pipeline
     from lightning_dagster.registry.rollbacks import RollbackRequest
 
 # Checks judged on the first batch alone, where their asset sits: coverage and retry debt of the rollouts

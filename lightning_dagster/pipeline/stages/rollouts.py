@@ -11,7 +11,7 @@ from lightning_dagster.pipeline.serving import rollout_service, step_settings
 from lightning_dagster.pipeline.snapshots import load_manifest
 
 if TYPE_CHECKING:
-    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.pipeline.run import Pipeline
 
 
 def rollouts(p: Pipeline, key: str) -> StageResult:

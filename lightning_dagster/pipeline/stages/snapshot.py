@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from lightning_dagster.gate.ledger import LedgerEntry
     from lightning_dagster.gate.policy import Policy
     from lightning_dagster.gate.receipt import Plan, Receipt
-    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.pipeline.run import Pipeline
 
 
 PREVIEW_ROWS = 5  # train tasks shown in the `tasks` asset's preview table
@@ -76,7 +76,7 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
         # Phase 1 is frozen: re-materializing reports the plan already in the ledger, it never re-plans.
         return _plan_result(p, existing, ctx.append_receipt(store, key, existing))
     parent = reg.resolve(APPROVED)  # raises PointerNotSet: never "whatever is latest"
-    Engine(parent.local_path, threads=p.model.engine_threads)  # loadable, not just resolvable
+    Engine(parent.local_path, threads=p.serving.engine_threads)  # loadable, not just resolvable
     parent_uri = f"models:/{p.mlflow.model_name}/{parent.version}"
     refs = snapshot_refs(manifest)
     source = ctx.harness_source(p)

@@ -21,7 +21,7 @@ from lightning_dagster.pipeline.snapshots import load_manifest, snapshot_refs
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import SnapshotRef, TrainingRun
-    from lightning_dagster.pipeline.settings import Pipeline
+    from lightning_dagster.pipeline.run import Pipeline
     from lightning_dagster.pipeline.snapshots import Manifest, Split
     from lightning_dagster.training.distributed import Group
     from lightning_dagster.training.selection import ValidationSettings

@@ -1,0 +1,348 @@
+"""Every setting a user can set, defined once: its name, type, default, bounds and help, one class per
+concern. The Dagster resources (`orchestration.resources`), the CLI flags (`add_flags`) and the project
+file's `training:` / `serving:` / `gate:` sections are all generated from these classes, so a setting has
+one name and one default wherever it is set (`tests/test_settings.py` holds every surface to that).
+
+Precedence, lowest first: these defaults, the project file's sections, then the surface's own (a CLI flag
+given on the command line, a Dagster resource field set in the launchpad or an environment variable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+S = TypeVar("S", bound="Settings")
+
+
+class SettingsError(ValueError):
+    """A setting given a value it does not take; the message names the setting and the flag or key."""
+
+
+class Settings(BaseModel):
+    """One concern's settings: frozen, unknown keys refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    @classmethod
+    def parse(cls: type[S], data: dict[str, Any], *, where: str = "") -> S:
+        """`cls(**data)`, a pydantic error turned into a `SettingsError` naming each bad key."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise SettingsError(_explain(err, where)) from None
+
+    def updated(self: S, changes: dict[str, Any], *, where: str = "") -> S:
+        """A copy with `changes` applied and validated like a fresh instance."""
+        return type(self).parse({**self.model_dump(), **changes}, where=where)
+
+
+def _explain(err: ValidationError, where: str) -> str:
+    prefix = f"{where}." if where else ""
+    return "; ".join(
+        f"{prefix}{'.'.join(str(p) for p in e['loc']) or '(settings)'}: {e['msg']}" for e in err.errors()
+    )
+
+
+class ProjectSettings(Settings):
+    """What the pipeline trains: a user project, else a built-in example."""
+
+    project: str = Field(
+        "",
+        description="a project file (lightning-dagster.yaml) or the folder holding it: its harness runs on "
+        "its tasks; empty: the built-in example named by `harness`",
+    )
+    harness: Literal["calc", "ledger"] = Field(
+        "calc", description="the built-in example project (examples/NAME) used when no project is given"
+    )
+
+
+class StoreSettings(Settings):
+    """The durable store: rollouts, attempts, spans, receipts, pointers."""
+
+    url: str = Field(
+        "", description="a SQLAlchemy URL (postgresql+psycopg2://... for real use); empty: $LD_STORE_URL, "
+        "else SQLite in the lightning-dagster home"
+    )  # fmt: skip
+
+    def resolved_url(self) -> str:
+        from lightning_dagster import paths
+
+        return self.url or paths.store_url()
+
+
+class MLflowSettings(Settings):
+    """Where candidate lineage and the two pointers live."""
+
+    tracking_uri: str = Field(
+        "", description="MLflow tracking URI; empty: $MLFLOW_TRACKING_URI, else SQLite in the home"
+    )
+    model_name: str = Field("lightning-dagster-policy", min_length=1, description="the registered model")
+    ui_url: str = Field(
+        "", description="the MLflow UI's address (e.g. http://127.0.0.1:5000), to turn run ids into links"
+    )
+
+    def resolved_uri(self) -> str:
+        from lightning_dagster import paths
+
+        return self.tracking_uri or paths.mlflow_tracking_uri()
+
+
+class ServingSettings(Settings):
+    """What serves the policy to the harness and how the harness runs."""
+
+    upstream_url: str = Field(
+        "",
+        description="an OpenAI-compatible server (e.g. vLLM), or several comma-separated (sticky per "
+        "rollout, with failover), that serves the parent's rollouts; empty: the embedded engine serves",
+    )
+    engine_threads: int = Field(
+        1,
+        ge=1,
+        description="torch threads of the embedded engine (one: the harness workers run beside it, and two "
+        "OpenMP threads then spin against it; benchmarks/README.md, rollout path)",
+    )
+    engine_device: str = Field(
+        "auto", min_length=1, description="where the embedded engine runs: auto (CUDA when present), cpu, "
+        "cuda, cuda:N"
+    )  # fmt: skip
+    max_batch: int = Field(64, ge=1, description="the most sequences the embedded engine decodes at once")
+    engine_process: bool = Field(
+        True,
+        description="the embedded engine in a process of its own, so its decode loop does not share an "
+        "interpreter lock with the gateway's HTTP server and span writers (benchmarks/README.md, rollout "
+        "path); false: a thread of the gateway's process",
+    )
+    host: str = Field(
+        "127.0.0.1", min_length=1, description="the address the gateway binds (attempt keys travel in clear "
+        "HTTP: keep it on loopback or a private network)"
+    )  # fmt: skip
+    port: int = Field(0, ge=0, le=65535, description="the gateway's port; 0: a free port")
+    secret: str = Field(
+        "",
+        description="the attempt-key signing secret; empty (the default): a fresh random one per run, held in "
+        "memory only. Never read from the environment, where a harness could read it; better left empty "
+        "under Dagster, which stores and shows run config",
+    )
+    runner_mode: Literal["inprocess", "subprocess"] = Field(
+        "inprocess",
+        description="harness attempts as threads of the runner's process (for a harness with an in-process "
+        "entry point) or each as a child process, killed on timeout or cancel",
+    )
+    sandbox: Literal["none", "bwrap"] = Field(
+        "none",
+        description="bwrap: each subprocess attempt under bubblewrap, in a PID namespace of its own, away "
+        "from the gateway's /proc and the home (runner_mode subprocess; docs/SECURITY.md)",
+    )
+    parallel: int = Field(
+        0,
+        ge=0,
+        description="harness attempts at once; 0 (auto): twice max_batch for in-process attempts (spare "
+        "attempts keep the engine's batch full between their turns), max_batch for subprocess ones",
+    )
+
+    def attempts_at_once(self) -> int:
+        """`parallel`, or what 0 (auto) means for `runner_mode`."""
+        if self.parallel:
+            return self.parallel
+        return self.max_batch * (2 if self.runner_mode == "inprocess" else 1)
+
+
+class TrainingSettings(Settings):
+    """RL, evaluation and checkpoint selection. The defaults are the demo's: 8 steps of 8 tasks x group 16
+    at lr 1e-4 with KL, selection and early stop promoted on 3 of 3 seeds (benchmarks/README.md, release
+    cycles); the closed-set sizes meet the default policy's minimums (held-out `min_n` 100)."""
+
+    seed: int = Field(
+        0, ge=0, description="seeds the base model built from scratch, the first parent's warm start, and "
+        "`train`'s task draw and sampling"
+    )  # fmt: skip
+    steps: int = Field(8, ge=1, description="RL steps, one optimizer update each")
+    tasks_per_step: int = Field(8, ge=1, description="train tasks sampled per step (x group_size rollouts)")
+    group_size: int = Field(16, ge=2, description="rollouts per task (one GRPO group)")
+    learning_rate: float = Field(1e-4, ge=0, allow_inf_nan=False, description="Adam learning rate")
+    temperature: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="sampling temperature of every call of a train rollout"
+    )
+    advantage: Literal["grpo", "dr_grpo", "rloo", "whiten"] = Field(
+        "grpo", description="rollout-level advantage mode"
+    )
+    loss_normalization: Literal["token_mean", "seq_mean_token_mean", "constant"] = Field(
+        "token_mean",
+        description="how per-token losses are weighted: token_mean, seq_mean_token_mean (each rollout weighs "
+        "one) or constant (Dr. GRPO's fixed denominator, loss_constant)",
+    )
+    loss_constant: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="the fixed denominator of loss_normalization constant"
+    )
+    kl_coef: float = Field(
+        0.1,
+        ge=0,
+        allow_inf_nan=False,
+        description="weight of the k3 KL to the exact parent in the RL loss (keeps the parent's greedy "
+        "behaviour while RL lifts sampled success); 0: off",
+    )
+    max_excluded_rollouts: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="the share of a step's rollouts that may be left out for an invalid span (NaN or "
+        "positive logprobs, negative ids, empty prompt) before the step fails",
+    )
+    holdout_tasks: int = Field(
+        128, ge=1, description="held-out tasks the parent and the candidate are compared on"
+    )
+    protected_tasks: int = Field(
+        32, ge=0, description="protected cases, decoded greedily, that must not regress"
+    )
+    canary_tasks: int = Field(8, ge=0, description="tasks of the bounded canary")
+    eval_seed: int = Field(
+        1234, ge=0, description="one sampling seed for parent and candidate (common random numbers)"
+    )
+    eval_every: int = Field(
+        10,
+        ge=1,
+        description="`train`: held-out evaluation every N steps (and before the first, after the last)",
+    )
+    max_attempts: int | None = Field(
+        None, ge=1, description="attempts per rollout; empty: the harness's own (harness.max_attempts)"
+    )
+    attempt_timeout_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="seconds per attempt; empty: the harness's own (harness.timeout_s)"
+    )  # fmt: skip
+    validation_tasks: int = Field(
+        64,
+        ge=0,
+        description="train-split tasks outside the train pool each checkpoint is judged on greedily; the "
+        "proposed checkpoint keeps every case the parent solved; 0: the last checkpoint",
+    )
+    validation_every: int = Field(2, ge=1, description="judge a checkpoint every N steps (and the last)")
+    validation_patience: int = Field(
+        2, ge=0, description="stop after N validation evaluations in a row that regressed; 0: never"
+    )
+    success_threshold: float = Field(
+        0.5, gt=0, le=1, description="a task counts as solved (validation, protected cases) at this reward"
+    )
+    warm_start_max_steps: int = Field(
+        300, ge=1, description="the first parent's supervised warm start: most steps"
+    )
+    warm_start_probe_tasks: int = Field(
+        64, ge=1, description="tasks of the sampled probe that stops the warm start"
+    )
+    warm_start_demos: int = Field(2000, ge=1, description="demonstrations the warm start trains on")
+    min_serve_rollouts: int = Field(
+        32, ge=1, description="new rewarded serve rollouts that justify a new snapshot"
+    )
+    nproc: int = Field(
+        1, ge=1, description="training processes (DistributedDataParallel ranks: gloo on CPU, NCCL on GPU)"
+    )
+    device: str = Field(
+        "auto", min_length=1, description="where the trainer runs: auto (CUDA when present), cpu, cuda"
+    )
+
+
+class GateSettings(Settings):
+    """The versioned release policy, who approves, and the bounded canary."""
+
+    policy_path: str = Field(
+        "", description="the release policy file; empty: the project's, else the gate's default"
+    )
+    roles_path: str = Field(
+        "", description="the deployment's roles file; empty: $LD_ROLES_FILE, else the default"
+    )
+    evaluator: str = Field("heldout-sampled-success", min_length=1, description="the evaluator's name")
+    evaluator_version: str = Field("1", min_length=1, description="the evaluator's version")
+    scope: str = Field("bounded-canary", min_length=1, description="what a PROMOTE lets the candidate touch")
+    canary_approver_roles: list[str] = Field(
+        default_factory=lambda: ["release-owner"], min_length=1, description="roles that may approve the canary step"
+    )  # fmt: skip
+    default_approver_roles: list[str] = Field(
+        default_factory=lambda: ["default-approver"], min_length=1,
+        description="roles that may approve moving approved-default",
+    )  # fmt: skip
+    canary_harness: Literal["ledger"] = Field(
+        "ledger", description="the agent the canary runs: one whose effect it can re-read at its destination"
+    )
+    canary_denied_tools: list[str] = Field(
+        default_factory=lambda: ["delete_account"], description="tools a canary task may not call"
+    )
+    canary_max_seconds: float = Field(300.0, gt=0, allow_inf_nan=False, description="the canary's time limit")
+    canary_max_cost: float = Field(0.0, ge=0, allow_inf_nan=False, description="the canary's cost limit")
+    infrastructure_retry_budget: int = Field(0, ge=0, description="infrastructure retries check 3 tolerates")
+
+
+class PipelineSettings(Settings):
+    """One pipeline run's settings, nested by concern."""
+
+    project: ProjectSettings = Field(default_factory=ProjectSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    mlflow: MLflowSettings = Field(default_factory=MLflowSettings)
+    serving: ServingSettings = Field(default_factory=ServingSettings)
+    training: TrainingSettings = Field(default_factory=TrainingSettings)
+    gate: GateSettings = Field(default_factory=GateSettings)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CLI flags, generated
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of setting `name`: `learning_rate` -> `--learning-rate`."""
+    return "--" + name.replace("_", "-")
+
+
+def _scalar(annotation: Any) -> tuple[Any, bool]:
+    """(the non-None type of a field, whether None is allowed)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0], True
+    return annotation, False
+
+
+def add_flags(
+    parser: argparse.ArgumentParser | Any, cls: type[Settings], names: list[str] | None = None
+) -> None:
+    """One flag per setting of `cls` (all, or `names`), each `--setting-name`, its help the setting's
+    description with its default. A flag not given leaves the setting as the project file or default has it
+    (`from_flags`)."""
+    for name in names or list(cls.model_fields):
+        field = cls.model_fields[name]
+        kind, optional = _scalar(field.annotation)
+        default = field.get_default(call_default_factory=True)
+        help_text = f"{field.description} (default: {'empty' if default in (None, '') else default})"
+        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        if kind is bool:
+            parser.add_argument(flag_of(name), action=argparse.BooleanOptionalAction, **kw)
+        elif typing.get_origin(kind) is Literal:
+            parser.add_argument(flag_of(name), choices=typing.get_args(kind), **kw)
+        elif typing.get_origin(kind) is list:
+            parser.add_argument(flag_of(name), action="append", metavar="VALUE", **kw)
+        else:
+            parser.add_argument(flag_of(name), type=_none_or(kind) if optional else kind, **kw)
+
+
+def _none_or(kind: type) -> Any:
+    def convert(text: str) -> Any:
+        return None if text in ("", "none") else kind(text)
+
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def from_flags(base: S, args: argparse.Namespace, *, command: str = "") -> S:
+    """`base` with the flags given on the command line applied (each validated as the setting is)."""
+    given = {name: getattr(args, name) for name in type(base).model_fields if hasattr(args, name)}
+    try:
+        return base.updated(given)
+    except SettingsError as err:
+        raise SettingsError(f"{command + ': ' if command else ''}{_as_flags(str(err), given)}") from None
+
+
+def _as_flags(message: str, given: dict[str, Any]) -> str:
+    for name in given:
+        message = message.replace(f"{name}:", f"{flag_of(name)}:", 1)
+    return message
