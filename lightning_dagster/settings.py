@@ -290,9 +290,14 @@ class PipelineSettings(Settings):
 # CLI flags, generated
 
 
-def flag_of(name: str) -> str:
-    """The command-line flag of setting `name`: `learning_rate` -> `--learning-rate`."""
-    return "--" + name.replace("_", "-")
+def flag_of(name: str, prefix: str = "") -> str:
+    """The command-line flag of setting `name`: `learning_rate` -> `--learning-rate`; with a prefix (a
+    concern whose field names are short), `url` of the store -> `--store-url`."""
+    return "--" + (f"{prefix}_{name}" if prefix else name).replace("_", "-")
+
+
+def _dest(name: str, prefix: str) -> str:
+    return f"{prefix}_{name}" if prefix else name
 
 
 def _scalar(annotation: Any) -> tuple[Any, bool]:
@@ -304,25 +309,30 @@ def _scalar(annotation: Any) -> tuple[Any, bool]:
 
 
 def add_flags(
-    parser: argparse.ArgumentParser | Any, cls: type[Settings], names: list[str] | None = None
+    parser: argparse.ArgumentParser | Any,
+    cls: type[Settings],
+    names: list[str] | None = None,
+    *,
+    prefix: str = "",
 ) -> None:
-    """One flag per setting of `cls` (all, or `names`), each `--setting-name`, its help the setting's
-    description with its default. A flag not given leaves the setting as the project file or default has it
-    (`from_flags`)."""
+    """One flag per setting of `cls` (all, or `names`), each `--setting-name` (`--prefix-setting-name`),
+    its help the setting's description with its default. A flag not given leaves the setting as the
+    project file or default has it (`from_flags`)."""
     for name in names or list(cls.model_fields):
         field = cls.model_fields[name]
         kind, optional = _scalar(field.annotation)
         default = field.get_default(call_default_factory=True)
         help_text = f"{field.description} (default: {'empty' if default in (None, '') else default})"
-        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        kw: dict[str, Any] = {"dest": _dest(name, prefix), "default": argparse.SUPPRESS, "help": help_text}
+        flag = flag_of(name, prefix)
         if kind is bool:
-            parser.add_argument(flag_of(name), action=argparse.BooleanOptionalAction, **kw)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
         elif typing.get_origin(kind) is Literal:
-            parser.add_argument(flag_of(name), choices=typing.get_args(kind), **kw)
+            parser.add_argument(flag, choices=typing.get_args(kind), **kw)
         elif typing.get_origin(kind) is list:
-            parser.add_argument(flag_of(name), action="append", metavar="VALUE", **kw)
+            parser.add_argument(flag, action="append", metavar="VALUE", **kw)
         else:
-            parser.add_argument(flag_of(name), type=_none_or(kind) if optional else kind, **kw)
+            parser.add_argument(flag, type=_none_or(kind) if optional else kind, **kw)
 
 
 def _none_or(kind: type) -> Any:
@@ -333,16 +343,18 @@ def _none_or(kind: type) -> Any:
     return convert
 
 
-def from_flags(base: S, args: argparse.Namespace, *, command: str = "") -> S:
-    """`base` with the flags given on the command line applied (each validated as the setting is)."""
-    given = {name: getattr(args, name) for name in type(base).model_fields if hasattr(args, name)}
+def from_flags(base: S, args: argparse.Namespace, *, prefix: str = "", command: str = "") -> S:
+    """`base` with the flags given on the command line applied (each validated as the setting is); raises
+    `SettingsError` naming the flag."""
+    given = {
+        name: getattr(args, _dest(name, prefix))
+        for name in type(base).model_fields
+        if hasattr(args, _dest(name, prefix))
+    }
     try:
         return base.updated(given)
     except SettingsError as err:
-        raise SettingsError(f"{command + ': ' if command else ''}{_as_flags(str(err), given)}") from None
-
-
-def _as_flags(message: str, given: dict[str, Any]) -> str:
-    for name in given:
-        message = message.replace(f"{name}:", f"{flag_of(name)}:", 1)
-    return message
+        message = str(err)
+        for name in given:
+            message = message.replace(f"{name}:", f"{flag_of(name, prefix)}:", 1)
+        raise SettingsError(f"{command + ': ' if command else ''}{message}") from None
