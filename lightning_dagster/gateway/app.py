@@ -222,7 +222,7 @@ def create_app(
     async def completions(request: Request) -> Response:
         return await llm_call(gw, request, dict(request.path_params), chat=False)
 
-    async def rewards(request: Request) -> dict:
+    async def post_reward(request: Request) -> dict:
         return await rewards.reward(gw, request, dict(request.path_params))
 
     async def post_event(request: Request) -> dict:
@@ -241,7 +241,7 @@ def create_app(
             app.add_route(prefix + path, endpoint, methods=["POST"])
             fast.add(prefix + path, answered(endpoint), "POST")
         app.add_api_route(prefix + "/v1/models", models, methods=["GET"])
-        app.add_api_route(prefix + "/v1/rewards", rewards, methods=["POST"])
+        app.add_api_route(prefix + "/v1/rewards", post_reward, methods=["POST"])
         app.add_api_route(prefix + "/v1/events", post_event, methods=["POST"])
     if agl is not None:
         mount_agl(app, gw, agl)  # its event URL takes attempt keys too
