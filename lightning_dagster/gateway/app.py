@@ -19,6 +19,7 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from lightning_dagster import paths
+from lightning_dagster.gateway import rewards
 from lightning_dagster.gateway.admin import admin_router
 from lightning_dagster.gateway.agl import AglSettings
 from lightning_dagster.gateway.agl import mount as mount_agl
