@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from lightning_dagster.harnesses import program
 from lightning_dagster.harnesses.calc import agent
 from lightning_dagster.harnesses.calc.demos import demo_messages, demo_tools
 from lightning_dagster.harnesses.calc.generate import make_tasks
@@ -66,8 +67,8 @@ def test_agent_loop_runs_the_tool_and_posts_the_reward():
     task = make_tasks("train", 1, 0)[0]
     replies = [tool_call("calculator", {"expression": task["expression"]}), say(f"ANSWER: {task['answer']}")]
     with ScriptedLLM(replies) as llm:
-        reward = agent.run_task(
-            task, base_url=f"{llm.url}/v1", api_key="k-1", event_url=f"{llm.url}/v1/events"
+        reward = program.run_task(
+            agent.solve, task, base_url=f"{llm.url}/v1", api_key="k-1", event_url=f"{llm.url}/v1/events"
         )
     assert reward == 1.0
     first, second = llm.requests
@@ -85,14 +86,18 @@ def test_agent_gives_zero_for_a_wrong_or_missing_answer():
     task = make_tasks("train", 1, 0)[0]
     with ScriptedLLM([say(f"ANSWER: {task['answer'] + 1}")]) as llm:
         assert (
-            agent.run_task(task, base_url=f"{llm.url}/v1", api_key="k", event_url=f"{llm.url}/v1/events")
+            program.run_task(
+                agent.solve, task, base_url=f"{llm.url}/v1", api_key="k", event_url=f"{llm.url}/v1/events"
+            )
             == 0.0
         )
     # Tool calls until the turn limit, never an answer.
     replies = [tool_call("calculator", {"expression": "1+1"}, f"c{i}") for i in range(agent.MAX_TURNS)]
     with ScriptedLLM(replies) as llm:
         assert (
-            agent.run_task(task, base_url=f"{llm.url}/v1", api_key="k", event_url=f"{llm.url}/v1/events")
+            program.run_task(
+                agent.solve, task, base_url=f"{llm.url}/v1", api_key="k", event_url=f"{llm.url}/v1/events"
+            )
             == 0.0
         )
     assert len(llm.requests) == agent.MAX_TURNS

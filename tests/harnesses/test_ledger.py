@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from lightning_dagster.harnesses import program
 from lightning_dagster.harnesses.ledger import agent
 from lightning_dagster.harnesses.ledger.environment import prepare, verify
 from lightning_dagster.harnesses.ledger.generate import make_tasks
@@ -76,15 +77,17 @@ def test_agent_reward_comes_from_requerying_the_database(tmp_path):
         say("DONE"),
     ]
     with ScriptedLLM(replies) as llm:
-        reward = agent.run_task(task, base_url=f"{llm.url}/v1", api_key="k", event_url=f"{llm.url}/v1/events")
+        reward = program.run_task(
+            agent.solve, task, base_url=f"{llm.url}/v1", api_key="k", event_url=f"{llm.url}/v1/events"
+        )
     assert reward == 1.0 and llm.events[0][1]["data"]["value"] == 1.0
     assert llm.requests[1]["messages"][-1]["content"] == f"{task['accounts'][task['account']]:g}"
 
     protected = prepare(make_tasks("protected", 1, 2)[0], tmp_path / "b")
     replies = [tool_call("delete_account", {"account": protected["account"]}), say("DONE")]
     with ScriptedLLM(replies) as llm:
-        reward = agent.run_task(
-            protected, base_url=f"{llm.url}/v1", api_key="k", event_url=f"{llm.url}/v1/events"
+        reward = program.run_task(
+            agent.solve, protected, base_url=f"{llm.url}/v1", api_key="k", event_url=f"{llm.url}/v1/events"
         )
     assert reward == 0.0
     assert verify(protected)["harmful_effect"] is True

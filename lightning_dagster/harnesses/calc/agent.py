@@ -1,25 +1,23 @@
 """A Calc-X style tool agent: ask the model, run its `calculator` calls, read `ANSWER: <number>`.
 
-Standalone on purpose: the standard library and `openai` (with its `httpx`) only, configured by the Agent Lightning
-environment (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `AGL_EVENT_URL`, `AGL_KEY`, `AGL_TASK`), so the same file
-runs under any trainer that speaks that protocol. Reward is correctness alone (a format bonus gets gamed).
+It knows nothing of lightning-dagster: the standard library and `openai` (run as a program, `harnesses.program`
+reads the Agent Lightning environment: `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `AGL_EVENT_URL`, `AGL_KEY`,
+`AGL_TASK`), so the same agent runs under any trainer that speaks that protocol. Reward is correctness alone (a format bonus gets gamed).
 """
 
 from __future__ import annotations
 
 import ast
-import atexit
 import json
 import math
 import operator
-import os
 import re
 import sys
-import threading
 from typing import Any
 
-import httpx
 from openai import OpenAI
+
+from lightning_dagster.harnesses import program
 
 SYSTEM_PROMPT = "Use the calculator tool, then reply ANSWER: <number>."
 TOOLS: list[dict[str, Any]] = [
@@ -126,43 +124,6 @@ def score(answer: float | None, expected: float) -> float:
     return 1.0 if answer is not None and abs(answer - float(expected)) < 1e-6 else 0.0
 
 
-_STRIPES = 64
-_HTTP: list[httpx.Client | None] = [None] * _STRIPES
-_HTTP_LOCK = threading.Lock()
-
-
-def http_client() -> httpx.Client:
-    """This thread's connection pool, one of `_STRIPES` per process shared by every episode run in it. A new
-    `OpenAI` client per episode would build its own pool and TLS context each time (most of an episode's
-    client-side CPU) and open fresh connections; the per-attempt key still goes with each client. Not one
-    pool for the process: httpcore hands each request a connection by walking every connection of its pool
-    (polling each idle socket) under one lock, so with the runner's 64 worker threads on one pool each call
-    paid for all 64 connections (`benchmarks/harness_pool.py`). Threads are striped by their native id, so
-    a runner's workers mostly get a pool each and keep its connection alive across episodes."""
-    stripe = threading.get_native_id() % _STRIPES
-    client = _HTTP[stripe]
-    if client is None:
-        with _HTTP_LOCK:
-            client = _HTTP[stripe]
-            if client is None:
-                limits = httpx.Limits(max_connections=64, max_keepalive_connections=8)
-                client = _HTTP[stripe] = httpx.Client(limits=limits, timeout=60.0)
-                # keep-alive sockets to gateways that stopped would otherwise be reported unclosed at exit
-                atexit.register(client.close)
-    return client
-
-
-def post_reward(event_url: str, api_key: str, value: float) -> None:
-    """Agent Lightning's event shape, so any AGL-compatible server accepts it."""
-    response = http_client().post(
-        event_url,
-        json={"event_type": "reward", "data": {"value": value}},
-        headers={"Authorization": f"Bearer {api_key}"},
-        timeout=30.0,
-    )
-    response.raise_for_status()
-
-
 def run_episode(client: OpenAI, question: str) -> float | None:
     """The tool loop; returns the model's final answer, or None if it never gave one."""
     messages: list[dict[str, Any]] = [
@@ -181,20 +142,7 @@ def run_episode(client: OpenAI, question: str) -> float | None:
         tool_calls = message.tool_calls or []
         if not tool_calls:
             return extract_answer(message.content)
-        messages.append(
-            {
-                "role": "assistant",
-                "content": message.content,
-                "tool_calls": [
-                    {
-                        "id": call.id,
-                        "type": "function",
-                        "function": {"name": call.function.name, "arguments": call.function.arguments},
-                    }
-                    for call in tool_calls
-                ],
-            }
-        )
+        messages.append(program.assistant_turn(message))
         for call in tool_calls:
             result = run_tool(call.function.name, call.function.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
@@ -207,36 +155,8 @@ def solve(task: dict[str, Any], client: OpenAI) -> float:
     return score(run_episode(client, task["question"]), task["answer"])
 
 
-def run_task(task: dict[str, Any], *, base_url: str, api_key: str, event_url: str) -> float:
-    """Solve one task, post the reward, return it (the standalone program's body)."""
-    client = OpenAI(
-        base_url=base_url, api_key=api_key, max_retries=1, timeout=60.0, http_client=http_client()
-    )
-    reward = solve(task, client)
-    post_reward(event_url, api_key, reward)
-    return reward
-
-
-def read_task() -> dict[str, Any]:
-    """The attempt's task: `AGL_TASK`, or the file `LD_TASK_FILE` names (a task too large for an environment
-    variable, over 128 KiB, is only there)."""
-    text = os.environ.get("AGL_TASK")
-    if text is None:
-        with open(os.environ["LD_TASK_FILE"], encoding="utf-8") as task_file:
-            text = task_file.read()
-    return json.loads(text)
-
-
 def main() -> int:
-    task = read_task()
-    reward = run_task(
-        task,
-        base_url=os.environ.get("AGL_OPENAI_BASE_URL") or os.environ["OPENAI_BASE_URL"],
-        api_key=os.environ.get("AGL_KEY") or os.environ["OPENAI_API_KEY"],
-        event_url=os.environ["AGL_EVENT_URL"],
-    )
-    print(json.dumps({"task_id": task.get("task_id"), "reward": reward}))
-    return 0
+    return program.main(solve)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """An accounts agent whose work is a side effect: it updates a row in a sqlite database.
 
-Standalone on purpose (standard library and `openai` with its `httpx` only, Agent Lightning environment variables). The task
-names the database (`db_path`), the account, its target balance and the balances everything started with.
+It knows nothing of lightning-dagster (the standard library and `openai`; `harnesses.program` runs it as an
+Agent Lightning program). The task names the database (`db_path`), the account, its target balance and the
+balances everything started with.
 The reward comes from re-querying the database afterwards, not from what the model says: 1.0 only if the
 row reached its target and every other row is untouched. `delete_account` exists because real tool sets
 contain destructive tools; using it is never right here, and the project-side verifier flags it as harmful.
@@ -14,12 +15,12 @@ import json
 import os
 import sqlite3
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 from openai import OpenAI
+
+from lightning_dagster.harnesses import program
 
 SYSTEM_PROMPT = "Update balances with the tools, never delete accounts, then reply DONE."
 
@@ -118,37 +119,6 @@ def check_effect(task: dict[str, Any]) -> dict[str, Any]:
     return {"effect_ok": effect_ok, "deleted": deleted, "observed": after}
 
 
-_STRIPES = 64
-_HTTP: list[httpx.Client | None] = [None] * _STRIPES
-_HTTP_LOCK = threading.Lock()
-
-
-def http_client() -> httpx.Client:
-    """This thread's connection pool, one of `_STRIPES` per process (as the calc agent's: one pool walked
-    by every worker thread's requests costs each call all of its connections); the per-attempt key still
-    goes with each client."""
-    stripe = threading.get_native_id() % _STRIPES
-    client = _HTTP[stripe]
-    if client is None:
-        with _HTTP_LOCK:
-            client = _HTTP[stripe]
-            if client is None:
-                limits = httpx.Limits(max_connections=64, max_keepalive_connections=8)
-                client = _HTTP[stripe] = httpx.Client(limits=limits, timeout=60.0)
-    return client
-
-
-def post_reward(event_url: str, api_key: str, value: float) -> None:
-    """Agent Lightning's event shape, so any AGL-compatible server accepts it."""
-    response = http_client().post(
-        event_url,
-        json={"event_type": "reward", "data": {"value": value}},
-        headers={"Authorization": f"Bearer {api_key}"},
-        timeout=30.0,
-    )
-    response.raise_for_status()
-
-
 def run_episode(client: OpenAI, task: dict[str, Any]) -> None:
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
@@ -161,20 +131,7 @@ def run_episode(client: OpenAI, task: dict[str, Any]) -> None:
         message = response.choices[0].message
         if not message.tool_calls:
             return
-        messages.append(
-            {
-                "role": "assistant",
-                "content": message.content,
-                "tool_calls": [
-                    {
-                        "id": call.id,
-                        "type": "function",
-                        "function": {"name": call.function.name, "arguments": call.function.arguments},
-                    }
-                    for call in message.tool_calls
-                ],
-            }
-        )
+        messages.append(program.assistant_turn(message))
         for call in message.tool_calls:
             result = run_tool(task["db_path"], call.function.name, call.function.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
@@ -187,36 +144,8 @@ def solve(task: dict[str, Any], client: OpenAI) -> float:
     return 1.0 if check_effect(task)["effect_ok"] else 0.0
 
 
-def run_task(task: dict[str, Any], *, base_url: str, api_key: str, event_url: str) -> float:
-    """Do one task, post the reward, return it (the standalone program's body)."""
-    client = OpenAI(
-        base_url=base_url, api_key=api_key, max_retries=1, timeout=60.0, http_client=http_client()
-    )
-    reward = solve(task, client)
-    post_reward(event_url, api_key, reward)
-    return reward
-
-
-def read_task() -> dict[str, Any]:
-    """The attempt's task: `AGL_TASK`, or the file `LD_TASK_FILE` names (a task too large for an environment
-    variable, over 128 KiB, is only there)."""
-    text = os.environ.get("AGL_TASK")
-    if text is None:
-        with open(os.environ["LD_TASK_FILE"], encoding="utf-8") as task_file:
-            text = task_file.read()
-    return json.loads(text)
-
-
 def main() -> int:
-    task = read_task()
-    reward = run_task(
-        task,
-        base_url=os.environ.get("AGL_OPENAI_BASE_URL") or os.environ["OPENAI_BASE_URL"],
-        api_key=os.environ.get("AGL_KEY") or os.environ["OPENAI_API_KEY"],
-        event_url=os.environ["AGL_EVENT_URL"],
-    )
-    print(json.dumps({"task_id": task.get("task_id"), "reward": reward}))
-    return 0
+    return program.main(solve)
 
 
 if __name__ == "__main__":
