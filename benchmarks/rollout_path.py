@@ -51,21 +51,25 @@ from lightning_dagster.project.examples import example_tasks
 from lightning_dagster.runner.enqueue import sampling_seed
 from lightning_dagster.runner.service import RolloutService
 from lightning_dagster.store import Store
-from lightning_dagster.training.loop import step_seed
+from lightning_dagster.training.step import step_seed
 from lightning_dagster.types import RolloutKind, Sampling, SpanKind
 
 
 def prepare_model(work: Path, sft_steps: int) -> Path:
     """The embedded base model (as the tests build it) after `sft_steps` warm-start steps on the calc demos."""
     from lightning_dagster.project.config import load_project
+    from lightning_dagster.project.examples import example_file
     from lightning_dagster.training.trainer import Trainer, TrainerConfig
-    from lightning_dagster.training.warmstart import _calc_example, demo_rows, load_demos, split_demos
+    from lightning_dagster.training.warmstart import demo_rows, load_demos, split_demos
 
     base = build_base_model(work / "base", corpus=training_corpus(seed=0), seed=0)
-    project = load_project(_calc_example())
+    project = load_project(example_file("calc"))
     assert project.model is not None and project.model.warm_start is not None
     demos, _ = split_demos(load_demos(project.model.warm_start, project.file), 0)
-    trainer = Trainer(base, TrainerConfig(lr=3e-3, betas=(0.9, 0.99), grad_clip=1.0))
+    # the warm start's own optimizer (`WarmStartConfig.lr`), supervised steps only
+    trainer = Trainer(
+        base, TrainerConfig(lr=3e-3, device="auto", loss=None, betas=(0.9, 0.99), grad_clip=1.0)
+    )
     codec = Engine(base)
     rows = demo_rows(codec, demos, 32 * sft_steps, 0)
     for i in range(sft_steps):

@@ -3,6 +3,7 @@
 parent. RL seconds count rollouts + trainer + weight push, not evaluation.
 
 Run: .venv/bin/python benchmarks/training_learning_curve.py [--parent DIR] [--steps 60] [--eval-every 10]
+(the training settings' flags, as `train` has them)
 (without --parent it builds the base model and warm-starts a parent first, and reports that too).
 """
 
@@ -19,49 +20,44 @@ import torch
 
 from lightning_dagster.engine.build import build_base_model
 from lightning_dagster.harnesses.corpus import training_corpus
+from lightning_dagster.project.examples import example_file, example_harness, example_tasks
+from lightning_dagster.runner.service import RolloutService
+from lightning_dagster.settings import ServingSettings, TrainingSettings, add_flags, from_flags
 from lightning_dagster.store import Store
-from lightning_dagster.training.loop import RLConfig, StepSettings, train_rl
-from lightning_dagster.training.trainer import TrainerConfig
-from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
+from lightning_dagster.training.cli import sampling_service
+from lightning_dagster.training.configs import warm_start_config
+from lightning_dagster.training.loop import draw_pools, train_rl
+from lightning_dagster.training.warmstart import warm_start
+
+# The curve's recipe (benchmarks/README.md) where it differs from the settings' defaults.
+CURVE = TrainingSettings(steps=60, tasks_per_step=16, holdout_tasks=300, eval_seed=20261130)
+FLAGS = ["steps", "eval_every", "tasks_per_step", "group_size", "learning_rate", "holdout_tasks", "seed"]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--parent", type=Path)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--tasks-per-step", type=int, default=16)
-    parser.add_argument("--group", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--heldout", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the curve and step metrics as JSON here")
+    add_flags(parser, TrainingSettings, FLAGS)
     args = parser.parse_args()
+    t = from_flags(CURVE, args)
     torch.set_num_threads(2)
     work = Path(tempfile.mkdtemp(prefix="ld-curve-"))
     store = Store(f"sqlite:///{work / 'store.db'}")
     parent = args.parent
     if parent is None:
-        t = time.perf_counter()
+        started = time.perf_counter()
         ws = warm_start(
             store,
-            build_base_model(work / "base", corpus=training_corpus(seed=args.seed), seed=args.seed),
+            build_base_model(work / "base", corpus=training_corpus(seed=t.seed), seed=t.seed),
             work / "warm",
-            WarmStartConfig(),
+            warm_start_config(example_file("calc"), t, ServingSettings()),
         )
         parent = ws.model_dir
         print(
-            f"warm start: {ws.steps} SFT steps, probe success {ws.probe_success:.3f}, {time.perf_counter() - t:.0f} s"
+            f"warm start: {ws.steps} SFT steps, probe success {ws.probe_success:.3f}, "
+            f"{time.perf_counter() - started:.0f} s"
         )
-    config = RLConfig(
-        steps=args.steps,
-        eval_every=args.eval_every,
-        tasks_per_step=args.tasks_per_step,
-        step=StepSettings(group_size=args.group),
-        heldout_tasks=args.heldout,
-        seed=args.seed,
-        trainer=TrainerConfig(lr=args.lr),
-    )
 
     def log(entry: dict) -> None:
         if "eval_seconds" in entry:  # an evaluation point (a step's metrics carry its batch's success too)
@@ -73,7 +69,10 @@ def main() -> int:
                   f"{entry['skipped_groups']}/{entry['groups']} rollouts {entry['rollout_seconds']:.1f} s "
                   f"train {entry['seconds']:.1f} s", flush=True)  # fmt: skip
 
-    result = train_rl(store, parent, config, log=log)
+    def serve() -> RolloutService:  # as `train` serves
+        return sampling_service(store, parent, None, example_harness("calc"), t, ServingSettings())
+
+    result = train_rl(parent, t, draw_pools(example_tasks("calc"), t), serve, base_seed=t.seed, log=log)
     base = result.parent["success"]
     print(f"{'step':>5} {'rl_seconds':>10} {'sampled':>8} {'delta':>7}")
     for p in result.curve:

@@ -16,10 +16,10 @@ from pathlib import Path
 from lightning_dagster.engine.build import build_base_model
 from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.project.examples import example_tasks
+from lightning_dagster.runner.service import RolloutService
 from lightning_dagster.store import Store
-from lightning_dagster.training.loop import RolloutService
 from lightning_dagster.training.transitions import build_rows
-from lightning_dagster.types import RolloutKind, Span, SpanKind
+from lightning_dagster.types import RolloutKind, Sampling, Span, SpanKind
 
 
 def retokenized(spans: list[Span], engine) -> list[Span]:
@@ -52,7 +52,8 @@ def main() -> int:
     for harness in ("calc", "ledger"):
         with RolloutService(store, model, harness=harness, resource_id=None, parallel=16) as svc:
             tasks = example_tasks(svc.harness.name).draw("train", args.n, 0)
-            batch = svc.run(tasks, group=1, kind=RolloutKind.train, temperature=1.0, seed=1, tag=harness)
+            batch = svc.run(tasks, group=1, kind=RolloutKind.train, sampling=Sampling(temperature=1.0), seed=1,
+                             tag=harness)  # fmt: skip
             spans = [s for r in batch.rollouts for s in batch.spans.get(r.rollout_id, [])]
             with_in, attempts, multi, _ = share(spans)
             without, _, _, mism = share(retokenized(spans, svc.codec))

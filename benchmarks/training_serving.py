@@ -20,21 +20,22 @@ from pathlib import Path
 
 from lightning_dagster.engine.build import build_base_model
 from lightning_dagster.harnesses.corpus import training_corpus
-from lightning_dagster.project.examples import example_tasks
+from lightning_dagster.project.examples import example_file, example_tasks
 from lightning_dagster.runner.service import RolloutService
+from lightning_dagster.settings import ServingSettings, TrainingSettings
 from lightning_dagster.store import Store
 from lightning_dagster.training.advantages import compute_advantages
-from lightning_dagster.training.loop import rows_and_rewards
-from lightning_dagster.training.trainer import Trainer, TrainerConfig
-from lightning_dagster.training.transitions import TransitionConfig
-from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
+from lightning_dagster.training.configs import step_settings, trainer_config, warm_start_config
+from lightning_dagster.training.step import rows_and_rewards
+from lightning_dagster.training.trainer import Trainer
+from lightning_dagster.training.warmstart import warm_start
 from lightning_dagster.types import RolloutKind, Sampling
 
 MODES = ("thread", "process")
 
 
 def one_round(store: Store, parent: Path, mode: str, tasks: list[dict], group: int, seed: int) -> dict:
-    trainer = Trainer(parent, TrainerConfig())
+    trainer = Trainer(parent, trainer_config(TrainingSettings()))
     with RolloutService(store, parent, harness="calc", resource_id=None, parallel=64, serving=mode) as svc:
         t0, c0 = time.perf_counter(), time.process_time()
         batch = svc.run(
@@ -46,7 +47,7 @@ def one_round(store: Store, parent: Path, mode: str, tasks: list[dict], group: i
             tag=mode,
         )
         t1 = time.perf_counter()
-        rows, rewards, _ = rows_and_rewards(batch, TransitionConfig())
+        rows, rewards, _ = rows_and_rewards(batch, step_settings(TrainingSettings()))
         trainer.step(rows, compute_advantages(rewards, "grpo"))
         t2 = time.perf_counter()
         svc.load_weights(trainer.state_dict(), f"{mode}-pushed")
@@ -77,7 +78,7 @@ def main() -> int:
             store,
             build_base_model(work / "base", corpus=training_corpus(seed=0), seed=0),
             work / "warm",
-            WarmStartConfig(),
+            warm_start_config(example_file("calc"), TrainingSettings(), ServingSettings()),
         ).model_dir
     )
     tasks = example_tasks("calc").draw("train", args.tasks * args.rounds, 0)

@@ -20,8 +20,10 @@ from benchmarks.training_merge import trace  # noqa: E402
 from lightning_dagster.engine.build import build_base_model
 from lightning_dagster.engine.engine import Engine
 from lightning_dagster.harnesses.corpus import training_corpus
+from lightning_dagster.settings import TrainingSettings
 from lightning_dagster.training.advantages import RolloutReward, compute_advantages
-from lightning_dagster.training.trainer import Trainer, TrainerConfig
+from lightning_dagster.training.configs import trainer_config
+from lightning_dagster.training.trainer import Trainer
 from lightning_dagster.training.transitions import TransitionConfig, merge_calls
 
 
@@ -44,7 +46,7 @@ def main() -> int:
             for i in range(args.trajectories):
                 r, _ = merge_calls(spans, TransitionConfig(mode=mode))
                 rows += [replace(x, rollout_id=f"r{i}") for x in r]
-            trainer = Trainer(base, TrainerConfig())
+            trainer = Trainer(base, trainer_config(TrainingSettings()))
             trainer.step(rows, adv)  # warm-up
             best, cpu = None, None
             for _ in range(args.repeat):

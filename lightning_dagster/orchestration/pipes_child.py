@@ -1,11 +1,13 @@
 """The training process the `candidate_resource` asset launches through Dagster Pipes: it rebuilds the
 pipeline settings from the Pipes extras, runs the core stage (`pipeline.stages.training.candidate_resource`)
 and reports its result (metrics, checkpoint, MLflow version) back as one Pipes message. Under
-torch.distributed.run (the training resource's `nproc`), rank 0 does this and the other ranks train its steps.
+torch.distributed.run (the training resource's `nproc`), rank 0 does this and the other ranks train its steps
+(`training.loop.followed`).
 Lives outside the core packages: it imports `dagster_pipes` and the Dagster resources."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from typing import Any
 
@@ -49,17 +51,12 @@ def pipes_settings(pipeline: Any) -> dict[str, Any]:
 
 def main(device: str) -> int:
     """`device`: the training resource's, given on the command line: every rank joins the process group
-    before rank 0 has read the Pipes extras."""
-    from lightning_dagster.engine.engine import resolve_device
-    from lightning_dagster.training import distributed
-    from lightning_dagster.training.trainer import Trainer
+    before rank 0 has read the Pipes extras. Rank 0 runs the stage and reports each step's metrics as a Pipes
+    log line and the stage's result as one message; the other ranks follow it (`training.loop.followed`)."""
+    from lightning_dagster.training.loop import followed, join
 
-    group = None
-    if distributed.launched_world_size() > 1:
-        group = distributed.join(resolve_device(device))
-    if group is not None and not group.leader:  # rank 0 names the parent and trainer settings, then the steps
-        parent_dir, config = distributed.broadcast(None, group)
-        distributed.follow(Trainer(parent_dir, config, group=group))
+    group = join(device)
+    if followed(group):
         return 0
 
     from dagster_pipes import open_dagster_pipes
@@ -69,8 +66,12 @@ def main(device: str) -> int:
 
     with open_dagster_pipes() as pipes:
         pipeline = PipelineResource.model_validate(pipes.get_extra("pipeline"))
+
+        def log(metrics: dict[str, Any]) -> None:
+            pipes.log.info(json.dumps(metrics, default=str))
+
         result = training.candidate_resource(
-            pipeline, pipes.get_extra("partition_key"), run_id=pipes.get_extra("run_id"), group=group
+            pipeline, pipes.get_extra("partition_key"), run_id=pipes.get_extra("run_id"), group=group, log=log
         )
         pipes.report_custom_message(encode(result))
     return 0

@@ -21,7 +21,8 @@ def bootstrap_parent(
 ) -> StageResult:
     """`progress` (optional) receives the warm start's metrics after every SFT step."""
     from lightning_dagster.registry.core import APPROVED
-    from lightning_dagster.training.warmstart import WarmStartConfig, base_model, has_demos, warm_start
+    from lightning_dagster.training.configs import warm_start_config
+    from lightning_dagster.training.warmstart import base_model, has_demos, warm_start
 
     reg = ctx.registry(p)
     current = reg.current(APPROVED)
@@ -32,24 +33,11 @@ def bootstrap_parent(
     warmed: dict[str, object] = {"warm_start_steps": 0}
     parent = base
     if has_demos(project):
-        t = p.training
         result = warm_start(
             p.get_store(),
             base,
             paths.models_dir() / "parent-0",
-            WarmStartConfig(
-                project=str(project.file),
-                max_steps=t.warm_start_max_steps,
-                min_steps=min(4, t.warm_start_max_steps),
-                probe_tasks=t.warm_start_probe_tasks,
-                demos=t.warm_start_demos,
-                seed=p.training.seed,
-                parallel=p.serving.attempts_at_once(),
-                max_batch=p.serving.max_batch,
-                engine_threads=p.serving.engine_threads,
-                engine_device=p.serving.engine_device,
-                engine_process=p.serving.engine_process,
-            ),
+            warm_start_config(project.file, p.training, p.serving),
             log=progress,
         )
         parent = result.model_dir

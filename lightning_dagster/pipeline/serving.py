@@ -14,45 +14,15 @@ if TYPE_CHECKING:
     from lightning_dagster.runner.harness_spec import HarnessSpec
     from lightning_dagster.runner.service import RolloutBatch, RolloutService
     from lightning_dagster.store import Store
-    from lightning_dagster.training.loop import StepSettings
-    from lightning_dagster.training.trainer import TrainerConfig
 
 
 def retry_policy(p: Pipeline, spec: HarnessSpec) -> RetryPolicy:
-    """The retry policy a stage's rollouts of `spec` run under: the harness's own timeout and attempt budget
-    (a project's `harness.timeout_s` / `max_attempts`) unless the training resource overrides them.
-    Staleness fingerprints the policy this same function gives for the training harness."""
-    t = p.training
-    overrides = {
-        name: value
-        for name, value in (("max_attempts", t.max_attempts), ("timeout_s", t.attempt_timeout_s))
-        if value is not None
-    }
-    return spec.retry_policy(**overrides)
+    """The retry policy a stage's rollouts of `spec` run under (`training.configs.retry_policy` of the
+    training resource). Staleness fingerprints the policy this same function gives for the training
+    harness."""
+    from lightning_dagster.training.configs import retry_policy as of_settings
 
-
-def step_settings(p: Pipeline) -> StepSettings:
-    """What every RL step of the snapshot samples and how its batch becomes rows (shared with `train`)."""
-    from lightning_dagster.training.loop import StepSettings
-    from lightning_dagster.training.transitions import TransitionConfig
-
-    t = p.training
-    return StepSettings(
-        group_size=t.group_size,
-        temperature=t.temperature,
-        advantage=t.advantage,  # type: ignore[arg-type]
-        transitions=TransitionConfig(max_excluded_share=t.max_excluded_rollouts),
-    )
-
-
-def trainer_config(p: Pipeline) -> TrainerConfig:
-    """The trainer's optimizer and loss settings from the training resource."""
-    from lightning_dagster.training.loss import LossConfig
-    from lightning_dagster.training.trainer import TrainerConfig
-
-    t = p.training
-    loss = LossConfig(normalization=t.loss_normalization, constant=t.loss_constant, kl_coef=t.kl_coef)  # type: ignore[arg-type]
-    return TrainerConfig(lr=t.learning_rate, loss=loss, device=t.device)
+    return of_settings(p.training, spec)
 
 
 class SnapshotService:

@@ -1,31 +1,36 @@
-"""RL through the real runner and gateway: rollouts of the harness, their recorded spans, one update per step.
+"""The RL loop: `train_rl`, the one loop `lightning-dagster train`, the pipeline's `candidate_resource` and
+its Pipes child (`orchestration.pipes_child`) run, each keeping only its own bookkeeping.
 
-one RL step (`rl_step`, also the pipeline's steps):
-    enqueue tasks x group train rollouts sampled with `Sampling(temperature)` and seed `step_seed(base, step)`
-    -> RolloutService (Runner -> LocalGateway -> engine) -> each rollout's final successful attempt
-    -> spans merged into rows, rewards -> rollout-level advantages -> one trainer step
-    -> load_weights(new weights), so the next step samples from the new policy
-every `eval_every` steps: held-out success sampled at T=1.0 with one fixed evaluation seed (common random
-numbers: the gateway derives each call's seed from the rollout's `sampling_seed`), greedy beside it.
-every `validation.every` steps and the last: the checkpoint decoded greedily on the validation split
-(`CheckpointKeeper`); the run proposes the checkpoint `selection.select` picks and may stop early.
+    settings   TrainingSettings -> StepSettings, TrainerConfig, ValidationSettings   (training.configs)
+    pools      train (steps x tasks_per_step, in step order), validation, holdout     (`draw_pools`)
+
+    [rank 0 of a process group: the parent and the trainer config to every follower (`followed`)]
+    trainer <- the parent checkpoint
+    step 1 on a batch sampled before the run, when one is given (`FirstBatch`: the pipeline's
+        `training_transitions`, the snapshot's first batch)
+    holdout: the parent's success, sampled at T=1.0 with the evaluation seed, greedy beside it
+    validation: the parent decoded greedily (`CheckpointKeeper`)
+    for step in 1..steps:
+        `rl_step`: sample with `step_seed(base_seed, step)`, rows, advantages, one update, serve the weights
+        validation every `validation_every` steps and the last; stop after `validation_patience`
+            evaluations in a row that regressed
+        holdout every `eval_every` steps and the last (greedy at the last)
+    restore the checkpoint `selection.select` proposes; holdout on it when it is not the last
+    [release the followers]; save
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from lightning_dagster.gateway.local import Serving
-from lightning_dagster.project import load_project, load_tasks
-from lightning_dagster.project.examples import example_file
-from lightning_dagster.project.harness import harness_spec
-from lightning_dagster.runner.service import RolloutBatch, RolloutService
-from lightning_dagster.store import Store
 from lightning_dagster.training import distributed
-from lightning_dagster.training.advantages import AdvantageMode, Advantages, RolloutReward, compute_advantages
+from lightning_dagster.training.configs import step_settings, trainer_config, validation_settings
 from lightning_dagster.training.selection import (
     CheckpointEval,
     EmptyValidationSplit,
@@ -38,167 +43,182 @@ from lightning_dagster.training.selection import (
     train_tasks,
     validation_split,
 )
-from lightning_dagster.training.trainer import Trainer, TrainerConfig
-from lightning_dagster.training.transitions import (
-    ExcludedRollout,
-    MergeStats,
-    Row,
-    TransitionConfig,
-    merge_rollouts,
-)
-from lightning_dagster.types import RolloutKind, Sampling
+from lightning_dagster.training.step import GREEDY, evaluate, rl_step
+from lightning_dagster.training.trainer import Trainer
+from lightning_dagster.types import RolloutKind
 
-EVAL_SAMPLING = Sampling(temperature=1.0)  # held-out success is judged on samples, where RL's effect shows
-GREEDY = Sampling(temperature=0.0)
+if TYPE_CHECKING:
+    from lightning_dagster.project import TaskSet
+    from lightning_dagster.runner.service import RolloutService
+    from lightning_dagster.settings import TrainingSettings
+    from lightning_dagster.training.advantages import Advantages
+    from lightning_dagster.training.transitions import Row
 
 
 @dataclass(frozen=True)
-class StepSettings:
-    """What one RL step samples and how its batch becomes training rows; shared by `train_rl` and the
-    pipeline."""
+class Pools:
+    """The tasks of one run: `train` in step order (step s trains on its s-th `tasks_per_step`),
+    `validation` the cases each checkpoint is judged on (empty: the last checkpoint is the candidate),
+    `holdout` the held-out evaluation (empty: none; the pipeline evaluates in its own asset)."""
 
-    group_size: int = 16  # rollouts per task (one GRPO group)
-    temperature: float = 1.0  # the sampling temperature of every call of a train rollout
-    advantage: AdvantageMode = "grpo"
-    transitions: TransitionConfig = field(default_factory=TransitionConfig)
+    train: list[dict]
+    validation: list[dict] = field(default_factory=list)
+    holdout: list[dict] = field(default_factory=list)
+
+
+def draw_pools(
+    tasks: TaskSet, t: TrainingSettings, *, train: list[dict] | None = None, holdout: bool = True
+) -> Pools:
+    """A run's pools from the project's tasks: `train` (default: `steps x tasks_per_step` drawn with the
+    seed, never a case reserved for validation), the validation cases it leaves, and `holdout_tasks` of the
+    holdout split drawn with the evaluation seed (the closed set a snapshot freezes), unless `holdout` is
+    False."""
+    if train is None:
+        n = t.steps * t.tasks_per_step
+        train = train_tasks(tasks, n, t.seed, validation=t.validation_tasks, eval_seed=t.eval_seed)
+    return Pools(
+        train=train,
+        validation=validation_split(tasks, t.validation_tasks, t.eval_seed, train),
+        holdout=tasks.draw("holdout", t.holdout_tasks, t.eval_seed) if holdout else [],
+    )
+
+
+@dataclass(frozen=True)
+class FirstBatch:
+    """Step 1's batch, sampled and merged before the run (the pipeline's `training_transitions`)."""
+
+    rows: list[Row]
+    advantages: Advantages
+    metrics: dict[str, Any]  # what step 1's metrics record of it (merge statistics, excluded rollouts)
 
 
 @dataclass
-class RLConfig:
-    # the project file: its harness runs, its train split is sampled, its holdout split evaluates
-    project: str = field(default_factory=lambda: str(example_file("calc")))
-    steps: int = 40
-    tasks_per_step: int = 16
-    step: StepSettings = field(default_factory=StepSettings)
-    eval_every: int = 10  # also evaluated before the first step and after the last
-    heldout_tasks: int = 300
-    eval_seed: int = 20261130
-    greedy_every_eval: bool = False  # greedy only for the parent and the final candidate unless set
-    validation: ValidationSettings = field(default_factory=ValidationSettings)
-    seed: int = 0  # task pools and the base of every step's sampling seed (`step_seed`)
-    parallel: int = 64
-    # The gateway + engine in a child process: faster rollouts on calc (benchmarks/README.md, training).
-    serving: Serving = "process"
-    runner_mode: Literal["inprocess", "subprocess"] = "inprocess"
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+class RLResult:
+    parent: dict | None  # the parent's held-out evaluation (None: no holdout pool)
+    candidate: dict | None  # the evaluation of the proposed checkpoint, with its `step`
+    curve: list[dict]  # one entry per evaluation: step, rl_seconds, success (and greedy when measured)
+    steps: list[dict]  # trainer metrics per step
+    seconds: float
+    rl_seconds: float
+    checkpoint: Path | None
+    # kl_coef, validation size, every checkpoint's validation, the chosen step, why training stopped early
+    selection: dict[str, Any]
 
 
-def step_seed(base_seed: int, step: int) -> int:
-    """The sampling seed of RL step `step` (1-based) from a run's base seed: the only seed rule, so a
-    re-run of the same step samples exactly the same rollouts."""
-    return base_seed * 100_000 + step
+def train_rl(
+    parent_dir: Path | str,
+    t: TrainingSettings,
+    pools: Pools,
+    serve: Callable[[], AbstractContextManager[RolloutService]],
+    *,
+    base_seed: int,
+    first: FirstBatch | None = None,
+    tag: str = "rl",
+    snapshot_key: str | None = None,
+    candidate_id: str | None = None,
+    out_dir: Path | str | None = None,
+    log: Callable[[dict], None] | None = None,
+    group: distributed.Group | None = None,
+) -> RLResult:
+    """RL from `parent_dir` as the module docstring says. `serve()` starts the service that serves the
+    parent (entered only when a step samples or a pool is evaluated); train rollouts carry `snapshot_key`,
+    the weights after step s are served as `<candidate_id>@s`, rollout tags start with `tag`. `log` gets
+    every step's metrics and every evaluation. With `out_dir` the proposed checkpoint is saved there. With
+    `group` this is rank 0 of a process group: every step is also trained by the other ranks."""
+    started = time.perf_counter()
+    step_config, validation, config = step_settings(t), validation_settings(t), trainer_config(t)
+    if group is not None:  # the one payload every follower takes (`followed`)
+        distributed.broadcast((Path(parent_dir), config), group)
+    trainer = Trainer(parent_dir, config, group=group)
+    metrics = [trainer.step(first.rows, first.advantages, extra=dict(first.metrics))] if first else []
+    curve: list[dict] = []
+    keeper: CheckpointKeeper | None = None
+    chosen: Selection | None = None
+    rl_seconds = 0.0
+
+    def served_as(step: int) -> str | None:
+        return f"{candidate_id}@{step}" if candidate_id else None
+
+    def holdout(service: RolloutService, step: int, *, greedy: bool, on_curve: bool = True) -> dict:
+        point = {"step": step, "rl_seconds": rl_seconds}
+        point |= evaluate(service, pools.holdout, seed=t.eval_seed, tag=f"{tag}-eval{step}", greedy=greedy)
+        if on_curve:
+            curve.append(point)
+            if log:
+                log(point)
+        return point
+
+    samples = t.steps > len(metrics) or bool(pools.validation) or bool(pools.holdout)
+    with serve() if samples else contextlib.nullcontext() as service:
+        if pools.holdout:
+            holdout(service, 0, greedy=True)
+        if pools.validation:
+            keeper = CheckpointKeeper(service, pools.validation, validation, seed=t.eval_seed, tag=tag)
+        for step in range(1, t.steps + 1):
+            clock = time.perf_counter()
+            if step <= len(metrics):  # trained before the run: serve its update
+                m = metrics[step - 1]
+                if service is not None:
+                    service.load_weights(trainer.state_dict(), served_as(step))
+            else:
+                tasks = pools.train[(step - 1) * t.tasks_per_step : step * t.tasks_per_step]
+                _, m = rl_step(service, trainer, tasks, step=step, settings=step_config, base_seed=base_seed,
+                               tag=f"{tag}-s{step}", resource_id=served_as(step), snapshot_key=snapshot_key)  # fmt: skip
+                metrics.append(m)
+            rl_seconds += time.perf_counter() - clock
+            m["rl_seconds"] = rl_seconds
+            if keeper is not None and (ev := keeper.after_step(step, t.steps, trainer)) is not None:
+                m.update(validation_success=ev.success, validation_lost_parent_cases=len(ev.lost))
+            if log:
+                log(m)
+            last = step == t.steps or (keeper is not None and keeper.early_stop is not None)
+            if pools.holdout and (last or step % t.eval_every == 0):
+                holdout(service, step, greedy=last)
+            if last:
+                break
+        candidate = curve[-1] if curve else None
+        if keeper is not None:
+            chosen = keeper.restore(trainer)
+            if candidate is not None and chosen.step != candidate["step"]:
+                service.load_weights(trainer.state_dict(), served_as(chosen.step))
+                candidate = holdout(service, chosen.step, greedy=True, on_curve=False)
+    if group is not None:
+        distributed.release(group)
+    return RLResult(
+        parent=curve[0] if curve else None,
+        candidate=candidate,
+        curve=curve,
+        steps=metrics,
+        seconds=time.perf_counter() - started,
+        rl_seconds=rl_seconds,
+        checkpoint=trainer.save(out_dir) if out_dir is not None else None,
+        selection=selection_summary(t.kl_coef, len(metrics), keeper, chosen, asked=t.validation_tasks),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
-# evaluation and one RL step
+# the other ranks
 
 
-def evaluate(service: RolloutService, tasks: list[dict], *, seed: int, tag: str, greedy: bool = True) -> dict:
-    """Held-out success sampled at T=1.0 with the fixed evaluation seed (and greedy beside it)."""
-    sampled = service.run(
-        tasks, group=1, kind=RolloutKind.holdout, sampling=EVAL_SAMPLING, seed=seed, tag=tag
-    )
-    out = {"success": sampled.success(), "eval_seconds": sampled.seconds, "tasks": len(tasks)}
-    if greedy:
-        g = service.run(
-            tasks, group=1, kind=RolloutKind.holdout, sampling=GREEDY, seed=seed, tag=f"{tag}-greedy"
-        )
-        out.update(greedy=g.success(), eval_seconds=out["eval_seconds"] + g.seconds)
-    return out
+def join(device: str) -> distributed.Group | None:
+    """This process's place among the ranks `torchrun` started (`train --nproc`, the training resource's
+    `nproc`); None in a single process."""
+    from lightning_dagster.engine.engine import resolve_device
+
+    if distributed.launched_world_size() == 1:
+        return None
+    return distributed.join(resolve_device(device))
 
 
-def sample_step(
-    service: RolloutService,
-    tasks: list[dict],
-    *,
-    step: int,
-    settings: StepSettings,
-    base_seed: int,
-    tag: str,
-    snapshot_key: str | None = None,
-) -> RolloutBatch:
-    """The train batch of RL step `step`: every task `group_size` times at the step's temperature and seed."""
-    return service.run(
-        tasks,
-        group=settings.group_size,
-        kind=RolloutKind.train,
-        sampling=Sampling(temperature=settings.temperature),
-        seed=step_seed(base_seed, step),
-        tag=tag,
-        snapshot_key=snapshot_key,
-    )
-
-
-def batch_transitions(
-    batch: RolloutBatch, settings: StepSettings
-) -> tuple[list[Row], Advantages, dict[str, float | int], list[ExcludedRollout]]:
-    """A batch's training rows, their rollouts' advantages, the merge statistics (`merge_*`) and the rollouts
-    left out for an invalid span (`transitions.merge_rollouts`): advantages are computed over the kept
-    rollouts only, so an excluded one weighs on no group's mean or std."""
-    rows, rewards, stats = _rows_rewards_stats(batch, settings.transitions)
-    merge = {f"merge_{k}": v for k, v in stats.to_dict().items()}
-    return rows, compute_advantages(rewards, settings.advantage), merge, stats.excluded
-
-
-def excluded_metrics(excluded: list[ExcludedRollout]) -> dict:
-    """What a step's metrics name of its excluded rollouts (nothing when none was)."""
-    return {"excluded": [asdict(e) for e in excluded]} if excluded else {}
-
-
-def rl_step(
-    service: RolloutService,
-    trainer: Trainer,
-    tasks: list[dict],
-    *,
-    step: int,
-    settings: StepSettings,
-    base_seed: int,
-    tag: str,
-    resource_id: str | None = None,
-    snapshot_key: str | None = None,
-) -> tuple[RolloutBatch, dict]:
-    """One on-policy RL step: sample, build rows and advantages, one trainer update, then serve the new
-    weights as `resource_id`. Returns the batch and the trainer's metrics (with `success`, the batch's mean
-    reward counting unfinished rollouts as 0, and `rollout_seconds`)."""
-    batch = sample_step(
-        service, tasks, step=step, settings=settings, base_seed=base_seed, tag=tag, snapshot_key=snapshot_key
-    )
-    rows, advantages, merge, excluded = batch_transitions(batch, settings)
-    extra = {
-        **merge,
-        **excluded_metrics(excluded),
-        "success": batch.success(),
-        "rollout_seconds": batch.seconds,
-    }
-    metrics = trainer.step(rows, advantages, extra=extra)
-    service.load_weights(trainer.state_dict(), resource_id)
-    return batch, metrics
-
-
-def rows_and_rewards(
-    batch: RolloutBatch, config: TransitionConfig
-) -> tuple[list[Row], list[RolloutReward], dict[str, float | int]]:
-    """The batch's training rows and one reward per rollout (only rollouts with both, and none excluded for
-    an invalid span), and the merge statistics (`merge_*`)."""
-    rows, rewards, stats = _rows_rewards_stats(batch, config)
-    return rows, rewards, {f"merge_{k}": v for k, v in stats.to_dict().items()}
-
-
-def _rows_rewards_stats(
-    batch: RolloutBatch, config: TransitionConfig
-) -> tuple[list[Row], list[RolloutReward], MergeStats]:
-    candidates = [r for r in batch.rollouts if r.rollout_id in batch.rewards and r.rollout_id in batch.spans]
-    kept, stats = merge_rollouts(((r.rollout_id, batch.spans[r.rollout_id]) for r in candidates), config)
-    rows = [row for r in candidates for row in kept.get(r.rollout_id, [])]
-    rewards = [
-        RolloutReward(r.rollout_id, r.group_id, batch.rewards[r.rollout_id])
-        for r in candidates
-        if r.rollout_id in kept
-    ]
-    return rows, rewards, stats
+def followed(group: distributed.Group | None) -> bool:
+    """On ranks 1..: the rank's whole run, then True. It takes the parent and trainer config rank 0's
+    `train_rl` sends, and trains every step rank 0 drives until rank 0 releases it. On rank 0, or in a single
+    process: False at once (the caller runs `train_rl`)."""
+    if group is None or group.leader:
+        return False
+    parent_dir, config = distributed.broadcast(None, group)
+    distributed.follow(Trainer(parent_dir, config, group=group))
+    return True
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -300,117 +320,3 @@ def selection_summary(
         "selection": chosen.reason,
         "early_stop": keeper.early_stop,
     }
-
-
-@dataclass
-class RLResult:
-    parent: dict
-    candidate: dict  # the evaluation of the proposed checkpoint, with its `step`
-    curve: list[dict]  # one entry per evaluation: step, rl_seconds, success (and greedy when measured)
-    steps: list[dict]  # trainer metrics per step
-    seconds: float
-    rl_seconds: float
-    checkpoint: Path | None
-    # kl_coef, validation size, every checkpoint's validation, the chosen step, why training stopped early
-    selection: dict[str, Any]
-
-
-def train_rl(
-    store: Store,
-    parent_dir: Path | str,
-    config: RLConfig,
-    *,
-    parent_resource_id: str | None = None,
-    out_dir: Path | str | None = None,
-    log: Any = None,
-    group: distributed.Group | None = None,
-) -> RLResult:
-    """RL from `parent_dir`; returns the evaluations, per-step metrics, the checkpoint selection and (with
-    `out_dir`) the proposed checkpoint. With `group` this is rank 0 of a process group: every step is also
-    trained by the other ranks (`distributed.follow`), released when training ends."""
-    started = time.perf_counter()
-    project = load_project(config.project)
-    tasks = load_tasks(project)
-    tasks.require_splits(["train", "holdout"])
-    harness = harness_spec(project)
-    heldout = tasks.draw("holdout", config.heldout_tasks, config.seed)
-    train_pool = train_tasks(
-        tasks, config.steps * config.tasks_per_step, config.seed,
-        validation=config.validation.tasks, eval_seed=config.eval_seed,
-    )  # fmt: skip
-    validation = validation_split(tasks, config.validation.tasks, config.eval_seed, train_pool)
-    trainer = Trainer(parent_dir, config.trainer, group=group)
-    curve: list[dict] = []
-    metrics: list[dict] = []
-    rl_seconds = 0.0
-    chosen: Selection | None = None
-
-    def record(step: int, greedy: bool) -> dict:
-        ev = evaluate(service, heldout, seed=config.eval_seed, tag=f"eval{step}", greedy=greedy)
-        point = {"step": step, "rl_seconds": rl_seconds, **ev}
-        curve.append(point)
-        if log:
-            log(point)
-        return point
-
-    with RolloutService(
-        store,
-        parent_dir,
-        harness=harness,
-        resource_id=parent_resource_id,
-        parallel=config.parallel,
-        serving=config.serving,
-        runner_mode=config.runner_mode,
-    ) as service:
-        parent = record(0, greedy=True)
-        keeper = (
-            CheckpointKeeper(service, validation, config.validation, seed=config.eval_seed, tag="rl")
-            if validation  # empty when no validation is asked for, or no train task is left for it
-            else None
-        )
-        for step in range(1, config.steps + 1):
-            t0 = time.perf_counter()
-            _, m = rl_step(
-                service,
-                trainer,
-                train_pool[(step - 1) * config.tasks_per_step : step * config.tasks_per_step],
-                step=step,
-                settings=config.step,
-                base_seed=config.seed,
-                tag=f"s{step}",
-            )
-            rl_seconds += time.perf_counter() - t0
-            m["rl_seconds"] = rl_seconds
-            if keeper is not None and (ev := keeper.after_step(step, config.steps, trainer)) is not None:
-                m.update(validation_success=ev.success, validation_lost_parent_cases=len(ev.lost))
-            metrics.append(m)
-            if log:
-                log(m)
-            stop = keeper is not None and keeper.early_stop is not None
-            last = step == config.steps or stop
-            if last or step % config.eval_every == 0:
-                record(step, greedy=last or config.greedy_every_eval)
-            if stop:
-                break
-        candidate = curve[-1]
-        if keeper is not None:
-            chosen = keeper.restore(trainer)
-            if chosen.step != candidate["step"]:
-                service.load_weights(trainer.state_dict())
-                ev = evaluate(service, heldout, seed=config.eval_seed, tag=f"candidate{chosen.step}")
-                candidate = {"step": chosen.step, "rl_seconds": rl_seconds, **ev}
-    if group is not None:
-        distributed.release(group)
-    checkpoint = trainer.save(out_dir) if out_dir is not None else None
-    return RLResult(
-        parent=parent,
-        candidate=candidate,
-        curve=curve,
-        steps=metrics,
-        seconds=time.perf_counter() - started,
-        rl_seconds=rl_seconds,
-        checkpoint=checkpoint,
-        selection=selection_summary(
-            config.trainer.loss.kl_coef, len(metrics), keeper, chosen, asked=config.validation.tasks
-        ),
-    )

@@ -46,21 +46,23 @@ import torch
 
 Normalization = Literal["token_mean", "seq_mean_token_mean", "constant"]
 NORMALIZATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "constant")
-# On by default: a candidate must keep the parent's protected greedy cases, and RL alone drifts off them.
-KL_COEF = 0.1
 
 
 class LossConfigError(ValueError):
     """A loss setting that cannot be used (unknown mode, missing or unread constant, bad cap)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LossConfig:
+    """The loss of one RL step. `kl_coef`, `normalization` and `constant` are the user's settings
+    (`TrainingSettings.kl_coef`, `loss_normalization`, `loss_constant`; `training.configs.loss_config`), so
+    they have no default here; the clip range and importance-sampling cap are the loss's own."""
+
+    kl_coef: float  # weight of the k3 KL to the parent; 0: off
+    normalization: Normalization
+    constant: float | None  # C of `constant` normalization: required there, refused elsewhere
     clip_low: float = 0.2
     clip_high: float = 0.28
-    kl_coef: float = KL_COEF  # weight of the k3 KL to the parent; 0: off
-    normalization: Normalization = "token_mean"
-    constant: float | None = None  # C of `constant` normalization: required there, refused elsewhere
     tis: Literal["none", "token", "sequence"] = "token"
     tis_cap: float = 2.0
 

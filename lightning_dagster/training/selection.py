@@ -29,14 +29,17 @@ class EmptyValidationSplit(ValueError):
     """Validation was asked for, but no train task is left outside the run's own train tasks."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ValidationSettings:
+    """Checkpoint selection as the user set it (`TrainingSettings.validation_*`, `success_threshold`;
+    `training.configs.validation_settings`)."""
+
     # tasks of the train split, outside the run's own train tasks, every checkpoint is judged on greedily;
     # 0: no validation, the last checkpoint is the candidate (and no early stop)
-    tasks: int = 64
-    every: int = 2  # evaluate every `every` steps, and the last step
-    patience: int = 2  # evaluations in a row that regressed before training stops (0: never stop early)
-    success_threshold: float = 0.5  # a validation case is solved at or above this reward
+    tasks: int
+    every: int  # evaluate every `every` steps, and the last step
+    patience: int  # evaluations in a row that regressed before training stops (0: never stop early)
+    success_threshold: float  # a validation case is solved at or above this reward
 
     def __post_init__(self) -> None:
         if self.tasks < 0:

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -56,9 +56,15 @@ class NonFiniteWeights(FloatingPointError):
     """`save` found NaN or infinite parameters: no checkpoint was written."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainerConfig:
-    lr: float = 1e-4
+    """The trainer's settings. `lr`, `device` and the loss's user-facing parts are the user's
+    (`TrainingSettings`; `training.configs.trainer_config`), so they have no default here; the rest are the
+    optimizer's own. `loss` None: supervised steps only (the warm start), no policy loss."""
+
+    lr: float
+    device: str  # auto: CUDA when present (bf16 autocast), else CPU; or a torch device name
+    loss: LossConfig | None
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = 0.0  # 0 -> plain Adam behaviour (AdamW with no decay)
     grad_clip: float = 1.0
@@ -69,8 +75,6 @@ class TrainerConfig:
     # own and restores it. On cores other processes keep busy, set 1: two OpenMP threads against one busy
     # core took 1.48 s an SFT step against 0.91 s for one thread (0.53 s for two on an idle machine).
     threads: int | None = None
-    device: str = "auto"  # auto: CUDA when present (bf16 autocast), else CPU; or a torch device name
-    loss: LossConfig = field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
         def number(x: object) -> bool:
@@ -235,13 +239,13 @@ class Trainer:
     def __init__(
         self,
         model_dir: Path | str,
-        config: TrainerConfig | None = None,
+        config: TrainerConfig,
         *,
         ref_model_dir: Path | str | None = None,
         group: distributed.Group | None = None,
     ):
         self.model_dir = Path(model_dir)
-        self.config = config or TrainerConfig()
+        self.config = config
         self.group = group
         self.device = distributed.rank_device(resolve_device(self.config.device), group)
         self.model = load_model(model_dir, self.device)
@@ -267,7 +271,7 @@ class Trainer:
     def ref_model(self) -> torch.nn.Module | None:
         """The frozen parent the KL term measures against: loaded at the first RL step that needs it, so a
         supervised warm start or `kl_coef=0` never holds a second copy of the weights."""
-        if not self.config.loss.kl_coef:
+        if self.config.loss is None or not self.config.loss.kl_coef:
             return None
         if self._ref_model is None:
             self._ref_model = load_model(self.ref_model_dir, self.device)
@@ -277,6 +281,11 @@ class Trainer:
     def _no_grad_logprobs(self, model: torch.nn.Module, batches: list[MicroBatch]) -> list[torch.Tensor]:
         with torch.no_grad():
             return [response_logprobs(model, mb) for mb in batches]
+
+    @property
+    def loss(self) -> LossConfig:
+        assert self.config.loss is not None  # `step` refuses a trainer without one
+        return self.config.loss
 
     def prepare(self, rows: Sequence[Row], advantages: Advantages) -> Prepared | None:
         """Fix everything the step's micro-batches share: kept rows, weights, reference and old logprobs.
@@ -291,7 +300,7 @@ class Trainer:
             local = distributed.shard(kept, self.group)
             totals = distributed.step_totals(local, self.group)
         weights = row_weights(
-            [r.trained_tokens for r in local], [r.rollout_id for r in local], cfg.loss, totals=totals
+            [r.trained_tokens for r in local], [r.rollout_id for r in local], self.loss, totals=totals
         )
         batches = [mb.to(self.device) for mb in micro_batches(local, cfg.micro_batch_tokens)] if local else []
         return Prepared(
@@ -339,7 +348,7 @@ class Trainer:
                     prep.advantages[k],
                     mb.mask,
                     prep.weights[k],
-                    self.config.loss,
+                    self.loss,
                     ref,
                 )
                 (parts.loss * scale if scale != 1.0 else parts.loss).backward()
@@ -362,6 +371,8 @@ class Trainer:
     def step(self, rows: Sequence[Row], advantages: Advantages, extra: dict | None = None) -> dict:
         """One RL update (`epochs` optimizer steps) over the rows of one batch of rollouts. On rank 0 of a
         process group it first sends them to the other ranks' `distributed.follow`."""
+        if self.config.loss is None:
+            raise TrainerConfigError("this trainer has no loss config: it takes supervised steps only")
         check_rows(rows, self.model)  # before the other ranks are sent anything
         if self.group is not None and self.group.leader:
             distributed.broadcast((list(rows), advantages, extra), self.group)

@@ -54,7 +54,7 @@ def _invalid(span: Span, reason: str, kind: type[TransitionError] = TransitionEr
 
 
 class TooManyExcludedRollouts(ValueError):
-    """More of a batch's rollouts hold an invalid span than `TransitionConfig.max_excluded_share` allows, or
+    """More of a batch's rollouts hold an invalid span than `merge_rollouts`'s `max_excluded_share` allows, or
     none is left: the step is refused rather than trained on what a mass exclusion left over. `excluded`
     lists every excluded rollout (`ExcludedRollout`), `considered` how many rollouts there were."""
 
@@ -83,14 +83,6 @@ class TransitionConfig:
     max_prompt_tokens: int | None = None  # a row whose first prompt is longer is dropped (counted)
     max_response_tokens: int | None = None  # a row's response past this is truncated (mask and logprobs too)
     context: int = 4  # ids shown on either side of a mismatch
-    # `merge_rollouts`: a rollout with an invalid span is left out of the step (all its spans); past this
-    # share of the rollouts (or when none is left) the step is refused with `TooManyExcludedRollouts`
-    max_excluded_share: float = 0.1
-
-    def __post_init__(self) -> None:
-        share = self.max_excluded_share
-        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
-            raise ValueError(f"max_excluded_share must be a number in [0, 1], got {share!r}")
 
 
 @dataclass
@@ -363,14 +355,19 @@ def merge_rollouts(
     rollouts: Iterable[tuple[str, Sequence[Span]]],
     config: TransitionConfig = TransitionConfig(),
     *,
+    max_excluded_share: float,
     strict: bool = False,
 ) -> tuple[dict[str, list[Row]], MergeStats]:
     """(rollout id, its attempt's spans) pairs -> each kept rollout's rows, and the merge statistics.
 
     A rollout with an invalid span (`TransitionError`) is left out whole, since a part of its trajectory
     would be trained under the whole rollout's advantage; it is listed in `MergeStats.excluded` (rollout,
-    span, reason). More excluded than `config.max_excluded_share` of the rollouts, or none left, raises
-    `TooManyExcludedRollouts`. `strict` re-raises the first `TransitionError` instead."""
+    span, reason). More excluded than `max_excluded_share` of the rollouts (the user's
+    `max_excluded_rollouts`), or none left, raises `TooManyExcludedRollouts`. `strict` re-raises the first
+    `TransitionError` instead."""
+    share = max_excluded_share
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+        raise ValueError(f"max_excluded_share must be a number in [0, 1], got {share!r}")
     kept: dict[str, list[Row]] = {}
     total = MergeStats()
     considered = 0
@@ -385,6 +382,6 @@ def merge_rollouts(
             continue
         kept[rollout_id] = rows
         total.add(stats)
-    if total.excluded and (len(total.excluded) > config.max_excluded_share * considered or not kept):
-        raise _too_many(total.excluded, considered, config.max_excluded_share)
+    if total.excluded and (len(total.excluded) > share * considered or not kept):
+        raise _too_many(total.excluded, considered, share)
     return kept, total

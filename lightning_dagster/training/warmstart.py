@@ -18,7 +18,7 @@ import json
 import random
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,14 +28,13 @@ from lightning_dagster import paths
 from lightning_dagster.engine.build import checkpoint_hash
 from lightning_dagster.engine.chat import ChatCodec
 from lightning_dagster.project import Project, ProjectError, load_project, load_tasks
-from lightning_dagster.project.examples import example_file
 from lightning_dagster.project.harness import harness_spec
 from lightning_dagster.training.trainer import MicroBatch, Trainer, TrainerConfig, collate, response_logprobs
 from lightning_dagster.training.transitions import Row
 from lightning_dagster.types import Resource, RolloutKind, Sampling
 
 if TYPE_CHECKING:
-    from lightning_dagster.gateway.local import Serving
+    from lightning_dagster.settings import ServingSettings
     from lightning_dagster.store import Store
 
 
@@ -46,32 +45,33 @@ class DemoRenderError(ValueError):
     """A demonstration does not render prefix-preservingly, so its assistant tokens cannot be located."""
 
 
-def _calc_example() -> str:
-    return str(example_file("calc"))
-
-
-@dataclass
+@dataclass(kw_only=True)
 class WarmStartConfig:
-    project: str = field(default_factory=_calc_example)  # the project file: its demos, harness, train tasks
+    """The first parent's warm start. The project, seed, budgets and device are the user's
+    (`TrainingSettings.warm_start_*`, `seed`, `device`) and the probe is served as the pipeline serves
+    (`ServingSettings`): built by `training.configs.warm_start_config`, so they have no default here. The
+    rest is the warm start's own."""
+
+    project: str  # the project file: its demos, harness, train tasks
+    seed: int
+    max_steps: int
+    probe_tasks: int
+    demos: int
+    device: str  # where the SFT trainer runs
+    serving: ServingSettings  # the probe's gateway, engine and runner
     lr: float = 3e-3
     batch_size: int = 32
-    max_steps: int = 300
-    min_steps: int = 4
+    min_steps: int = 4  # (at most max_steps)
     probe_every: int = 2  # steps between estimates of the demonstrations' probability (see estimate_gap)
-    probe_tasks: int = 64
     probe_seed: int = 7
     window: tuple[float, float] = (0.2, 0.4)
     # Stop once the probe reaches this: a later stop inside the window learned faster under RL on calc
     # (benchmarks/README.md, training, learning curve).
     target: float | None = 0.3  # None: the window's lower edge
-    seed: int = 0
-    demos: int = 2000
-    parallel: int = 64
-    serving: Serving = "process"  # where the probe's gateway + engine run (see RolloutService)
-    max_batch: int = 64  # the probe's engine settings (the pipeline's `model` resource)
-    engine_threads: int | None = None
-    engine_device: str = "auto"
-    engine_process: bool = False  # the probe's engine in a process of its own (see LocalGateway)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the warm-started resource records (the serving settings without the gateway secret)."""
+        return {**asdict(self), "serving": self.serving.model_dump(exclude={"secret"})}
 
 
 def demo_row(engine: Any, messages: list[dict], tools: list[dict] | None, eos_ids: set[int]) -> Row:
@@ -230,7 +230,10 @@ def warm_start(
     tasks = load_tasks(project)
     tasks.require_splits(["train"])
     probe = tasks.draw("train", config.probe_tasks, config.seed + 1)
-    trainer = Trainer(base_dir, TrainerConfig(lr=config.lr, betas=(0.9, 0.99), grad_clip=1.0))
+    trainer = Trainer(
+        base_dir,
+        TrainerConfig(lr=config.lr, device=config.device, loss=None, betas=(0.9, 0.99), grad_clip=1.0),
+    )
     history: list[dict] = []
     success = 0.0
     # The probe's gateway starts (seconds: a child process importing torch and loading the model) and the
@@ -245,12 +248,12 @@ def warm_start(
         base_dir,
         harness=harness_spec(project),
         resource_id=None,
-        parallel=config.parallel,
-        serving=config.serving,
-        max_batch=config.max_batch,
-        threads=config.engine_threads,
-        device=config.engine_device,
-        engine_process=config.engine_process,
+        parallel=config.serving.attempts_at_once(),
+        serving="process",
+        max_batch=config.serving.max_batch,
+        threads=config.serving.engine_threads,
+        device=config.serving.engine_device,
+        engine_process=config.serving.engine_process,
         reuse=True,
     )
     pool.shutdown(wait=False)
@@ -259,6 +262,7 @@ def warm_start(
         rng = random.Random(config.seed)
         near, probed, estimated, estimate = False, 0, 0, 0.0
         goal = config.target or config.window[0]
+        min_steps = min(config.min_steps, config.max_steps)
         # the probed checkpoint nearest the goal: (step, success, weights); what the warm start
         # ends with when it runs out of steps before a probe reaches the goal (probes swing by +-0.1 from
         # one step to the next at this learning rate, so the last step is often not the best one probed)
@@ -270,7 +274,7 @@ def warm_start(
                 estimated, estimate = step, demo_probability(trainer.model, held)
                 m["demo_probability"] = estimate
             near = near or m.get("demo_probability", 0.0) >= config.window[0] / 4
-            if step >= config.min_steps and near and step - probed >= probe_gap(success, config.window):
+            if step >= min_steps and near and step - probed >= probe_gap(success, config.window):
                 probed = step
                 svc = serving.result()
                 svc.load_weights(trainer.state_dict())
@@ -313,7 +317,7 @@ def warm_start(
                 "sft_steps": chosen,
                 "sft_steps_run": trainer.steps,
                 "probe_success": success,
-                "config": asdict(config),
+                "config": config.to_dict(),
             },
         )
     )

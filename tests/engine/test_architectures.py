@@ -5,6 +5,7 @@ a template that rewrites earlier turns, the counted fallback), and trained with 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -19,9 +20,11 @@ from lightning_dagster.engine.build import CALCULATOR_TOOL, UnknownArchitecture
 from lightning_dagster.gateway import EngineBackend
 from lightning_dagster.gateway.tokenin import closing_tokens
 from lightning_dagster.harnesses.corpus import training_corpus
+from lightning_dagster.settings import TrainingSettings
 from lightning_dagster.store import Store
 from lightning_dagster.training.advantages import Advantages
-from lightning_dagster.training.trainer import Trainer, TrainerConfig, collate, response_logprobs
+from lightning_dagster.training.configs import trainer_config
+from lightning_dagster.training.trainer import Trainer, collate, response_logprobs
 from lightning_dagster.training.transitions import merge_calls
 from tests.gateway.conftest import ADMIN, Gateway, _serve
 
@@ -276,7 +279,7 @@ def test_a_tool_conversation_records_token_in_or_a_counted_fallback_and_trains_a
         assert torch.allclose(torch.tensor(span.response_logprobs), got, atol=1e-5)
 
     rows, _ = merge_calls([s1, s2])
-    trainer = Trainer(built[name], TrainerConfig(threads=1))
+    trainer = Trainer(built[name], dataclasses.replace(trainer_config(TrainingSettings()), threads=1))
     mb = collate(rows, list(range(len(rows))))
     with torch.no_grad():
         log_ratio = (response_logprobs(trainer.model, mb) - mb.behaviour)[mb.mask > 0]

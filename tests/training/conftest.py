@@ -1,7 +1,9 @@
-"""A tiny causal LM built from config (no tokenizer needed) for loss and trainer tests."""
+"""A tiny causal LM built from config (no tokenizer needed) for loss and trainer tests, and the loss and
+trainer configs of the default settings with a test's changes."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -9,7 +11,27 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from lightning_dagster.settings import TrainingSettings
+from lightning_dagster.training import configs
+from lightning_dagster.training.loss import LossConfig
+from lightning_dagster.training.step import StepSettings
+from lightning_dagster.training.trainer import TrainerConfig
 from lightning_dagster.training.transitions import Row
+
+
+def loss_config(**changes) -> LossConfig:
+    """`TrainingSettings()`'s loss (`training.configs.loss_config`) with `changes`."""
+    return dataclasses.replace(configs.loss_config(TrainingSettings()), **changes)
+
+
+def step_settings(**changes) -> StepSettings:
+    """`TrainingSettings()`'s RL step (`training.configs.step_settings`) with `changes`."""
+    return dataclasses.replace(configs.step_settings(TrainingSettings()), **changes)
+
+
+def trainer_config(**changes) -> TrainerConfig:
+    """`TrainingSettings()`'s trainer config (`training.configs.trainer_config`) with `changes`."""
+    return dataclasses.replace(configs.trainer_config(TrainingSettings()), **changes)
 
 
 @pytest.fixture(scope="session")

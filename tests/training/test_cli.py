@@ -8,6 +8,7 @@ import re
 import pytest
 
 from lightning_dagster.cli import main
+from lightning_dagster.settings import ServingSettings, TrainingSettings
 from lightning_dagster.store import Store
 from lightning_dagster.types import RolloutKind
 
@@ -18,8 +19,8 @@ KEYS = {"parent_success", "candidate_success", "parent_greedy", "candidate_greed
 def test_train_json_prints_parent_and_candidate_success(tmp_path, base_model_dir, monkeypatch, capsys):
     monkeypatch.setenv("LIGHTNING_DAGSTER_HOME", str(tmp_path / "home"))
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    argv = ["train", "--harness", "calc", "--parent", str(base_model_dir), "--steps", "1", "--group", "2",
-            "--tasks-per-step", "2", "--heldout", "4", "--store", url, "--json", "--serving", "thread",
+    argv = ["train", "--harness", "calc", "--parent", str(base_model_dir), "--steps", "1", "--group-size", "2",
+            "--tasks-per-step", "2", "--holdout-tasks", "4", "--store-url", url, "--json", "--parallel", "4",
             "--loss-normalization", "constant", "--loss-constant", "64", "--kl-coef", "0.25",
             "--validation-tasks", "3", "--validation-every", "1", "--validation-patience", "0"]  # fmt: skip
     assert main(argv) == 0
@@ -27,18 +28,21 @@ def test_train_json_prints_parent_and_candidate_success(tmp_path, base_model_dir
     assert KEYS <= out.keys() and out["heldout_tasks"] == 4 and out["steps"] == 1 and out["seconds"] > 0
     store = Store(url)
     # each printed success is the mean reward of that evaluation's 4 sampled held-out rollouts
-    for key, tag in (("parent_success", "eval0"), ("candidate_success", "eval1")):
+    for key, tag in (("parent_success", "rl-eval0"), ("candidate_success", "rl-eval1")):
         ids = [r.rollout_id for r in store.query_rollouts(kind=RolloutKind.holdout)
                if re.fullmatch(rf"{tag}-g\d", r.group_id)]  # fmt: skip
         assert len(ids) == 4
         assert out[key] == pytest.approx(sum(r.value for r in store.list_rewards(rollout_ids=ids)) / 4)
     (candidate,) = [r for r in store.list_resources() if r.metadata.get("role") == "rl_candidate"]
     assert candidate.resource_id == out["candidate_resource_id"] and candidate.weights_hash
-    rl = candidate.metadata["rl"]
-    assert rl["serving"] == "thread" and rl["step"]["group_size"] == 2
-    assert (rl["trainer"]["loss"]["normalization"], rl["trainer"]["loss"]["constant"]) == ("constant", 64.0)
-    assert rl["trainer"]["loss"]["kl_coef"] == 0.25 and rl["validation"] == {
-        "tasks": 3, "every": 1, "patience": 0, "success_threshold": 0.5}  # fmt: skip
+    # the settings it ran with, each given flag's value and every other setting's one default
+    training, serving = candidate.metadata["training"], candidate.metadata["serving"]
+    assert training == TrainingSettings(
+        steps=1, group_size=2, tasks_per_step=2, holdout_tasks=4, loss_normalization="constant",
+        loss_constant=64.0, kl_coef=0.25, validation_tasks=3, validation_every=1, validation_patience=0,
+    ).model_dump(include=set(training))  # fmt: skip
+    assert serving == {**ServingSettings(parallel=4).model_dump(include=set(serving))}
+    assert "secret" not in serving and "protected_tasks" not in training
     # the one step was judged on 3 validation cases and proposed (nothing else to choose from)
     assert (out["kl_coef"], out["validation_tasks"], out["chosen_step"], out["early_stop"]) == (
         0.25,
@@ -52,16 +56,44 @@ def test_train_json_prints_parent_and_candidate_success(tmp_path, base_model_dir
 
 
 def test_train_rejects_bad_arguments(capsys):
-    assert main(["train", "--steps", "0"]) == 2
-    assert "--steps" in capsys.readouterr().err
-    assert main(["train", "--loss-normalization", "constant"]) == 2  # Dr. GRPO needs its constant
-    assert "needs a positive finite `constant`" in capsys.readouterr().err
-    assert main(["train", "--loss-normalization", "sum"]) == 2
-    assert "unknown normalization 'sum'" in capsys.readouterr().err
-    assert main(["train", "--kl-coef", "-1"]) == 2
-    assert "kl_coef must be a finite number >= 0" in capsys.readouterr().err
-    assert main(["train", "--validation-every", "0"]) == 2
-    assert "validation every must be >= 1" in capsys.readouterr().err
+    """A bad value is one line naming the flag, exit 2, before anything is loaded."""
+    for argv, said in (
+        (["--steps", "0"], "--steps: Input should be greater than or equal to 1"),
+        (["--group-size", "1"], "--group-size: Input should be greater than or equal to 2"),
+        (["--kl-coef", "-1"], "--kl-coef: Input should be greater than or equal to 0"),
+        (["--validation-every", "0"], "--validation-every: Input should be greater than or equal to 1"),
+        (["--parallel", "-1"], "--parallel: Input should be greater than or equal to 0"),
+        (["--store-url", "sqlite://", "--learning-rate", "nan"], "--learning-rate: Input should be a finite number"),
+        # Dr. GRPO needs its constant: a rule between two settings, both flags named
+        (["--loss-normalization", "constant"], "--loss-normalization constant, --loss-constant None: "
+         "normalization 'constant' needs a positive finite `constant`"),
+    ):  # fmt: skip
+        assert main(["train", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: train: ") and said in err and err.count("\n") == 1, err
+    with pytest.raises(SystemExit) as exited:  # a value outside a setting's choices: argparse's own line
+        main(["train", "--loss-normalization", "sum"])
+    assert exited.value.code == 2 and "invalid choice: 'sum'" in capsys.readouterr().err
+
+
+def test_rank_argv_passes_every_given_flag_on_but_nproc():
+    """What each rank of `train --nproc N` runs: the same settings, parsed the same way."""
+    import argparse
+
+    from lightning_dagster.training.cli import register, settings_of
+
+    parser = argparse.ArgumentParser()
+    register(parser)
+    given = ["--harness", "calc", "--steps", "3", "--nproc", "2", "--loss-normalization", "constant",
+             "--loss-constant", "8", "--no-engine-process", "--store-url", "sqlite://", "--json",
+             "--attempt-timeout-s", "none"]  # fmt: skip
+    args = parser.parse_args(given)
+    rank = args.rank_argv(args)
+    assert rank[0] == "train" and "--nproc" not in rank
+    again = parser.parse_args(rank[1:])
+    first, second = settings_of(args), settings_of(again)
+    assert second[0] == first[0].updated({"nproc": 1}) and second[1:] == first[1:]
+    assert again.harness == "calc" and again.json and not second[1].engine_process
 
 
 def test_train_project_samples_its_train_split_and_evaluates_on_its_holdout_split(
@@ -80,8 +112,8 @@ def test_train_project_samples_its_train_split_and_evaluates_on_its_holdout_spli
     rows = tasks.splits["train"][:3] + tasks.splits["holdout"][:2]
     (project / "tasks.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    argv = ["train", "--project", str(project), "--parent", str(base_model_dir), "--steps", "1", "--group", "2",
-            "--tasks-per-step", "2", "--heldout", "4", "--store", url, "--json", "--serving", "thread"]  # fmt: skip
+    argv = ["train", "--project", str(project), "--parent", str(base_model_dir), "--steps", "1", "--group-size",
+            "2", "--tasks-per-step", "2", "--holdout-tasks", "4", "--store-url", url, "--json"]  # fmt: skip
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["heldout_tasks"] == 2  # the project's holdout split has 2 rows

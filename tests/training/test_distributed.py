@@ -17,15 +17,15 @@ from lightning_dagster.training import distributed
 from lightning_dagster.training.advantages import RolloutReward, compute_advantages
 from lightning_dagster.training.loss import LossConfig
 from lightning_dagster.training.trainer import Trainer, TrainerConfig
-from tests.training.conftest import random_rows
+from tests.training.conftest import loss_config, random_rows, trainer_config
 
 # rollout -> rows it became: "a" was split into 3 rows, so per-rollout weighing differs from per-row
 ROLLOUTS = {"a": 3, "b": 1, "c": 2, "d": 1, "e": 1}
 REWARDS = {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0, "e": 0.5}
 LOSSES = {
-    "token_mean": LossConfig(normalization="token_mean", kl_coef=0.1),
-    "seq_mean_token_mean": LossConfig(normalization="seq_mean_token_mean", kl_coef=0.1),
-    "constant": LossConfig(normalization="constant", constant=40.0, kl_coef=0.1),
+    "token_mean": loss_config(normalization="token_mean", kl_coef=0.1),
+    "seq_mean_token_mean": loss_config(normalization="seq_mean_token_mean", kl_coef=0.1),
+    "constant": loss_config(normalization="constant", constant=40.0, kl_coef=0.1),
 }
 # two rollouts, one row each: every rank backpropagates exactly one row, as one process does row by row
 HASH_ROLLOUTS = {"p": 1, "q": 1}
@@ -34,7 +34,7 @@ HASH_ROLLOUTS = {"p": 1, "q": 1}
 def config(loss: LossConfig) -> TrainerConfig:
     # micro_batch_tokens=1: one row per micro-batch, so micro-batching and no_sync accumulation are exercised;
     # two epochs: the second scores against moved weights, so the KL to the frozen parent is live
-    return TrainerConfig(lr=1e-2, epochs=2, micro_batch_tokens=1, threads=1, device="cpu", loss=loss)
+    return trainer_config(lr=1e-2, epochs=2, micro_batch_tokens=1, threads=1, device="cpu", loss=loss)
 
 
 def batch(rollouts: dict[str, int], rewards: dict[str, float]):
@@ -47,7 +47,7 @@ def run_rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None
                       LOCAL_RANK=str(rank))  # fmt: skip
     group = distributed.join(torch.device("cpu"))
     cases = [(mode, loss, ROLLOUTS, REWARDS) for mode, loss in LOSSES.items()]
-    cases.append(("hash", LossConfig(kl_coef=0.1), HASH_ROLLOUTS, {"p": 1.0, "q": 0.0}))
+    cases.append(("hash", loss_config(kl_coef=0.1), HASH_ROLLOUTS, {"p": 1.0, "q": 0.0}))
     for name, loss, rollouts, rewards in cases:
         trainer = Trainer(model_dir, config(loss), group=group)
         if group.leader:
@@ -101,13 +101,13 @@ def test_two_gloo_ranks_update_like_one_process(mode, two_ranks, tiny_model_dir)
 
 
 def test_rank_zero_checkpoint_has_the_single_process_hash(two_ranks, tiny_model_dir, tmp_path):
-    single = Trainer(tiny_model_dir, config(LossConfig(kl_coef=0.1)))
+    single = Trainer(tiny_model_dir, config(loss_config(kl_coef=0.1)))
     single.step(*batch(HASH_ROLLOUTS, {"p": 1.0, "q": 0.0}))
     assert checkpoint_hash(two_ranks / "hash-ckpt") == checkpoint_hash(single.save(tmp_path / "single"))
 
 
 def test_follow_refuses_rank_zero(tiny_model_dir):
-    trainer = Trainer(tiny_model_dir, TrainerConfig(device="cpu"))
+    trainer = Trainer(tiny_model_dir, trainer_config(device="cpu"))
     with pytest.raises(distributed.DistributedError, match="ranks 1.. of a process group"):
         distributed.follow(trainer)
 
@@ -117,8 +117,8 @@ def test_train_nproc_2_runs_two_ranks_and_reports_world_size(tmp_path, base_mode
 
     monkeypatch.setenv("LIGHTNING_DAGSTER_HOME", str(tmp_path / "home"))
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    argv = ["train", "--harness", "calc", "--parent", str(base_model_dir), "--steps", "1", "--group", "2",
-            "--tasks-per-step", "2", "--heldout", "2", "--store", url, "--json", "--serving", "thread",
+    argv = ["train", "--harness", "calc", "--parent", str(base_model_dir), "--steps", "1", "--group-size", "2",
+            "--tasks-per-step", "2", "--holdout-tasks", "2", "--store-url", url, "--json",
             "--validation-tasks", "0", "--nproc", "2", "--device", "cpu"]  # fmt: skip
     assert main(argv) == 0
     lines = [line for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
@@ -131,7 +131,7 @@ def test_train_nproc_2_runs_two_ranks_and_reports_world_size(tmp_path, base_mode
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_cuda_trainer_steps_under_bf16_autocast_like_cpu(tiny_model_dir):
     cpu = Trainer(tiny_model_dir, config(LOSSES["token_mean"]))
-    cuda = Trainer(tiny_model_dir, TrainerConfig(**{**vars(config(LOSSES["token_mean"])), "device": "cuda"}))
+    cuda = Trainer(tiny_model_dir, trainer_config(**{**vars(config(LOSSES["token_mean"])), "device": "cuda"}))
     expected, got = cpu.step(*batch(ROLLOUTS, REWARDS)), cuda.step(*batch(ROLLOUTS, REWARDS))
     assert cuda.device.type == "cuda" and got["trained_tokens"] == expected["trained_tokens"]
     assert got["loss"] == pytest.approx(expected["loss"], rel=0.05)  # bf16 matmuls, fp32 logprobs

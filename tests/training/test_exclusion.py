@@ -9,21 +9,16 @@ import pytest
 
 from lightning_dagster.runner.service import RolloutBatch
 from lightning_dagster.training.advantages import compute_advantages
-from lightning_dagster.training.loop import (
-    StepSettings,
-    batch_transitions,
-    excluded_metrics,
-    rows_and_rewards,
-)
+from lightning_dagster.training.step import batch_transitions, excluded_metrics, rows_and_rewards
 from lightning_dagster.training.trainer import Trainer
 from lightning_dagster.training.transitions import (
     ExcludedRollout,
     TooManyExcludedRollouts,
-    TransitionConfig,
     TransitionError,
     merge_rollouts,
 )
 from lightning_dagster.types import Rollout, Span, SpanKind
+from tests.training.conftest import step_settings, trainer_config
 
 
 def call(
@@ -63,14 +58,14 @@ GROUPS = {"g0": [1.0, 0.0, 1.0, 0.0], "g1": [1.0, 1.0, 0.0, 0.0], "g2": [0.0, 1.
 def test_one_nan_logprob_rollout_is_left_out_and_named(tiny_model_dir):
     """Before, its `TransitionError` failed the whole step for one rollout among twelve."""
     b = batch(GROUPS, {"g1-r2": {"logprob": math.nan}})
-    rows, advantages, merge, excluded = batch_transitions(b, StepSettings())
+    rows, advantages, merge, excluded = batch_transitions(b, step_settings())
     assert excluded == [ExcludedRollout("g1-r2", "sp-g1-r2", excluded[0].reason)]
     assert "logprobs must be finite" in excluded[0].reason
     assert merge["merge_excluded_rollouts"] == 1 and merge["merge_attempts"] == 11
     assert "g1-r2" not in {r.rollout_id for r in rows} and len(rows) == 11
     assert "g1-r2" not in advantages.values and len(advantages.values) == 11
 
-    trainer = Trainer(tiny_model_dir)
+    trainer = Trainer(tiny_model_dir, trainer_config())
     metrics = trainer.step(rows, advantages, extra={**merge, **excluded_metrics(excluded)})
     assert metrics["trained_rows"] == 11 and math.isfinite(metrics["loss"])
     assert metrics["merge_excluded_rollouts"] == 1
@@ -89,14 +84,14 @@ def test_one_nan_logprob_rollout_is_left_out_and_named(tiny_model_dir):
     ],
 )
 def test_every_kind_of_invalid_span_excludes_its_rollout(invalid):
-    _, _, merge = rows_and_rewards(batch(GROUPS, {"g0-r0": invalid}), TransitionConfig())
+    _, _, merge = rows_and_rewards(batch(GROUPS, {"g0-r0": invalid}), step_settings())
     assert merge["merge_excluded_rollouts"] == 1
 
 
 def test_a_non_finite_temperature_excludes_its_rollout():
     b = batch(GROUPS)
     b.spans["g2-r3"] = [b.spans["g2-r3"][0].model_copy(update={"attributes": {"temperature": math.nan}})]
-    kept, stats = merge_rollouts(((r, b.spans[r]) for r in b.spans), TransitionConfig())
+    kept, stats = merge_rollouts(((r, b.spans[r]) for r in b.spans), max_excluded_share=0.1)
     assert "g2-r3" not in kept and [e.rollout_id for e in stats.excluded] == ["g2-r3"]
     assert "temperature" in stats.excluded[0].reason
 
@@ -107,7 +102,7 @@ def test_the_kept_members_advantages_ignore_the_excluded_one():
     with_bad = batch({"g0": [1.0, 0.0, 1.0, 0.0, 1.0]}, {"g0-r4": {"logprob": math.nan}})
     without = batch({"g0": [1.0, 0.0, 1.0, 0.0]})
     for mode in ("grpo", "dr_grpo", "rloo"):
-        settings = StepSettings(advantage=mode, transitions=TransitionConfig(max_excluded_share=0.25))
+        settings = step_settings(advantage=mode, max_excluded_share=0.25)
         _, got, _, excluded = batch_transitions(with_bad, settings)
         _, expected, _, _ = batch_transitions(without, settings)
         assert [e.rollout_id for e in excluded] == ["g0-r4"]
@@ -119,7 +114,7 @@ def test_the_kept_members_advantages_ignore_the_excluded_one():
 
 def test_a_group_left_with_one_member_is_skipped_like_any_singleton():
     b = batch({"g0": [1.0, 0.0], "g1": [1.0, 0.0, 1.0, 0.0] * 3}, {"g0-r1": {"logprob": math.nan}})
-    _, advantages, _, excluded = batch_transitions(b, StepSettings())
+    _, advantages, _, excluded = batch_transitions(b, step_settings())
     assert len(excluded) == 1
     assert "g0-r0" not in advantages.values  # one member: no variance, no advantage (as before)
     assert advantages.group_stats["g0"] == (1, 1.0, 0.0) and advantages.skipped_rollouts == 1
@@ -128,41 +123,39 @@ def test_a_group_left_with_one_member_is_skipped_like_any_singleton():
 def test_too_many_invalid_rollouts_refuse_the_step_by_name():
     bad = {rid: {"logprob": math.nan} for rid in ("g0-r1", "g1-r0", "g1-r3", "g2-r2")}
     with pytest.raises(TooManyExcludedRollouts, match="4 of 12 rollouts") as caught:
-        batch_transitions(batch(GROUPS, bad), StepSettings())
+        batch_transitions(batch(GROUPS, bad), step_settings())
     message = str(caught.value)
     assert "more than the 10% allowed" in message
     assert "rollout g0-r1 span sp-g0-r1: logprobs must be finite" in message and "(and 1 more)" in message
     assert [e.rollout_id for e in caught.value.excluded] == ["g0-r1", "g1-r0", "g1-r3", "g2-r2"]
     assert caught.value.considered == 12
     # the threshold is the user's: a third allowed, the same batch trains on the other eight
-    rows, _, _, excluded = batch_transitions(
-        batch(GROUPS, bad), StepSettings(transitions=TransitionConfig(max_excluded_share=1 / 3))
-    )
+    rows, _, _, excluded = batch_transitions(batch(GROUPS, bad), step_settings(max_excluded_share=1 / 3))
     assert len(excluded) == 4 and len(rows) == 8
 
 
 def test_nothing_left_is_refused_whatever_the_threshold():
     b = batch({"g0": [1.0, 0.0]}, {"g0-r0": {"logprob": math.nan}, "g0-r1": {"prompt": []}})
     with pytest.raises(TooManyExcludedRollouts, match="none is left to train on"):
-        rows_and_rewards(b, TransitionConfig(max_excluded_share=1.0))
+        rows_and_rewards(b, step_settings(max_excluded_share=1.0))
 
 
 def test_strict_merging_raises_the_span_error_itself():
     b = batch(GROUPS, {"g1-r2": {"logprob": math.nan}})
     with pytest.raises(TransitionError, match="sp-g1-r2") as caught:
-        merge_rollouts(((r, b.spans[r]) for r in b.spans), strict=True)
+        merge_rollouts(((r, b.spans[r]) for r in b.spans), max_excluded_share=0.1, strict=True)
     assert caught.value.rollout_id == "g1-r2" and caught.value.span_id == "sp-g1-r2"
 
 
 @pytest.mark.parametrize("share", [-0.1, 1.5, math.nan, True])
 def test_an_impossible_threshold_is_refused(share):
     with pytest.raises(ValueError, match="max_excluded_share"):
-        TransitionConfig(max_excluded_share=share)
+        merge_rollouts([], max_excluded_share=share)
 
 
 def test_advantages_of_the_same_rewards_without_exclusion_match_compute_advantages():
     """The wiring adds nothing of its own: with no invalid span, the step's advantages are those of its
     rewards."""
-    _, rewards, _ = rows_and_rewards(batch(GROUPS), TransitionConfig())
-    _, advantages, _, excluded = batch_transitions(batch(GROUPS), StepSettings())
+    _, rewards, _ = rows_and_rewards(batch(GROUPS), step_settings())
+    _, advantages, _, excluded = batch_transitions(batch(GROUPS), step_settings())
     assert excluded == [] and advantages == compute_advantages(rewards, "grpo")

@@ -8,10 +8,11 @@ import math
 import pytest
 import torch
 
+from lightning_dagster.settings import TrainingSettings
 from lightning_dagster.training.advantages import RolloutReward, compute_advantages
-from lightning_dagster.training.loss import KL_COEF, LossConfig, LossConfigError, policy_loss
-from lightning_dagster.training.trainer import Trainer, TrainerConfig, response_logprobs
-from tests.training.conftest import random_rows
+from lightning_dagster.training.loss import LossConfigError, policy_loss
+from lightning_dagster.training.trainer import Trainer, response_logprobs
+from tests.training.conftest import loss_config, random_rows, trainer_config
 
 ROLLOUTS = {"a": 2, "b": 1, "c": 1, "d": 1}
 
@@ -23,14 +24,14 @@ def batch():
 
 
 def test_kl_is_on_by_default_and_a_bad_weight_is_a_named_error():
-    assert LossConfig().kl_coef == KL_COEF > 0
+    assert loss_config().kl_coef == TrainingSettings().kl_coef > 0
     for bad in (-0.1, math.nan, math.inf):
         with pytest.raises(LossConfigError, match="kl_coef"):
-            LossConfig(kl_coef=bad)
+            loss_config(kl_coef=bad)
 
 
 def test_kl_gradient_moves_each_sampled_logprob_toward_the_parent():
-    cfg = LossConfig(kl_coef=0.5, tis="none")
+    cfg = loss_config(kl_coef=0.5, tis="none")
     ref = torch.log(torch.tensor([[0.2, 0.5, 0.3]]))
     logp = torch.log(torch.tensor([[0.4, 0.25, 0.3]])).requires_grad_()
     weights = torch.tensor([1.0])
@@ -54,7 +55,7 @@ def test_kl_coef_zero_is_exactly_the_loss_and_gradient_without_the_term():
     for with_ref in (False, True):
         logp = torch.log(torch.tensor([[0.4, 0.25, 0.3]])).requires_grad_()
         old = logp.detach() + 0.05
-        parts = policy_loss(logp, old, old, *args, LossConfig(kl_coef=0.0), ref if with_ref else None)
+        parts = policy_loss(logp, old, old, *args, loss_config(kl_coef=0.0), ref if with_ref else None)
         parts.loss.backward()
         grads.append((float(parts.loss.detach()), logp.grad.clone(), parts.metrics()["kl"]))
     assert grads[0][0] == grads[1][0] and torch.equal(grads[0][1], grads[1][1]) and grads[1][2] == 0.0
@@ -62,8 +63,8 @@ def test_kl_coef_zero_is_exactly_the_loss_and_gradient_without_the_term():
 
 def test_kl_changes_nothing_at_the_parent_and_pulls_back_once_the_policy_moved(tiny_model_dir):
     rows, adv = batch()
-    off = Trainer(tiny_model_dir, TrainerConfig(lr=5e-2, loss=LossConfig(kl_coef=0.0)))
-    on = Trainer(tiny_model_dir, TrainerConfig(lr=5e-2, loss=LossConfig(kl_coef=1.0)))
+    off = Trainer(tiny_model_dir, trainer_config(lr=5e-2, loss=loss_config(kl_coef=0.0)))
+    on = Trainer(tiny_model_dir, trainer_config(lr=5e-2, loss=loss_config(kl_coef=1.0)))
     assert off.ref_model is None  # kl_coef 0 never loads a parent copy
     first_off, first_on = off.step(rows, adv), on.step(rows, adv)
     # first step: policy == parent, so k3 and its gradient are exactly 0 and the updates are identical
@@ -74,7 +75,7 @@ def test_kl_changes_nothing_at_the_parent_and_pulls_back_once_the_policy_moved(t
         on.step(rows, adv)
 
     def gap(trainer: Trainer) -> float:
-        parent = Trainer(tiny_model_dir, TrainerConfig(loss=LossConfig(kl_coef=0.0)))
+        parent = Trainer(tiny_model_dir, trainer_config(loss=loss_config(kl_coef=0.0)))
         prep = parent.prepare(rows, adv)
         with torch.no_grad():
             return sum(

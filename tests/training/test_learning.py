@@ -13,10 +13,13 @@ import torch
 
 from lightning_dagster.engine.build import build_base_model
 from lightning_dagster.harnesses.corpus import training_corpus
+from lightning_dagster.project.examples import example_file, example_harness, example_tasks
+from lightning_dagster.settings import ServingSettings, TrainingSettings
 from lightning_dagster.store import Store
-from lightning_dagster.training.loop import RLConfig, train_rl
-from lightning_dagster.training.trainer import TrainerConfig
-from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
+from lightning_dagster.training.cli import sampling_service
+from lightning_dagster.training.configs import warm_start_config
+from lightning_dagster.training.loop import draw_pools, train_rl
+from lightning_dagster.training.warmstart import warm_start
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -40,11 +43,22 @@ def test_candidate_beats_warm_started_parent_in_sampled_success():
 def run(work: Path) -> None:
     store = Store(f"sqlite:///{work / 'store.db'}")
     base = build_base_model(work / "base", corpus=training_corpus(seed=0), seed=0)
-    ws = warm_start(store, base, work / "warm", WarmStartConfig(seed=0))
+    ws = warm_start(
+        store,
+        base,
+        work / "warm",
+        warm_start_config(example_file("calc"), TrainingSettings(), ServingSettings()),
+    )
     assert 0.1 <= ws.probe_success <= 0.5, ws.history[-3:]
-    config = RLConfig(steps=RL_STEPS, eval_every=LAST_TWO[0], heldout_tasks=300, seed=0,
-                      trainer=TrainerConfig(lr=1e-4))  # fmt: skip
-    result = train_rl(store, ws.model_dir, config, parent_resource_id=ws.resource.resource_id)
+    t = TrainingSettings(steps=RL_STEPS, tasks_per_step=16, eval_every=LAST_TWO[0], holdout_tasks=300,
+                         eval_seed=20261130, learning_rate=1e-4)  # fmt: skip
+
+    def serve():  # as `train` serves
+        return sampling_service(
+            store, ws.model_dir, ws.resource.resource_id, example_harness("calc"), t, ServingSettings()
+        )
+
+    result = train_rl(ws.model_dir, t, draw_pools(example_tasks("calc"), t), serve, base_seed=t.seed)
     points = {p["step"]: p for p in result.curve}
     # successes are multiples of 1/300: round away float noise before comparing with the bar
     candidate = round(sum(points[s]["success"] for s in LAST_TWO) / 2, 9)

@@ -13,8 +13,8 @@ from lightning_dagster.training.loss import (
     policy_loss,
     row_weights,
 )
-from lightning_dagster.training.trainer import Trainer, TrainerConfig
-from tests.training.conftest import random_rows
+from lightning_dagster.training.trainer import Trainer
+from tests.training.conftest import loss_config, random_rows, trainer_config
 
 ROLLOUTS = {"a0": 1, "a1": 3, "a2": 1, "a3": 2, "b0": 2, "b1": 1}
 REWARDS = {"a0": 1.0, "a1": 0.0, "a2": 0.0, "a3": 1.0, "b0": 0.5, "b1": 0.0}
@@ -30,7 +30,7 @@ def constant(mode: str) -> float | None:
 
 
 def loss_and_grads(model_dir, rows, adv, loss_cfg: LossConfig, micro_batch_tokens: int):
-    trainer = Trainer(model_dir, TrainerConfig(loss=loss_cfg, micro_batch_tokens=micro_batch_tokens))
+    trainer = Trainer(model_dir, trainer_config(loss=loss_cfg, micro_batch_tokens=micro_batch_tokens))
     prep = trainer.prepare(rows, adv)
     parts = trainer.backward(prep)
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
@@ -40,7 +40,7 @@ def loss_and_grads(model_dir, rows, adv, loss_cfg: LossConfig, micro_batch_token
 @pytest.mark.parametrize("mode", NORMALIZATIONS)
 @pytest.mark.parametrize("tis", ["token", "sequence"])
 def test_one_pass_equals_k_micro_batches_in_loss_and_gradients(tiny_model_dir, mode, tis):
-    cfg = LossConfig(normalization=mode, constant=constant(mode), tis=tis, tis_cap=2.0, kl_coef=0.0)
+    cfg = loss_config(normalization=mode, constant=constant(mode), tis=tis, tis_cap=2.0, kl_coef=0.0)
     rows = random_rows(1, ROLLOUTS)
     one_loss, one_grads, one_k = loss_and_grads(tiny_model_dir, rows, advantages(), cfg, 10_000)
     k_loss, k_grads, k = loss_and_grads(tiny_model_dir, rows, advantages(), cfg, 24)
@@ -53,7 +53,7 @@ def test_one_pass_equals_k_micro_batches_in_loss_and_gradients(tiny_model_dir, m
 
 @pytest.mark.parametrize("mode", NORMALIZATIONS)
 def test_zero_variance_groups_contribute_nothing(tiny_model_dir, mode):
-    cfg = LossConfig(normalization=mode, constant=constant(mode))
+    cfg = loss_config(normalization=mode, constant=constant(mode))
     rows = random_rows(2, ROLLOUTS)
     base_loss, base_grads, _ = loss_and_grads(tiny_model_dir, rows, advantages(), cfg, 10_000)
     flat = random_rows(3, {"z0": 2, "z1": 1, "z2": 1})  # group "z": all rewards equal
@@ -70,26 +70,26 @@ SPLIT_TOKENS, SPLIT_IDS = [10, 30, 5, 15], ["r1", "r1", "r2", "r3"]
 
 
 def test_seq_mean_token_mean_weighs_a_split_rollout_as_one_rollout():
-    w = row_weights(SPLIT_TOKENS, SPLIT_IDS, LossConfig(normalization="seq_mean_token_mean"))
+    w = row_weights(SPLIT_TOKENS, SPLIT_IDS, loss_config(normalization="seq_mean_token_mean"))
     # 3 rollouts; r1 has 40 tokens over its two rows: 1/(3*40); r2: 1/(3*5); r3: 1/(3*15)
     assert w == pytest.approx([1 / 120, 1 / 120, 1 / 15, 1 / 45], rel=1e-12)
     # each rollout's tokens carry 1/3 in all, and r1 weighs exactly what it would have as one row
     assert w[0] * 10 + w[1] * 30 == pytest.approx(1 / 3) and w[2] * 5 == pytest.approx(1 / 3)
-    unsplit = row_weights([40, 5, 15], ["r1", "r2", "r3"], LossConfig(normalization="seq_mean_token_mean"))
+    unsplit = row_weights([40, 5, 15], ["r1", "r2", "r3"], loss_config(normalization="seq_mean_token_mean"))
     assert unsplit == pytest.approx([1 / 120, 1 / 15, 1 / 45], rel=1e-12)
 
 
 def test_constant_weighs_every_token_one_over_c_split_or_not():
-    cfg = LossConfig(normalization="constant", constant=100.0)
+    cfg = loss_config(normalization="constant", constant=100.0)
     assert row_weights(SPLIT_TOKENS, SPLIT_IDS, cfg) == [0.01, 0.01, 0.01, 0.01]
     # r1's 40 tokens carry 0.4 in all, as one row or two; the step's total is 60/100, not 1
     assert row_weights([40, 5, 15], ["r1", "r2", "r3"], cfg) == [0.01, 0.01, 0.01]
-    token_mean = row_weights(SPLIT_TOKENS, SPLIT_IDS, LossConfig())
+    token_mean = row_weights(SPLIT_TOKENS, SPLIT_IDS, loss_config(normalization="token_mean"))
     assert token_mean == pytest.approx([1 / 60] * 4, rel=1e-12)
 
 
 def test_trainer_weighs_the_rows_of_a_split_rollout_as_one_rollout(tiny_model_dir):
-    trainer = Trainer(tiny_model_dir, TrainerConfig(loss=LossConfig(normalization="seq_mean_token_mean")))
+    trainer = Trainer(tiny_model_dir, trainer_config(loss=loss_config(normalization="seq_mean_token_mean")))
     prep = trainer.prepare(random_rows(1, ROLLOUTS), advantages())
     mass: dict[str, float] = {}
     for mb, weights in zip(prep.batches, prep.weights, strict=True):
@@ -101,7 +101,7 @@ def test_trainer_weighs_the_rows_of_a_split_rollout_as_one_rollout(tiny_model_di
 
 
 def test_ppo_clip_uses_separate_low_and_high_epsilons():
-    cfg = LossConfig(clip_low=0.1, clip_high=0.3, tis="none")
+    cfg = loss_config(clip_low=0.1, clip_high=0.3, tis="none")
     old = torch.zeros(1, 4)
     logp = torch.log(torch.tensor([[0.5, 0.95, 1.2, 1.5]])).requires_grad_()
     ones = torch.ones(1, 4)
@@ -115,7 +115,7 @@ def test_ppo_clip_uses_separate_low_and_high_epsilons():
 
 
 def test_truncated_importance_weights_are_detached_capped_and_reported():
-    cfg = LossConfig(tis="token", tis_cap=2.0)
+    cfg = loss_config(tis="token", tis_cap=2.0)
     logp = torch.zeros(1, 3, requires_grad=True)
     behaviour = torch.tensor([[0.0, -0.5, -3.0]])  # IS ratios 1, e^0.5, e^3 (capped at 2)
     parts = policy_loss(
@@ -130,7 +130,7 @@ def test_truncated_importance_weights_are_detached_capped_and_reported():
 
 
 def test_k3_kl_is_zero_at_the_parent_and_positive_away_from_it():
-    cfg = LossConfig(kl_coef=0.5, tis="none")
+    cfg = loss_config(kl_coef=0.5, tis="none")
     ref = torch.log(torch.tensor([[0.2, 0.5]]))
     same = policy_loss(ref.clone(), ref, ref, torch.tensor([0.0]), torch.ones(1, 2), torch.ones(1), cfg, ref)
     assert same.metrics()["kl"] == pytest.approx(0.0, abs=1e-7)
@@ -141,9 +141,9 @@ def test_k3_kl_is_zero_at_the_parent_and_positive_away_from_it():
 
 def test_bad_loss_settings_are_named_errors():
     with pytest.raises(LossConfigError, match="unknown normalization"):
-        LossConfig(normalization="sum")  # type: ignore[arg-type]
+        loss_config(normalization="sum")
     for bad in (None, 0.0, -5.0, float("inf")):
         with pytest.raises(LossConfigError, match="positive finite"):
-            LossConfig(normalization="constant", constant=bad)
+            loss_config(normalization="constant", constant=bad)
     with pytest.raises(LossConfigError, match="only read by"):
-        LossConfig(normalization="token_mean", constant=100.0)
+        loss_config(normalization="token_mean", constant=100.0)

@@ -103,10 +103,14 @@ def test_training_stops_after_patience_regressions_in_a_row_and_not_on_a_plateau
     assert stop_reason([up, lost, lower], 0.5, patience=0) is None
 
 
+def validation(**changes) -> ValidationSettings:
+    return ValidationSettings(**{"tasks": 64, "every": 2, "patience": 2, "success_threshold": 0.5, **changes})
+
+
 def test_bad_validation_settings_are_named_errors():
     for bad in ({"tasks": -1}, {"every": 0}, {"patience": -1}, {"success_threshold": 0.0}):
         with pytest.raises(ValidationConfigError):
-            ValidationSettings(**bad)
+            validation(**bad)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -160,16 +164,16 @@ def run_keeper(table: dict[int, set[str]], steps: int, validation: ValidationSet
 
 def test_a_regression_at_the_last_step_is_not_an_early_stop():
     table = {0: {"a", "b", "c"}, 2: {"a"}, 4: {"a"}}
-    keeper, chosen, *_ = run_keeper(table, 4, ValidationSettings(every=2, patience=2))
+    keeper, chosen, *_ = run_keeper(table, 4, validation(every=2, patience=2))
     assert [e.step for e in keeper.evals] == [2, 4] and keeper.early_stop is None
     assert selection_summary(0.1, 4, keeper, chosen)["early_stop"] is None
-    keeper, *_ = run_keeper(table, 6, ValidationSettings(every=2, patience=2))
+    keeper, *_ = run_keeper(table, 6, validation(every=2, patience=2))
     assert [e.step for e in keeper.evals] == [2, 4] and "steps 2, 4" in keeper.early_stop
 
 
 def test_keeper_restores_the_chosen_checkpoint_and_stops_when_validation_regresses():
     table = {0: {"a", "b", "c"}, 2: {"a", "b", "c", "d"}, 4: {"a", "b", "e", "f"}, 6: {"a"}, 8: {"a", "b"}}
-    keeper, chosen, trainer, service = run_keeper(table, 10, ValidationSettings(every=2, patience=2))
+    keeper, chosen, trainer, service = run_keeper(table, 10, validation(every=2, patience=2))
     assert [e.step for e in keeper.evals] == [2, 4, 6]  # 4 and 6 regressed: steps 8 and 10 never ran
     assert keeper.early_stop is not None and chosen.step == 2 and chosen.kept_parent_cases
     assert float(trainer.v) == 2.0  # the chosen weights, not the last ones
@@ -184,8 +188,8 @@ def test_keeper_restores_the_chosen_checkpoint_and_stops_when_validation_regress
 
 def test_keeper_evaluates_the_last_step_and_falls_back_when_every_checkpoint_lost_a_case():
     table = {0: {"a", "b", "c"}, 2: {"a", "b"}, 3: {"a", "b", "c", "d"}, 1: set()}
-    keeper, chosen, trainer, _ = run_keeper(table, 3, ValidationSettings(every=2, patience=0))
+    keeper, chosen, trainer, _ = run_keeper(table, 3, validation(every=2, patience=0))
     assert [e.step for e in keeper.evals] == [2, 3] and chosen.step == 3 and float(trainer.v) == 3.0
     table = {0: {"a", "b", "c"}, 1: set(), 2: {"a", "b"}, 3: {"a"}}
-    keeper, chosen, trainer, _ = run_keeper(table, 3, ValidationSettings(every=1, patience=0))
+    keeper, chosen, trainer, _ = run_keeper(table, 3, validation(every=1, patience=0))
     assert chosen.step == 2 and not chosen.kept_parent_cases and float(trainer.v) == 2.0

@@ -14,7 +14,7 @@ import pytest
 from lightning_dagster.engine import tokenizer_fingerprint, tokenizer_fingerprint_of
 from lightning_dagster.pipeline.transitions_file import TokenizerMismatch, load_transitions, write_transitions
 from lightning_dagster.training.advantages import RolloutReward, compute_advantages
-from tests.training.conftest import random_rows
+from tests.training.conftest import random_rows, trainer_config
 
 
 @pytest.fixture()
@@ -56,7 +56,7 @@ def test_the_same_tokenizer_has_one_fingerprint(base_model_dir, tmp_path):
 def test_a_trained_checkpoint_keeps_its_parents_fingerprint(base_model_dir, tmp_path):
     from lightning_dagster.training.trainer import Trainer
 
-    out = Trainer(base_model_dir).save(tmp_path / "candidate")
+    out = Trainer(base_model_dir, trainer_config()).save(tmp_path / "candidate")
     assert tokenizer_fingerprint_of(out) == tokenizer_fingerprint_of(base_model_dir)
 
 

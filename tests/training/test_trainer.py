@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from lightning_dagster.training.advantages import RolloutReward, compute_advantages
-from lightning_dagster.training.loss import LossConfig
-from lightning_dagster.training.trainer import Trainer, TrainerConfig, load_model
-from tests.training.conftest import random_rows
+from lightning_dagster.training.trainer import Trainer, load_model
+from tests.training.conftest import loss_config, random_rows, trainer_config
 
 METRICS = {"loss", "reward_mean", "kl", "clip_fraction", "is_ratio_mean", "is_ratio_max", "tokens_per_s",
            "grad_norm", "skipped_groups", "trained_rows"}  # fmt: skip
@@ -20,7 +19,7 @@ METRICS = {"loss", "reward_mean", "kl", "clip_fraction", "is_ratio_mean", "is_ra
 def test_step_with_kl_and_two_epochs_reports_metrics_and_saves(tiny_model_dir, tmp_path):
     rows = random_rows(4, {"a": 2, "b": 1, "c": 1, "d": 1})
     adv = compute_advantages([RolloutReward(r, "g", float(r in "ab")) for r in "abcd"], "grpo")
-    config = TrainerConfig(lr=1e-2, epochs=2, loss=LossConfig(kl_coef=0.1, clip_low=0.05, clip_high=0.05))
+    config = trainer_config(lr=1e-2, epochs=2, loss=loss_config(kl_coef=0.1, clip_low=0.05, clip_high=0.05))
     trainer = Trainer(tiny_model_dir, config)
     before = trainer.state_dict()
     m = trainer.step(rows, adv, extra={"merge_mismatch_rate": 0.0})
@@ -36,7 +35,7 @@ def test_step_with_kl_and_two_epochs_reports_metrics_and_saves(tiny_model_dir, t
 def test_step_without_signal_leaves_weights_untouched(tiny_model_dir):
     rows = random_rows(5, {"a": 1, "b": 1})
     adv = compute_advantages([RolloutReward("a", "g", 1.0), RolloutReward("b", "g", 1.0)], "grpo")
-    trainer = Trainer(tiny_model_dir, TrainerConfig())
+    trainer = Trainer(tiny_model_dir, trainer_config())
     before = trainer.state_dict()
     m = trainer.step(rows, adv)
     assert m["trained_rows"] == 0 and m["skipped_groups"] == 1
@@ -45,7 +44,7 @@ def test_step_without_signal_leaves_weights_untouched(tiny_model_dir):
 
 def test_supervised_step_lowers_the_nll_of_its_tokens(tiny_model_dir):
     rows = random_rows(6, {"demo": 4})
-    trainer = Trainer(tiny_model_dir, TrainerConfig(lr=1e-2))
+    trainer = Trainer(tiny_model_dir, trainer_config(lr=1e-2))
     first = trainer.supervised_step(rows)["nll"]
     for _ in range(5):
         last = trainer.supervised_step(rows)["nll"]
@@ -59,7 +58,7 @@ def test_steps_use_their_own_thread_count_and_restore_the_process_setting(tiny_m
     seen: list[int] = []
     rows = random_rows(7, {"a": 1, "b": 1})
     adv = compute_advantages([RolloutReward("a", "g", 1.0), RolloutReward("b", "g", 0.0)], "grpo")
-    trainer = Trainer(tiny_model_dir, TrainerConfig(threads=3))
+    trainer = Trainer(tiny_model_dir, trainer_config(threads=3))
     original = trainer.backward
     monkeypatch.setattr(
         trainer, "backward", lambda prep: (seen.append(torch.get_num_threads()), original(prep))[1]
@@ -77,7 +76,7 @@ def test_without_a_thread_count_a_step_takes_ld_trainer_threads(tiny_model_dir, 
     seen: list[int] = []
     rows = random_rows(7, {"a": 1, "b": 1})
     adv = compute_advantages([RolloutReward("a", "g", 1.0), RolloutReward("b", "g", 0.0)], "grpo")
-    trainer = Trainer(tiny_model_dir, TrainerConfig())
+    trainer = Trainer(tiny_model_dir, trainer_config())
     original = trainer.backward
     monkeypatch.setattr(
         trainer, "backward", lambda prep: (seen.append(torch.get_num_threads()), original(prep))[1]
@@ -129,7 +128,7 @@ def test_rows_the_model_cannot_score_are_refused_before_any_change(tiny_model_di
 
     rows, adv = _two_rollouts()
     _spoil(rows[1], how)
-    trainer = Trainer(tiny_model_dir, TrainerConfig(lr=1e-2))
+    trainer = Trainer(tiny_model_dir, trainer_config(lr=1e-2))
     before = trainer.state_dict()
     with pytest.raises(InvalidRows, match="rollout b"):
         trainer.step(rows, adv)
@@ -145,7 +144,7 @@ def test_a_non_finite_loss_takes_no_optimizer_step(tiny_model_dir, tmp_path):
     from lightning_dagster.training.trainer import NonFiniteUpdate
 
     rows, _ = _two_rollouts()
-    trainer = Trainer(tiny_model_dir, TrainerConfig(lr=1e-2))
+    trainer = Trainer(tiny_model_dir, trainer_config(lr=1e-2))
     before = trainer.state_dict()
     with pytest.raises(NonFiniteUpdate):
         trainer.step(rows, Advantages(values={"a": float("nan"), "b": 0.5}))
@@ -160,7 +159,7 @@ def test_a_supervised_step_without_trained_tokens_is_refused(tiny_model_dir):
     rows = random_rows(12, {"demo": 2})
     for r in rows:
         r.loss_mask = [0] * len(r.response_ids)
-    trainer = Trainer(tiny_model_dir, TrainerConfig(lr=1e-2))
+    trainer = Trainer(tiny_model_dir, trainer_config(lr=1e-2))
     before = trainer.state_dict()
     with pytest.raises(InvalidRows, match="no trained token"):
         trainer.supervised_step(rows)
@@ -177,13 +176,13 @@ def test_unusable_trainer_settings_are_a_named_error(kwargs):
     from lightning_dagster.training.trainer import TrainerConfigError
 
     with pytest.raises(TrainerConfigError, match=next(iter(kwargs))):
-        TrainerConfig(**kwargs)
+        trainer_config(**kwargs)
 
 
 def test_save_refuses_non_finite_weights(tiny_model_dir, tmp_path):
     from lightning_dagster.training.trainer import NonFiniteWeights
 
-    trainer = Trainer(tiny_model_dir, TrainerConfig())
+    trainer = Trainer(tiny_model_dir, trainer_config())
     with torch.no_grad():
         next(trainer.model.parameters())[0, 0] = float("nan")
     with pytest.raises(NonFiniteWeights):
@@ -194,7 +193,7 @@ def test_save_refuses_non_finite_weights(tiny_model_dir, tmp_path):
 def test_a_save_that_fails_part_way_leaves_no_half_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
     """Disk full while writing the weights: before, `out_dir` kept a config.json, tokenizer files and a
     truncated weights file; now it is absent (or, when it held a checkpoint, still holds that one)."""
-    trainer = Trainer(tiny_model_dir, TrainerConfig(lr=1e-2))
+    trainer = Trainer(tiny_model_dir, trainer_config(lr=1e-2))
     good = trainer.save(tmp_path / "ckpt")
     real = type(trainer.model).save_pretrained
 

@@ -3,6 +3,8 @@ token) are trained, and the rows are exactly the rendered conversation."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -11,15 +13,25 @@ from lightning_dagster.engine.engine import Engine
 from lightning_dagster.harnesses.calc import demos
 from lightning_dagster.harnesses.calc.generate import make_tasks
 from lightning_dagster.project import ProjectError
-from lightning_dagster.project.examples import example_tasks
+from lightning_dagster.project.examples import example_file, example_tasks
+from lightning_dagster.settings import ServingSettings, TrainingSettings
+from lightning_dagster.training.configs import warm_start_config
 from lightning_dagster.training.warmstart import (
     HELD_DEMOS,
     DemoRenderError,
+    WarmStartConfig,
     demo_row,
     demo_rows,
     load_demos,
     split_demos,
 )
+
+
+def tiny_warm_start(**changes) -> WarmStartConfig:
+    """The calc example's warm start under the default settings, with `changes`."""
+    return dataclasses.replace(
+        warm_start_config(example_file("calc"), TrainingSettings(), ServingSettings()), **changes
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +97,10 @@ def test_held_out_demonstrations_are_never_trained_on():
 def test_warm_start_probes_through_the_runner_and_registers_the_parent(tmp_path, base_model_dir):
     from lightning_dagster.engine.build import checkpoint_hash
     from lightning_dagster.store import Store
-    from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
+    from lightning_dagster.training.warmstart import warm_start
 
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
-    config = WarmStartConfig(
+    config = tiny_warm_start(
         max_steps=3, min_steps=2, probe_tasks=4, demos=16, batch_size=4, window=(0.0, 1.0), target=None
     )
     result = warm_start(store, base_model_dir, tmp_path / "warm", config)
@@ -103,10 +115,10 @@ def test_warm_start_probes_through_the_runner_and_registers_the_parent(tmp_path,
 
 def test_warm_start_keeps_training_until_its_target_or_max_steps(tmp_path, base_model_dir):
     from lightning_dagster.store import Store
-    from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
+    from lightning_dagster.training.warmstart import warm_start
 
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
-    config = WarmStartConfig(
+    config = tiny_warm_start(
         max_steps=3, min_steps=2, probe_tasks=4, demos=16, batch_size=4, window=(0.0, 1.0), target=1.01
     )
     result = warm_start(store, base_model_dir, tmp_path / "warm", config)
@@ -122,7 +134,7 @@ def test_a_warm_start_that_runs_out_of_steps_keeps_the_probed_checkpoint_nearest
     checkpoint nearest to it (its exact weights), not whatever the last step left."""
     import lightning_dagster.runner.service as service_module
     from lightning_dagster.store import Store
-    from lightning_dagster.training.warmstart import WarmStartConfig, warm_start
+    from lightning_dagster.training.warmstart import warm_start
 
     scripted = iter([0.10, 0.45, 0.20])  # probes at steps 2, 3, 4 against a target of 0.5
     pushed: list[dict] = []
@@ -151,7 +163,7 @@ def test_a_warm_start_that_runs_out_of_steps_keeps_the_probed_checkpoint_nearest
 
     monkeypatch.setattr(service_module, "RolloutService", ScriptedService)
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
-    config = WarmStartConfig(
+    config = tiny_warm_start(
         max_steps=4, min_steps=2, probe_tasks=4, demos=16, batch_size=4, window=(0.0, 1.0), target=0.5
     )
     lines: list[dict] = []

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.evidence import first_batch, with_rollout_evidence
 from lightning_dagster.pipeline.results import StageResult
-from lightning_dagster.pipeline.serving import rollout_service, step_settings
+from lightning_dagster.pipeline.serving import rollout_service
 from lightning_dagster.pipeline.snapshots import load_manifest
 
 if TYPE_CHECKING:
@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 def rollouts(p: Pipeline, key: str) -> StageResult:
     """The first batch: every train task of step 1 x group size, sampled from the exact parent."""
     from lightning_dagster.gate import receipt as R
-    from lightning_dagster.training.loop import sample_step
+    from lightning_dagster.training.configs import step_settings
+    from lightning_dagster.training.step import sample_step
 
     store, receipt, manifest = p.get_store(), ctx.head_receipt(p.get_store(), key), load_manifest(p, key)
     parent = receipt.plan.parent
@@ -35,7 +36,7 @@ def rollouts(p: Pipeline, key: str) -> StageResult:
             service.service,
             manifest.splits.train[: t.tasks_per_step],
             step=1,
-            settings=step_settings(p),
+            settings=step_settings(t),
             base_seed=manifest.base_seed,
             tag=f"{key}-s1",
             snapshot_key=key,

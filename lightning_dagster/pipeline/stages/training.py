@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,21 +12,15 @@ from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.evidence import first_batch
 from lightning_dagster.pipeline.report import mlflow_links
 from lightning_dagster.pipeline.results import Markdown, StageResult, Table
-from lightning_dagster.pipeline.serving import (
-    collect,
-    rollout_service,
-    spans_tokenizer,
-    step_settings,
-    trainer_config,
-)
+from lightning_dagster.pipeline.serving import collect, rollout_service, spans_tokenizer
 from lightning_dagster.pipeline.snapshots import load_manifest, snapshot_refs
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import SnapshotRef, TrainingRun
     from lightning_dagster.pipeline.run import Pipeline
     from lightning_dagster.pipeline.snapshots import Manifest, Split
+    from lightning_dagster.runner.service import RolloutService
     from lightning_dagster.training.distributed import Group
-    from lightning_dagster.training.selection import ValidationSettings
 
 
 def training_transitions(p: Pipeline, key: str) -> StageResult:
@@ -33,12 +29,13 @@ def training_transitions(p: Pipeline, key: str) -> StageResult:
     span is left out (named in the metadata); too many left out fails the stage (`TooManyExcludedRollouts`)."""
     from lightning_dagster.engine.tokenizer_hash import tokenizer_fingerprint_of
     from lightning_dagster.pipeline.transitions_file import write_transitions
-    from lightning_dagster.training.loop import batch_transitions
+    from lightning_dagster.training.configs import step_settings
+    from lightning_dagster.training.step import batch_transitions
 
     store = p.get_store()
     receipt = ctx.head_receipt(store, key)
     batch = collect(store, first_batch(store, key, receipt))
-    rows, advantages, merge, excluded = batch_transitions(batch, step_settings(p))
+    rows, advantages, merge, excluded = batch_transitions(batch, step_settings(p.training))
     parent_dir = ctx.registry(p).download(ctx.registered_version(receipt.plan.parent))
     tokenizer = tokenizer_fingerprint_of(spans_tokenizer(p, parent_dir))
     path = write_transitions(
@@ -83,87 +80,69 @@ def inputs_ready(p: Pipeline, key: str) -> None:
     ctx.load_stage(store, key, "training_transitions")
 
 
-def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group | None = None) -> StageResult:
-    """Step 1 trains on `training_transitions`; steps 2.. sample on-policy from the updated weights through
-    the same gateway and runner (recorded in the store like the first batch), as GRPO needs fresh samples.
-    With a validation split, each due checkpoint is decoded greedily on it, the proposed checkpoint is the
-    best that keeps the parent's validation cases, and training stops early when validation regresses.
-    With `group` this is rank 0 of a process group: the other ranks get the parent and trainer settings, then
-    train every step with it (`training.distributed.follow`)."""
+def candidate_resource(
+    p: Pipeline,
+    key: str,
+    *,
+    run_id: str = "",
+    group: Group | None = None,
+    log: Callable[[dict], None] | None = None,
+) -> StageResult:
+    """The RL loop (`training.loop.train_rl`) from the exact parent on the snapshot's train tasks: step 1
+    trains on `training_transitions` (the first batch, sampled from the parent), steps 2.. sample on-policy
+    from the updated weights through the same gateway and runner (recorded in the store like the first
+    batch), as GRPO needs fresh samples. The validation split selects the proposed checkpoint and may stop
+    training early; held-out evaluation is `holdout_evaluation`'s. Then the candidate is registered with its
+    lineage, recorded in the receipt and in the stage's document. With `group` this is rank 0 of a process
+    group (`training.loop.followed` on the others); `log` gets every step's metrics."""
     from lightning_dagster.engine.tokenizer_hash import tokenizer_fingerprint_of
     from lightning_dagster.gate import receipt as R
     from lightning_dagster.pipeline.transitions_file import load_transitions
-    from lightning_dagster.training import distributed
-    from lightning_dagster.training.loop import (
-        CheckpointKeeper,
-        rl_step,
-        selection_summary,
-        validation_split,
-    )
-    from lightning_dagster.training.trainer import Trainer
+    from lightning_dagster.training.loop import FirstBatch, draw_pools, train_rl
 
     inputs_ready(p, key)
     store, reg = p.get_store(), ctx.registry(p)
     receipt, manifest = ctx.head_receipt(store, key), load_manifest(p, key)
-    candidate_id = receipt.plan.candidate_id
     parent_version = ctx.registered_version(receipt.plan.parent)
     parent_dir = reg.download(parent_version)
-    t = p.training
-    config = trainer_config(p)
-    validation = validation_settings(p)
+    t, source = p.training, ctx.harness_source(p)
     started = time.time()
     # read (and its tokenizer checked against the parent's) before the other ranks are sent anything
     transitions = load_transitions(
         ctx.load_stage(store, key, "training_transitions")["uri"],
         tokenizer=tokenizer_fingerprint_of(parent_dir),
     )
-    if group is not None:
-        distributed.broadcast((parent_dir, config), group)
-    trainer = Trainer(parent_dir, config, group=group)
-    first = {"merge_excluded_rollouts": len(transitions.excluded)}
-    if transitions.excluded:
-        first["excluded"] = transitions.excluded
-    curve = [trainer.step(transitions.rows, transitions.advantages, extra=first)]
-    keeper, chosen = None, None
-    if t.steps > 1 or validation.tasks:
-        source = ctx.harness_source(p)
+    excluded = {"excluded": transitions.excluded} if transitions.excluded else {}
+
+    @contextmanager
+    def serve() -> Iterator[RolloutService]:
+        parent_id = receipt.plan.parent.resource_id
         with rollout_service(
-            p,
-            parent_dir,
-            snapshot_key=key,
-            harness=source.spec,
-            resource_id=receipt.plan.parent.resource_id,
-            serves_parent=False,
+            p, parent_dir, snapshot_key=key, harness=source.spec, resource_id=parent_id, serves_parent=False
         ) as service:
-            if validation.tasks:
-                tasks = validation_split(source.dataset, validation.tasks, t.eval_seed, manifest.splits.train)
-                if tasks:  # else no task is left to validate on: the summary says so
-                    keeper = CheckpointKeeper(service.service, tasks, validation, seed=t.eval_seed, tag=key)
-            for step in range(1, t.steps + 1):
-                if step > 1:
-                    _, m = rl_step(
-                        service.service,
-                        trainer,
-                        manifest.splits.train[(step - 1) * t.tasks_per_step : step * t.tasks_per_step],
-                        step=step,
-                        settings=step_settings(p),
-                        base_seed=manifest.base_seed,
-                        tag=f"{key}-s{step}",
-                        resource_id=f"{candidate_id}@{step}",
-                        snapshot_key=key,
-                    )
-                    curve.append(m)
-                else:
-                    service.load_weights(trainer.state_dict(), f"{candidate_id}@1")
-                if keeper is not None and (ev := keeper.after_step(step, t.steps, trainer)) is not None:
-                    curve[-1].update(validation_success=ev.success, validation_lost_parent_cases=len(ev.lost))
-                    if keeper.early_stop is not None:
-                        break
-        chosen = keeper.restore(trainer) if keeper is not None else None
-    if group is not None:
-        distributed.release(group)
-    selection = selection_summary(config.loss.kl_coef, len(curve), keeper, chosen, asked=validation.tasks)
-    out = trainer.save(ctx.candidate_dir(key))
+            # the loop gives train rollouts the key; its validation rollouts carry none (its own evidence)
+            yield service.service
+
+    result = train_rl(
+        parent_dir,
+        t,
+        draw_pools(source.dataset, t, train=manifest.splits.train, holdout=False),
+        serve,
+        base_seed=manifest.base_seed,
+        first=FirstBatch(
+            transitions.rows,
+            transitions.advantages,
+            {"merge_excluded_rollouts": len(transitions.excluded), **excluded},
+        ),
+        tag=key,
+        snapshot_key=key,
+        candidate_id=receipt.plan.candidate_id,
+        out_dir=ctx.candidate_dir(key),
+        log=log,
+        group=group,
+    )
+    curve, selection, out = result.steps, result.selection, result.checkpoint
+    assert out is not None
     refs = snapshot_refs(manifest)
     version = reg.log_candidate(
         out,
@@ -194,7 +173,7 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group 
     receipt = R.add_candidate(
         receipt,
         R.CandidateArtifact(
-            resource_id=candidate_id,
+            resource_id=receipt.plan.candidate_id,
             uri=version.model_uri,
             weights_hash=version.weights_hash,
             files_hash=version.files_hash or None,
@@ -214,7 +193,7 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group 
             "snapshot": key,
             "evaluator": f"{receipt.plan.evaluator.name}@{receipt.plan.evaluator.version}",
             "steps": len(curve),
-            "kl_coef": config.loss.kl_coef,
+            "kl_coef": t.kl_coef,
             "validation_tasks": selection["validation_tasks"],
             "chosen_step": selection["chosen_step"],
             "kept_parent_cases": str(selection.get("kept_parent_cases")),
@@ -228,19 +207,6 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group 
             **mlflow_links(p, reg, version.run_id, version.version),
         },
         data_version=version.weights_hash,
-    )
-
-
-def validation_settings(p: Pipeline) -> ValidationSettings:
-    """The checkpoint selection the training resource asks for (the protected cases' success threshold)."""
-    from lightning_dagster.training.selection import ValidationSettings
-
-    t = p.training
-    return ValidationSettings(
-        tasks=t.validation_tasks,
-        every=t.validation_every,
-        patience=t.validation_patience,
-        success_threshold=t.success_threshold,
     )
 
 

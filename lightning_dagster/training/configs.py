@@ -1,0 +1,80 @@
+"""The one place the user's settings become the trainer's internal configs: `TrainingSettings` (and
+`ServingSettings` for how the warm start's probe is served) in, the step, loss, trainer, validation, retry
+and warm-start configs out. `train`, the pipeline's stages and the Pipes child all build them here, so a
+setting has one name and one default (`lightning_dagster.settings`) and the internal configs none of their
+own for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lightning_dagster.training.loss import LossConfig
+from lightning_dagster.training.selection import ValidationSettings
+from lightning_dagster.training.step import StepSettings
+from lightning_dagster.training.trainer import TrainerConfig
+
+if TYPE_CHECKING:
+    from lightning_dagster.runner import RetryPolicy
+    from lightning_dagster.runner.harness_spec import HarnessSpec
+    from lightning_dagster.settings import ServingSettings, TrainingSettings
+    from lightning_dagster.training.warmstart import WarmStartConfig
+
+
+def step_settings(t: TrainingSettings) -> StepSettings:
+    """What every RL step samples and how its batch becomes rows."""
+    return StepSettings(
+        group_size=t.group_size,
+        temperature=t.temperature,
+        advantage=t.advantage,
+        max_excluded_share=t.max_excluded_rollouts,
+    )
+
+
+def loss_config(t: TrainingSettings) -> LossConfig:
+    """The RL loss; raises `LossConfigError` for `constant` normalization without its constant (or a
+    constant another normalization would not read)."""
+    return LossConfig(kl_coef=t.kl_coef, normalization=t.loss_normalization, constant=t.loss_constant)
+
+
+def trainer_config(t: TrainingSettings) -> TrainerConfig:
+    """The RL trainer's optimizer, device and loss."""
+    return TrainerConfig(lr=t.learning_rate, device=t.device, loss=loss_config(t))
+
+
+def validation_settings(t: TrainingSettings) -> ValidationSettings:
+    """Checkpoint selection (its success threshold is the protected cases' too)."""
+    return ValidationSettings(
+        tasks=t.validation_tasks,
+        every=t.validation_every,
+        patience=t.validation_patience,
+        success_threshold=t.success_threshold,
+    )
+
+
+def retry_policy(t: TrainingSettings, spec: HarnessSpec) -> RetryPolicy:
+    """The retry policy rollouts of `spec` run under: the harness's own timeout and attempt budget (a
+    project's `harness.timeout_s` / `max_attempts`) unless the settings override them."""
+    overrides = {
+        name: value
+        for name, value in (("max_attempts", t.max_attempts), ("timeout_s", t.attempt_timeout_s))
+        if value is not None
+    }
+    return spec.retry_policy(**overrides)
+
+
+def warm_start_config(
+    project_file: Path | str, t: TrainingSettings, serving: ServingSettings
+) -> WarmStartConfig:
+    """The first parent's warm start on the project's demonstrations, its probe served as `serving` says."""
+    from lightning_dagster.training.warmstart import WarmStartConfig
+
+    return WarmStartConfig(
+        project=str(project_file),
+        seed=t.seed,
+        max_steps=t.warm_start_max_steps,
+        probe_tasks=t.warm_start_probe_tasks,
+        demos=t.warm_start_demos,
+        device=t.device,
+        serving=serving,
+    )

@@ -1,0 +1,161 @@
+"""One RL step through the real runner and gateway, in its two halves, and the held-out evaluation:
+
+    sample_step:       tasks x group_size train rollouts, sampled with `Sampling(temperature)` and seed
+                       `step_seed(base, step)` -> RolloutService (Runner -> LocalGateway -> engine)
+    batch_transitions: each rollout's final successful attempt -> spans merged into rows, rewards ->
+                       rollout-level advantages over the rollouts kept
+    rl_step:           both, then one trainer update and `load_weights(new weights)`, so the next step samples
+                       from the new policy
+
+`training.loop.train_rl` runs the steps; the pipeline's `rollouts` and `training_transitions` stages run the
+halves of its first one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from lightning_dagster.training.advantages import AdvantageMode, Advantages, RolloutReward, compute_advantages
+from lightning_dagster.training.transitions import (
+    ExcludedRollout,
+    MergeStats,
+    Row,
+    TransitionConfig,
+    merge_rollouts,
+)
+from lightning_dagster.types import RolloutKind, Sampling
+
+if TYPE_CHECKING:
+    from lightning_dagster.runner.service import RolloutBatch, RolloutService
+    from lightning_dagster.training.trainer import Trainer
+
+EVAL_SAMPLING = Sampling(temperature=1.0)  # held-out success is judged on samples, where RL's effect shows
+GREEDY = Sampling(temperature=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSettings:
+    """What one RL step samples and how its batch becomes training rows. The first four are the user's
+    (`TrainingSettings`; `training.configs.step_settings`), so they have no default here."""
+
+    group_size: int  # rollouts per task (one GRPO group)
+    temperature: float  # the sampling temperature of every call of a train rollout
+    advantage: AdvantageMode
+    max_excluded_share: float  # rollouts with an invalid span a step may leave out (`merge_rollouts`)
+    transitions: TransitionConfig = field(default_factory=TransitionConfig)
+
+
+def step_seed(base_seed: int, step: int) -> int:
+    """The sampling seed of RL step `step` (1-based) from a run's base seed: the only seed rule, so a
+    re-run of the same step samples exactly the same rollouts."""
+    return base_seed * 100_000 + step
+
+
+def evaluate(service: RolloutService, tasks: list[dict], *, seed: int, tag: str, greedy: bool = True) -> dict:
+    """Held-out success sampled at T=1.0 with the fixed evaluation seed (and greedy beside it)."""
+    sampled = service.run(
+        tasks, group=1, kind=RolloutKind.holdout, sampling=EVAL_SAMPLING, seed=seed, tag=tag
+    )
+    out = {"success": sampled.success(), "eval_seconds": sampled.seconds, "tasks": len(tasks)}
+    if greedy:
+        g = service.run(
+            tasks, group=1, kind=RolloutKind.holdout, sampling=GREEDY, seed=seed, tag=f"{tag}-greedy"
+        )
+        out.update(greedy=g.success(), eval_seconds=out["eval_seconds"] + g.seconds)
+    return out
+
+
+def sample_step(
+    service: RolloutService,
+    tasks: list[dict],
+    *,
+    step: int,
+    settings: StepSettings,
+    base_seed: int,
+    tag: str,
+    snapshot_key: str | None = None,
+) -> RolloutBatch:
+    """The train batch of RL step `step`: every task `group_size` times at the step's temperature and seed."""
+    return service.run(
+        tasks,
+        group=settings.group_size,
+        kind=RolloutKind.train,
+        sampling=Sampling(temperature=settings.temperature),
+        seed=step_seed(base_seed, step),
+        tag=tag,
+        snapshot_key=snapshot_key,
+    )
+
+
+def batch_transitions(
+    batch: RolloutBatch, settings: StepSettings
+) -> tuple[list[Row], Advantages, dict[str, float | int], list[ExcludedRollout]]:
+    """A batch's training rows, their rollouts' advantages, the merge statistics (`merge_*`) and the rollouts
+    left out for an invalid span (`transitions.merge_rollouts`): advantages are computed over the kept
+    rollouts only, so an excluded one weighs on no group's mean or std."""
+    rows, rewards, stats = _rows_rewards_stats(batch, settings)
+    merge = {f"merge_{k}": v for k, v in stats.to_dict().items()}
+    return rows, compute_advantages(rewards, settings.advantage), merge, stats.excluded
+
+
+def excluded_metrics(excluded: list[ExcludedRollout]) -> dict:
+    """What a step's metrics name of its excluded rollouts (nothing when none was)."""
+    return {"excluded": [asdict(e) for e in excluded]} if excluded else {}
+
+
+def rl_step(
+    service: RolloutService,
+    trainer: Trainer,
+    tasks: list[dict],
+    *,
+    step: int,
+    settings: StepSettings,
+    base_seed: int,
+    tag: str,
+    resource_id: str | None = None,
+    snapshot_key: str | None = None,
+) -> tuple[RolloutBatch, dict]:
+    """One on-policy RL step: sample, build rows and advantages, one trainer update, then serve the new
+    weights as `resource_id`. Returns the batch and the trainer's metrics (with `success`, the batch's mean
+    reward counting unfinished rollouts as 0, and `rollout_seconds`)."""
+    batch = sample_step(
+        service, tasks, step=step, settings=settings, base_seed=base_seed, tag=tag, snapshot_key=snapshot_key
+    )
+    rows, advantages, merge, excluded = batch_transitions(batch, settings)
+    extra = {
+        **merge,
+        **excluded_metrics(excluded),
+        "success": batch.success(),
+        "rollout_seconds": batch.seconds,
+    }
+    metrics = trainer.step(rows, advantages, extra=extra)
+    service.load_weights(trainer.state_dict(), resource_id)
+    return batch, metrics
+
+
+def rows_and_rewards(
+    batch: RolloutBatch, settings: StepSettings
+) -> tuple[list[Row], list[RolloutReward], dict[str, float | int]]:
+    """The batch's training rows and one reward per rollout (only rollouts with both, and none excluded for
+    an invalid span), and the merge statistics (`merge_*`)."""
+    rows, rewards, stats = _rows_rewards_stats(batch, settings)
+    return rows, rewards, {f"merge_{k}": v for k, v in stats.to_dict().items()}
+
+
+def _rows_rewards_stats(
+    batch: RolloutBatch, settings: StepSettings
+) -> tuple[list[Row], list[RolloutReward], MergeStats]:
+    candidates = [r for r in batch.rollouts if r.rollout_id in batch.rewards and r.rollout_id in batch.spans]
+    kept, stats = merge_rollouts(
+        ((r.rollout_id, batch.spans[r.rollout_id]) for r in candidates),
+        settings.transitions,
+        max_excluded_share=settings.max_excluded_share,
+    )
+    rows = [row for r in candidates for row in kept.get(r.rollout_id, [])]
+    rewards = [
+        RolloutReward(r.rollout_id, r.group_id, batch.rewards[r.rollout_id])
+        for r in candidates
+        if r.rollout_id in kept
+    ]
+    return rows, rewards, stats
