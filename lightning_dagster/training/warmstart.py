@@ -18,7 +18,7 @@ import json
 import random
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,8 +70,10 @@ class WarmStartConfig:
     target: float | None = 0.3  # None: the window's lower edge
 
     def to_dict(self) -> dict[str, Any]:
-        """What the warm-started resource records (the serving settings without the gateway secret)."""
-        return {**asdict(self), "serving": self.serving.model_dump(exclude={"secret"})}
+        """What the warm-started resource records (the serving settings without the gateway secret). Not
+        `asdict`: it would deep-copy the serving settings, which may be a Dagster resource that cannot be."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "serving"}
+        return out | {"serving": self.serving.model_dump(exclude={"secret"})}
 
 
 def demo_row(engine: Any, messages: list[dict], tools: list[dict] | None, eos_ids: set[int]) -> Row:

@@ -193,3 +193,17 @@ def test_the_teacher_forced_estimate_runs_a_quarter_as_often_while_far_below_the
     window = (0.2, 0.4)
     assert [estimate_gap(e, window, 2) for e in (0.0, 0.012, 0.0125, 0.05, 0.9)] == [8, 8, 2, 2, 2]
     assert estimate_gap(0.0, (0.0, 1.0), 3) == 3
+
+
+def test_the_recorded_config_names_the_serving_settings_without_the_secret():
+    """The pipeline passes its Dagster serving resource (which cannot be deep-copied); the resource record is
+    plain JSON either way, and never holds the gateway secret."""
+    import json
+
+    from lightning_dagster.orchestration.resources import ServingResource
+
+    for serving in (ServingSettings(secret="s3cret"), ServingResource(secret="s3cret", max_batch=8)):
+        config = warm_start_config(example_file("calc"), TrainingSettings(), serving)
+        recorded = json.loads(json.dumps(config.to_dict()))
+        assert recorded["max_steps"] == TrainingSettings().warm_start_max_steps
+        assert recorded["serving"]["max_batch"] == serving.max_batch and "secret" not in recorded["serving"]
