@@ -163,6 +163,11 @@ class VllmServer:
         return self._work_dir / "server.log"
 
     @property
+    def pid(self) -> int | None:
+        """The launcher's: the server and its engine processes are its descendants."""
+        return self._launcher.pid if self._launcher is not None else None
+
+    @property
     def alive(self) -> bool:
         return self._launcher is not None and self._launcher.poll() is None
 
@@ -190,7 +195,7 @@ class VllmServer:
         env = {
             **os.environ,
             "PYTHONPATH": str(WORKER_DIR),  # the vLLM venv has no lightning_dagster: only the extension
-            "VLLM_CPU_KVCACHE_SPACE": str(self._kv_cache_gib),
+            "VLLM_CPU_KVCACHE_SPACE": str(self._kv_cache_gib),  # GiB, CPU only (a GPU sizes its own)
             "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc, /reset_prefix_cache, /pause, /resume
             **({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if self.max_lora_rank else {}),
         }
@@ -295,8 +300,8 @@ class VllmServer:
         the new weights and a cleared prefix cache are in place. WeightsNotVerified if the loaded tensors do
         not hash to `expected_hash`, a parameter got no tensor or a layer kept computing with old weights:
         the server then reports no verified hash until a reload succeeds."""
-        self._request("POST", "/pause", params={"mode": "wait"})
         try:
+            self._request("POST", "/pause", params={"mode": "wait"})
             states = self._rpc("ld_load_weights", weights_path=str(Path(checkpoint_dir).resolve()),
                                expected_hash=expected_hash)  # fmt: skip
             served = _agreed(states)
