@@ -10,9 +10,11 @@ content hash, and what the server reports serving under the adapter's name must 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -205,6 +207,7 @@ class VllmServer:
                 self._launcher = subprocess.Popen(
                     [str(self.python), str(LAUNCHER), str(watch_r), "--", *command],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(watch_r,),
+                    start_new_session=True,  # the launcher's group holds the server: see ld_vllm_worker.py
                 )  # fmt: skip
         finally:
             os.close(watch_r)
@@ -241,7 +244,8 @@ class VllmServer:
             try:
                 self._launcher.wait(STOP_S)
             except subprocess.TimeoutExpired:
-                self._launcher.kill()
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.killpg(self._launcher.pid, signal.SIGKILL)
                 self._launcher.wait()
         if self._client is not None:
             self._client.close()

@@ -250,31 +250,31 @@ def _gone(pids: list[int], within: float) -> bool:
 OWNER = """
 import sys
 from lightning_dagster.engine.vllm_server import VllmServer
-VllmServer(sys.argv[1], python=sys.argv[2]).start()
+VllmServer(sys.argv[1], python=sys.argv[2], work_dir=sys.argv[3]).start()
 """
 
 
-def test_the_server_ends_with_its_owner_even_a_killed_one(checkpoints, vllm_interpreter):
+def test_the_server_ends_with_its_owner_even_a_killed_one(checkpoints, vllm_interpreter, tmp_path):
+    """The owner's whole process group is SIGKILLed (as a job runner ends a job), mid-start."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(checkpoints["base"][0]), str(vllm_interpreter)], env=env
-    )
+    argv = [sys.executable, "-c", OWNER, str(checkpoints["base"][0]), str(vllm_interpreter), str(tmp_path)]
+    owner = subprocess.Popen(argv, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         tree: list[psutil.Process] = []
-        while (
-            owner.poll() is None
-            and time.monotonic() < deadline
-            and not any("EngineCore" in _name(p) for p in tree)
-        ):
+        while owner.poll() is None and time.monotonic() < deadline and not _engine_in(tree):
             time.sleep(0.5)  # the engine core runs once the server is well into its start
             tree = psutil.Process(owner.pid).children(recursive=True)
-        assert any("EngineCore" in _name(p) for p in tree), "the server never started its engine"
-        owner.send_signal(signal.SIGKILL)
+        assert _engine_in(tree), "the server never started its engine"
+        os.killpg(owner.pid, signal.SIGKILL)
         owner.wait()
         assert _gone([p.pid for p in tree], within=30), "server processes outlived their owner"
     finally:
         owner.kill()
+
+
+def _engine_in(tree: list[psutil.Process]) -> bool:
+    return any("EngineCore" in _name(p) for p in tree)
 
 
 def _name(process: psutil.Process) -> str:

@@ -1,22 +1,24 @@
 """Runs inside the vLLM venv, which lacks lightning_dagster (standard library, torch and safetensors only):
 the launcher that ties a vLLM server's life to its owner, and the worker extension that loads weights by hash.
 
-Launcher: `python ld_vllm_worker.py WATCH_FD -- ARGV...` starts ARGV as a process group of its own and ends
-that whole group (the API server and its engine-core processes) once WATCH_FD reaches end of file, which
-happens when the owner closes its end or dies in any way, SIGKILL included. A pipe rather than a parent-death
-signal: PR_SET_PDEATHSIG fires when the *thread* that started the child ends, and an owner may start the
-server from a short-lived thread.
+Launcher: `python ld_vllm_worker.py WATCH_FD -- ARGV...`, started as a process group of its own, runs ARGV in
+that group and ends the whole group (the API server, its engine-core processes, itself) once WATCH_FD reaches
+end of file, which happens when the owner closes its end or dies in any way, SIGKILL included; likewise when
+the server exits. A pipe rather than a parent-death signal on the launcher: PR_SET_PDEATHSIG fires when the
+*thread* that started the child ends, and an owner may start the server from a short-lived thread.
 
 Worker extension (`--worker-extension-cls ld_vllm_worker.WeightsByHash`, this folder on PYTHONPATH): methods
 the owner calls through `POST /collective_rpc`. On CPU, vLLM repacks every linear layer's weight into a kernel
 format and empties `layer.weight`, so the served parameters cannot be hashed back to a checkpoint; instead
 every load goes through `ld_load_weights`, which hashes exactly the tensors it hands to the model (the same
 hash as lightning_dagster's `engine.build.checkpoint_hash` of the folder), checks that every parameter of the
-model received a tensor, and records the result: what `ld_served_weights` reports afterwards.
+model received a tensor and that every layer computes with its new weight (`refresh_kernels`), and records
+the result: what `ld_served_weights` reports afterwards.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import signal
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 GRACE_S = 10.0  # how long the server may take to stop after SIGTERM before its group is killed
+PR_SET_PDEATHSIG = 1
 
 
 def tensors_digest_update(digest: Any, name: str, tensor: Any) -> None:
@@ -147,40 +150,40 @@ def _agrees(got: Any, want: Any) -> bool:
     return bool((got.float() - want.float()).norm() <= 1e-3 * want.float().norm() + 1e-6)
 
 
-def _kill_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:  # the group is empty already
-        pass
+def _die_with_launcher() -> None:
+    """In the server, before exec: SIGTERM (a clean stop) if the launcher dies without stopping it. Safe
+    here, though a parent-death signal follows the starting thread: the launcher's one thread starts it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> None:
     watch_fd, separator, *command = argv
     if separator != "--" or not command:
         sys.exit("usage: ld_vllm_worker.py WATCH_FD -- ARGV...")
-    # the owner's Ctrl-C reaches its whole foreground group: this process stops the server on the owner's
-    # end of the pipe closing instead, so a server is never left half stopped
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    server = subprocess.Popen(command, start_new_session=True)
-    owner_gone = threading.Event()
+    # the server stays in this process's group (the owner starts it in a session of its own): one killpg
+    # ends the server, its engine processes and this launcher, and a signal to the owner's group reaches none
+    server = subprocess.Popen(command, preexec_fn=_die_with_launcher)
+
+    def stop() -> None:  # twice (end of file and SIGTERM) is harmless
+        server.terminate()
+        try:
+            server.wait(GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(0, signal.SIGKILL)
 
     def watch() -> None:
         with os.fdopen(int(watch_fd), "rb") as pipe:
             while pipe.read(4096):
                 pass
-        owner_gone.set()
-        server.terminate()
-        try:
-            server.wait(GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-        _kill_group(server.pid, signal.SIGKILL)
+        stop()
 
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=stop, daemon=True).start())
     threading.Thread(target=watch, daemon=True).start()
     status = server.wait()
-    _kill_group(server.pid, signal.SIGKILL)  # engine-core processes the server left behind
-    return status if status >= 0 else 128 - status
+    print(f"[ld_vllm_worker] the vLLM server exited with status {status}", flush=True)
+    os.killpg(0, signal.SIGKILL)  # the engine processes it left behind, and this launcher with them
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main(sys.argv[1:])
