@@ -59,7 +59,7 @@ def approver_keys() -> Path:
 
 def write_approvers(path: Path, actors: dict[str, str]) -> Path:
     """A roles file for `actors` (role -> actor), each with a key pair in `approver_keys()`, made once."""
-    from lightning_dagster.registry.signing import generate_keypair
+    from lightning_dagster.release.signing import generate_keypair
 
     keys = approver_keys()
     entries = []
@@ -76,7 +76,7 @@ def approval_config(pipeline: Any, key: str, approver: tuple[str, str]) -> dict[
     """The `approve` job's op config: `approver` = (actor, role) signs the snapshot's receipt as it stands
     with the actor's key from `approver_keys()` (for the step that role approves)."""
     from lightning_dagster.pipeline import context as ctx
-    from lightning_dagster.registry.signing import sign_approval
+    from lightning_dagster.release.receipts import sign_approval
 
     actor, role = approver
     receipt = ctx.head_receipt(pipeline.get_store(), key)

@@ -81,12 +81,12 @@ def _policy(path: str | None) -> Policy:
 
 
 def _roles(path: str | None) -> KnownActors:
-    """The actors of a roles file, read as the registry reads it; none without a file."""
+    """The actors of a roles file, read as a promotion reads it; none without a file."""
     if path is None:
         return {}
-    # The registry pulls in MLflow: imported only when a roles file is given.
-    from lightning_dagster.registry.errors import RolesConfigError
-    from lightning_dagster.registry.roles import read_roles_file
+    # The release's roles pull in the registry (MLflow): imported only when a roles file is given.
+    from lightning_dagster.release.errors import RolesConfigError
+    from lightning_dagster.release.roles import read_roles_file
 
     try:
         return read_roles_file(path).actors

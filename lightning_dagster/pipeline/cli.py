@@ -101,7 +101,7 @@ def _sign(args: argparse.Namespace) -> tuple[Any, str]:
 
 def _resume(args: argparse.Namespace) -> tuple[Any, str]:
     from lightning_dagster.pipeline.loop_history import describe, resume
-    from lightning_dagster.registry.roles import deployment_roles
+    from lightning_dagster.release.roles import deployment_roles
 
     store = _store(args)
     request = _signed(args, store)
@@ -113,7 +113,7 @@ def _resume(args: argparse.Namespace) -> tuple[Any, str]:
 
 def _run(handler, args: argparse.Namespace) -> int:
     from lightning_dagster.pipeline.loop_history import ResumeRefused, TamperedHistory
-    from lightning_dagster.registry.errors import KeyFileError, RolesConfigError
+    from lightning_dagster.release.errors import KeyFileError, RolesConfigError
 
     try:
         data, text = handler(args)

@@ -13,13 +13,13 @@ from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from lightning_dagster.gate.approvals import ActorKey
     from lightning_dagster.gate.ledger import LedgerEntry
     from lightning_dagster.gate.policy import Policy
     from lightning_dagster.gate.receipt import CandidateArtifact, ParentRef, Receipt
     from lightning_dagster.pipeline.run import Pipeline
     from lightning_dagster.project import Project, TaskSet
     from lightning_dagster.registry.core import Registry
+    from lightning_dagster.release.signing import ActorKey
     from lightning_dagster.runner.harness_spec import HarnessSpec
     from lightning_dagster.store import Store
 
@@ -79,10 +79,11 @@ def registry(p: Pipeline) -> Registry:
 def approvers(p: Pipeline) -> Mapping[str, ActorKey]:
     """The deployment's pinned approvers, whose signatures check 7 verifies; none (so every approval fails
     check 7, never passes unverified) when no roles are configured or pinned."""
-    from lightning_dagster.registry.errors import RolesConfigError
+    from lightning_dagster.release.errors import RolesConfigError
+    from lightning_dagster.release.roles import registry_roles
 
     try:
-        return registry(p).roles().actors
+        return registry_roles(registry(p)).actors
     except RolesConfigError:
         return {}
 

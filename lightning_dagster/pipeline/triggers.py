@@ -139,7 +139,7 @@ def stop_decision(p: Pipeline, keys: list[str]) -> Stop:
     """The loop's state after this tick: a stop condition of the latest judged receipt (or a parent that
     does not resolve now) pauses it as a recorded decision naming the conditions and the receipt; it stays
     paused until an authorized actor resumes it (`pipeline.pauses.resume`) or a newer judged receipt meets
-    no stop condition (recorded as a resume by that receipt). See `gate.pauses`."""
+    no stop condition (recorded as a resume by that receipt). See `release.pauses`."""
     from lightning_dagster.gate.stop import stop_decision as gate_stop
     from lightning_dagster.pipeline.loop_history import tick
     from lightning_dagster.registry.core import APPROVED

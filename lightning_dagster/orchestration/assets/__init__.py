@@ -187,7 +187,7 @@ def rollback_drill(context: dg.AssetExecutionContext, pipeline: PipelineResource
     ],
     group_name="release",
     kinds={"mlflow"},
-    code_version=code_version("gate"),
+    code_version=code_version("gate", "release"),
 )
 def release_receipt(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Receipt phases 2 and 3 and the verdict under the versioned policy. Re-judges all seven checks itself,

@@ -10,8 +10,9 @@ import json
 import sys
 from typing import Any
 
-from lightning_dagster.registry.core import DEFAULT_APPROVER, DEFAULT_MODEL_NAME
+from lightning_dagster.registry.core import DEFAULT_MODEL_NAME
 from lightning_dagster.registry.lineage import model_uri
+from lightning_dagster.release.promotion import DEFAULT_APPROVER
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -181,7 +182,7 @@ def _history(args):
 
 
 def _keygen(args):
-    from lightning_dagster.registry.signing import generate_keypair
+    from lightning_dagster.release.signing import generate_keypair
 
     pair = generate_keypair(args.actor, args.out)
     data = {"actor": pair.actor, "private_key": str(pair.private_path), "public_key": pair.public_key}
@@ -192,8 +193,8 @@ def _keygen(args):
 
 
 def _roles(args):
-    from lightning_dagster.registry.roles import (
-        pin_message,
+    from lightning_dagster.release.roles import (
+        pin_fields,
         pin_roles,
         pin_state,
         pinned_roles,
@@ -204,10 +205,11 @@ def _roles(args):
     if args.pin:
         roles, signature = read_roles_file(args.pin), None
         if args.key:
-            from lightning_dagster.registry.signing import load_private_key, sign
+            from lightning_dagster.release.signing import ROLES_PIN, load_private_key, sign
 
             previous, pin_seq = pin_state(store)
-            signature = sign(load_private_key(args.key), pin_message(previous, roles.digest, pin_seq=pin_seq))
+            fields = pin_fields(previous, roles.digest, pin_seq=pin_seq)
+            signature = sign(load_private_key(args.key), ROLES_PIN, fields)
         pin_roles(store, roles, **({"actor": args.actor} if args.actor else {}), signature=signature)
     roles = pinned_roles(store)
     if roles is None:
@@ -221,13 +223,13 @@ def _roles(args):
 def _receipt_value(reg, value: Any):
     """The receipt an approval signs: the ledger's head for an id, the file's receipt for a file."""
     from lightning_dagster.gate import parse_receipt
-    from lightning_dagster.registry import receipts
+    from lightning_dagster.release import receipts
 
     return receipts.load(reg.store, value).receipt if isinstance(value, str) else parse_receipt(value)
 
 
 def _signed(reg, receipt_arg: Any, actor: str, role: str, key: str, step: str | None = None):
-    from lightning_dagster.registry.signing import sign_approval
+    from lightning_dagster.release.receipts import sign_approval
 
     return sign_approval(_receipt_value(reg, receipt_arg), actor=actor, role=role, key=key, step=step)
 
@@ -242,6 +244,7 @@ def _sign(args):
 
 def _approve(args):
     from lightning_dagster.gate.receipt import Approval, read_json
+    from lightning_dagster.release.receipts import approve
 
     reg, receipt = _registry(args), _receipt_arg(args.receipt)
     if args.approval:
@@ -250,7 +253,7 @@ def _approve(args):
         approval = _signed(reg, receipt, args.actor, args.role, args.key, args.step)
     else:
         raise ValueError("give --approval FILE, or --actor, --role and --key to sign here")
-    stored = reg.approve(receipt, approval)
+    stored = approve(reg, receipt, approval)
     data = {
         "receipt_id": stored.receipt.receipt_id,
         "version": stored.version,
@@ -264,6 +267,9 @@ def _approve(args):
 
 
 def _promote(args):
+    from lightning_dagster.release.promotion import promote
+    from lightning_dagster.release.receipts import approve
+
     current = None
     if args.fingerprints:
         from lightning_dagster.gate.receipt import read_json
@@ -273,8 +279,8 @@ def _promote(args):
     if args.key:
         role = args.role or _receipt_value(reg, receipt).plan.approvers.default[0]
         approval = _signed(reg, receipt, args.actor, role, args.key, "default")
-        receipt = reg.approve(receipt, approval).receipt
-    result = reg.promote(receipt, args.actor, policy=args.policy, current_fingerprints=current)
+        receipt = approve(reg, receipt, approval).receipt
+    result = promote(reg, receipt, args.actor, policy=args.policy, current_fingerprints=current)
     data = {**_move_row(result.move), "mirrored": result.mirrored, "mirror_error": result.mirror_error}
     text = (
         f"approved-default {data['from']} -> {data['to']} by {data['actor']} (receipt {data['receipt_id']})"
@@ -287,7 +293,11 @@ def _promote(args):
 
 
 def _signed_rollback(reg, args):
-    return reg.sign_rollback(args.version, actor=args.actor, role=args.role, key=args.key, reason=args.reason)
+    from lightning_dagster.release.rollbacks import sign_rollback
+
+    return sign_rollback(
+        reg, args.version, actor=args.actor, role=args.role, key=args.key, reason=args.reason
+    )
 
 
 def _sign_rollback(args):
@@ -297,7 +307,7 @@ def _sign_rollback(args):
 
 def _rollback(args):
     from lightning_dagster.gate.receipt import read_json
-    from lightning_dagster.registry.rollbacks import rollback_request
+    from lightning_dagster.release.rollbacks import rollback, rollback_request
 
     reg = _registry(args)
     if args.signed:
@@ -310,7 +320,7 @@ def _rollback(args):
         request = _signed_rollback(reg, args)
     else:
         raise ValueError("give VERSION with --actor, --key and --reason to sign here, or --signed FILE")
-    result = reg.rollback(request)
+    result = rollback(reg, request)
     data = {**_move_row(result.move), "mirrored": result.mirrored, "mirror_error": result.mirror_error}
     return data, f"approved-default rolled back {data['from']} -> {data['to']} by {data['actor']}"
 
