@@ -1,8 +1,9 @@
 """The continual-learning loop's pauses and resumes, kept in the store as one hash-chained document
 (collection `loop_decisions`, one version per decision), and the signed resume an authorized actor records.
 
-The decisions themselves are the release's (`release.pauses`); this module reads and appends them. Each version's
-content hash covers the decision and the previous version's hash, so an edited history does not verify.
+The decisions themselves are the release's (`release.pauses`); this module reads and appends them. Each
+version's content hash covers the decision and the previous version's hash, so an edited history does not
+verify.
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ def current_pause(store: Store, loop: str = LOOP) -> Recorded | None:
 
 def pause_roles(pause: Recorded) -> list[str]:
     """The roles whose signed resume lifts the recorded `pause`: the ones the deployment configured when it
-    was recorded (`release.pauses.resume_roles_of`). The one answer the `resume` job and `loop resume` give."""
+    was recorded (`release.pauses.resume_roles_of`). The one answer the `resume` job and `loop resume`
+    give."""
     return resume_roles_of(pause.decision)
 
 

@@ -1,6 +1,8 @@
-"""`lightning-dagster registry show | history | serving | keygen | roles | sign | approve | promote | sign-rollback |
-rollback | drill`.
+"""`lightning-dagster registry show | history | serving | keygen | roles | sign | approve | promote |
+sign-rollback | rollback | drill`.
 
+The command keeps the registry's name; it lives with the release because most of it is the release's (keys,
+roles, approvals, promotion, rollback), while `show`, `history`, `serving` and `drill` read the registry.
 Exit status: 0 done, 1 refused (not authorized, conflict, stale, unavailable), 2 bad input."""
 
 from __future__ import annotations

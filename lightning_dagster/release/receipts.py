@@ -129,7 +129,7 @@ def record_approval(store: Any, value: Any, approval: Approval, roles: Roles) ->
 def approve(reg: Registry, receipt: Any, approval: Approval) -> StoredReceipt:
     """Record a signed approval (`sign_approval`) as a new version of the receipt in `reg`'s store; refuse
     one that does not verify against the deployment's roles or names a role the receipt does not. The
-    candidate's version tags then name the new receipt version (best effort, see `receipt_tags.write_after`)."""
+    candidate's version tags then name the new receipt version (best effort: `receipt_tags.write_after`)."""
     stored = record_approval(reg.store, receipt, approval, registry_roles(reg))
     receipt_tags.write_after(reg, stored)
     return stored

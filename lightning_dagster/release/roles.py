@@ -9,7 +9,7 @@ actors:
 Design. The roles are a deployment-time setting, not a caller's choice. A deployment names its roles file
 once (the Dagster code location's `GateResource.roles_path`, or `registry roles pin FILE`); the first use
 against a store pins that file's content (hash and body) in the store: pointer `approval-roles`, documents
-`approval_roles`. From then on the pinned roles are the only ones that authorize: the registry reads them
+`approval_roles`. From then on the pinned roles are the only ones that authorize: the release reads them
 from the store, and a roles file given later is accepted only if it hashes to the pin, so a file a caller
 writes (or an environment variable pointing at one) authorizes no one. Changing the pin needs an Ed25519
 signature in the one signed-message format (`signing.ROLES_PIN`, `pin_fields`) over the old and new hashes

@@ -22,7 +22,7 @@ from lightning_dagster.pipeline.snapshots import (
 )
 from lightning_dagster.pipeline.stages import release
 from lightning_dagster.project.examples import example_harness, example_tasks
-from lightning_dagster.registry.errors import PromotionRefused
+from lightning_dagster.release.errors import PromotionRefused
 from tests.dagster.conftest import pipeline_for, tiny_training
 
 

@@ -1,4 +1,4 @@
-"""The two pointers on both MLflow backends: lineage, resolution, the mirror repaired, a reused version number."""
+"""The two pointers on both MLflow backends: lineage, resolution, a mirror repaired, a reused version number."""
 
 from __future__ import annotations
 

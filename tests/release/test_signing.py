@@ -1,6 +1,6 @@
-"""The one signed-message format: every kind of decision (approval, loop resume, rollback, roles pin) signs and
-verifies the canonical bytes `signing.signed_message(purpose, fields)` builds, so a signature of one kind
-never verifies as another, field order does not matter, any changed field fails, and signatures in the
+"""The one signed-message format: every kind of decision (approval, loop resume, rollback, roles pin) signs
+and verifies the canonical bytes `signing.signed_message(purpose, fields)` builds, so a signature of one
+kind never verifies as another, field order does not matter, any changed field fails, and signatures in the
 formats each kind had before (its own purpose string and dict) verify no more."""
 
 from __future__ import annotations
