@@ -18,7 +18,7 @@ from lightning_dagster.project.config import Project, load_project
 from lightning_dagster.project.errors import ProjectError
 from lightning_dagster.project.splits import SPLITS
 from lightning_dagster.project.tasks import TaskSet, load_tasks
-from lightning_dagster.settings import ProjectSettings, add_flags, from_flags
+from lightning_dagster.settings import ProjectSettings, add_flags
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -33,8 +33,8 @@ def command_project(args: argparse.Namespace) -> Project:
     working directory's project file. Raises ProjectError."""
     from lightning_dagster.project.examples import project_file
 
-    given = from_flags(ProjectSettings(), args).given()
-    return load_project(project_file(given.get("project") or None, given.get("harness")))
+    # Read as given, not through `from_flags`: a command may still declare --harness with a default of None.
+    return load_project(project_file(getattr(args, "project", None) or None, getattr(args, "harness", None)))
 
 
 def exits_2_on_project_error(handler: Handler) -> Handler:
