@@ -20,11 +20,14 @@ if TYPE_CHECKING:
 
 
 def retry_policy(p: Pipeline, spec: HarnessSpec) -> RetryPolicy:
-    """The retry policy a stage's rollouts of `spec` run under: the run's `training.attempt_timeout_s` and
-    `training.max_attempts` (the resource's, else the project file's, else the defaults). Staleness
-    fingerprints the policy this same function gives for the training harness."""
-    t = ctx.settings(p).training
-    return spec.retry_policy(max_attempts=t.max_attempts, timeout_s=t.attempt_timeout_s)
+    """The retry policy a stage's rollouts of `spec` run under: the harness's own timeout and attempt budget
+    (its project file's `training.attempt_timeout_s` / `max_attempts`, else the defaults: `harness_spec`)
+    unless the training resource sets them; for the pipeline's harness that is `ctx.settings(p).training`,
+    and the canary's example keeps its own file's. Staleness fingerprints the policy this same function gives
+    for the training harness."""
+    given = p.training.given()
+    overrides = {"max_attempts": given.get("max_attempts"), "timeout_s": given.get("attempt_timeout_s")}
+    return spec.retry_policy(**{name: value for name, value in overrides.items() if value is not None})
 
 
 def step_settings(p: Pipeline) -> StepSettings:

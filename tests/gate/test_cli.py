@@ -238,7 +238,9 @@ def test_an_approval_without_roles_or_by_an_unknown_actor_holds_on_check_7(capsy
 
 
 def test_a_roles_file_that_cannot_be_read_exits_2(capsys, tmp_path):
-    status, out, err = run(capsys, str(EXAMPLES / "candidate-a.json"), "--roles-path", str(tmp_path / "no.yaml"))
+    status, out, err = run(
+        capsys, str(EXAMPLES / "candidate-a.json"), "--roles-path", str(tmp_path / "no.yaml")
+    )
     assert status == 2 and out == "" and "roles" in err and err.count("\n") == 1
 
 
