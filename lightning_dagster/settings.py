@@ -4,7 +4,7 @@ file's `training:` / `serving:` / `gate:` sections are all generated from these 
 one name and one default wherever it is set (`tests/test_settings.py` holds every surface to that).
 
 Precedence, lowest first: these defaults, the project file's sections, then the surface's own (a CLI flag
-given on the command line, a Dagster resource field set in the launchpad or an environment variable).
+given on the command line, a Dagster resource field set in code or by an environment variable).
 """
 
 from __future__ import annotations

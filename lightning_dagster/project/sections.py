@@ -3,8 +3,8 @@ class in `lightning_dagster.settings`) and `effective`, the one way every surfac
 with.
 
 Precedence, lowest first: the settings class's defaults, the project file's section, then the surface's own
-values (`Settings.given()`: a CLI flag given, a Dagster resource field set in code, in the launchpad or by an
-environment variable).
+values (`Settings.given()`: a CLI flag given, a Dagster resource field set in code or by an environment
+variable).
 """
 
 from __future__ import annotations
