@@ -19,7 +19,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("lightning_dagster.project.scaffold", "write a starter project into a new folder"),
     "project": ("lightning_dagster.project.cli", "validate a project file and summarize its tasks"),
     "loop": ("lightning_dagster.pipeline.cli", "the continual-learning loop: status, history, signed resume"),
-    "demo": ("lightning_dagster.demo", "run the whole pipeline once on the embedded default"),
+    "demo": (
+        "lightning_dagster.demo",
+        "two release cycles of the Dagster pipeline (plan, train, gate, promote; new tasks; again) on a "
+        "project, by default examples/calc",
+    ),
 }
 
 

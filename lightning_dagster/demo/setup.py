@@ -101,16 +101,14 @@ def _not_copied(home: Path) -> Callable[[str, list[str]], set[str]]:
     return ignore
 
 
-# The project file's keys that name a path, relative to the project folder (`tasks.path` must lie inside it).
-PATH_KEYS = (("model", "path"), ("model", "tokenizer"), ("model", "warm_start"), ("policy",))
-
-
 def _absolute_outside_paths(original: Path, copy: Path) -> None:
     """Rewrite the copied project file `copy` so that every relative path of `original` that points outside
     its folder (`../shared/demos.jsonl`, a command `../bin/agent`, an argument `../lib/agent.py`) is
     absolute: relative to the copy's folder it would name another file, or none. Paths inside the folder
     stay relative (they name the copy's files). The file is left as it is when there are none."""
     import yaml
+
+    from lightning_dagster.project.config import PATH_KEYS
 
     root = original.parent.resolve()
 

@@ -27,12 +27,12 @@ def bootstrap_parent(
     current = reg.current(APPROVED)
     if current is not None:
         return StageResult(metadata={"approved_default": current, "bootstrapped": False})
-    project = ctx.harness_source(p).project
-    base = base_model(project, p.training.seed)
+    project, settings = ctx.harness_source(p).project, ctx.settings(p)
+    t, serving = settings.training, settings.serving
+    base = base_model(project, t.seed)
     warmed: dict[str, object] = {"warm_start_steps": 0}
     parent = base
     if has_demos(project):
-        t = p.training
         result = warm_start(
             p.get_store(),
             base,
@@ -43,12 +43,12 @@ def bootstrap_parent(
                 min_steps=min(4, t.warm_start_max_steps),
                 probe_tasks=t.warm_start_probe_tasks,
                 demos=t.warm_start_demos,
-                seed=p.training.seed,
-                parallel=p.serving.attempts_at_once(),
-                max_batch=p.serving.max_batch,
-                engine_threads=p.serving.engine_threads,
-                engine_device=p.serving.engine_device,
-                engine_process=p.serving.engine_process,
+                seed=t.seed,
+                parallel=serving.attempts_at_once(),
+                max_batch=serving.max_batch,
+                engine_threads=serving.engine_threads,
+                engine_device=serving.engine_device,
+                engine_process=serving.engine_process,
             ),
             log=progress,
         )

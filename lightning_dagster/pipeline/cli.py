@@ -12,13 +12,15 @@ import json
 import sys
 from typing import Any
 
+from lightning_dagster.settings import StoreSettings, add_flags, from_flags
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="loop_command", metavar="COMMAND")
 
     def command(name: str, help_text: str, handler) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--store-url", help="store URL (default: $LD_STORE_URL or SQLite)")
+        add_flags(p, StoreSettings)
         p.add_argument("--json", action="store_true", help="print JSON")
         p.set_defaults(handler=lambda args: _run(handler, args))
         return p
@@ -53,7 +55,7 @@ def _positive(text: str) -> int:
 def _store(args: argparse.Namespace):
     from lightning_dagster.store import Store
 
-    return Store(args.store_url)
+    return Store(from_flags(StoreSettings(), args).resolved_url())
 
 
 def _status(args: argparse.Namespace) -> tuple[Any, str]:

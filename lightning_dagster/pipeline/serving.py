@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.types import Rollout, RolloutKind, Sampling, Span, SpanKind
 
 if TYPE_CHECKING:
@@ -20,15 +21,13 @@ if TYPE_CHECKING:
 
 def retry_policy(p: Pipeline, spec: HarnessSpec) -> RetryPolicy:
     """The retry policy a stage's rollouts of `spec` run under: the harness's own timeout and attempt budget
-    (a project's `harness.timeout_s` / `max_attempts`) unless the training resource overrides them.
-    Staleness fingerprints the policy this same function gives for the training harness."""
-    t = p.training
-    overrides = {
-        name: value
-        for name, value in (("max_attempts", t.max_attempts), ("timeout_s", t.attempt_timeout_s))
-        if value is not None
-    }
-    return spec.retry_policy(**overrides)
+    (its project file's `training.attempt_timeout_s` / `max_attempts`, else the defaults: `harness_spec`)
+    unless the training resource sets them; for the pipeline's harness that is `ctx.settings(p).training`,
+    and the canary's example keeps its own file's. Staleness fingerprints the policy this same function gives
+    for the training harness."""
+    given = p.training.given()
+    overrides = {"max_attempts": given.get("max_attempts"), "timeout_s": given.get("attempt_timeout_s")}
+    return spec.retry_policy(**{name: value for name, value in overrides.items() if value is not None})
 
 
 def step_settings(p: Pipeline) -> StepSettings:
@@ -36,7 +35,7 @@ def step_settings(p: Pipeline) -> StepSettings:
     from lightning_dagster.training.loop import StepSettings
     from lightning_dagster.training.transitions import TransitionConfig
 
-    t = p.training
+    t = ctx.settings(p).training
     return StepSettings(
         group_size=t.group_size,
         temperature=t.temperature,
@@ -50,7 +49,7 @@ def trainer_config(p: Pipeline) -> TrainerConfig:
     from lightning_dagster.training.loss import LossConfig
     from lightning_dagster.training.trainer import TrainerConfig
 
-    t = p.training
+    t = ctx.settings(p).training
     loss = LossConfig(normalization=t.loss_normalization, constant=t.loss_constant, kl_coef=t.kl_coef)  # type: ignore[arg-type]
     return TrainerConfig(lr=t.learning_rate, loss=loss, device=t.device)
 
@@ -109,8 +108,8 @@ def rollout_service(
     serves_parent: bool,
 ) -> SnapshotService:
     """The service for one stage, built from the pipeline's settings. A stage that only serves the parent
-    may use an upstream (the project's `model.upstream`, read with its `model.tokenizer`, else the
-    resource's `model.upstream_url`), forwarded from a gateway in this process. Otherwise the gateway and
+    may use an upstream (`serving.upstream_url`, read with the project's `model.tokenizer`), forwarded from
+    a gateway in this process. Otherwise the gateway and
     engine run in a child process, so the harness workers, the HTTP server and the decode loop do not share
     the trainer's interpreter lock, and the child is reused: the next stage of this process with the same
     settings takes it with its own weights pushed in (`gateway.pool`), instead of starting one (~10 s)."""
@@ -118,38 +117,37 @@ def rollout_service(
 
     upstream, tokenizer = upstream_of(p)
     forwards = serves_parent and upstream is not None
+    serving = ctx.settings(p).serving
     service = RolloutService(
         p.get_store(),
         tokenizer if forwards else model_dir,
         harness=harness,
         resource_id=resource_id,
-        parallel=p.serving.attempts_at_once(),
+        parallel=serving.attempts_at_once(),
         serving="thread" if forwards else "process",
         reuse=not forwards,
-        runner_mode=p.serving.runner_mode,  # type: ignore[arg-type]
-        sandbox=p.serving.sandbox,  # type: ignore[arg-type]
+        runner_mode=serving.runner_mode,  # type: ignore[arg-type]
+        sandbox=serving.sandbox,  # type: ignore[arg-type]
         retry_policy=retry_policy(p, harness),
         upstream_url=upstream if forwards else None,
-        host=p.serving.host,
-        port=p.serving.port,
-        secret=p.serving.secret or None,
-        max_batch=p.serving.max_batch,
-        threads=p.serving.engine_threads,
-        device=p.serving.engine_device,
-        engine_process=p.serving.engine_process and not forwards,
+        host=serving.host,
+        port=serving.port,
+        secret=serving.secret or None,
+        max_batch=serving.max_batch,
+        threads=serving.engine_threads,
+        device=serving.engine_device,
+        engine_process=serving.engine_process and not forwards,
     )
     return SnapshotService(service, snapshot_key)
 
 
 def upstream_of(p: Pipeline) -> tuple[str | None, Path | None]:
-    """The OpenAI-compatible server that serves the parent, and the tokenizer folder its token ids are read
-    with (None: no upstream, or one whose ids the gateway does not decode)."""
-    from lightning_dagster.pipeline.context import pipeline_project
-
-    model = pipeline_project(p).model
-    if model is not None and model.upstream is not None:
-        return model.upstream, model.tokenizer
-    return p.serving.upstream_url or None, None
+    """The OpenAI-compatible server that serves the parent (`serving.upstream_url`), and the tokenizer
+    folder its token ids are read with, the project's `model.tokenizer` (None: no upstream, or one whose ids
+    the gateway does not decode)."""
+    upstream = ctx.settings(p).serving.upstream_url
+    model = ctx.pipeline_project(p).model
+    return (upstream, model.tokenizer if model is not None else None) if upstream else (None, None)
 
 
 def spans_tokenizer(p: Pipeline, parent_dir: Path) -> Path:

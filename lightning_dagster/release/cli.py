@@ -12,9 +12,9 @@ import json
 import sys
 from typing import Any
 
-from lightning_dagster.registry.core import DEFAULT_MODEL_NAME
 from lightning_dagster.registry.lineage import model_uri
 from lightning_dagster.release.promotion import DEFAULT_APPROVER
+from lightning_dagster.settings import GateSettings, MLflowSettings, StoreSettings, add_flags, from_flags
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -22,9 +22,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     def command(name: str, help_text: str, handler) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or SQLite)")
-        p.add_argument("--store-url", help="store URL (default: $LD_STORE_URL or SQLite)")
-        p.add_argument("--model-name", default=DEFAULT_MODEL_NAME)
+        add_flags(p, MLflowSettings, ["tracking_uri", "model_name"])
+        add_flags(p, StoreSettings)
         p.add_argument("--json", action="store_true", help="print JSON")
         p.set_defaults(handler=lambda args: _run(handler, args))
         return p
@@ -58,7 +57,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--key", help="sign and record that approval first, with this private key file")
     p.add_argument("--role", help="the role it is signed in (default: the receipt's first default approver)")
     p.add_argument("--fingerprints", help="JSON file of current fingerprints (voids stale checks)")
-    p.add_argument("--policy", help="gate policy file (default: the packaged policy)")
+    add_flags(p, GateSettings, ["policy_path"])
     p = command(
         "sign-rollback",
         "print a signed rollback (JSON, the `rollback` job's run config) without moving anything",
@@ -101,7 +100,8 @@ def _registry(args: argparse.Namespace):
     from lightning_dagster.registry.core import Registry
     from lightning_dagster.store import Store
 
-    return Registry(args.tracking_uri, Store(args.store_url), args.model_name)
+    mlflow, store = from_flags(MLflowSettings(), args), from_flags(StoreSettings(), args)
+    return Registry(mlflow.resolved_uri(), Store(store.resolved_url()), mlflow.model_name)
 
 
 def _receipt_arg(value: str) -> Any:
@@ -282,7 +282,8 @@ def _promote(args):
         role = args.role or _receipt_value(reg, receipt).plan.approvers.default[0]
         approval = _signed(reg, receipt, args.actor, role, args.key, "default")
         receipt = approve(reg, receipt, approval).receipt
-    result = promote(reg, receipt, args.actor, policy=args.policy, current_fingerprints=current)
+    policy = from_flags(GateSettings(), args).policy_path or None
+    result = promote(reg, receipt, args.actor, policy=policy, current_fingerprints=current)
     data = {**_move_row(result.move), "mirrored": result.mirrored, "mirror_error": result.mirror_error}
     text = (
         f"approved-default {data['from']} -> {data['to']} by {data['actor']} (receipt {data['receipt_id']})"

@@ -117,11 +117,10 @@ def _secret(args: argparse.Namespace) -> str | None:
 
 def harness_of(args: argparse.Namespace) -> tuple[HarnessSpec, Any]:
     """The harness spec and the project of `--project` / `--harness`."""
-    from lightning_dagster.project import load_project
-    from lightning_dagster.project.examples import project_file
+    from lightning_dagster.project.cli import command_project
     from lightning_dagster.project.harness import harness_spec
 
-    project = load_project(project_file(args.project, args.harness))
+    project = command_project(args)
     return harness_spec(project), project
 
 
@@ -314,15 +313,15 @@ def _run(args: argparse.Namespace) -> int:
 
 def _project_model(project: Any) -> tuple[Path | None, str | None, Path | None]:
     """(model folder, upstream URL, its tokenizer folder) of the project's `model` section, as `train` and
-    the pipeline serve it: `model.path`, or `model.upstream` read with `model.tokenizer`, else all None (the
-    embedded default). Said on stderr, so a run never serves another model than the project's silently."""
-    model = project.model
+    the pipeline serve it: `model.path`, or `serving.upstream_url` read with `model.tokenizer`, else all None
+    (the embedded default). Said on stderr, so a run never serves another model than the project's silently."""
+    model, upstream = project.model, project.serving.upstream_url
     if model is not None and model.path is not None:
         print(f"model: {model.path} (the project's model.path)", file=sys.stderr)
         return model.path, None, None
-    if model is not None and model.upstream is not None:
-        print(f"model: {model.upstream} (the project's model.upstream)", file=sys.stderr)
-        return None, model.upstream, model.tokenizer
+    if upstream:
+        print(f"model: {upstream} (the project's serving.upstream_url)", file=sys.stderr)
+        return None, upstream, model.tokenizer if model is not None else None
     return None, None, None
 
 

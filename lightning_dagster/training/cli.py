@@ -106,8 +106,8 @@ def _train(args: argparse.Namespace) -> int:
 
     from lightning_dagster.engine.build import checkpoint_hash
     from lightning_dagster.engine.engine import resolve_device
-    from lightning_dagster.project import load_project, load_tasks
-    from lightning_dagster.project.examples import project_file
+    from lightning_dagster.project import load_tasks
+    from lightning_dagster.project.cli import command_project
     from lightning_dagster.store import Store
     from lightning_dagster.training import distributed
     from lightning_dagster.training.loop import RLConfig, StepSettings, train_rl
@@ -131,7 +131,7 @@ def _train(args: argparse.Namespace) -> int:
     except (LossConfigError, ValidationConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    project = load_project(project_file(args.project, args.harness))
+    project = command_project(args)
     load_tasks(project).require_splits(["train", "holdout"])  # before any model is built
     if args.nproc > 1 and distributed.launched_world_size() == 1:
         return distributed.launch(args.rank_argv(args), args.nproc)

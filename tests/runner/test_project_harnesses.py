@@ -250,9 +250,9 @@ urllib.request.urlopen(req).read()
 )
 
 
-def _with_model(folder: Path, model: dict[str, Any]) -> Path:
+def _with_model(folder: Path, model: dict[str, Any], **sections: dict[str, Any]) -> Path:
     file = folder / "lightning-dagster.yaml"
-    file.write_text(yaml.safe_dump({**yaml.safe_load(file.read_text()), "model": model}))
+    file.write_text(yaml.safe_dump({**yaml.safe_load(file.read_text()), "model": model, **sections}))
     return folder
 
 
@@ -292,14 +292,14 @@ def test_rollouts_run_forwards_to_the_projects_upstream_with_its_tokenizer(
         tmp_path / "with-upstream", {"command": ["python", "ask.py"]}, {"ask.py": ASK_AND_REWARD}
     )
     with GatewayServer(create_stub_app()) as stub:
-        _with_model(folder, {"upstream": stub.url, "tokenizer": str(model_dir)})
+        _with_model(folder, {"tokenizer": str(model_dir)}, serving={"upstream_url": stub.url})
         argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--store", store.url, "--json"]
         assert main(argv) == 0
         calls = dict(stub.app.state.calls)
     out, err = capsys.readouterr()
     summary = json.loads(out)
     assert summary["rollouts_by_status"] == {"succeeded": 2}
-    assert f"model: {stub.url} (the project's model.upstream)" in err
+    assert f"model: {stub.url} (the project's serving.upstream_url)" in err
     # with the tokenizer, every call went to the upstream as exact token ids
     assert calls == {"completions": 2}
     for rollout_id in summary["rollout_ids"]:

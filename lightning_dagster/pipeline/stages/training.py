@@ -108,7 +108,7 @@ def candidate_resource(p: Pipeline, key: str, *, run_id: str = "", group: Group 
     candidate_id = receipt.plan.candidate_id
     parent_version = ctx.registered_version(receipt.plan.parent)
     parent_dir = reg.download(parent_version)
-    t = p.training
+    t = ctx.settings(p).training
     config = trainer_config(p)
     validation = validation_settings(p)
     started = time.time()
@@ -235,7 +235,7 @@ def validation_settings(p: Pipeline) -> ValidationSettings:
     """The checkpoint selection the training resource asks for (the protected cases' success threshold)."""
     from lightning_dagster.training.selection import ValidationSettings
 
-    t = p.training
+    t = ctx.settings(p).training
     return ValidationSettings(
         tasks=t.validation_tasks,
         every=t.validation_every,
