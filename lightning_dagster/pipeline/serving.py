@@ -114,6 +114,7 @@ def rollout_service(
     engine run in a child process, so the harness workers, the HTTP server and the decode loop do not share
     the trainer's interpreter lock, and the child is reused: the next stage of this process with the same
     settings takes it with its own weights pushed in (`gateway.pool`), instead of starting one (~10 s)."""
+    from lightning_dagster.gateway.options import serving_settings
     from lightning_dagster.runner.service import RolloutService
 
     upstream, tokenizer = upstream_of(p)
@@ -122,21 +123,11 @@ def rollout_service(
         p.get_store(),
         tokenizer if forwards else model_dir,
         harness=harness,
+        serving=serving_settings(p.serving, upstream_url=upstream if forwards else ""),
         resource_id=resource_id,
-        parallel=p.serving.attempts_at_once(),
-        serving="thread" if forwards else "process",
-        reuse=not forwards,
-        runner_mode=p.serving.runner_mode,  # type: ignore[arg-type]
-        sandbox=p.serving.sandbox,  # type: ignore[arg-type]
         retry_policy=retry_policy(p, harness),
-        upstream_url=upstream if forwards else None,
-        host=p.serving.host,
-        port=p.serving.port,
-        secret=p.serving.secret or None,
-        max_batch=p.serving.max_batch,
-        threads=p.serving.engine_threads,
-        device=p.serving.engine_device,
-        engine_process=p.serving.engine_process and not forwards,
+        child=not forwards,
+        reuse=not forwards,
     )
     return SnapshotService(service, snapshot_key)
 
