@@ -88,9 +88,9 @@ class GatewayProcess:
         attempts = PORT_ATTEMPTS if port == 0 else 1
         for attempt in range(1, attempts + 1):
             self.port = port or _free_port(self.host)
-            # Secrets, the store URL and the options travel on the child's standard input, never in its
-            # environment or command line, where any process of this user (a harness included) could read
-            # them in /proc.
+            # The secrets and the store URL (it may hold a password) travel on the child's standard input,
+            # never in its environment or command line, where any process of this user (a harness
+            # included) could read them in /proc; the options go with them, whole.
             handed = {**keys.as_dict(), "store_url": store_url,
                       "options": options.with_serving(port=self.port).model_dump(mode="json")}  # fmt: skip
             argv = [sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", *source,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_dagster import paths
 from lightning_dagster.gateway.cli import add_removed_secret_option
 from lightning_dagster.gateway.keys import SecretError, read_secret_file, refuse_env_secrets
-from lightning_dagster.gateway.options import SERVING_FIELDS, gateway_options
+from lightning_dagster.gateway.options import SERVING_FIELDS, flags_given, gateway_options
 from lightning_dagster.model_folder import ModelFolderError, check_model_folder
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
 from lightning_dagster.project.examples import EXAMPLES
@@ -251,6 +251,13 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     try:
         serving = serving_of(args, "rollouts run")
+        local = flags_given(args) + [
+            f for f, v in (("--model", args.model), ("--tokenizer", args.tokenizer)) if v
+        ]
+        if args.gateway and local:
+            raise SettingsError(
+                f"rollouts run: {', '.join(local)} set the local gateway; --gateway uses a running one"
+            )
         secret = _secret(args)
         check_sandbox(serving.sandbox)
         if args.tokenizer is not None and not serving.upstream_url:

@@ -112,6 +112,7 @@ def test_cli_with_an_upstream_and_its_tokenizer_sends_token_id_prompts(store, mo
         (["--tokenizer", "."], "--tokenizer goes with --upstream-url"),
         (["--model", ".", "--upstream-url", "http://127.0.0.1:9"], "with --upstream-url give the served"),
         (["--engine-threads", "0"], "--engine-threads"),
+        (["--gateway", "http://127.0.0.1:9", "--max-batch", "8"], "--max-batch set the local gateway"),
     ],
 )
 def test_cli_refuses_serving_flags_that_do_not_go_together(store, capsys, flags, said):
