@@ -20,6 +20,7 @@ def bootstrap_parent(
     p: Pipeline, *, actor: str = "bootstrap", progress: Callable[[dict[str, Any]], None] | None = None
 ) -> StageResult:
     """`progress` (optional) receives the warm start's metrics after every SFT step."""
+    from lightning_dagster.gateway.options import serving_settings
     from lightning_dagster.registry.core import APPROVED
     from lightning_dagster.training.warmstart import WarmStartConfig, base_model, has_demos, warm_start
 
@@ -44,11 +45,7 @@ def bootstrap_parent(
                 probe_tasks=t.warm_start_probe_tasks,
                 demos=t.warm_start_demos,
                 seed=t.seed,
-                parallel=serving.attempts_at_once(),
-                max_batch=serving.max_batch,
-                engine_threads=serving.engine_threads,
-                engine_device=serving.engine_device,
-                engine_process=serving.engine_process,
+                serving=serving_settings(serving),
             ),
             log=progress,
         )

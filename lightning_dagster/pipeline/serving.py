@@ -113,6 +113,7 @@ def rollout_service(
     engine run in a child process, so the harness workers, the HTTP server and the decode loop do not share
     the trainer's interpreter lock, and the child is reused: the next stage of this process with the same
     settings takes it with its own weights pushed in (`gateway.pool`), instead of starting one (~10 s)."""
+    from lightning_dagster.gateway.options import serving_settings
     from lightning_dagster.runner.service import RolloutService
 
     upstream, tokenizer = upstream_of(p)
@@ -122,21 +123,11 @@ def rollout_service(
         p.get_store(),
         tokenizer if forwards else model_dir,
         harness=harness,
+        serving=serving_settings(serving, upstream_url=upstream if forwards else ""),
         resource_id=resource_id,
-        parallel=serving.attempts_at_once(),
-        serving="thread" if forwards else "process",
-        reuse=not forwards,
-        runner_mode=serving.runner_mode,  # type: ignore[arg-type]
-        sandbox=serving.sandbox,  # type: ignore[arg-type]
         retry_policy=retry_policy(p, harness),
-        upstream_url=upstream if forwards else None,
-        host=serving.host,
-        port=serving.port,
-        secret=serving.secret or None,
-        max_batch=serving.max_batch,
-        threads=serving.engine_threads,
-        device=serving.engine_device,
-        engine_process=serving.engine_process and not forwards,
+        child=not forwards,
+        reuse=not forwards,
     )
     return SnapshotService(service, snapshot_key)
 

@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from lightning_dagster.gateway.local import Serving
 from lightning_dagster.project import load_project, load_tasks
 from lightning_dagster.project.examples import example_file
 from lightning_dagster.project.harness import harness_spec
 from lightning_dagster.runner.service import RolloutBatch, RolloutService
+from lightning_dagster.settings import ServingSettings
 from lightning_dagster.store import Store
 from lightning_dagster.training import distributed
 from lightning_dagster.training.advantages import AdvantageMode, Advantages, RolloutReward, compute_advantages
@@ -78,7 +78,7 @@ class RLConfig:
     seed: int = 0  # task pools and the base of every step's sampling seed (`step_seed`)
     parallel: int = 64
     # The gateway + engine in a child process: faster rollouts on calc (benchmarks/README.md, training).
-    serving: Serving = "process"
+    serving: Literal["thread", "process"] = "process"
     runner_mode: Literal["inprocess", "subprocess"] = "inprocess"
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
@@ -358,9 +358,8 @@ def train_rl(
         parent_dir,
         harness=harness,
         resource_id=parent_resource_id,
-        parallel=config.parallel,
-        serving=config.serving,
-        runner_mode=config.runner_mode,
+        serving=ServingSettings(parallel=config.parallel, runner_mode=config.runner_mode),
+        child=config.serving == "process",
     ) as service:
         parent = record(0, greedy=True)
         keeper = (

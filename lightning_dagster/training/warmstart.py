@@ -30,12 +30,12 @@ from lightning_dagster.engine.chat import ChatCodec
 from lightning_dagster.project import Project, ProjectError, load_project, load_tasks
 from lightning_dagster.project.examples import example_file
 from lightning_dagster.project.harness import harness_spec
+from lightning_dagster.settings import ServingSettings
 from lightning_dagster.training.trainer import MicroBatch, Trainer, TrainerConfig, collate, response_logprobs
 from lightning_dagster.training.transitions import Row
 from lightning_dagster.types import Resource, RolloutKind, Sampling
 
 if TYPE_CHECKING:
-    from lightning_dagster.gateway.local import Serving
     from lightning_dagster.store import Store
 
 
@@ -66,12 +66,9 @@ class WarmStartConfig:
     target: float | None = 0.3  # None: the window's lower edge
     seed: int = 0
     demos: int = 2000
-    parallel: int = 64
-    serving: Serving = "process"  # where the probe's gateway + engine run (see RolloutService)
-    max_batch: int = 64  # the probe's engine settings (the pipeline's `model` resource)
-    engine_threads: int | None = None
-    engine_device: str = "auto"
-    engine_process: bool = False  # the probe's engine in a process of its own (see LocalGateway)
+    # how the probe is served by the embedded engine (its gateway always in a child process, left for the
+    # pipeline's first stage); an upstream or a secret set here is not used
+    serving: ServingSettings = field(default_factory=ServingSettings)
 
 
 def demo_row(engine: Any, messages: list[dict], tools: list[dict] | None, eos_ids: set[int]) -> Row:
@@ -220,6 +217,7 @@ def warm_start(
     store: Store, base_dir: Path | str, out_dir: Path | str, config: WarmStartConfig, *, log: Any = None
 ) -> WarmStartResult:
     """SFT from `base_dir` until the probe's sampled success enters the window; save and register it."""
+    from lightning_dagster.gateway.options import serving_settings
     from lightning_dagster.runner.service import RolloutService  # the serving stack, only needed here
 
     started = time.perf_counter()
@@ -244,13 +242,10 @@ def warm_start(
         store,
         base_dir,
         harness=harness_spec(project),
-        resource_id=None,
-        parallel=config.parallel,
-        serving=config.serving,
-        max_batch=config.max_batch,
-        threads=config.engine_threads,
-        device=config.engine_device,
-        engine_process=config.engine_process,
+        serving=serving_settings(
+            config.serving, secret="", upstream_url=""
+        ),  # it serves the weights it trains
+        child=True,
         reuse=True,
     )
     pool.shutdown(wait=False)
@@ -313,7 +308,10 @@ def warm_start(
                 "sft_steps": chosen,
                 "sft_steps_run": trainer.steps,
                 "probe_success": success,
-                "config": asdict(config),
+                "config": {
+                    **asdict(config),
+                    "serving": config.serving.model_dump(mode="json", exclude={"secret"}),
+                },
             },
         )
     )

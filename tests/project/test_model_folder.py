@@ -78,7 +78,16 @@ def test_the_project_file_refuses_an_upstream_tokenizer_folder_without_a_tokeniz
 
 def test_rollouts_run_refuses_a_model_folder_instead_of_building_one_there(tmp_path, capsys):
     missing = tmp_path / "typo"
-    argv = ["rollouts", "run", "--harness", "calc", "--n", "1", "--store", f"sqlite:///{tmp_path / 's.db'}"]
+    argv = [
+        "rollouts",
+        "run",
+        "--harness",
+        "calc",
+        "--n",
+        "1",
+        "--store-url",
+        f"sqlite:///{tmp_path / 's.db'}",
+    ]
     assert main([*argv, "--model", str(missing)]) == 2
     assert f"--model: {missing}: does not exist" in capsys.readouterr().err
     assert not missing.exists()
