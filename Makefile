@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-learning lint install system-deps
+.PHONY: demo test test-learning lint install system-deps vllm
 
 # The CPU wheel of torch 2.13.0 lies on this machine's disk; installing it first by its exact version keeps
 # pip from fetching a multi-GB CUDA build for the project's torch requirement.
@@ -16,6 +16,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# vLLM's CPU build in a venv of its own (it pins torch and an older transformers than ours): the server
+# engine/vllm_server.py starts, and tests/vllm run against. ~3.5 GB, a few minutes.
+VLLM_STAMP := .venv-vllm/.installed
+$(VLLM_STAMP): scripts/vllm-venv.sh
+	PYTHON=$(PYTHON) bash scripts/vllm-venv.sh .venv-vllm
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 # Debian packages the tests need: PostgreSQL 15 server binaries, headless Chromium with its driver, and
 # bubblewrap for the harness sandbox.
@@ -32,7 +41,7 @@ lint: install
 # runs it (its latest result is in benchmarks/README.md, training). Two pytest processes side by side
 # (scripts/test.sh): the Dagster tests, which share one bootstrapped home, and everything else; much of the
 # suite waits on child processes, servers and a browser, so both fit on two cores.
-test: install system-deps lint
+test: install system-deps lint vllm
 	bash scripts/test.sh $(BIN)/python
 
 test-learning: install

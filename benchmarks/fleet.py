@@ -45,7 +45,7 @@ def fleet_rate(url: str, gateways: list[Gateway], runners: int, n: int, args, tm
     run_id = f"b{runners}x{len(gateways)}-{time.time_ns()}"
     env = child_env(project, log, FLEET_SLEEP=str(args.sleep))
     enqueue = cli("rollouts", "enqueue", "--project", str(project), "--n", str(n), "--run-id", run_id)
-    subprocess.run([*enqueue, "--store", url], env=env, check=True, capture_output=True)
+    subprocess.run([*enqueue, "--store-url", url], env=env, check=True, capture_output=True)
     store = Store(url)
     t0 = time.perf_counter()
     procs = [
@@ -54,9 +54,9 @@ def fleet_rate(url: str, gateways: list[Gateway], runners: int, n: int, args, tm
                 "runner",
                 "--project",
                 str(project),
-                "--store",
+                "--store-url",
                 url,
-                "--mode",
+                "--runner-mode",
                 "inprocess",
                 "--until-idle",
                 "--parallel",

@@ -7,10 +7,9 @@ a direct upstream call (p50/p99; each call follows a direct one, the gateways ta
 calls), and retained bytes on 10-turn rollouts with
 ~1k-token prompts (server RSS growth; for ours plus the growth of the SQLite store after a WAL checkpoint).
 Ours is measured on its own route with attempt keys (`ours`, `ours_wb`) and on Agent Lightning's proxy path
-(`ours_agl`, `gateway serve --agl-key-file`), and both again with the fast path off (`ours_app`,
-`ours_agl_app`: `LD_GATEWAY_FAST_PATH=0`, every route through the ASGI app). Per REST call of Agent Lightning's API (create a rollout, list,
-get one, post an event, read a rollout's triplet events): server CPU of ours (`--agl-key-file`, with and
-without the fast path) and of agl-server, both with a server key, taking turns in rounds of 10 calls.
+(`ours_agl`, `gateway serve --agl-key-file`). Per REST call of Agent Lightning's API (create a rollout, list,
+get one, post an event, read a rollout's triplet events): server CPU of ours (`--agl-key-file`) and of
+agl-server, both with a server key, taking turns in rounds of 10 calls.
 
     .venv/bin/python benchmarks/gateway_vs_agl.py [--calls 300] [--rollouts 40] [--rest-calls 300]
 
@@ -104,9 +103,7 @@ class Server:
 class Ours:
     """Our gateway in upstream mode, its store, and one attempt key per rollout."""
 
-    def __init__(
-        self, upstream: str, db: Path, write_behind_ms: float = 0.0, agl: bool = False, fast: bool = True
-    ):
+    def __init__(self, upstream: str, db: Path, write_behind_ms: float = 0.0, agl: bool = False):
         from lightning_dagster.store import Store
 
         self.db = db
@@ -117,11 +114,11 @@ class Ours:
             cli,
             "gateway",
             "serve",
-            "--upstream",
+            "--upstream-url",
             upstream,
             "--port",
             str(self.port),
-            "--store",
+            "--store-url",
             self.store.url,
         ]
         if write_behind_ms:
@@ -135,8 +132,7 @@ class Ours:
             path.write_text(value)
             path.chmod(0o600)
             args += [option, str(path)]
-        env = {} if fast else {"LD_GATEWAY_FAST_PATH": "0"}  # every route through the ASGI app
-        self.server = Server("ours", args, f"http://127.0.0.1:{self.port}/admin/health", env)
+        self.server = Server("ours", args, f"http://127.0.0.1:{self.port}/admin/health", {})
 
     def new_rollout(self) -> tuple[str, dict]:
         from lightning_dagster.gateway import attempt_key
@@ -173,8 +169,8 @@ class AglApi:
 class OursAgl(AglApi, Ours):
     """Ours with `--agl-key-file`, called as agl-server is."""
 
-    def __init__(self, upstream: str, db: Path, fast: bool = True):
-        Ours.__init__(self, upstream, db, agl=True, fast=fast)
+    def __init__(self, upstream: str, db: Path):
+        Ours.__init__(self, upstream, db, agl=True)
         self.base = f"http://127.0.0.1:{self.port}"
 
 
@@ -352,7 +348,7 @@ def main() -> int:
     parser.add_argument("--skip-agl", action="store_true")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    ours = ("ours", "ours_app", "ours_wb", "ours_agl", "ours_agl_app")
+    ours = ("ours", "ours_wb", "ours_agl")
     dbs = {k: WORK / f"gateway-bench-{k}.db" for k in ours}
     for db in dbs.values():
         for suffix in ("", "-wal", "-shm"):
@@ -368,9 +364,6 @@ def main() -> int:
         targets["ours"] = Ours(upstream, dbs["ours"])
         targets["ours_wb"] = Ours(upstream, dbs["ours_wb"], write_behind_ms=50.0)
         targets["ours_agl"] = OursAgl(upstream, dbs["ours_agl"])
-        # the same two servers with the fast path off (`gateway.fastpath`): every route through the app
-        targets["ours_app"] = Ours(upstream, dbs["ours_app"], fast=False)
-        targets["ours_agl_app"] = OursAgl(upstream, dbs["ours_agl_app"], fast=False)
         if not args.skip_agl:
             try:
                 targets["agl"] = Agl(upstream)
@@ -383,7 +376,7 @@ def main() -> int:
         )
         for k, t in targets.items():
             res[k].update(retained(t, args.rollouts))
-        rest_targets = {k: t for k, t in targets.items() if k in ("ours_agl", "ours_agl_app", "agl")}
+        rest_targets = {k: t for k, t in targets.items() if k in ("ours_agl", "agl")}
         res["rest_cpu_ms_per_call"] = rest_cpu(rest_targets, args.rest_calls)
     finally:
         for t in targets.values():
@@ -395,7 +388,6 @@ def main() -> int:
     print(f"\nper proxied call (stub upstream, 200 prompt / 50 response ids; {args.calls} calls each)")
     print("ours = durable (response after span commit); ours_wb = --write-behind-ms 50;")
     print("ours_agl = durable, called on Agent Lightning's proxy path with its server key;")
-    print("*_app = the same server with LD_GATEWAY_FAST_PATH=0 (every route through the ASGI app)")
     header = (
         "".join(f"{k:>11}" for k in ours) + f"{'agl-server':>12}" + "".join(f"{k + '/agl':>14}" for k in ours)
     )
@@ -415,15 +407,10 @@ def main() -> int:
         print(
             f"\nserver CPU ms per REST call ({args.rest_calls} calls each; ours = gateway serve --agl-key-file)"
         )
-        print(
-            "ours without fast path = the same server with LD_GATEWAY_FAST_PATH=0 (every route through the app)"
-        )
-        print(
-            f"{'route':24}{'ours':>11}{'ours w/o fast':>15}{'agl-server':>12}{'ours/agl':>10}{'w/o fast/agl':>14}"
-        )
+        print(f"{'route':24}{'ours':>11}{'agl-server':>12}{'ours/agl':>10}")
         for route in REST_ROUTES:
-            o, s, g = rest["ours_agl"][route], rest["ours_agl_app"][route], rest["agl"][route]
-            print(f"{route:24}{o:11.3f}{s:15.3f}{g:12.3f}{o / g:10.3f}{s / g:14.3f}")
+            o, g = rest["ours_agl"][route], rest["agl"][route]
+            print(f"{route:24}{o:11.3f}{g:12.3f}{o / g:10.3f}")
     direct = " ".join(
         f"{k} {v['direct_p50_ms']:.2f}/{v['direct_p99_ms']:.2f}"
         for k, v in res.items()

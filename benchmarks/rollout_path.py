@@ -12,8 +12,7 @@ step, decode steps, admissions, the engine's busy share of the wall, from the ga
 of the runner's process and of the gateway's against the bare loop's, and the summed call latency. For a
 profile of either process, attach py-spy to the pids during a round (benchmarks/README.md has one).
 
-`--split` adds the path with the engine in a process of its own, `--app-path` the path with the gateway's fast
-path off (`LD_GATEWAY_FAST_PATH=0`: every call through the ASGI app), each alternated with the others.
+`--split` adds the path with the engine in a process of its own (`engine_process`), alternated with the others.
 
 Run: .venv/bin/python benchmarks/rollout_path.py [--parent DIR] [--rounds 3] [--parallel 16]
 (without --parent it builds the base model and gives it `--sft-steps` supervised steps on the calc
@@ -50,6 +49,7 @@ from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.project.examples import example_tasks
 from lightning_dagster.runner.enqueue import sampling_seed
 from lightning_dagster.runner.service import RolloutService
+from lightning_dagster.settings import ServingSettings
 from lightning_dagster.store import Store
 from lightning_dagster.training.step import step_seed
 from lightning_dagster.types import RolloutKind, Sampling, SpanKind
@@ -250,12 +250,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="engine torch threads (model.engine_threads)")
     parser.add_argument(
         "--split", action="store_true",
-        help="also run the path with the engine in a process of its own (LocalGateway(engine_process=True))",
-    )  # fmt: skip
-    parser.add_argument(
-        "--app-path", action="store_true",
-        help="also run the path with the gateway's fast path off (LD_GATEWAY_FAST_PATH=0: every call "
-        "through the ASGI app)",
+        help="also run the path with the engine in a process of its own (ServingSettings.engine_process)",
     )  # fmt: skip
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ld-rollout-path-"))
@@ -263,23 +258,17 @@ def main() -> int:
     store = Store(f"sqlite:///{work / 'store.db'}")
     tasks = example_tasks("calc").draw("train", args.tasks * args.rounds, 0)
     t0 = time.perf_counter()
-    extra = [side for side, wanted in (("split", args.split), ("app", args.app_path)) if wanted]
+    extra = ["split"] if args.split else []
     services = {}
     for side in ("path", *extra):
-        # the gateway process inherits this process's environment when the service starts it
-        os.environ["LD_GATEWAY_FAST_PATH"] = "0" if side == "app" else "1"
-        services[side] = RolloutService(
-            store,
-            model,
-            harness="calc",
+        serving = ServingSettings(
             parallel=args.split_parallel or args.parallel if side == "split" else args.parallel,
-            serving="process",
             runner_mode="inprocess",
             max_batch=args.max_batch,
-            threads=args.threads,
+            engine_threads=args.threads,
             engine_process=side == "split",
-        )  # fmt: skip
-    os.environ.pop("LD_GATEWAY_FAST_PATH")
+        )
+        services[side] = RolloutService(store, model, harness="calc", serving=serving, child=True)
     startup = time.perf_counter() - t0
     engine = Engine(model, threads=args.threads)
     print(f"load average {os.getloadavg()[0]:.1f}; model {model}; {args.tasks} tasks x group {args.group}, "
@@ -293,7 +282,7 @@ def main() -> int:
         for r in range(args.rounds):
             chunk = tasks[r * args.tasks : (r + 1) * args.tasks]
             seed = step_seed(0, r + 2)
-            order = [s for s in ("path", "split", "app", "bare") if s in results]
+            order = [s for s in ("path", "split", "bare") if s in results]
             for side in order if r % 2 == 0 else order[::-1]:
                 if side in services:
                     res = run_path(services[side], chunk, args.group, seed, f"r{r}-{side}")
@@ -327,9 +316,8 @@ def main() -> int:
                 i = results[side][-1]
                 ie = i["engine"]
                 same, n = same_episodes(i["episodes"], b["episodes"])
-                what = "engine in its own process" if side == "split" else "fast path off"
                 print(
-                    f"   {what}: {i['n'] / i['wall']:6.1f} rollouts/s "
+                    f"   engine in its own process: {i['n'] / i['wall']:6.1f} rollouts/s "
                     f"({i['wall']:5.2f} s), {side}/bare {(i['n'] / i['wall']) / (b['n'] / b['wall']):.3f}, "
                     f"identical episodes {same}/{n}; rows per decode step "
                     f"{ie['rows_stepped'] / max(1, ie['steps_run']):5.1f}, decode steps {ie['steps_run']}, "

@@ -20,10 +20,12 @@ import urllib.request
 from pathlib import Path
 
 from lightning_dagster.engine import build_base_model
+from lightning_dagster.gateway import gateway_options
 from lightning_dagster.gateway.local import LocalGateway
 from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.project.examples import example_harness, example_tasks
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
+from lightning_dagster.settings import ServingSettings
 from lightning_dagster.store import Store
 
 POST_REWARD = """
@@ -88,7 +90,8 @@ def main() -> int:
             "calc": {"subprocess": calc, "inprocess": calc},
         }
         print(f"n={args.n} parallel={args.parallel} load={os.getloadavg()[0]:.1f}")
-        with LocalGateway(store, model) as gateway:
+        # the engine inside the gateway: this process's CPU is the runner's and the gateway's
+        with LocalGateway(store, model, gateway_options(ServingSettings(engine_process=False))) as gateway:
             measure(store, gateway, harnesses["reward-only"]["inprocess"], "inprocess", 4, 2, 99, tmp / "w")
             for name, by_mode in harnesses.items():
                 row = {

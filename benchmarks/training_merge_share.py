@@ -17,6 +17,7 @@ from lightning_dagster.engine.build import build_base_model
 from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.project.examples import example_tasks
 from lightning_dagster.runner.service import RolloutService
+from lightning_dagster.settings import ServingSettings
 from lightning_dagster.store import Store
 from lightning_dagster.training.transitions import build_rows
 from lightning_dagster.types import RolloutKind, Sampling, Span, SpanKind
@@ -50,7 +51,7 @@ def main() -> int:
     print(f"{'harness':>8} {'attempts':>8} {'bridges':>8} {'token-in share':>15} {'re-tokenized share':>19} "
           f"{'mismatches':>10}")  # fmt: skip
     for harness in ("calc", "ledger"):
-        with RolloutService(store, model, harness=harness, resource_id=None, parallel=16) as svc:
+        with RolloutService(store, model, harness=harness, serving=ServingSettings(parallel=16)) as svc:
             tasks = example_tasks(svc.harness.name).draw("train", args.n, 0)
             batch = svc.run(tasks, group=1, kind=RolloutKind.train, sampling=Sampling(temperature=1.0), seed=1,
                              tag=harness)  # fmt: skip

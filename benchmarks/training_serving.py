@@ -1,5 +1,5 @@
-"""Where the gateway + engine run during RL: in the trainer's process (`serving="thread"`) or in a child
-process (`serving="process"`), side by side in one run on the same parent, tasks and seeds.
+"""Where the gateway + engine run during RL: in the trainer's process (`thread`) or in a child process
+(`process`: `RolloutService(child=True)`), both with the engine inside the gateway, side by side in one run on the same parent, tasks and seeds.
 
 Each round: one step's rollouts (tasks x group through the real runner + gateway), one trainer step, one
 weight push; modes alternate round by round so load drifts hit both. Prints seconds per phase and the ratio.
@@ -36,7 +36,8 @@ MODES = ("thread", "process")
 
 def one_round(store: Store, parent: Path, mode: str, tasks: list[dict], group: int, seed: int) -> dict:
     trainer = Trainer(parent, trainer_config(TrainingSettings()))
-    with RolloutService(store, parent, harness="calc", resource_id=None, parallel=64, serving=mode) as svc:
+    serving = ServingSettings(parallel=64, engine_process=False)
+    with RolloutService(store, parent, harness="calc", serving=serving, child=mode == "process") as svc:
         t0, c0 = time.perf_counter(), time.process_time()
         batch = svc.run(
             tasks,

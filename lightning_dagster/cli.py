@@ -15,11 +15,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runner": ("lightning_dagster.runner.worker", "a fleet worker: claim and run queued rollouts"),
     "train": ("lightning_dagster.training.cli", "warm-start a parent and train a candidate with RL"),
     "gate": ("lightning_dagster.gate.cli", "evaluate an update receipt under a policy"),
-    "registry": ("lightning_dagster.registry.cli", "candidate lineage and the two pointers in MLflow"),
+    "registry": ("lightning_dagster.release.cli", "candidate lineage and the two pointers in MLflow"),
     "init": ("lightning_dagster.project.scaffold", "write a starter project into a new folder"),
     "project": ("lightning_dagster.project.cli", "validate a project file and summarize its tasks"),
     "loop": ("lightning_dagster.pipeline.cli", "the continual-learning loop: status, history, signed resume"),
-    "demo": ("lightning_dagster.demo", "run the whole pipeline once on the embedded default"),
+    "demo": (
+        "lightning_dagster.demo",
+        "two release cycles of the Dagster pipeline (plan, train, gate, promote; new tasks; again) on a "
+        "project, by default examples/calc",
+    ),
 }
 
 

@@ -4,7 +4,7 @@ file's `training:` / `serving:` / `gate:` sections are all generated from these 
 one name and one default wherever it is set (`tests/test_settings.py` holds every surface to that).
 
 Precedence, lowest first: these defaults, the project file's sections, then the surface's own (a CLI flag
-given on the command line, a Dagster resource field set in the launchpad or an environment variable).
+given on the command line, a Dagster resource field set in code or by an environment variable).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import types
 import typing
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -24,9 +24,11 @@ class SettingsError(ValueError):
 
 
 class Settings(BaseModel):
-    """One concern's settings: frozen, unknown keys refused."""
+    """One concern's settings: frozen, unknown keys refused. `flag_prefix` goes before a field's name in its
+    command-line flag (`add_flags`), for a concern whose field names are too short to stand alone."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    flag_prefix: ClassVar[str] = ""
 
     @classmethod
     def parse(cls: type[S], data: dict[str, Any], *, where: str = "") -> S:
@@ -37,8 +39,14 @@ class Settings(BaseModel):
             raise SettingsError(_explain(err, where)) from None
 
     def updated(self: S, changes: dict[str, Any], *, where: str = "") -> S:
-        """A copy with `changes` applied and validated like a fresh instance."""
-        return type(self).parse({**self.model_dump(), **changes}, where=where)
+        """A copy with `changes` applied and validated like a fresh instance; its `given()` are this one's
+        and `changes`."""
+        return type(self).parse({**self.given(), **changes}, where=where)
+
+    def given(self) -> dict[str, Any]:
+        """The values this surface set itself (a flag given, a key written, a field set), which win over
+        the project file's section (`project.sections.effective`); the rest are the defaults."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
 
 
 def _explain(err: ValidationError, where: str) -> str:
@@ -54,7 +62,8 @@ class ProjectSettings(Settings):
     project: str = Field(
         "",
         description="a project file (lightning-dagster.yaml) or the folder holding it: its harness runs on "
-        "its tasks; empty: the built-in example named by `harness`",
+        "its tasks; empty: the built-in example named by `harness` (commands other than `demo`: the "
+        "working directory's project file, unless --harness names an example)",
     )
     harness: Literal["calc", "ledger"] = Field(
         "calc", description="the built-in example project (examples/NAME) used when no project is given"
@@ -63,6 +72,8 @@ class ProjectSettings(Settings):
 
 class StoreSettings(Settings):
     """The durable store: rollouts, attempts, spans, receipts, pointers."""
+
+    flag_prefix: ClassVar[str] = "store"  # `--store-url`: a bare `--url` would not say which
 
     url: str = Field(
         "", description="a SQLAlchemy URL (postgresql+psycopg2://... for real use); empty: $LD_STORE_URL, "
@@ -208,11 +219,13 @@ class TrainingSettings(Settings):
         ge=1,
         description="`train`: held-out evaluation every N steps (and before the first, after the last)",
     )
-    max_attempts: int | None = Field(
-        None, ge=1, description="attempts per rollout; empty: the harness's own (harness.max_attempts)"
-    )
-    attempt_timeout_s: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="seconds per attempt; empty: the harness's own (harness.timeout_s)"
+    max_attempts: int = Field(
+        1, ge=1, description="attempts per rollout (a retried failure over-represents the samples that "
+        "succeed on a second try), for every rollout: train, evaluation, canary"
+    )  # fmt: skip
+    attempt_timeout_s: float = Field(
+        120.0, gt=0, allow_inf_nan=False, description="seconds one harness attempt may run before it is "
+        "killed (subprocess) or abandoned (in-process)"
     )  # fmt: skip
     validation_tasks: int = Field(
         64,
@@ -248,11 +261,11 @@ class TrainingSettings(Settings):
 class GateSettings(Settings):
     """The versioned release policy, who approves, and the bounded canary."""
 
-    policy_path: str = Field(
-        "", description="the release policy file; empty: the project's, else the gate's default"
-    )
+    policy_path: str = Field("", description="the release policy file; empty: the packaged default")
     roles_path: str = Field(
-        "", description="the deployment's roles file; empty: $LD_ROLES_FILE, else the default"
+        "",
+        description="the deployment's roles file (who may approve, with which key), pinned into the "
+        "store on first use; empty: the roles pinned already (the code location reads $LD_ROLES_FILE)",
     )
     evaluator: str = Field("heldout-sampled-success", min_length=1, description="the evaluator's name")
     evaluator_version: str = Field("1", min_length=1, description="the evaluator's version")
@@ -286,6 +299,17 @@ class PipelineSettings(Settings):
     gate: GateSettings = Field(default_factory=GateSettings)
 
 
+# Each concern's settings class by its name in a pipeline run (`PipelineSettings`, the project file's sections).
+CONCERNS: dict[str, type[Settings]] = {
+    name: field.annotation for name, field in PipelineSettings.model_fields.items()
+}
+
+
+def concern_of(cls: type[Settings]) -> type[Settings]:
+    """The settings class `cls` is (a Dagster resource inherits one)."""
+    return next(base for base in cls.__mro__ if base in CONCERNS.values())
+
+
 # ----------------------------------------------------------------------------------------------------------
 # CLI flags, generated
 
@@ -298,6 +322,11 @@ def flag_of(name: str, prefix: str = "") -> str:
 
 def _dest(name: str, prefix: str) -> str:
     return f"{prefix}_{name}" if prefix else name
+
+
+def dest_of(cls: type[Settings], name: str, prefix: str | None = None) -> str:
+    """The argparse dest of setting `name` of `cls`: its name, after the concern's `flag_prefix`."""
+    return _dest(name, cls.flag_prefix if prefix is None else prefix)
 
 
 def _scalar(annotation: Any) -> tuple[Any, bool]:
@@ -313,11 +342,12 @@ def add_flags(
     cls: type[Settings],
     names: list[str] | None = None,
     *,
-    prefix: str = "",
+    prefix: str | None = None,
 ) -> None:
-    """One flag per setting of `cls` (all, or `names`), each `--setting-name` (`--prefix-setting-name`),
-    its help the setting's description with its default. A flag not given leaves the setting as the
-    project file or default has it (`from_flags`)."""
+    """One flag per setting of `cls` (all, or `names`), each `--setting-name` (`--prefix-setting-name`;
+    `prefix` default: the class's `flag_prefix`), its help the setting's description with its default. A
+    flag not given leaves the setting as the project file or default has it (`from_flags`)."""
+    prefix = cls.flag_prefix if prefix is None else prefix
     for name in names or list(cls.model_fields):
         field = cls.model_fields[name]
         kind, optional = _scalar(field.annotation)
@@ -343,9 +373,11 @@ def _none_or(kind: type) -> Any:
     return convert
 
 
-def from_flags(base: S, args: argparse.Namespace, *, prefix: str = "", command: str = "") -> S:
-    """`base` with the flags given on the command line applied (each validated as the setting is); raises
+def from_flags(base: S, args: argparse.Namespace, *, prefix: str | None = None, command: str = "") -> S:
+    """`base` with the flags given on the command line applied (each validated as the setting is; they are
+    the result's `given()`, which win over the project file in `project.sections.effective`); raises
     `SettingsError` naming the flag."""
+    prefix = type(base).flag_prefix if prefix is None else prefix
     given = {
         name: getattr(args, _dest(name, prefix))
         for name in type(base).model_fields

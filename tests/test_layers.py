@@ -17,6 +17,7 @@ CORE = (
     "harnesses",
     "training",
     "gate",
+    "release",
     "registry",
     "pipeline",
     "project",

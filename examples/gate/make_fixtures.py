@@ -19,8 +19,9 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from lightning_dagster.gate import receipt as R
-from lightning_dagster.gate.approvals import approval_message, evidence_hash
 from lightning_dagster.gate.hashing import fingerprint
+from lightning_dagster.release.approvals import approval_fields, evidence_hash
+from lightning_dagster.release.signing import APPROVAL, public_key_line, sign
 from lightning_dagster.types import (
     Attempt,
     AttemptState,
@@ -41,20 +42,14 @@ ALICE_KEY = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"lightning-dags
 
 def roles_text() -> str:
     """The approvers the fixture's signatures verify against, in the roles-file format (`gate evaluate --roles`)."""
-    from lightning_dagster.registry.signing import public_key_line
-
     key = public_key_line(ALICE_KEY)
     return f"actors:\n  alice:\n    roles: [release-owner, ml-lead]\n    key: {key}\n"
 
 
 def signed(receipt: R.Receipt, *, actor: str, role: str, step: str, at: float) -> R.Approval:
-    from lightning_dagster.registry.signing import sign
-
-    evidence = evidence_hash(receipt)
-    message = approval_message(receipt.receipt_id, evidence, step, actor, role, at)
-    return R.Approval(
-        actor=actor, role=role, step=step, at=at, evidence_hash=evidence, signature=sign(ALICE_KEY, message)
-    )
+    unsigned = R.Approval(actor=actor, role=role, step=step, at=at, evidence_hash=evidence_hash(receipt))
+    signature = sign(ALICE_KEY, APPROVAL, approval_fields(receipt.receipt_id, unsigned))
+    return unsigned.model_copy(update={"signature": signature})
 
 
 @dataclass

@@ -30,6 +30,7 @@ from lightning_dagster.demo.setup import (
     write_approvers,
 )
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
+from lightning_dagster.settings import ProjectSettings, TrainingSettings, add_flags, from_flags
 
 __all__ = [
     "DEMO_ACTORS",
@@ -46,7 +47,7 @@ __all__ = [
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=None, help="RL steps (default: the demo's setting)")
+    add_flags(parser, TrainingSettings, ["steps"])
     parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run, not a learning one")
     add_project_option(parser)
     parser.set_defaults(handler=run)
@@ -88,8 +89,10 @@ def run_demo(
 def run(args: argparse.Namespace) -> int:
     from lightning_dagster.project.examples import example_file
 
-    project = args.project if args.project is not None else example_file("calc")
-    cycles = run_demo(project, demo_training(args.steps, args.quick))
+    chosen = from_flags(ProjectSettings(), args)
+    steps = from_flags(TrainingSettings(), args).given().get("steps")
+    project = Path(chosen.project) if chosen.project else example_file(chosen.harness)
+    cycles = run_demo(project, demo_training(steps, args.quick))
     return 0 if all(c.verdict is not None for c in cycles) else 1
 
 

@@ -160,10 +160,11 @@ def run_snapshot(
     of the snapshot's graph, each as a run of the `continual_learning` / `approve` jobs on `instance`; with
     `lines`, a stage line per asset as it materializes. Returns the run results."""
     from lightning_dagster.demo.setup import approval_config
+    from lightning_dagster.pipeline import context as ctx
 
     job = defs.resolve_job_def("continual_learning")
     if lines is not None:
-        job = with_stage_lines(job, lines, label, defs.resources["pipeline"].training)
+        job = with_stage_lines(job, lines, label, ctx.settings(defs.resources["pipeline"]).training)
     config = run_config(lines is not None)
     planned = ["tasks", "update_plan"]
     results = [_run(job, instance, key, planned, config)]

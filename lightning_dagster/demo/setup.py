@@ -59,7 +59,7 @@ def approver_keys() -> Path:
 
 def write_approvers(path: Path, actors: dict[str, str]) -> Path:
     """A roles file for `actors` (role -> actor), each with a key pair in `approver_keys()`, made once."""
-    from lightning_dagster.registry.signing import generate_keypair
+    from lightning_dagster.release.signing import generate_keypair
 
     keys = approver_keys()
     entries = []
@@ -76,7 +76,7 @@ def approval_config(pipeline: Any, key: str, approver: tuple[str, str]) -> dict[
     """The `approve` job's op config: `approver` = (actor, role) signs the snapshot's receipt as it stands
     with the actor's key from `approver_keys()` (for the step that role approves)."""
     from lightning_dagster.pipeline import context as ctx
-    from lightning_dagster.registry.signing import sign_approval
+    from lightning_dagster.release.receipts import sign_approval
 
     actor, role = approver
     receipt = ctx.head_receipt(pipeline.get_store(), key)
@@ -101,16 +101,14 @@ def _not_copied(home: Path) -> Callable[[str, list[str]], set[str]]:
     return ignore
 
 
-# The project file's keys that name a path, relative to the project folder (`tasks.path` must lie inside it).
-PATH_KEYS = (("model", "path"), ("model", "tokenizer"), ("model", "warm_start"), ("policy",))
-
-
 def _absolute_outside_paths(original: Path, copy: Path) -> None:
     """Rewrite the copied project file `copy` so that every relative path of `original` that points outside
     its folder (`../shared/demos.jsonl`, a command `../bin/agent`, an argument `../lib/agent.py`) is
     absolute: relative to the copy's folder it would name another file, or none. Paths inside the folder
     stay relative (they name the copy's files). The file is left as it is when there are none."""
     import yaml
+
+    from lightning_dagster.project.config import PATH_KEYS
 
     root = original.parent.resolve()
 

@@ -8,6 +8,8 @@ import argparse
 import json
 from pathlib import Path
 
+from lightning_dagster.settings import TrainingSettings, add_flags, from_flags
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="engine_command", metavar="COMMAND")
@@ -15,7 +17,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "build", help="build the tiny base model and a tokenizer trained on the harnesses' text (no download)"
     )
     build.add_argument("--out", required=True, type=Path, help="directory to save the model into")
-    build.add_argument("--seed", type=int, default=0, help="seeds the weights")
+    add_flags(build, TrainingSettings, ["seed"])
     build.add_argument(
         "--architecture", default="qwen2", help="the model's shape: qwen2 (default), llama or gpt2"
     )
@@ -30,7 +32,10 @@ def _build(args: argparse.Namespace) -> int:
 
     try:
         out = build_base_model(
-            args.out, corpus=default_corpus(), seed=args.seed, architecture=args.architecture
+            args.out,
+            corpus=default_corpus(),
+            seed=from_flags(TrainingSettings(), args).seed,
+            architecture=args.architecture,
         )
     except UnknownArchitecture as exc:
         print(f"error: {exc}")

@@ -5,7 +5,6 @@ over the model's forward that returns the exact logprob of every sampled token. 
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import threading
 from collections.abc import Iterator, Mapping
@@ -62,8 +61,8 @@ class Engine(ChatCodec):
     trainer, which scores in float32, would not reproduce its logprobs). `generate`, `load_weights` and a `BatchingEngine`'s running batch are
     serialised by one lock (`exclusive()`).
 
-    `threads` sets torch's intra-op threads for the process (torch has one global setting); None means
-    `$LD_ENGINE_THREADS` or 1. One thread is the default because on a shared 2-core machine two OpenMP
+    `threads` sets torch's intra-op threads for the process (torch has one global setting; the serving
+    setting `engine_threads` passes it). One thread is the default because on a shared 2-core machine two OpenMP
     threads spin against other processes and sampling slows down many times over (benchmarks/README.md,
     engine). Batching, not threads, is what makes this tiny model fast.
 
@@ -76,7 +75,7 @@ class Engine(ChatCodec):
         self,
         model_dir: Path | str,
         *,
-        threads: int | None = None,
+        threads: int = 1,
         prefix_cache_mb: int = 256,
         device: str = "auto",
     ) -> None:
@@ -84,7 +83,7 @@ class Engine(ChatCodec):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        torch.set_num_threads(threads or int(os.environ.get("LD_ENGINE_THREADS", "1")))
+        torch.set_num_threads(threads)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         tokenizer.padding_side = "left"
         self.device = resolve_device(device)

@@ -84,7 +84,7 @@ class EngineProcess:
         model_dir: Path | str,
         *,
         max_batch: int = 64,
-        threads: int | None = None,
+        threads: int = 1,
         device: str = "auto",
         prefix_cache_mb: int = 256,
         start_timeout_s: float = 600.0,

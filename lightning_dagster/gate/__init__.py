@@ -14,7 +14,7 @@ staleness and stop conditions. Pure logic: no torch, Dagster or MLflow imports.
 - `staleness`: `void_checks(recorded, current)` and the fingerprint -> checks table.
 - `stop`: `stop_decision(latest, policy, previous=None) -> StopDecision`.
 - `ledger`: `ReceiptLedger(store)` over the store's append-only documents; `verify_chain`.
-- `cli`: `lightning-dagster gate evaluate RECEIPT [--policy P] [--roles R] [--fingerprints F] [--json]`.
+- `cli`: `lightning-dagster gate evaluate RECEIPT [--policy-path P] [--roles-path R] [--fingerprints F] [--json]`.
 """
 
 from lightning_dagster.gate.check_ids import Check

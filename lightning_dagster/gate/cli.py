@@ -1,8 +1,8 @@
-"""`lightning-dagster gate evaluate RECEIPT [--policy POLICY] [--roles ROLES] [--json]`: judge a receipt under
-a policy. Exit status: 0 `PROMOTE TO BOUNDED CANARY`, 1 `HOLD`, 2 invalid input (one line naming the field:
+"""`lightning-dagster gate evaluate RECEIPT [--policy-path POLICY] [--roles-path ROLES] [--json]`: judge a
+receipt under a policy. Exit status: 0 `PROMOTE TO BOUNDED CANARY`, 1 `HOLD`, 2 invalid input (one line naming the field:
 unreadable, undecodable, too large or too deeply nested files included).
 
-`lightning-dagster gate verify RECEIPT_ID [--store URL] [--head HASH]`: re-check a stored receipt's hash
+`lightning-dagster gate verify RECEIPT_ID [--store-url URL] [--head HASH]`: re-check a stored receipt's hash
 chain. Exit status: 0 intact, 1 tampered, 2 no such receipt or a store that cannot be read.
 """
 
@@ -18,19 +18,22 @@ from lightning_dagster.gate.consistency import CLOCK_SKEW_S, KnownActors
 from lightning_dagster.gate.errors import InvalidInput
 from lightning_dagster.gate.policy import Policy, load_policy
 from lightning_dagster.gate.receipt import load_receipt, read_json
+from lightning_dagster.settings import GateSettings, StoreSettings, add_flags, from_flags
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="gate_command", metavar="COMMAND")
-    ev = sub.add_parser("evaluate", help="run the seven checks on a receipt and print the verdict")
-    ev.add_argument("receipt", help="receipt JSON file")
-    ev.add_argument("--policy", help="policy YAML/JSON file (default: the packaged default-v1)")
-    ev.add_argument("--fingerprints", help="JSON object of current fingerprints, to void stale checks")
-    ev.add_argument(
-        "--roles",
-        help="approvers file (`actors: {name: {roles: [...], key: ed25519:...}}`) every approval must be"
-        " signed by; without it no actor is known and any approval fails check 7",
+    help_text = "run the seven checks on a receipt and print the verdict"
+    ev = sub.add_parser(
+        "evaluate",
+        help=help_text,
+        description=f"{help_text}. Every approval must be signed by an actor of --roles-path "
+        "(`actors: {name: {roles: [...], key: ed25519:...}}`); without it no actor is known (no store holds "
+        "pinned roles here) and any approval fails check 7.",
     )
+    ev.add_argument("receipt", help="receipt JSON file")
+    add_flags(ev, GateSettings, ["policy_path", "roles_path"])
+    ev.add_argument("--fingerprints", help="JSON object of current fingerprints, to void stale checks")
     ev.add_argument(
         "--clock-skew",
         type=_seconds,
@@ -42,19 +45,20 @@ def register(parser: argparse.ArgumentParser) -> None:
     ev.set_defaults(handler=_evaluate)
     ve = sub.add_parser("verify", help="re-check the hash chain of a receipt stored in the ledger")
     ve.add_argument("receipt_id")
-    ve.add_argument("--store", help="store URL (default: the embedded store, see config.store_url)")
+    add_flags(ve, StoreSettings)
     ve.add_argument("--head", help="the head hash recorded elsewhere (e.g. with a pointer move)")
     ve.set_defaults(handler=_verify)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    gate = from_flags(GateSettings(), args)
     try:
-        policy = _policy(args.policy)
+        policy = _policy(gate.policy_path or None)
         receipt = load_receipt(args.receipt)
         current = read_json(args.fingerprints, "fingerprints") if args.fingerprints else None
         if current is not None and not isinstance(current, dict):
             raise InvalidInput("fingerprints", [("", "expected a JSON object")])
-        roles = _roles(args.roles)
+        roles = _roles(gate.roles_path or None)
         result = evaluate(receipt, policy, current, roles=roles, clock_skew_s=args.clock_skew)
     except InvalidInput as err:
         print(f"error: {err}", file=sys.stderr)
@@ -81,12 +85,12 @@ def _policy(path: str | None) -> Policy:
 
 
 def _roles(path: str | None) -> KnownActors:
-    """The actors of a roles file, read as the registry reads it; none without a file."""
+    """The actors of a roles file, read as a promotion reads it; none without a file."""
     if path is None:
         return {}
-    # The registry pulls in MLflow: imported only when a roles file is given.
-    from lightning_dagster.registry.errors import RolesConfigError
-    from lightning_dagster.registry.roles import read_roles_file
+    # The release's roles pull in the registry (MLflow): imported only when a roles file is given.
+    from lightning_dagster.release.errors import RolesConfigError
+    from lightning_dagster.release.roles import read_roles_file
 
     try:
         return read_roles_file(path).actors
@@ -101,12 +105,13 @@ def _verify(args: argparse.Namespace) -> int:
     from lightning_dagster.gate.ledger import ReceiptLedger
     from lightning_dagster.store import Store
 
+    url = from_flags(StoreSettings(), args).url
     try:
-        report = ReceiptLedger(Store(args.store)).verify_chain(args.receipt_id, expected_head=args.head)
+        report = ReceiptLedger(Store(url or None)).verify_chain(args.receipt_id, expected_head=args.head)
     except (SQLAlchemyError, OSError, ValueError, RecursionError) as err:
         # one line: the first line of the driver's message names the cause ("file is not a database")
         cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"error: cannot read the store {args.store or '(default)'}: {cause}", file=sys.stderr)
+        print(f"error: cannot read the store {url or '(default)'}: {cause}", file=sys.stderr)
         return 2
     if report.versions == 0:
         print(f"error: no receipt {args.receipt_id!r} in the ledger", file=sys.stderr)

@@ -12,10 +12,11 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 
-from lightning_dagster.gate.approvals import ActorKey, approval_problem, evidence_hash
 from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.findings import Findings
 from lightning_dagster.gate.receipt_models import Receipt, SnapshotRef
+from lightning_dagster.release.approvals import approval_problem, evidence_hash
+from lightning_dagster.release.signing import ActorKey
 from lightning_dagster.types import AttemptState, RolloutKind, RolloutStatus
 
 # Seconds a recorded time may lie ahead of the judging clock (machines' clocks differ a little).

@@ -1,23 +1,14 @@
-"""Canonical JSON and content hashes: the one serialisation every receipt hash, policy hash and
-fingerprint goes through, so equal content always hashes equal and any change shows."""
+"""Content hashes and fingerprints: every receipt hash, policy hash and fingerprint goes through the one
+canonical serialisation (`lightning_dagster.canonical`), so equal content always hashes equal and any
+change shows."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
+from lightning_dagster.canonical import canonical_json, content_hash
 
-def canonical_json(obj: Any) -> bytes:
-    """Sorted keys, no whitespace, UTF-8, and no NaN or infinity (they have no canonical JSON form)."""
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
-
-
-def content_hash(obj: Any) -> str:
-    """`sha256:<hex>` over the canonical JSON of `obj`."""
-    return "sha256:" + hashlib.sha256(canonical_json(obj)).hexdigest()
+__all__ = ["canonical_json", "content_hash", "fingerprint"]
 
 
 def fingerprint(obj: Any) -> str:

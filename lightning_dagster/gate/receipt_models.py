@@ -309,7 +309,7 @@ class Approval(_Model):
     role: NonEmpty
     step: Literal["canary", "default"]
     at: float
-    # What the actor signed (`gate.approvals`): the receipt's evidence hash then, and the Ed25519 signature.
+    # What the actor signed (`release.approvals`): the receipt's evidence hash then, and the signature.
     evidence_hash: str | None = None
     signature: str | None = None
 

@@ -3,7 +3,8 @@ rewards, serve mode; backed by the embedded engine or an upstream OpenAI-compati
 
 from lightning_dagster.gateway.app import create_app
 from lightning_dagster.gateway.backends import Backend, Completion, EngineBackend
-from lightning_dagster.gateway.keys import attempt_key
+from lightning_dagster.gateway.keys import GatewayKeys, attempt_key
+from lightning_dagster.gateway.options import GatewayOptions, gateway_options
 from lightning_dagster.gateway.server import GatewayServer
 from lightning_dagster.gateway.upstreams import UpstreamBackend, UpstreamPool
 
@@ -11,9 +12,12 @@ __all__ = [
     "Backend",
     "Completion",
     "EngineBackend",
+    "GatewayKeys",
+    "GatewayOptions",
     "GatewayServer",
     "UpstreamBackend",
     "UpstreamPool",
     "attempt_key",
     "create_app",
+    "gateway_options",
 ]

@@ -26,18 +26,13 @@ from lightning_dagster.gateway.agl import mount as mount_agl
 from lightning_dagster.gateway.attempts import AttemptContext, Attempts, TokenInStats
 from lightning_dagster.gateway.backends import Backend
 from lightning_dagster.gateway.calls import llm_call
-from lightning_dagster.gateway.errors import (
-    GatewayError,
-    answered,
-    client_gone,
-    error_response,
-    store_error,
-)
-from lightning_dagster.gateway.fastpath import FastRoutes
+from lightning_dagster.gateway.errors import GatewayError, client_gone, error_response, store_error
+from lightning_dagster.gateway.keys import GatewayKeys
+from lightning_dagster.gateway.options import GatewayOptions
 from lightning_dagster.gateway.recorder import SpanWriter
 from lightning_dagster.gateway.weightsync import ServedWeights, WeightGate, WeightSync
 from lightning_dagster.store.errors import Conflict, InvalidInput, NotFound, StoreUnavailable
-from lightning_dagster.types import IllegalTransition, Span
+from lightning_dagster.types import IllegalTransition, Sampling, Span
 
 log = logging.getLogger("lightning_dagster.gateway")
 
@@ -57,12 +52,12 @@ class Gateway:
         max_body_bytes: int,
         write_behind_ms: float,
         fsync_spans: bool,
-        model_aliases: Sequence[str],
+        model_names: Sequence[str],
         model_roots: Sequence[Path],
         weights_wait_s: float,
     ):
         self.store = store
-        self.model_aliases = tuple(model_aliases)
+        self.model_names = tuple(model_names)
         self.model_roots = tuple(Path(r).resolve() for r in model_roots)
         self.backend = backend
         self.attempts = attempts
@@ -88,7 +83,7 @@ class Gateway:
 
     def check_model(self, name: str | None) -> None:
         """A request naming no model gets the served one; any other name is a 404, as OpenAI answers."""
-        if name is not None and name not in self.model_aliases and not self.backend.serves(name):
+        if name is not None and name not in self.model_names and not self.backend.serves(name):
             raise GatewayError(
                 404,
                 f"The model `{name}` does not exist or you do not have access to it.",
@@ -123,62 +118,43 @@ class Gateway:
 
 
 def create_app(
-    store,
-    backend: Backend,
-    *,
-    secret: str,
-    admin_key: str,
-    serve_keys: Sequence[str] = (),
-    max_body_bytes: int = 4 << 20,
-    state_ttl_s: float = 0.5,
-    max_contexts: int = 10_000,
-    write_behind_ms: float = 0.0,
-    fsync_spans: bool = False,
-    model_aliases: Sequence[str] = ("policy",),
-    model_roots: Sequence[Path | str] | None = None,
-    agl: AglSettings | None = None,
-    weight_sync: bool | None = None,
-    weight_sync_poll_s: float = 0.5,
-    weights_wait_s: float = 30.0,
+    store, backend: Backend, *, keys: GatewayKeys, options: GatewayOptions | None = None
 ) -> FastAPI:
-    """The gateway app. `state_ttl_s`: how long an attempt's `running` state is trusted before re-reading it
-    from the store (a finished attempt is refused with 409 at most this long after it ends).
-    `write_behind_ms` > 0: LLM spans are acknowledged before commit and batched for up to that long (a crash
-    loses at most that window; rewards, events and admin reads still wait for everything queued before
-    them). 0 (default): every response follows its span's commit. That commit survives a crash of the
-    gateway; it is flushed to disk by the next synced commit (the attempt's reward or end, a checkpoint),
-    or at every call with `fsync_spans=True`. `model_aliases`: model names accepted besides the served
-    model's own (the example harnesses ask for `policy`); any other name is a 404 `model_not_found`.
-    `model_roots`: the only directories `POST /admin/weights` reads from (default: the models directory,
-    `paths.models_dir()`). `agl`: also serve Agent Lightning v1.0's server surface (`gateway.agl`).
-    `weight_sync`: follow the policy versions published in the store and report what
-    this process serves (`gateway.weightsync`; default: when the store is shared, PostgreSQL, and the backend
-    loads weights), polling every `weight_sync_poll_s`. `weights_wait_s`: how long a call waits while the
-    weights are being swapped, or for the policy version its rollout is tagged with, before a 503."""
+    """The gateway app: `keys` sign and check its keys (`keys.GatewayKeys`; with an `agl_key` it also
+    serves Agent Lightning v1.0's server surface, `gateway.agl`), `options` say how it serves
+    (`options.GatewayOptions`: body limit, span durability, model names, model roots, weight sync...).
+
+    Span durability: with `write_behind_ms` > 0, LLM spans are acknowledged before commit and batched for up
+    to that long (rewards, events and admin reads still wait for everything queued before them); at 0 every
+    response follows its span's commit, which survives a crash of the gateway and is flushed to disk by the
+    next synced commit (the attempt's reward or end, a checkpoint), or at every call with `fsync_spans`.
+    `weight_sync` unset: on when the store is shared (PostgreSQL) and the backend loads weights."""
+    options = options or GatewayOptions()
     attempts = Attempts(
         store,
         backend,
-        secret=secret,
-        admin_key=admin_key,
-        serve_keys=serve_keys,
-        state_ttl_s=state_ttl_s,
-        max_contexts=max_contexts,
+        secret=keys.secret,
+        admin_key=keys.admin_key,
+        serve_keys=keys.serve_keys,
+        state_ttl_s=options.state_ttl_s,
+        max_contexts=options.max_contexts,
     )
     gw = Gateway(
         store,
         backend,
         attempts,
-        max_body_bytes=max_body_bytes,
-        write_behind_ms=write_behind_ms,
-        fsync_spans=fsync_spans,
-        model_aliases=model_aliases,
-        model_roots=[paths.models_dir()] if model_roots is None else [Path(r) for r in model_roots],
-        weights_wait_s=weights_wait_s,
+        max_body_bytes=options.max_body_bytes,
+        write_behind_ms=options.write_behind_ms,
+        fsync_spans=options.fsync_spans,
+        model_names=options.model_names,
+        model_roots=options.model_roots or [paths.models_dir()],
+        weights_wait_s=options.weights_wait_s,
     )
+    weight_sync = options.weight_sync
     if weight_sync is None:
         weight_sync = attempts.shared and backend.loads_weights
     if weight_sync:
-        gw.sync = WeightSync(gw, poll_s=weight_sync_poll_s)
+        gw.sync = WeightSync(gw, poll_s=options.weight_sync_poll_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -203,7 +179,6 @@ def create_app(
 
     app = FastAPI(title="lightning-dagster gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gw
-    app.state.fast_routes = fast = FastRoutes()  # what `GatewayServer` serves without the app's stack
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
@@ -231,20 +206,20 @@ def create_app(
 
     async def models(request: Request) -> dict:
         attempts.caller(request)
-        names = dict.fromkeys([backend.model, *gw.model_aliases])
+        names = dict.fromkeys([backend.model, *gw.model_names])
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "lightning-dagster"} for n in names]
         return {"object": "list", "data": data}
 
     for prefix in ("", PREFIX):
-        # The hot paths are plain Starlette routes: FastAPI's per-request dependency solving is pure
-        # overhead for handlers that read the raw body themselves.
+        # The LLM routes read the raw body themselves: plain Starlette routes, no FastAPI dependency solving.
         for path, endpoint in (("/v1/chat/completions", chat_completions), ("/v1/completions", completions)):
             app.add_route(prefix + path, endpoint, methods=["POST"])
-            fast.add(prefix + path, answered(endpoint), "POST")
         app.add_api_route(prefix + "/v1/models", models, methods=["GET"])
         app.add_api_route(prefix + "/v1/rewards", post_reward, methods=["POST"])
         app.add_api_route(prefix + "/v1/events", post_event, methods=["POST"])
-    if agl is not None:
+    if keys.agl_key:
+        train, val = options.agl_train_temperature, options.agl_val_temperature
+        agl = AglSettings(keys.agl_key, train=Sampling(temperature=train), val=Sampling(temperature=val))
         mount_agl(app, gw, agl)  # its event URL takes attempt keys too
     else:  # Agent Lightning's own event URL, so a harness configured for agl-server can post here unchanged
         app.add_api_route(

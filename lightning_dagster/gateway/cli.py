@@ -1,10 +1,12 @@
 """`lightning-dagster gateway serve|key`: run the gateway in the foreground, or print an attempt key.
 
-The key-signing secret and the admin key never come from the environment or the command line (any process
-of the user reads those in /proc): `--secret-file` / `--admin-key-file` (mode 0600), or `--secrets-stdin`
-(one JSON object, as a trainer passes them to its gateway child); when absent they are generated and printed
-once on stdout (never logged). `LD_GATEWAY_SECRET` or `LD_ADMIN_KEY` set in the environment is refused
-(exit 2). Serve keys and the upstream API key: `--secrets-stdin`, else `LD_SERVE_KEYS` (comma-separated) and
+How it serves: the serving settings' flags and one flag per gateway option (`options.GatewayOptions`), or
+the whole options object on standard input. The key-signing secret and the admin key never come from the
+environment or the command line (any process of the user reads those in /proc): `--secret-file` /
+`--admin-key-file` (mode 0600), or `--secrets-stdin` (one JSON object, as a trainer passes them to its
+gateway child, with the store URL and the options); when absent they are generated and printed once on
+stdout (never logged). `LD_GATEWAY_SECRET` or `LD_ADMIN_KEY` set in the environment is refused (exit 2).
+Serve keys and the upstream API key: `--secrets-stdin`, else `LD_SERVE_KEYS` (comma-separated) and
 `LD_UPSTREAM_API_KEY`.
 """
 
@@ -19,10 +21,25 @@ import sys
 import threading
 import time
 
-from lightning_dagster.gateway.keys import SecretError, attempt_key, read_secret_file, refuse_env_secrets
+from lightning_dagster.gateway.keys import (
+    GatewayKeys,
+    SecretError,
+    attempt_key,
+    read_secret_file,
+    refuse_env_secrets,
+)
+from lightning_dagster.gateway.options import (
+    GatewayOptions,
+    add_option_flags,
+    flags_given,
+    options_from_flags,
+)
+from lightning_dagster.settings import SettingsError, StoreSettings, add_flags
 
-# What `--secrets-stdin` reads: every name optional; serve keys a list of strings, the others strings.
+# What `--secrets-stdin` reads: every name optional; serve keys a list of strings, the options an object
+# (`GatewayOptions`), the others strings.
 STDIN_SECRETS = ("secret", "admin_key", "serve_keys", "upstream_api_key", "agl_key")
+STDIN_KEYS = (*STDIN_SECRETS, "store_url", "options")
 
 
 class RemovedSecretOption(argparse.Action):
@@ -38,28 +55,34 @@ class RemovedSecretOption(argparse.Action):
 
 
 def add_removed_secret_option(parser: argparse.ArgumentParser, option: str = "--secret") -> None:
-    parser.add_argument(option, nargs="?", action=RemovedSecretOption, help=argparse.SUPPRESS)
+    # its own dest, never set: `--secret` is no setting (`settings.ServingSettings.secret` is not a flag)
+    dest = "removed_" + option.strip("-").replace("-", "_")
+    parser.add_argument(
+        option,
+        nargs="?",
+        action=RemovedSecretOption,
+        dest=dest,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+    )
 
 
 def secrets_from_json(line: str) -> dict:
-    """The secrets `--secrets-stdin` reads: one JSON object with keys among `STDIN_SECRETS`, else
-    `SecretError`."""
+    """What `--secrets-stdin` reads: one JSON object with keys among `STDIN_KEYS`, else `SecretError`."""
     try:
         given = json.loads(line)
     except ValueError as exc:
         raise SecretError(f"--secrets-stdin: standard input is not one JSON object: {exc}") from exc
-    if not isinstance(given, dict) or set(given) - set(STDIN_SECRETS):
-        raise SecretError(
-            f"--secrets-stdin: expected a JSON object with keys among {', '.join(STDIN_SECRETS)}"
-        )
+    if not isinstance(given, dict) or set(given) - set(STDIN_KEYS):
+        raise SecretError(f"--secrets-stdin: expected a JSON object with keys among {', '.join(STDIN_KEYS)}")
     keys = given.get("serve_keys", [])
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise SecretError("--secrets-stdin: serve_keys must be a list of strings")
-    if not all(
-        isinstance(given.get(name, ""), str)
-        for name in ("secret", "admin_key", "upstream_api_key", "agl_key")
-    ):
-        raise SecretError("--secrets-stdin: secret, admin_key, upstream_api_key and agl_key must be strings")
+    strings = ("secret", "admin_key", "upstream_api_key", "agl_key", "store_url")
+    if not all(isinstance(given.get(name, ""), str) for name in strings):
+        raise SecretError(f"--secrets-stdin: {', '.join(strings)} must be strings")
+    if not isinstance(given.get("options", {}), dict):
+        raise SecretError("--secrets-stdin: options must be an object (gateway options by name)")
     return given
 
 
@@ -79,7 +102,8 @@ def _generated(value: str | None, what: str) -> str:
     return value
 
 
-def _serve_secrets(args: argparse.Namespace) -> dict:
+def _handed(args: argparse.Namespace) -> tuple[GatewayKeys, dict]:
+    """The gateway's keys, and what else came on standard input (`store_url`, `options`)."""
     refuse_env_secrets()
     if args.secrets_stdin:
         if args.secret_file or args.admin_key_file or args.agl_key_file:
@@ -93,15 +117,37 @@ def _serve_secrets(args: argparse.Namespace) -> dict:
             "admin_key": read_secret_file(args.admin_key_file) if args.admin_key_file else None,
             "serve_keys": [k for k in os.environ.get("LD_SERVE_KEYS", "").split(",") if k],
             "upstream_api_key": os.environ.get("LD_UPSTREAM_API_KEY", ""),
-            "agl_key": read_secret_file(args.agl_key_file) if args.agl_key_file else None,
+            "agl_key": read_secret_file(args.agl_key_file) if args.agl_key_file else "",
         }
-    return {
-        "secret": _generated(given.get("secret"), "key-signing secret"),
-        "admin_key": _generated(given.get("admin_key"), "admin key"),
-        "serve_keys": given.get("serve_keys", []),
-        "upstream_api_key": given.get("upstream_api_key", ""),
-        "agl_key": given.get("agl_key") or None,
-    }
+    keys = GatewayKeys(
+        _generated(given.get("secret"), "key-signing secret"),
+        _generated(given.get("admin_key"), "admin key"),
+        serve_keys=tuple(given.get("serve_keys", ())),
+        upstream_api_key=given.get("upstream_api_key", ""),
+        agl_key=given.get("agl_key") or "",
+    )
+    return keys, {name: given[name] for name in ("store_url", "options") if name in given}
+
+
+def _options(args: argparse.Namespace, handed: dict) -> GatewayOptions:
+    """The options on standard input, else those of the command line's flags (the two do not mix)."""
+    if "options" not in handed:
+        return options_from_flags(args)
+    if flags_given(args):
+        raise SettingsError(
+            f"gateway serve: options came on standard input; {', '.join(flags_given(args))} "
+            "given on the command line too"
+        )
+    return GatewayOptions.parse(handed["options"], where="options")
+
+
+def _check_upstream(urls: str) -> None:
+    from lightning_dagster.gateway.upstreams import upstream_urls
+
+    try:
+        upstream_urls(urls)
+    except ValueError as err:
+        raise SettingsError(f"gateway serve: --upstream-url: {err}") from None
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -110,29 +156,22 @@ def serve(args: argparse.Namespace) -> int:
     from lightning_dagster.store import Store
 
     try:
-        keys = _serve_secrets(args)
-    except SecretError as err:
+        keys, handed = _handed(args)
+        options = _options(args, handed)
+        if "store_url" in handed and hasattr(args, "store_url"):
+            raise SettingsError("gateway serve: the store URL came on standard input and as --store-url")
+        store = StoreSettings(url=handed.get("store_url") or getattr(args, "store_url", ""))
+        if options.serving.upstream_url:
+            _check_upstream(options.serving.upstream_url)
+            if args.model:
+                raise SettingsError("gateway serve: --model or --upstream-url (with --tokenizer), not both")
+        elif args.tokenizer:
+            raise SettingsError("gateway serve: --tokenizer goes with --upstream-url")
+        elif not args.model:
+            raise SettingsError("gateway serve: serve a --model DIR, or forward to --upstream-url URL")
+    except ValueError as err:  # SecretError, SettingsError
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.upstream:
-        from lightning_dagster.gateway.upstreams import upstream_urls
-
-        try:
-            upstream_urls(args.upstream)
-        except ValueError as err:
-            print(f"error: --upstream: {err}", file=sys.stderr)
-            return 2
-    agl_key = keys.pop("agl_key")
-    agl = None
-    if agl_key:
-        from lightning_dagster.gateway.agl import AglSettings
-        from lightning_dagster.types import Sampling
-
-        train, val = (
-            Sampling(temperature=args.agl_train_temperature),
-            Sampling(temperature=args.agl_val_temperature),
-        )
-        agl = AglSettings(agl_key, train=train, val=val)
 
     stopping = threading.Event()
     # Ctrl-C, a SIGTERM from whoever started us, or `_exit_with_parent`: stop serving and shut down cleanly.
@@ -140,32 +179,18 @@ def serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stopping.set())
     try:
         gateway = LocalGateway(
-            Store(args.store),
+            Store(store.resolved_url()),
             args.model or args.tokenizer,
-            serving="thread",
-            upstream_url=",".join(args.upstream) if args.upstream else None,
-            upstream_model=args.upstream_model,
-            host=args.host,
-            port=args.port,
-            max_batch=args.max_batch,
-            threads=args.threads,
-            engine_process=args.engine_process,
-            device=args.device,
+            options,
+            keys=keys,
             resource_id=args.resource_id,
-            **keys,
-            max_body_bytes=args.max_body_bytes,
-            write_behind_ms=args.write_behind_ms,
-            fsync_spans=args.fsync_spans,
-            model_roots=args.model_root,
-            model_aliases=args.model_alias or ("policy",),
-            agl=agl,
         )
     except DeviceUnavailable as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     with gateway:
         print(f"gateway on {gateway.url}/v1 ({gateway.backend_kind})", flush=True)
-        if agl is not None:
+        if keys.agl_key:
             print(f"Agent Lightning server on {gateway.url} (/api, /proxy)", flush=True)
         if args.exit_with_parent:
             _exit_with_parent()
@@ -202,45 +227,16 @@ def key(args: argparse.Namespace) -> int:
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="gateway_command", metavar="COMMAND")
     p = sub.add_parser("serve", help="serve the OpenAI-compatible gateway")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
-    source = p.add_mutually_exclusive_group(required=True)
+    source = p.add_mutually_exclusive_group()
     source.add_argument("--model", help="a Hugging Face causal LM directory served by the embedded engine")
-    source.add_argument("--upstream", action="append", metavar="URL",
-                        help="base URL of an OpenAI-compatible server, e.g. vLLM (repeatable or comma-separated: "
-                             "calls stick to one per rollout and fail over when it is down)")  # fmt: skip
+    add_option_flags(p, source)
     p.add_argument("--tokenizer", default=None, metavar="DIR",
-                   help="with --upstream: the served model's tokenizer folder; prompts then go upstream as "
-                        "exact token ids (token-in) through the completions API")  # fmt: skip
-    p.add_argument("--upstream-model", default=None, help="model name to send upstream")
+                   help="with --upstream-url: the served model's tokenizer folder; prompts then go upstream "
+                        "as exact token ids (token-in) through the completions API")  # fmt: skip
     p.add_argument("--resource-id", default=None, help="resource id recorded on spans")
-    p.add_argument("--store", default=None, help="store URL (default: $LD_STORE_URL or the embedded SQLite)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads for the engine")
-    p.add_argument("--device", default="auto",
-                   help="where the embedded engine runs: auto (CUDA when present, bf16 autocast; else CPU), "
-                        "cpu, cuda, cuda:N")  # fmt: skip
-    p.add_argument("--max-batch", type=int, default=64, help="rows the engine samples at once")
-    p.add_argument("--engine-process", action="store_true",
-                   help="run the embedded engine in a process of its own (its decode loop then does not share "
-                        "an interpreter lock with the HTTP server and span writes)")  # fmt: skip
+    add_flags(p, StoreSettings, ["url"], prefix="store")
     p.add_argument(
         "--exit-with-parent", action="store_true", help="stop when the process that started this one exits"
-    )
-    p.add_argument("--max-body-bytes", type=int, default=4 << 20)
-    p.add_argument("--model-alias", action="append", default=None, metavar="NAME",
-                   help="a model name served besides the model's own (repeatable; default: policy)")  # fmt: skip
-    p.add_argument("--model-root", action="append", default=None, metavar="DIR",
-                   help="a directory POST /admin/weights may read (repeatable; default: the models directory)")  # fmt: skip
-    p.add_argument(
-        "--write-behind-ms",
-        type=float,
-        default=0.0,
-        help="acknowledge LLM calls before their span commits, batching spans for up to this long (0: durable)",
-    )
-    p.add_argument(
-        "--fsync-spans",
-        action="store_true",
-        help="flush each LLM span to disk before responding (default: committed, flushed with the next reward)",
     )
     p.add_argument(
         "--secret-file", help="file holding the attempt-key secret, mode 0600 (default: generated)"
@@ -249,14 +245,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--secrets-stdin",
         action="store_true",
-        help="read one JSON object from standard input with any of: " + ", ".join(STDIN_SECRETS),
+        help="read one JSON object from standard input with any of: "
+        + ", ".join(STDIN_KEYS)
+        + " (options: the gateway's options by name, instead of their flags)",
     )
     p.add_argument("--agl-key-file", help="file holding the Agent Lightning server key, mode 0600 (-: standard "
                    "input); serves agl-server's /api and /proxy routes behind it")  # fmt: skip
-    p.add_argument("--agl-train-temperature", type=float, default=1.0,
-                   help="sampling temperature of Agent Lightning train rollouts (default: 1.0)")  # fmt: skip
-    p.add_argument("--agl-val-temperature", type=float, default=1.0,
-                   help="sampling temperature of its val rollouts (default: 1.0, as our holdout evaluation)")  # fmt: skip
     add_removed_secret_option(p)
     add_removed_secret_option(p, "--agl-key")
     p.set_defaults(handler=serve)

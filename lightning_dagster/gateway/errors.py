@@ -4,10 +4,8 @@ one mapping of the store's named errors onto it."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 
 import pydantic_core
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
@@ -50,15 +48,6 @@ def error_response(request: Request, err: GatewayError) -> Response:
     return Response(pydantic_core.to_json(err.body()), status_code=err.status, media_type="application/json")
 
 
-def http_exception_response(exc: HTTPException) -> Response:
-    """A Starlette `HTTPException` (a router's 404 or 405, an endpoint's own) as FastAPI's default handler
-    answers it: `{"detail": ...}` with its headers (`Allow` of a 405), no body for a 204 or 304."""
-    if exc.status_code in (204, 304):
-        return Response(status_code=exc.status_code, headers=exc.headers)
-    body = pydantic_core.to_json({"detail": exc.detail})
-    return Response(body, exc.status_code, headers=exc.headers, media_type="application/json")
-
-
 async def client_gone(request: Request, exc: ClientDisconnect | None = None) -> Response:
     """The answer to a request whose client closed the connection before its body arrived: logged at info,
     never as a server error (nothing is written, the connection is gone)."""
@@ -66,24 +55,3 @@ async def client_gone(request: Request, exc: ClientDisconnect | None = None) -> 
         "%s %s: the client closed the connection before its body arrived", request.method, request.url.path
     )
     return Response(status_code=400)
-
-
-def answered(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """The endpoint with the gateway's errors and the store's named errors as their HTTP answers, as the
-    app's exception handlers give them: for endpoints reached without the app's middleware (`fastpath`,
-    Agent Lightning's `Dispatch`)."""
-
-    async def run(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except HTTPException as exc:
-            return http_exception_response(exc)
-        except ClientDisconnect:
-            return await client_gone(request)
-        except Exception as exc:
-            err = exc if isinstance(exc, GatewayError) else store_error(exc)
-            if err is None:
-                raise
-            return error_response(request, err)
-
-    return run

@@ -12,9 +12,11 @@ import base64
 import hashlib
 import hmac
 import os
+import secrets
 import stat
 import sys
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 _PREFIX = "ld1"
@@ -67,6 +69,37 @@ MAX_SECRET_BYTES = 4096
 
 class SecretError(ValueError):
     """A secret given the wrong way: in the environment, in a file others can read, or empty."""
+
+
+@dataclass(frozen=True, repr=False)
+class GatewayKeys:
+    """A gateway's secrets: the attempt-key signing secret, the admin key, the serve keys (serve mode), the
+    upstream's API key and Agent Lightning's server key (its surface is served when set). Never among the
+    gateway's options, on a command line or in an environment: a gateway child reads them on its standard
+    input. Its repr shows no value, so a log or traceback never does."""
+
+    secret: str
+    admin_key: str
+    serve_keys: tuple[str, ...] = ()
+    upstream_api_key: str = ""
+    agl_key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.secret or not self.admin_key:
+            raise SecretError("a gateway needs a non-empty key-signing secret and admin key")
+        object.__setattr__(self, "serve_keys", tuple(self.serve_keys))
+
+    def __repr__(self) -> str:
+        return "GatewayKeys(...)"
+
+    @classmethod
+    def fresh(cls, secret: str = "", admin_key: str = "", **others: object) -> GatewayKeys:
+        """Keys with a new random secret and admin key where none is given (hex: never starts with "-",
+        which argparse would read as a flag), held in memory only: they die with the gateway."""
+        return cls(secret or secrets.token_hex(32), admin_key or secrets.token_hex(32), **others)  # type: ignore[arg-type]
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "serve_keys": list(self.serve_keys)}
 
 
 def refuse_env_secrets(environ: Mapping[str, str] = os.environ) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import socket
 import subprocess
@@ -22,12 +21,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 
-from lightning_dagster.gateway.keys import SECRET_ENV_NAMES
+from lightning_dagster.gateway.keys import SECRET_ENV_NAMES, GatewayKeys
+from lightning_dagster.gateway.options import GatewayOptions
 
 PORT_ATTEMPTS = 3
 
@@ -44,12 +44,12 @@ def _free_port(host: str) -> int:
 
 class GatewayProcess:
     """`lightning-dagster gateway serve` as a child process, serving `model_dir` with the embedded engine or
-    forwarding to `upstream_url`; built by `gateway.local.LocalGateway(serving="process")`.
+    forwarding to an upstream as `options` say; built by `gateway.local.LocalGateway(child=True)`.
 
-    `secret` signs the attempt keys the runner hands to harnesses; the admin key stays with this object.
-    Both reach the child on its standard input (`gateway serve --secrets-stdin`), never in its environment
-    or command line.
-    `port=0` picks a free port. The child exits with its parent (`--exit-with-parent`), so a killed trainer
+    `keys.secret` signs the attempt keys the runner hands to harnesses; the admin key stays with this
+    object. The keys, the store's URL (it may hold a password) and the options reach the child on its
+    standard input (`gateway serve --secrets-stdin`), never in its environment or command line.
+    Port 0 picks a free port. The child exits with its parent (`--exit-with-parent`), so a killed trainer
     leaves no server behind.
     """
 
@@ -57,82 +57,49 @@ class GatewayProcess:
         self,
         store_url: str,
         model_dir: Path | str | None,
+        options: GatewayOptions,
+        keys: GatewayKeys,
         *,
-        secret: str,
-        upstream_url: str | None = None,
-        upstream_model: str | None = None,
-        upstream_api_key: str = "",
         resource_id: str | None = None,
-        max_batch: int = 64,
-        threads: int | None = None,
-        device: str = "auto",
-        engine_process: bool = False,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        serve_keys: Sequence[str] = (),
-        max_body_bytes: int = 4 << 20,
-        write_behind_ms: float = 0.0,
-        fsync_spans: bool = False,
-        model_roots: Sequence[Path] | None = None,
-        model_aliases: Sequence[str] = ("policy",),
         start_timeout_s: float = 120.0,
     ) -> None:
         self.store_url = store_url
-        self.secret = secret
-        self.admin_key = secrets.token_hex(16)
+        self.keys = keys
         self.resource_id = resource_id
-        self.host = host
+        self.host = options.serving.host
         self.workdir = Path(tempfile.mkdtemp(prefix="ld-gateway-"))
         self.log_path = self.workdir / "gateway.log"
         self._pushes = 0
-        if upstream_url:
-            source = ["--upstream", upstream_url] + (
-                ["--upstream-model", upstream_model] if upstream_model else []
-            )
-            # with the served model's tokenizer the child sends exact token-id prompts upstream (token-in)
-            if model_dir is not None:
-                source += ["--tokenizer", str(model_dir)]
-        elif model_dir is not None:
-            source = ["--model", str(model_dir)]
+        if model_dir is not None:
+            # with an upstream, the served model's tokenizer: the child sends exact token-id prompts upstream
+            source = ["--tokenizer" if options.serving.upstream_url else "--model", str(model_dir)]
+        elif options.serving.upstream_url:
+            source = []
         else:
             raise ValueError("a gateway process needs a model directory or an upstream URL")
-        options = ["--max-batch", str(max_batch), "--exit-with-parent", "--max-body-bytes", str(max_body_bytes),
-                   "--write-behind-ms", str(write_behind_ms)]  # fmt: skip
-        if fsync_spans:
-            options.append("--fsync-spans")
         if resource_id:
-            options += ["--resource-id", resource_id]
-        if threads:
-            options += ["--threads", str(threads)]
-        options += ["--device", device]
-        if engine_process and not upstream_url:
-            options.append("--engine-process")
+            source += ["--resource-id", resource_id]
         # The child reads pushed weights from our workdir only, plus any roots the caller allows.
-        for root in (*(model_roots or ()), self.workdir):
-            options += ["--model-root", str(root)]
-        for alias in model_aliases:
-            options.append(f"--model-alias={alias}")  # `=`: a name may start with "-"
-        # The secrets travel on the child's standard input, never in its environment or command line, where
-        # any process of this user (a harness included) could read them in /proc.
-        handed = json.dumps(
-            {"secret": secret, "admin_key": self.admin_key, "serve_keys": list(serve_keys),
-             "upstream_api_key": upstream_api_key}
-        ).encode() + b"\n"  # fmt: skip
+        options = options.updated({"model_roots": [*options.model_roots, self.workdir]})
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV_NAMES}
         # A free port is picked here and bound by the child: another process may take it in between.
         # That start fails with "address already in use" in the log, and is retried on a new port.
+        port = options.serving.port
         attempts = PORT_ATTEMPTS if port == 0 else 1
         for attempt in range(1, attempts + 1):
-            self.port = port or _free_port(host)
-            argv = [
-                sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", *source, "--store", store_url,
-                "--host", host, "--port", str(self.port), "--secrets-stdin", *options,
-            ]  # fmt: skip
+            self.port = port or _free_port(self.host)
+            # The secrets and the store URL (it may hold a password) travel on the child's standard input,
+            # never in its environment or command line, where any process of this user (a harness
+            # included) could read them in /proc; the options go with them, whole.
+            handed = {**keys.as_dict(), "store_url": store_url,
+                      "options": options.with_serving(port=self.port).model_dump(mode="json")}  # fmt: skip
+            argv = [sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", *source,
+                    "--secrets-stdin", "--exit-with-parent"]  # fmt: skip
             with self.log_path.open("wb") as log:
                 self._proc = subprocess.Popen(
                     argv, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT
                 )
-            self._hand_over(handed)
+            self._hand_over(json.dumps(handed).encode() + b"\n")
             try:
                 self._wait_ready(start_timeout_s)
                 return
@@ -140,6 +107,14 @@ class GatewayProcess:
                 if attempt == attempts or "address already in use" not in self._tail().lower():
                     shutil.rmtree(self.workdir, ignore_errors=True)
                     raise
+
+    @property
+    def admin_key(self) -> str:
+        return self.keys.admin_key
+
+    @property
+    def secret(self) -> str:
+        return self.keys.secret
 
     @property
     def url(self) -> str:

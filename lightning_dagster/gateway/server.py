@@ -1,24 +1,84 @@
-"""Run an ASGI app under uvicorn in a background thread (tests, the CLI, the demo and benchmarks); an app with
-fast routes (the gateway's `app.state.fast_routes`) has them served by `gateway.fastpath`'s protocol."""
+"""Run an ASGI app under uvicorn in a background thread (the gateway, tests, the demo and benchmarks), with
+connections that keep the server waiting for a request closed (`guarded_protocol`)."""
 
 from __future__ import annotations
 
-import os
+import asyncio
 import threading
 import time
 
+import httptools
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from lightning_dagster.gateway.fastpath import fast_protocol, guarded_protocol
+
+def guarded_protocol(timeout_s: float) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol closing a connection whose request has not arrived whole within
+    `timeout_s` of its first byte (or of the connection, for the first request). uvicorn times out only the
+    wait between requests, so a client that never sends a request, or stops inside one (or trickles it a
+    byte at a time), held its connection for good: enough of them take every file descriptor the server may
+    open. A request that has arrived is never cut, however long it is served; nor one the server has stopped
+    reading (a pipelined request behind a running one). Only the asyncio protocol methods are overridden, so
+    it does not depend on uvicorn's internals: the request's framing is read by a parser of its own."""
+
+    class Framing:
+        def __init__(self, guard: GuardedProtocol) -> None:
+            self.guard = guard
+
+        def on_message_begin(self) -> None:
+            self.guard.guard_arm()
+
+        def on_message_complete(self) -> None:
+            self.guard.guard_disarm()
+
+    class GuardedProtocol(HttpToolsProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            self._guard_transport = transport
+            self._guard_framing: httptools.HttpRequestParser | None = httptools.HttpRequestParser(
+                Framing(self)
+            )
+            self._guard_deadline: asyncio.TimerHandle | None = None
+            super().connection_made(transport)
+            self.guard_arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._guard_framing is not None:
+                try:
+                    self._guard_framing.feed_data(data)
+                except httptools.HttpParserError:  # malformed, or an upgrade: uvicorn answers it
+                    self._guard_framing = None
+                    self.guard_disarm()
+            super().data_received(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.guard_disarm()
+            super().connection_lost(exc)
+
+        def guard_arm(self) -> None:
+            if self._guard_deadline is None:
+                self._guard_deadline = asyncio.get_running_loop().call_later(timeout_s, self._guard_expire)
+
+        def guard_disarm(self) -> None:
+            if self._guard_deadline is not None:
+                self._guard_deadline.cancel()
+                self._guard_deadline = None
+
+        def _guard_expire(self) -> None:
+            self._guard_deadline = None
+            if self._guard_transport.is_closing():
+                return
+            if not self._guard_transport.is_reading():  # the server paused reading: not the client's delay
+                self.guard_arm()
+                return
+            self._guard_transport.close()
+
+    return GuardedProtocol
 
 
 class GatewayServer:
     """`with GatewayServer(app) as server: server.url` -> `http://127.0.0.1:PORT` (port 0 picks a free one).
-    `fast=False` serves every route through the app, fast routes too (tests and benchmarks compare the two);
-    unset, `LD_GATEWAY_FAST_PATH=0` in the environment does the same (for a gateway started by another
-    process: `gateway serve`, a rollout service's gateway process). `idle_timeout_s`: how long a connection
-    may keep the server waiting for the client (between requests, before or inside a request's headers or
-    body) before it is closed (`fastpath.guarded_protocol`)."""
+    `client_timeout_s`: how long the server waits for a client, for a request to arrive whole
+    (`guarded_protocol`) and for the next request on an idle connection."""
 
     def __init__(
         self,
@@ -27,24 +87,19 @@ class GatewayServer:
         port: int = 0,
         *,
         log_level: str = "warning",
-        fast: bool | None = None,
-        idle_timeout_s: float = 120,
+        client_timeout_s: float = 120,
     ):
         self.app = app
         self.host = host
         self.port = port
-        routes = getattr(getattr(app, "state", None), "fast_routes", None)
-        if fast is None:
-            fast = os.environ.get("LD_GATEWAY_FAST_PATH", "1") != "0"
-        protocol = fast_protocol(routes) if routes and fast else guarded_protocol()
         self._config = uvicorn.Config(
             app,
             host=host,
             port=port,
             log_level=log_level,
             access_log=False,
-            timeout_keep_alive=idle_timeout_s,
-            http=protocol or "auto",
+            timeout_keep_alive=client_timeout_s,
+            http=guarded_protocol(client_timeout_s),
         )
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

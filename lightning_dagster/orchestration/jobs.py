@@ -91,7 +91,7 @@ class RollbackConfig(dg.Config):
 
     def request(self):
         """The signed rollback these fields make; `InvalidInput` naming each bad field."""
-        from lightning_dagster.registry.rollbacks import rollback_request
+        from lightning_dagster.release.rollbacks import rollback_request
 
         return rollback_request(self.model_dump())
 

@@ -28,8 +28,9 @@ def bootstrap_parent(
     current = reg.current(APPROVED)
     if current is not None:
         return StageResult(metadata={"approved_default": current, "bootstrapped": False})
-    project = ctx.harness_source(p).project
-    base = base_model(project, p.training.seed)
+    project, settings = ctx.harness_source(p).project, ctx.settings(p)
+    t, serving = settings.training, settings.serving
+    base = base_model(project, t.seed)
     warmed: dict[str, object] = {"warm_start_steps": 0}
     parent = base
     if has_demos(project):
@@ -37,7 +38,7 @@ def bootstrap_parent(
             p.get_store(),
             base,
             paths.models_dir() / "parent-0",
-            warm_start_config(project.file, p.training, p.serving),
+            warm_start_config(project.file, t, serving),
             log=progress,
         )
         parent = result.model_dir

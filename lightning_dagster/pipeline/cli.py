@@ -12,13 +12,15 @@ import json
 import sys
 from typing import Any
 
+from lightning_dagster.settings import StoreSettings, add_flags, from_flags
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="loop_command", metavar="COMMAND")
 
     def command(name: str, help_text: str, handler) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--store-url", help="store URL (default: $LD_STORE_URL or SQLite)")
+        add_flags(p, StoreSettings)
         p.add_argument("--json", action="store_true", help="print JSON")
         p.set_defaults(handler=lambda args: _run(handler, args))
         return p
@@ -53,7 +55,7 @@ def _positive(text: str) -> int:
 def _store(args: argparse.Namespace):
     from lightning_dagster.store import Store
 
-    return Store(args.store_url)
+    return Store(from_flags(StoreSettings(), args).resolved_url())
 
 
 def _status(args: argparse.Namespace) -> tuple[Any, str]:
@@ -101,7 +103,7 @@ def _sign(args: argparse.Namespace) -> tuple[Any, str]:
 
 def _resume(args: argparse.Namespace) -> tuple[Any, str]:
     from lightning_dagster.pipeline.loop_history import describe, resume
-    from lightning_dagster.registry.roles import deployment_roles
+    from lightning_dagster.release.roles import deployment_roles
 
     store = _store(args)
     request = _signed(args, store)
@@ -113,7 +115,7 @@ def _resume(args: argparse.Namespace) -> tuple[Any, str]:
 
 def _run(handler, args: argparse.Namespace) -> int:
     from lightning_dagster.pipeline.loop_history import ResumeRefused, TamperedHistory
-    from lightning_dagster.registry.errors import KeyFileError, RolesConfigError
+    from lightning_dagster.release.errors import KeyFileError, RolesConfigError
 
     try:
         data, text = handler(args)

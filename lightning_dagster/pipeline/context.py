@@ -1,5 +1,6 @@
-"""The pieces every stage needs, built from the pipeline resource: store, registry, policy, the harness and
-its tasks, the per-snapshot documents the stages hand to each other, and the fingerprints staleness compares."""
+"""The pieces every stage needs, built from the pipeline resource: the run's effective settings, store,
+registry, policy, the harness and its tasks, the per-snapshot documents the stages hand to each other, and
+the fingerprints staleness compares."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from lightning_dagster.gate.approvals import ActorKey
     from lightning_dagster.gate.ledger import LedgerEntry
     from lightning_dagster.gate.policy import Policy
     from lightning_dagster.gate.receipt import CandidateArtifact, ParentRef, Receipt
     from lightning_dagster.pipeline.run import Pipeline
     from lightning_dagster.project import Project, TaskSet
     from lightning_dagster.registry.core import Registry
+    from lightning_dagster.release.signing import ActorKey
     from lightning_dagster.runner.harness_spec import HarnessSpec
+    from lightning_dagster.settings import PipelineSettings
     from lightning_dagster.store import Store
 
 # Store document collections written by the pipeline (append-only, like receipts).
@@ -65,6 +67,17 @@ class NotRegistered(LookupError):
     """A receipt names a model the registry has no version of (planned before versions were recorded)."""
 
 
+def settings(p: Pipeline) -> PipelineSettings:
+    """The settings the run's stages read: per concern, the resource's own fields over the pipeline
+    project's `training:` / `serving:` / `gate:` section over the defaults (`project.sections.effective`).
+    Read from the project file at each call, as the harness and tasks are."""
+    from lightning_dagster.project.sections import effective
+    from lightning_dagster.settings import CONCERNS, PipelineSettings
+
+    project = pipeline_project(p)
+    return PipelineSettings(**{name: effective(project, getattr(p, name)) for name in CONCERNS})
+
+
 def registry(p: Pipeline) -> Registry:
     from lightning_dagster.registry.core import Registry
 
@@ -72,17 +85,18 @@ def registry(p: Pipeline) -> Registry:
         p.mlflow.resolved_uri(),
         p.get_store(),
         p.mlflow.model_name,
-        roles_file=p.gate.roles_path or None,
+        roles_file=settings(p).gate.roles_path or None,
     )
 
 
 def approvers(p: Pipeline) -> Mapping[str, ActorKey]:
     """The deployment's pinned approvers, whose signatures check 7 verifies; none (so every approval fails
     check 7, never passes unverified) when no roles are configured or pinned."""
-    from lightning_dagster.registry.errors import RolesConfigError
+    from lightning_dagster.release.errors import RolesConfigError
+    from lightning_dagster.release.roles import registry_roles
 
     try:
-        return registry(p).roles().actors
+        return registry_roles(registry(p)).actors
     except RolesConfigError:
         return {}
 
@@ -90,7 +104,7 @@ def approvers(p: Pipeline) -> Mapping[str, ActorKey]:
 def policy(p: Pipeline) -> Policy:
     from lightning_dagster.gate.policy import load_policy
 
-    return load_policy(p.gate.policy_path or None)
+    return load_policy(settings(p).gate.policy_path or None)
 
 
 def project_harness(project: Project) -> HarnessSpec:
@@ -130,14 +144,15 @@ def project_source(path: Path | str) -> HarnessSource:
 
 
 def project_file(p: Pipeline) -> Path | str:
-    """The pipeline's project: the one named by `model.project`, else the built-in example named by
-    `model.harness` (`examples/<name>`)."""
+    """The pipeline's project: the one named by `project.project`, else the built-in example named by
+    `project.harness` (`examples/<name>`)."""
     from lightning_dagster.project.examples import example_file
 
     return p.project.project or example_file(p.project.harness)
 
 
 def pipeline_project(p: Pipeline) -> Project:
+    """The pipeline's project file, loaded now (`project_file`); its settings sections feed `settings`."""
     from lightning_dagster.project import load_project
 
     return load_project(project_file(p))
@@ -153,7 +168,8 @@ def canary_source(p: Pipeline, source: HarnessSource) -> HarnessSource:
     its tasks) when it can (`verify`), else the built-in example named by the gate's `canary_harness`."""
     from lightning_dagster.project.examples import example_file
 
-    return source if source.spec.verify is not None else project_source(example_file(p.gate.canary_harness))
+    canary_harness = settings(p).gate.canary_harness
+    return source if source.spec.verify is not None else project_source(example_file(canary_harness))
 
 
 def harness_tools(spec: HarnessSpec) -> list[dict]:
@@ -265,16 +281,16 @@ def fingerprint_inputs(p: Pipeline) -> dict[str, Any]:
     them) so a changed fingerprint can say which setting changed (`gate.staleness.changed_settings`)."""
     from lightning_dagster.pipeline.serving import retry_policy
 
-    source = harness_source(p)
+    source, s = harness_source(p), settings(p)
     train, canary = source.spec, canary_source(p, source).spec
     return {
         "evaluator": {
-            "name": p.gate.evaluator,
-            "version": p.gate.evaluator_version,
+            "name": s.gate.evaluator,
+            "version": s.gate.evaluator_version,
             "harness": train.name,
-            "holdout_tasks": p.training.holdout_tasks,
-            "protected_tasks": p.training.protected_tasks,
-            "eval_seed": p.training.eval_seed,
+            "holdout_tasks": s.training.holdout_tasks,
+            "protected_tasks": s.training.protected_tasks,
+            "eval_seed": s.training.eval_seed,
         },
         "tool_contract": {train.name: harness_tools(train), canary.name: harness_tools(canary)},
         "retry_policy": retry_policy(p, train).to_dict(),
@@ -318,7 +334,8 @@ def task_pool(source: HarnessSource) -> str:
 
 def canary_allowed_tools(p: Pipeline, canary: HarnessSpec) -> list[str]:
     names = [t["function"]["name"] for t in harness_tools(canary) if "function" in t]
-    return [n for n in names if n not in p.gate.canary_denied_tools]
+    denied = settings(p).gate.canary_denied_tools
+    return [n for n in names if n not in denied]
 
 
 def canary_destinations(canary: HarnessSpec) -> list[str]:

@@ -1,8 +1,9 @@
 """The continual-learning loop's pauses and resumes, kept in the store as one hash-chained document
 (collection `loop_decisions`, one version per decision), and the signed resume an authorized actor records.
 
-The decisions themselves are the gate's (`gate.pauses`); this module reads and appends them. Each version's
-content hash covers the decision and the previous version's hash, so an edited history does not verify.
+The decisions themselves are the release's (`release.pauses`); this module reads and appends them. Each
+version's content hash covers the decision and the previous version's hash, so an edited history does not
+verify.
 """
 
 from __future__ import annotations
@@ -17,22 +18,22 @@ from pydantic import ValidationError
 
 from lightning_dagster.gate.errors import from_validation_error
 from lightning_dagster.gate.hashing import content_hash
-from lightning_dagster.gate.pauses import (
+from lightning_dagster.pipeline.results import Table
+from lightning_dagster.release.pauses import (
     LOOP,
     LoopDecision,
     ResumeRequest,
     actor_resume,
     next_decision,
-    resume_message,
+    resume_fields,
     resume_problem,
     resume_roles_of,
 )
-from lightning_dagster.pipeline.results import Table
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from lightning_dagster.gate.approvals import ActorKey
+    from lightning_dagster.release.signing import ActorKey
     from lightning_dagster.store import Store
 
 COLLECTION = "loop_decisions"
@@ -166,7 +167,8 @@ def current_pause(store: Store, loop: str = LOOP) -> Recorded | None:
 
 def pause_roles(pause: Recorded) -> list[str]:
     """The roles whose signed resume lifts the recorded `pause`: the ones the deployment configured when it
-    was recorded (`gate.pauses.resume_roles_of`). The one answer the `resume` job and `loop resume` give."""
+    was recorded (`release.pauses.resume_roles_of`). The one answer the `resume` job and `loop resume`
+    give."""
     return resume_roles_of(pause.decision)
 
 
@@ -181,7 +183,7 @@ def sign_resume(
 ) -> ResumeRequest:
     """`actor`'s resume of the pause in force in `role` (default: the first role the pause lets resume it),
     signed with the private key file `key`."""
-    from lightning_dagster.registry.signing import load_private_key, sign
+    from lightning_dagster.release.signing import LOOP_RESUME, load_private_key, sign
 
     pause = current_pause(store)
     if pause is None:
@@ -193,9 +195,9 @@ def sign_resume(
         role = allowed[0]
     at = time.time() if at is None else at
     fields = {"actor": actor, "role": role, "reason": reason, "at": at, "pause_hash": pause.hash}
-    resume_request(fields)  # refuse what could not be recorded before anything is signed
-    signature = sign(load_private_key(key), resume_message(pause.hash, actor, role, reason, at))
-    return resume_request({**fields, "signature": signature})
+    request = resume_request(fields)  # refuse what could not be recorded before anything is signed
+    signature = sign(load_private_key(key), LOOP_RESUME, resume_fields(request))
+    return request.model_copy(update={"signature": signature})
 
 
 def resume(

@@ -59,7 +59,8 @@ def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
     config to paste, the actors of the pinned roles, the versions a rollback may target."""
     from lightning_dagster.pipeline import context as ctx
     from lightning_dagster.registry.errors import RegistryError
-    from lightning_dagster.registry.promotion import DEFAULT_APPROVER
+    from lightning_dagster.release.promotion import DEFAULT_APPROVER
+    from lightning_dagster.release.roles import registry_roles
 
     store, reg = p.get_store(), ctx.registry(p)
     receipt = ctx.head_receipt(store, key)
@@ -75,7 +76,7 @@ def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
     if stage is not None:
         out.update(mlflow_links(p, reg, stage["run_id"], stage["version"]))
     try:
-        actors = reg.roles().actors
+        actors = registry_roles(reg).actors
     except RegistryError:
         actors = {}
     out["actors"] = Table(

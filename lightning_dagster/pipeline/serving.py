@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.types import Rollout, RolloutKind, Sampling, Span, SpanKind
 
 if TYPE_CHECKING:
@@ -17,9 +18,10 @@ if TYPE_CHECKING:
 
 
 def retry_policy(p: Pipeline, spec: HarnessSpec) -> RetryPolicy:
-    """The retry policy a stage's rollouts of `spec` run under (`training.configs.retry_policy` of the
-    training resource). Staleness fingerprints the policy this same function gives for the training
-    harness."""
+    """The retry policy a stage's rollouts of `spec` run under: the harness's own timeout and attempt budget
+    (its project file's `training.attempt_timeout_s` / `max_attempts`, else the defaults: `harness_spec`)
+    unless the training resource sets them (`training.configs.retry_policy`); the canary's example keeps its
+    own file's. Staleness fingerprints the policy this same function gives for the training harness."""
     from lightning_dagster.training.configs import retry_policy as of_settings
 
     return of_settings(p.training, spec)
@@ -79,47 +81,37 @@ def rollout_service(
     serves_parent: bool,
 ) -> SnapshotService:
     """The service for one stage, built from the pipeline's settings. A stage that only serves the parent
-    may use an upstream (the project's `model.upstream`, read with its `model.tokenizer`, else the
-    resource's `model.upstream_url`), forwarded from a gateway in this process. Otherwise the gateway and
+    may use an upstream (`serving.upstream_url`, read with the project's `model.tokenizer`), forwarded from
+    a gateway in this process. Otherwise the gateway and
     engine run in a child process, so the harness workers, the HTTP server and the decode loop do not share
     the trainer's interpreter lock, and the child is reused: the next stage of this process with the same
     settings takes it with its own weights pushed in (`gateway.pool`), instead of starting one (~10 s)."""
+    from lightning_dagster.gateway.options import serving_settings
     from lightning_dagster.runner.service import RolloutService
 
     upstream, tokenizer = upstream_of(p)
     forwards = serves_parent and upstream is not None
+    serving = ctx.settings(p).serving
     service = RolloutService(
         p.get_store(),
         tokenizer if forwards else model_dir,
         harness=harness,
+        serving=serving_settings(serving, upstream_url=upstream if forwards else ""),
         resource_id=resource_id,
-        parallel=p.serving.attempts_at_once(),
-        serving="thread" if forwards else "process",
-        reuse=not forwards,
-        runner_mode=p.serving.runner_mode,  # type: ignore[arg-type]
-        sandbox=p.serving.sandbox,  # type: ignore[arg-type]
         retry_policy=retry_policy(p, harness),
-        upstream_url=upstream if forwards else None,
-        host=p.serving.host,
-        port=p.serving.port,
-        secret=p.serving.secret or None,
-        max_batch=p.serving.max_batch,
-        threads=p.serving.engine_threads,
-        device=p.serving.engine_device,
-        engine_process=p.serving.engine_process and not forwards,
+        child=not forwards,
+        reuse=not forwards,
     )
     return SnapshotService(service, snapshot_key)
 
 
 def upstream_of(p: Pipeline) -> tuple[str | None, Path | None]:
-    """The OpenAI-compatible server that serves the parent, and the tokenizer folder its token ids are read
-    with (None: no upstream, or one whose ids the gateway does not decode)."""
-    from lightning_dagster.pipeline.context import pipeline_project
-
-    model = pipeline_project(p).model
-    if model is not None and model.upstream is not None:
-        return model.upstream, model.tokenizer
-    return p.serving.upstream_url or None, None
+    """The OpenAI-compatible server that serves the parent (`serving.upstream_url`), and the tokenizer
+    folder its token ids are read with, the project's `model.tokenizer` (None: no upstream, or one whose ids
+    the gateway does not decode)."""
+    upstream = ctx.settings(p).serving.upstream_url
+    model = ctx.pipeline_project(p).model
+    return (upstream, model.tokenizer if model is not None else None) if upstream else (None, None)
 
 
 def spans_tokenizer(p: Pipeline, parent_dir: Path) -> Path:

@@ -131,7 +131,7 @@ class Manifest(BaseModel):
 def build_manifest(p: Pipeline, *, train_seed: int, serve_rollout_ids: list[str] | None = None) -> Manifest:
     """The task sets a snapshot freezes, with digests over all of them. A dataset split the plan draws from
     that has no rows raises `TaskDataError` (nothing is frozen)."""
-    t, source = p.training, ctx.harness_source(p)
+    t, source = ctx.settings(p).training, ctx.harness_source(p)
     canary = ctx.canary_source(p, source)
     wanted = {
         "train": t.steps * t.tasks_per_step,

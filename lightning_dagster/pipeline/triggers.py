@@ -100,7 +100,7 @@ def new_evidence(p: Pipeline, watermark: Watermark, *, force: bool = False) -> N
     )
     serve = [r for r in fresh if r.rollout_id in rewarded]
     pool = ctx.task_pool(ctx.harness_source(p))
-    need = p.training.min_serve_rollouts
+    need = ctx.settings(p).training.min_serve_rollouts
     pool_changed = watermark.pool != pool
     enough = force or pool_changed or len(serve) >= need
     summary = f"{len(serve)} of {need} new rewarded serve rollouts; task pool {'changed' if pool_changed else 'unchanged'}"
@@ -139,7 +139,7 @@ def stop_decision(p: Pipeline, keys: list[str]) -> Stop:
     """The loop's state after this tick: a stop condition of the latest judged receipt (or a parent that
     does not resolve now) pauses it as a recorded decision naming the conditions and the receipt; it stays
     paused until an authorized actor resumes it (`pipeline.pauses.resume`) or a newer judged receipt meets
-    no stop condition (recorded as a resume by that receipt). See `gate.pauses`."""
+    no stop condition (recorded as a resume by that receipt). See `release.pauses`."""
     from lightning_dagster.gate.stop import stop_decision as gate_stop
     from lightning_dagster.pipeline.loop_history import tick
     from lightning_dagster.registry.core import APPROVED
@@ -159,7 +159,7 @@ def stop_decision(p: Pipeline, keys: list[str]) -> Stop:
         conditions = gate_stop(latest, ctx.policy(p), previous).reasons
     # A pause names who may lift it: the deployment's default-approver roles (the one place the `resume` job
     # and `loop resume` read them from).
-    state = tick(store, latest_id, conditions, live, resume_roles=p.gate.default_approver_roles)
+    state = tick(store, latest_id, conditions, live, resume_roles=ctx.settings(p).gate.default_approver_roles)
     return Stop(pause=state.paused, reason=state.reason, receipt_id=state.receipt_id, recorded=state.recorded)
 
 

@@ -1,8 +1,9 @@
 """`lightning-dagster project check [--project PATH]`: load and validate a project, print its summary.
 Exit status: 0 valid, 2 invalid (the message names the file and key).
 
-`add_project_option` and `exits_2_on_project_error` give every sub-command that takes `--project` the
-same option and the same handling of a bad project.
+`add_project_option`, `command_project` and `exits_2_on_project_error` give every sub-command that takes
+`--project` the same option (generated from the setting `ProjectSettings.project`), the same project and
+the same handling of a bad project.
 """
 
 from __future__ import annotations
@@ -11,23 +12,29 @@ import argparse
 import functools
 import sys
 from collections.abc import Callable
-from pathlib import Path
+from typing import Any
 
-from lightning_dagster.project.config import PROJECT_FILE, Project, load_project
+from lightning_dagster.project.config import Project, load_project
 from lightning_dagster.project.errors import ProjectError
 from lightning_dagster.project.splits import SPLITS
 from lightning_dagster.project.tasks import TaskSet, load_tasks
+from lightning_dagster.settings import ProjectSettings, add_flags
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def add_project_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--project",
-        type=Path,
-        default=None,
-        help=f"the project file or its folder (default: ./{PROJECT_FILE})",
-    )
+def add_project_option(parser: argparse.ArgumentParser | Any) -> None:
+    """`--project` (a parser or an argument group, e.g. exclusive with `--harness`)."""
+    add_flags(parser, ProjectSettings, ["project"])
+
+
+def command_project(args: argparse.Namespace) -> Project:
+    """The project a command's `--project` / `--harness NAME` (a built-in example) name; with neither, the
+    working directory's project file. Raises ProjectError."""
+    from lightning_dagster.project.examples import project_file
+
+    # Read as given, not through `from_flags`: a command may still declare --harness with a default of None.
+    return load_project(project_file(getattr(args, "project", None) or None, getattr(args, "harness", None)))
 
 
 def exits_2_on_project_error(handler: Handler) -> Handler:
@@ -53,17 +60,19 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def summary(project: Project, tasks: TaskSet) -> str:
     """The project at a glance: harness, where the model and judge come from, rows per split and family."""
-    harness = project.harness
+    harness, training = project.harness, project.training
     how = " ".join(harness.command) if harness.command else (harness.python or harness.agl)
     model = project.model
     lines = [
         f"project {project.name} ({project.file})",
         f"harness: {harness.kind} {how}",
-        f"  timeout {harness.timeout_s:g}s, {harness.max_attempts} attempt(s), spans {', '.join(harness.expected_spans)}",
+        f"  timeout {training.attempt_timeout_s:g}s, {training.max_attempts} attempt(s), "
+        f"spans {', '.join(harness.expected_spans)}",
         f"reward: {project.reward or 'posted by the harness'}",
-        f"model: {(model and (model.path or model.upstream)) or 'embedded default'}"
+        f"model: {(model and model.path) or project.serving.upstream_url or 'embedded default'}"
         + (f", warm start {model.warm_start}" if model and model.warm_start else ""),
-        f"policy: {project.policy or 'packaged default'}",
+        f"policy: {project.gate.policy_path or 'packaged default'}",
+        *_section_lines(project),
         f"tasks: {tasks.file} ({len(tasks)} rows, hash {tasks.content_hash})",
     ]
     families = sorted({task["family"] for split in SPLITS for task in tasks.splits[split]})
@@ -76,9 +85,21 @@ def summary(project: Project, tasks: TaskSet) -> str:
     return "\n".join(lines)
 
 
+def _section_lines(project: Project) -> list[str]:
+    """The settings the file sets (its `training:`, `serving:`, `gate:` keys), one line per section."""
+    from lightning_dagster.project.sections import SECTIONS
+
+    lines = []
+    for name in SECTIONS:
+        given = getattr(project, name).given()
+        if given:
+            lines.append(f"{name}: " + ", ".join(f"{key} {given[key]}" for key in sorted(given)))
+    return lines
+
+
 @exits_2_on_project_error
 def _check(args: argparse.Namespace) -> int:
-    project = load_project(args.project)
+    project = command_project(args)
     tasks = load_tasks(project)
     print(summary(project, tasks))
     # The pipeline trains on train, compares on holdout and protected, and releases through canary.

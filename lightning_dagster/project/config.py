@@ -1,4 +1,5 @@
-"""The project file `lightning-dagster.yaml`: the user's harness, tasks, judge, model and release policy.
+"""The project file `lightning-dagster.yaml`: the user's harness, tasks, judge and model, and optional
+`training:`, `serving:` and `gate:` sections of settings (`project.sections`).
 
 `load_project(path)` parses and validates it, resolving every path relative to the file's folder and
 importing every `module:function` it names, so that a project that loads can be run. Every problem is a
@@ -30,8 +31,25 @@ from lightning_dagster.project.references import (
     resolve_callable,
     resolve_program,
 )
+from lightning_dagster.project.sections import (
+    RENAMED,
+    SECTIONS,
+    GateSection,
+    ServingSection,
+    existing_path,
+    unknown_key,
+)
+from lightning_dagster.settings import TrainingSettings
 
 PROJECT_FILE = "lightning-dagster.yaml"
+# The keys that name a path, relative to the project folder (`tasks.path` must lie inside it).
+PATH_KEYS = (
+    ("model", "path"),
+    ("model", "tokenizer"),
+    ("model", "warm_start"),
+    ("gate", "policy_path"),
+    ("gate", "roles_path"),
+)
 HARNESS_KINDS = ("command", "python", "agl")
 Split = Literal["train", "holdout", "protected", "canary"]
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -43,14 +61,7 @@ def _root(info: ValidationInfo) -> Path:
 
 
 def _existing(value: Path, info: ValidationInfo, *, directory: bool = False) -> Path:
-    path = (_root(info) / Path(value).expanduser()).resolve()
-    if not path.exists():
-        raise ValueError(f"{path} does not exist")
-    if directory and not path.is_dir():
-        raise ValueError(f"{path} is not a directory")
-    if not directory and not path.is_file():
-        raise ValueError(f"{path} is not a file")
-    return path
+    return existing_path(value, _root(info), directory=directory)
 
 
 class _Section(BaseModel):
@@ -61,13 +72,12 @@ class Harness(_Section):
     """How to run the agent: exactly one of `command` (any program, run as a subprocess with the project
     folder as its working directory; `python` names the interpreter running lightning-dagster), `python`
     (`module:function` called in-process with the task and a ready OpenAI client) or `agl` (an Agent
-    Lightning v1.0-style `module:Class` whose `run()` reads the AGL_* variables)."""
+    Lightning v1.0-style `module:Class` whose `run()` reads the AGL_* variables). How long an attempt may
+    run and how many a rollout gets are settings (`training.attempt_timeout_s`, `training.max_attempts`)."""
 
     command: tuple[str, ...] | None = None
     python: str | None = None
     agl: str | None = None
-    timeout_s: float = Field(60.0, gt=0, allow_inf_nan=False)
-    max_attempts: int = Field(1, ge=1)
     expected_spans: tuple[str, ...] = ("llm", "reward")
     env_map: dict[str, str] = Field(default_factory=dict)
     prepare: str | None = None
@@ -201,13 +211,13 @@ class Tasks(_Section):
 
 
 class Model(_Section):
-    """The policy model: a Hugging Face causal-LM folder (`path`), or an OpenAI-compatible server
-    (`upstream`) with its `tokenizer` folder, or neither: the embedded default. `warm_start` is a JSONL file
-    of demonstrations, one conversation a line (`{"messages": [...], "tools": [...]}`, OpenAI's chat
-    fine-tuning shape) the first parent is trained on before RL."""
+    """The policy model: a Hugging Face causal-LM folder (`path`), or the `tokenizer` folder of the model an
+    OpenAI-compatible server serves (the server is a setting, `serving.upstream_url`), or neither: the
+    embedded default. `warm_start` is a JSONL file of demonstrations, one conversation a line
+    (`{"messages": [...], "tools": [...]}`, OpenAI's chat fine-tuning shape) the first parent is trained
+    on before RL."""
 
     path: Path | None = None
-    upstream: str | None = None
     tokenizer: Path | None = None
     warm_start: Path | None = None
 
@@ -220,8 +230,6 @@ class Model(_Section):
         from lightning_dagster.model_folder import model_folder_problems
 
         folder = _existing(value, info, directory=True)
-        if info.field_name == "tokenizer" and info.data.get("upstream") is None:
-            return folder  # a tokenizer without an upstream is refused as such (`_one_source`)
         problems = model_folder_problems(folder, weights=info.field_name == "path")
         if problems:
             raise ValueError(f"{folder}: {'; '.join(problems)}")
@@ -232,35 +240,28 @@ class Model(_Section):
     def _demos_exist(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         return None if value is None else _existing(value, info)
 
-    @field_validator("upstream")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError(f"expected an http(s) URL, got {value!r}")
-        return value
-
     @model_validator(mode="after")
     def _one_source(self) -> Model:
-        if self.path is not None and self.upstream is not None:
-            raise ValueError("give at most one of path, upstream")
-        if self.path is None and self.upstream is None and self.tokenizer is not None:
-            raise ValueError("tokenizer goes with upstream")
-        if self.upstream is not None and self.tokenizer is None:
-            raise ValueError("upstream needs tokenizer (the folder of the served model's tokenizer)")
         if self.path is not None and self.tokenizer is not None:
-            raise ValueError("tokenizer goes with upstream; a model path has its own")
+            raise ValueError(
+                "tokenizer goes with an upstream server (serving.upstream_url); a path has its own"
+            )
         return self
 
 
 class Project(_Section):
-    """A validated project. `file` is the project file, `root` its folder (every relative path's base)."""
+    """A validated project. `file` is the project file, `root` its folder (every relative path's base).
+    `training`, `serving` and `gate` are its settings sections: each one's `given()` are the keys the file
+    sets, which `project.sections.effective` lays under a surface's own."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     harness: Harness
     tasks: Tasks
     reward: str | None = None
     model: Model | None = None
-    policy: Path | None = None
+    training: TrainingSettings = Field(default_factory=TrainingSettings)
+    serving: ServingSection = Field(default_factory=ServingSection)
+    gate: GateSection = Field(default_factory=GateSection)
     _file: Path = PrivateAttr()
 
     def model_post_init(self, context: Any) -> None:
@@ -281,21 +282,20 @@ class Project(_Section):
             resolve_callable(value, _root(info))
         return value
 
-    @field_validator("policy")
-    @classmethod
-    def _valid_policy(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        if value is None:
-            return None
-        # The gate's loader is pure logic; imported here so loading a project without a policy skips it.
-        from lightning_dagster.gate.errors import InvalidInput
-        from lightning_dagster.gate.policy import load_policy
-
-        path = _existing(value, info)
-        try:
-            load_policy(path)
-        except InvalidInput as err:
-            raise ValueError(str(err)) from None
-        return path
+    def model_source_problems(self) -> list[tuple[str, str]]:
+        """What is wrong with the model source the file names, as (dotted key, message): a model folder and
+        an upstream server both, or an upstream without the tokenizer its token ids are read with."""
+        model, upstream = self.model or Model(), self.serving.upstream_url
+        if upstream and model.path is not None:
+            return [("serving.upstream_url", "give at most one of model.path, serving.upstream_url")]
+        if upstream and model.tokenizer is None:
+            return [
+                (
+                    "model.tokenizer",
+                    "serving.upstream_url needs it: the folder of the served model's tokenizer",
+                )
+            ]
+        return []
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -328,6 +328,8 @@ def _problems(err: ValidationError) -> list[tuple[str, str]]:
         message = e["msg"]
         if e["type"] == "missing":
             message = "missing key"
+        elif e["type"] == "extra_forbidden" and len(e["loc"]) == 2 and e["loc"][0] in SECTIONS:
+            message = unknown_key(str(e["loc"][0]))
         elif e["type"] == "extra_forbidden":
             message = "unknown key"
         elif message.startswith(VALUE_ERROR):
@@ -359,7 +361,27 @@ def load_project(path: Path | str | None = None) -> Project:
         raise ProjectError(file, [("", f"not valid YAML: {err}")]) from None
     if not isinstance(data, dict):
         raise ProjectError(file, [("", "expected a mapping with the keys name, harness and tasks")])
+    problems = _renamed(data)
     try:
-        return Project.model_validate(data, context={"root": file.parent, "file": file})
+        project = Project.model_validate(data, context={"root": file.parent, "file": file})
     except ValidationError as err:
-        raise ProjectError(file, _problems(err)) from None
+        raise ProjectError(file, problems + _problems(err)) from None
+    problems += project.model_source_problems()
+    if problems:
+        raise ProjectError(file, problems)
+    return project
+
+
+def _renamed(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each key of `RENAMED` the file still gives, as a problem naming its new key; taken out of `data`, so
+    that validation names only the other problems."""
+    problems = []
+    for keys, new in RENAMED.items():
+        *parents, last = keys
+        section: Any = data
+        for part in parents:
+            section = section.get(part) if isinstance(section, dict) else None
+        if isinstance(section, dict) and last in section:
+            del section[last]
+            problems.append((".".join(keys), f"renamed: give it as {new}"))
+    return problems

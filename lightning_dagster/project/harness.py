@@ -6,8 +6,9 @@
 - `agl: module:Class`: an Agent Lightning v1.0-style class run unchanged in its own process by the launcher
   in `project.agl` (its `run()` reads the process-wide AGL_* variables, so it cannot share a process).
 
-Every kind gets `timeout_s` and `max_attempts` as its retry policy's defaults, `expected_spans`, the
-`prepare`/`verify` hooks and the project's `reward` judge. A `python` or `agl` harness whose module declares
+Every kind gets the project's `training.attempt_timeout_s` and `training.max_attempts` (its file's, else
+the settings' defaults) as its retry policy's defaults, `expected_spans`, the `prepare`/`verify` hooks and
+the project's `reward` judge. A `python` or `agl` harness whose module declares
 `TOOLS` (OpenAI tool schemas) has them as its tool contract.
 """
 
@@ -98,7 +99,7 @@ def harness_spec(project: Project) -> HarnessSpec:
         argv = (sys.executable, "-m", AGL_LAUNCHER, str(project.root), harness.agl)
     else:
         function = _resolved(project, "harness.python", harness.python)
-        run_task = inprocess_entry(function, str(harness.python), harness.timeout_s)
+        run_task = inprocess_entry(function, str(harness.python), project.training.attempt_timeout_s)
     return HarnessSpec(
         name=project.name,
         expected_span_families=harness.expected_spans,
@@ -110,8 +111,8 @@ def harness_spec(project: Project) -> HarnessSpec:
         verify=_resolved(project, "harness.verify", harness.verify),
         judge=_resolved(project, "reward", project.reward),
         judge_name=project.reward,
-        timeout_s=harness.timeout_s,
-        max_attempts=harness.max_attempts,
+        timeout_s=project.training.attempt_timeout_s,
+        max_attempts=project.training.max_attempts,
         tools=_declared_tools(harness.python or harness.agl),
         model_names=harness.model_names,
         env_passthrough=harness.env_passthrough,

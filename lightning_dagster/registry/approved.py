@@ -45,14 +45,20 @@ def serve_once(
     from "did not answer". Any failure raises."""
     import openai
 
+    from lightning_dagster.gateway.keys import GatewayKeys
     from lightning_dagster.gateway.local import LocalGateway
+    from lightning_dagster.gateway.options import gateway_options
+    from lightning_dagster.settings import ServingSettings
     from lightning_dagster.store import Store
 
     key = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="ld-serve-probe-") as tmp:
         scratch = Store(f"sqlite:///{Path(tmp) / 'probe.db'}")
         try:
-            with LocalGateway(scratch, checkpoint_dir, max_batch=1, serve_keys=[key]) as gateway:
+            # one call: the engine in this process, no second process to start for it
+            options = gateway_options(ServingSettings(max_batch=1, engine_process=False))
+            keys = GatewayKeys.fresh(serve_keys=(key,))
+            with LocalGateway(scratch, checkpoint_dir, options, keys=keys) as gateway:
                 if on_loaded is not None:
                     on_loaded()
                 client = openai.OpenAI(

@@ -37,6 +37,12 @@ def weights_hash(path: Path) -> str:
     return checkpoint_hash(Path(path))
 
 
+def same_hash(a: str | None, b: str | None) -> bool:
+    """Weights hashes compare without their optional `sha256:` prefix: the engine writes bare hex while a
+    receipt may carry the prefixed form, and `gate.hashing` defines no weights-hash format to share."""
+    return bool(a) and bool(b) and a.removeprefix("sha256:") == b.removeprefix("sha256:")
+
+
 def weight_files(root: Path) -> set[str]:
     """The files `engine.checkpoint_hash` reads (top-level `*.safetensors`, else top-level `*.bin`)."""
     files = sorted(root.glob("*.safetensors")) or sorted(root.glob("*.bin"))

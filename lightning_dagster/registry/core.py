@@ -1,12 +1,13 @@
 """The `Registry` facade: one registered model's lineage in MLflow and its two pointers.
 
-It holds the connection (MLflow client, store, cache, roles file) and the MLflow plumbing every concern
-shares; lineage, pointers, promotion and rollback, the drill and the local cache live in their own modules.
+It holds the connection (MLflow client, store, cache, the deployment's roles file) and the MLflow plumbing
+every concern shares; lineage, pointers, the drill and the local cache live in their own modules. Moving
+`approved-default` (approval, promotion, rollback) is `lightning_dagster.release`'s, given a `Registry`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
 from lightning_dagster import paths
-from lightning_dagster.gate.receipt import Approval
-from lightning_dagster.registry import incidents, links, pointers, promotion, receipt_tags, receipts
+from lightning_dagster.registry import incidents, links, pointers, receipt_tags
 from lightning_dagster.registry.approved import approved_for_serving
 from lightning_dagster.registry.checkpoints import cached_checkpoint
 from lightning_dagster.registry.drill import DrillResult, rollback_drill
@@ -23,10 +23,7 @@ from lightning_dagster.registry.errors import PointerConflict, RegistryUnavailab
 from lightning_dagster.registry.incidents import PointerIncident
 from lightning_dagster.registry.lineage import CandidateVersion, SnapshotRef, Timing, register_version
 from lightning_dagster.registry.pointers import APPROVED, LATEST, ReconcileResult, ResolvedVersion
-from lightning_dagster.registry.promotion import DEFAULT_APPROVER, PromotionResult
-from lightning_dagster.registry.receipt_tags import ReceiptTags
-from lightning_dagster.registry.roles import Roles, deployment_roles
-from lightning_dagster.registry.rollbacks import RollbackRequest, sign_rollback
+from lightning_dagster.registry.receipt_tags import ReceiptTags, StoredReceipt
 from lightning_dagster.registry.tracking import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
@@ -65,7 +62,7 @@ class Registry:
             None if is_http(self.tracking_uri) else Path(artifact_root or paths.mlflow_artifact_root())
         )
         self.cache_dir = Path(cache_dir) if cache_dir else paths.home() / "registry-cache"
-        self.roles_file = roles_file
+        self.roles_file = roles_file  # the deployment's, pinned on first use (`release.roles.registry_roles`)
         self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
         self.experiment_id: str | None = None  # set by `connect`
         self._model_ready = False
@@ -73,10 +70,6 @@ class Registry:
     def pointer_name(self, alias: str = APPROVED) -> str:
         """The store's pointer name: the bare alias for the default model, namespaced otherwise."""
         return alias if self.model_name == DEFAULT_MODEL_NAME else f"{self.model_name}/{alias}"
-
-    def roles(self) -> Roles:
-        """The roles pinned in the store (`roles_file`, the deployment's, is pinned on first use)."""
-        return deployment_roles(self.store, self.roles_file)
 
     # ---- MLflow plumbing ---------------------------------------------------------------------------
     def call_mlflow(self, what: str, fn, *args, **kwargs):
@@ -298,55 +291,12 @@ class Registry:
         """`approved-default` for serving: refused with `AliasDiverged` while MLflow's alias disagrees."""
         return approved_for_serving(self, download=download)
 
-    # ---- approval, promotion, rollback -------------------------------------------------------------
-    def approve(self, receipt: Any, approval: Approval) -> receipts.StoredReceipt:
-        """Record a signed approval (`signing.sign_approval`) as a new receipt version; refuse one that does
-        not verify against the deployment's roles or names a role the receipt does not. The candidate's
-        version tags then name the new receipt version (best effort, see `receipt_tags.write_after`)."""
-        stored = receipts.record_approval(self.store, receipt, approval, self.roles())
-        receipt_tags.write_after(self, stored)
-        return stored
-
-    def record_receipt(self, receipt: Any) -> ReceiptTags | None:
+    # ---- receipts and the drill ---------------------------------------------------------------------
+    def record_receipt(self, receipt: str | StoredReceipt) -> ReceiptTags | None:
         """Tag the receipt's candidate version with the ledger's head of the receipt (id, version, hash,
         verdict); call after appending a receipt version. None while the receipt names no candidate."""
         self.connect()
         return receipt_tags.write(self, receipt)
-
-    def promote(
-        self,
-        receipt: Any,
-        actor: str,
-        *,
-        policy: Any = None,
-        current_fingerprints: Mapping[str, str | None] | None = None,
-    ) -> PromotionResult:
-        """Move `approved-default` to the receipt's candidate, or refuse (see `promotion.promote`)."""
-        return promotion.promote(
-            self, receipt, actor, policy=policy, current_fingerprints=current_fingerprints
-        )
-
-    def sign_rollback(
-        self,
-        to_version: str,
-        *,
-        actor: str,
-        key: Path | str,
-        reason: str,
-        role: str = DEFAULT_APPROVER,
-        at: float | None = None,
-    ) -> RollbackRequest:
-        """`actor`'s signed rollback of `approved-default` to `to_version` from where it stands now, with
-        the private key file `key`; nothing moves (see `rollbacks.sign_rollback`)."""
-        return sign_rollback(self, to_version, actor=actor, role=role, key=key, reason=reason, at=at)
-
-    def rollback(
-        self, request: RollbackRequest, *, allowed_roles: Collection[str] | None = None
-    ) -> PromotionResult:
-        """Move `approved-default` back to a version it held before, once that version serves and
-        `request`, an actor's signed rollback in one of `allowed_roles` (default: `promotion.rollback_roles`),
-        verifies against the pinned roles; otherwise `RollbackRefused` (see `promotion.rollback`)."""
-        return promotion.rollback(self, request, allowed_roles=allowed_roles)
 
     def rollback_drill(self, parent_version: str, *, record: bool = True) -> DrillResult:
         """Resolve, verify, load and serve `parent_version` in a temporary gateway; the pointer stays put."""

@@ -6,10 +6,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lightning_dagster.registry import receipts
+from lightning_dagster.gate.hashing import content_hash
 from lightning_dagster.registry.errors import RegistryUnavailable
 
 if TYPE_CHECKING:
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from lightning_dagster.registry.core import Registry
 
 DRILL_ENVIRONMENT = "separate gateway on 127.0.0.1 (registry.rollback_drill)"
+DRILLS = "rollback_drills"
 
 
 @dataclass
@@ -84,5 +86,16 @@ def rollback_drill(reg: Registry, parent_version: str, *, record: bool = True) -
         result.unavailable = isinstance(exc, RegistryUnavailable)
     result.seconds = round(time.perf_counter() - start, 3)
     if record:
-        receipts.record_drill(reg.store, reg.model_name, result.to_dict())
+        record_drill(reg.store, reg.model_name, result.to_dict())
     return result
+
+
+def record_drill(store: Any, model_name: str, result: Mapping[str, Any]) -> int:
+    """Append a rollback drill's outcome to the store (collection `rollback_drills`, one chain per version)."""
+    doc_id = f"{model_name}/{result['version']}"
+    versions = store.document_versions(DRILLS, doc_id)
+    previous = versions[-1].content_hash if versions else None
+    body = dict(result)
+    return store.append_document(
+        DRILLS, doc_id, content_hash({"previous": previous, "drill": body}), body, previous
+    )

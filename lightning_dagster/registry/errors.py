@@ -6,24 +6,18 @@ from lightning_dagster.store.errors import PointerConflict
 
 __all__ = [
     "AliasDiverged",
-    "ApprovalRefused",
     "CheckpointFilesMismatch",
-    "KeyFileError",
-    "NotAuthorized",
     "PointerConflict",
     "PointerNotSet",
-    "PromotionRefused",
     "RegistryError",
     "RegistryUnavailable",
-    "RolesConfigError",
-    "RollbackRefused",
     "UnknownVersion",
     "WeightsMismatch",
 ]
 
 
 class RegistryError(Exception):
-    """Base class of the registry's own errors."""
+    """Base class of the registry's own errors, and of the release's refusals (`release.errors`)."""
 
 
 class RegistryUnavailable(RegistryError):
@@ -75,48 +69,6 @@ class CheckpointFilesMismatch(WeightsMismatch):
         self.expected = expected
         self.actual = actual
         self.changed = list(changed or [])
-
-
-class NotAuthorized(RegistryError):
-    def __init__(self, actor: str, role: str, detail: str = ""):
-        super().__init__(f"actor {actor!r} does not hold role {role!r}" + (f": {detail}" if detail else ""))
-        self.actor = actor
-        self.role = role
-
-
-class RollbackRefused(NotAuthorized):
-    """A rollback that is not an authorized actor's signed decision over exactly this move: a role that may
-    not move the pointer, an actor without it, no signature, one that does not verify with the actor's
-    pinned key, or one over another target, another pointer value or another time (`registry.rollbacks`)."""
-
-    def __init__(self, actor: str, role: str, reason: str):
-        RegistryError.__init__(self, f"rollback refused: {reason}")
-        self.actor = actor
-        self.role = role
-        self.reason = reason
-
-
-class RolesConfigError(RegistryError):
-    """The roles are missing or malformed, the file sits inside the learner's write surface, or it is not
-    the roles the deployment pinned in the store."""
-
-
-class KeyFileError(RegistryError):
-    """A private key file is missing, unreadable, readable by others, or not an Ed25519 key."""
-
-
-class ApprovalRefused(RegistryError):
-    """An approval proves nothing: unsigned, wrongly signed, by an unknown actor, or over other evidence."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__("approval refused: " + "; ".join(problems))
-        self.problems = problems
-
-
-class PromotionRefused(RegistryError):
-    def __init__(self, reason: str):
-        super().__init__(f"promotion refused: {reason}")
-        self.reason = reason
 
 
 class AliasDiverged(RegistryError):

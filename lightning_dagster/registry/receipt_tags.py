@@ -13,15 +13,34 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow.exceptions import MlflowException
 
-from lightning_dagster.registry import receipts
+from lightning_dagster.gate.ledger import ReceiptLedger
+from lightning_dagster.registry.checkpoints import same_hash
 from lightning_dagster.registry.errors import RegistryError, WeightsMismatch
 
 if TYPE_CHECKING:
+    from lightning_dagster.gate.receipt import Receipt
     from lightning_dagster.registry.core import Registry
 
 log = logging.getLogger(__name__)
 
 PENDING = "pending"  # the verdict tag of a version whose receipt the gate has not judged yet
+
+
+@dataclass(frozen=True)
+class StoredReceipt:
+    receipt: Receipt
+    version: int  # the ledger version (1, 2, ...)
+    content_hash: str  # the ledger's hash of that version (covers body and link)
+
+
+def stored_head(store: Any, receipt_id: str) -> StoredReceipt | None:
+    """The ledger's head version of a receipt, its chain verified (a tampered chain raises
+    `TamperedReceipt` instead of acting on edited evidence); None if the ledger has none of it."""
+    ledger = ReceiptLedger(store)
+    entries = ledger.history(receipt_id)
+    if not entries:
+        return None
+    return StoredReceipt(ledger.head(receipt_id, verify=True), entries[-1].version, entries[-1].content_hash)
 
 
 @dataclass(frozen=True)
@@ -43,7 +62,7 @@ class ReceiptTags:
         }
 
 
-def of_stored(stored: receipts.StoredReceipt) -> ReceiptTags | None:
+def of_stored(stored: StoredReceipt) -> ReceiptTags | None:
     """The tags a stored receipt version gives its candidate's version; None before a candidate is recorded."""
     candidate = stored.receipt.candidate
     if candidate is None or candidate.model_version is None:
@@ -60,23 +79,23 @@ def of_stored(stored: receipts.StoredReceipt) -> ReceiptTags | None:
 
 def head(store: Any, receipt_id: str) -> tuple[int, str] | None:
     """The ledger's newest (version, hash) of a receipt, or None if the ledger has none of it."""
-    from lightning_dagster.gate.ledger import ReceiptLedger
-
     entries = ReceiptLedger(store).history(receipt_id)
     return (entries[-1].version, entries[-1].content_hash) if entries else None
 
 
-def write(reg: Registry, value: Any) -> ReceiptTags | None:
-    """Tag the receipt's candidate version with the ledger head of the receipt (given by id, `Receipt` or
-    `StoredReceipt`). Refused with `WeightsMismatch` when the version holds other weights than the receipt
-    names (a re-created registered model reuses version numbers)."""
-    stored = value if isinstance(value, receipts.StoredReceipt) else receipts.load(reg.store, value)
+def write(reg: Registry, value: str | StoredReceipt) -> ReceiptTags | None:
+    """Tag the receipt's candidate version with the ledger head of the receipt (given by id, or as the
+    `StoredReceipt` just appended). Refused with `WeightsMismatch` when the version holds other weights than
+    the receipt names (a re-created registered model reuses version numbers)."""
+    stored = value if isinstance(value, StoredReceipt) else stored_head(reg.store, value)
+    if stored is None:
+        raise RegistryError(f"receipt {value!r} is not in the ledger")
     tags = of_stored(stored)
     if tags is None:
         return None
     version = reg.model_version(tags.model_version)
     named = stored.receipt.candidate.weights_hash if stored.receipt.candidate else None
-    if named and not receipts.same_hash(named, version.weights_hash):
+    if named and not same_hash(named, version.weights_hash):
         raise WeightsMismatch(version.version, named, version.weights_hash)
     for key, text in tags.as_tags().items():
         reg.call_mlflow(
@@ -85,7 +104,7 @@ def write(reg: Registry, value: Any) -> ReceiptTags | None:
     return tags
 
 
-def write_after(reg: Registry, value: Any) -> str | None:
+def write_after(reg: Registry, value: str | StoredReceipt) -> str | None:
     """`write` after the store already changed (an approval, a promotion): an MLflow failure is reported,
     not raised; the next receipt operation writes the tags again."""
     try:

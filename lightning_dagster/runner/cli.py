@@ -3,9 +3,11 @@
 
 The harness and tasks are a project's (`--project PATH`, default the working directory's project file;
 `--harness calc` / `--harness ledger` name the built-in example projects): the first N tasks of the split
-in its tasks file. A local gateway serves the project's model (`model.path`, or `model.upstream` read with
-`model.tokenizer`) unless `--model` or `--upstream-url` names another; without either, the embedded default. `--run-id` names the run: the same command again resumes its unfinished rollouts instead
-of queuing new ones (a killed run's attempts are ended by the reaper after the heartbeat timeout and
+in its tasks file. A local gateway in this process serves the project's model (`model.path`, or
+`model.upstream` read with `model.tokenizer`) unless `--model`, or `--upstream-url` with `--tokenizer`,
+names another; without either, the embedded default. How it serves and how attempts run are the serving
+settings' flags (`settings.ServingSettings`). `--run-id` names the run: the same command again resumes its
+unfinished rollouts instead of queuing new ones (a killed run's attempts are ended by the reaper after the heartbeat timeout and
 retried). Exit status: 0 ran, 2 bad arguments or a bad project."""
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ from typing import TYPE_CHECKING, Any
 from lightning_dagster import paths
 from lightning_dagster.gateway.cli import add_removed_secret_option
 from lightning_dagster.gateway.keys import SecretError, read_secret_file, refuse_env_secrets
+from lightning_dagster.gateway.options import SERVING_FIELDS, flags_given, gateway_options
 from lightning_dagster.model_folder import ModelFolderError, check_model_folder
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
 from lightning_dagster.project.examples import EXAMPLES
 from lightning_dagster.project.splits import SPLITS
-from lightning_dagster.runner.execute import SANDBOXES, SandboxUnavailable, check_sandbox
+from lightning_dagster.runner.execute import SandboxUnavailable, check_sandbox
 from lightning_dagster.runner.harness_spec import HarnessSpec
 from lightning_dagster.runner.retry import RetryPolicy
+from lightning_dagster.settings import ServingSettings, SettingsError, StoreSettings, add_flags, from_flags
 from lightning_dagster.types import Rollout, new_id
 
 if TYPE_CHECKING:
@@ -37,23 +41,23 @@ if TYPE_CHECKING:
 
 
 def add_harness_options(parser: argparse.ArgumentParser) -> None:
-    """Which project's harness (shared with `lightning-dagster runner`)."""
+    """Which project's harness, and the store (shared with `lightning-dagster runner`)."""
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--harness", choices=EXAMPLES, help="a built-in example project (examples/NAME)")
     add_project_option(which)
-    parser.add_argument("--store", help="store URL (default: paths.store_url())")
+    add_flags(parser, StoreSettings, ["url"], prefix="store")
+
+
+# the serving settings that say how attempts run (the local gateway's are `options.SERVING_FIELDS`)
+RUNNER_SETTINGS = ("runner_mode", "sandbox", "parallel")
 
 
 def add_runner_options(parser: argparse.ArgumentParser) -> None:
-    """How attempts run: gateway, sandbox, parallelism and the retry policy (shared with the worker)."""
+    """How attempts run: gateway secret, serving settings and the retry policy (shared with the worker)."""
     parser.add_argument("--secret-file", help="file holding the gateway's attempt-key secret, mode 0600 "
                         "(-: read it from standard input)")  # fmt: skip
     add_removed_secret_option(parser)
-    parser.add_argument("--sandbox", choices=SANDBOXES, default="none", help="bwrap: each harness subprocess "
-                        "in a PID namespace of its own, away from the gateway's /proc (docs/SECURITY.md)")  # fmt: skip
-    parser.add_argument("--parallel", type=_at_least_one, default=8, help="attempts run at once (default 8)")
-    parser.add_argument("--mode", choices=("subprocess", "inprocess"), default="subprocess",
-                        help="for a harness that can run either way")  # fmt: skip
+    add_flags(parser, ServingSettings, list(RUNNER_SETTINGS))
     parser.add_argument("--timeout", type=float, help="seconds per attempt (default: the harness's)")
     parser.add_argument("--max-attempts", type=int, help="attempts per rollout (default: the harness's)")
     parser.add_argument("--heartbeat-timeout", type=float, help="seconds without a heartbeat after which "
@@ -63,14 +67,15 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def serving_of(args: argparse.Namespace, command: str) -> ServingSettings:
+    """The serving settings the command line gives (the others at their defaults); `SettingsError` names a
+    bad flag."""
+    return from_flags(ServingSettings(), args, command=command)
+
+
+def store_of(args: argparse.Namespace) -> str:
+    """The store URL `--store-url` names, else the default one."""
+    return StoreSettings(url=getattr(args, "store_url", "")).resolved_url()
 
 
 def _task_options(parser: argparse.ArgumentParser) -> None:
@@ -91,13 +96,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     run = sub.add_parser("run", help="run N rollouts of a harness and print the summary")
     _task_options(run)
     add_runner_options(run)
-    run.add_argument("--gateway", help="URL of a running gateway (default: a local one, see --serving)")
+    run.add_argument("--gateway", help="URL of a running gateway (default: a local one in this process)")
     run.add_argument("--model", type=Path, help="model directory for the local gateway (default: the "
                      "project's model.path or model.upstream, else <home>/models/base, built if absent)")  # fmt: skip
-    run.add_argument("--serving", choices=("thread", "process"), default="thread",
-                     help="the local gateway in this process or in a child process")  # fmt: skip
-    run.add_argument("--upstream-url", help="the local gateway forwards every call to this OpenAI-compatible "
-                     "server instead of the embedded engine")  # fmt: skip
+    add_flags(run, ServingSettings, list(SERVING_FIELDS))
+    run.add_argument("--tokenizer", type=Path, help="with --upstream-url: the served model's tokenizer "
+                     "folder; prompts then go upstream as exact token ids (token-in)")  # fmt: skip
     run.set_defaults(handler=_run)
 
 
@@ -117,11 +121,10 @@ def _secret(args: argparse.Namespace) -> str | None:
 
 def harness_of(args: argparse.Namespace) -> tuple[HarnessSpec, Any]:
     """The harness spec and the project of `--project` / `--harness`."""
-    from lightning_dagster.project import load_project
-    from lightning_dagster.project.examples import project_file
+    from lightning_dagster.project.cli import command_project
     from lightning_dagster.project.harness import harness_spec
 
-    project = load_project(project_file(args.project, args.harness))
+    project = command_project(args)
     return harness_spec(project), project
 
 
@@ -227,7 +230,7 @@ def _enqueue(args: argparse.Namespace) -> int:
         return 2
     spec, project = harness_of(args)
     try:
-        rollouts = rollouts_of(args, Store(args.store), spec, project)
+        rollouts = rollouts_of(args, Store(store_of(args)), spec, project)
     except RunMismatch as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -246,15 +249,31 @@ def _run(args: argparse.Namespace) -> int:
         print("error: --n and --group must be >= 1", file=sys.stderr)
         return 2
     try:
+        serving = serving_of(args, "rollouts run")
+        local = flags_given(args) + [
+            f for f, v in (("--model", args.model), ("--tokenizer", args.tokenizer)) if v
+        ]
+        if args.gateway and local:
+            raise SettingsError(
+                f"rollouts run: {', '.join(local)} set the local gateway; --gateway uses a running one"
+            )
         secret = _secret(args)
-        check_sandbox(args.sandbox)
-    except (SecretError, SandboxUnavailable) as err:
+        check_sandbox(serving.sandbox)
+        if args.tokenizer is not None and not serving.upstream_url:
+            raise SettingsError("rollouts run: --tokenizer goes with --upstream-url")
+        if args.model is not None and serving.upstream_url:
+            raise SettingsError(
+                "rollouts run: --model is served by the embedded engine; with --upstream-url give the "
+                "served model's --tokenizer"
+            )
+    except (SecretError, SandboxUnavailable, SettingsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     spec, project = harness_of(args)
-    if args.sandbox != "none" and spec.run_mode(args.mode) == "inprocess":
+    if serving.sandbox != "none" and spec.run_mode(serving.runner_mode) == "inprocess":
         print(
-            f"error: --sandbox {args.sandbox} needs --mode subprocess and a harness command", file=sys.stderr
+            f"error: --sandbox {serving.sandbox} needs --runner-mode subprocess and a harness command",
+            file=sys.stderr,
         )
         return 2
     try:
@@ -262,7 +281,7 @@ def _run(args: argparse.Namespace) -> int:
     except InvalidPolicy as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    store = Store(args.store)
+    store = Store(store_of(args))
 
     def execute(url: str, key: str, resource_id: str | None, decode: Decode | None) -> int:
         try:
@@ -271,8 +290,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
         runner = Runner(
-            store, url, secret=key, harness=spec, parallel=args.parallel, policy=policy, mode=args.mode,
-            decode=decode, sandbox=args.sandbox,
+            store, url, secret=key, harness=spec, parallel=serving.attempts_at_once(), policy=policy,
+            mode=serving.runner_mode, decode=decode, sandbox=serving.sandbox,
         )  # fmt: skip
         with _stdout_to_stderr():
             summary = runner.run([r.rollout_id for r in rollouts])
@@ -283,46 +302,43 @@ def _run(args: argparse.Namespace) -> int:
         return execute(args.gateway.rstrip("/"), secret, None, None)
     from lightning_dagster.runner.service import model_resource
 
-    model_dir, resource_id = None, None
-    if args.model is not None and not args.upstream_url:
-        try:
-            check_model_folder(args.model)
-        except ModelFolderError as err:  # a folder given is used as it is: never built over
-            print(f"error: --model: {err}", file=sys.stderr)
-            return 2
-    upstream_url, tokenizer = args.upstream_url, None
-    if args.model is None and not upstream_url:
-        args.model, upstream_url, tokenizer = _project_model(project)
+    model_dir, resource_id = args.model, None
+    upstream_url, tokenizer = serving.upstream_url, args.tokenizer
+    for folder, flag in ((model_dir, "--model"), (tokenizer, "--tokenizer")):
+        if folder is not None:
+            try:
+                check_model_folder(folder, weights=flag == "--model")
+            except ModelFolderError as err:  # a folder given is used as it is: never built over
+                print(f"error: {flag}: {err}", file=sys.stderr)
+                return 2
+    if model_dir is None and not upstream_url:
+        model_dir, upstream_url, tokenizer = _project_model(project)
     if not upstream_url:
-        model_dir = args.model or paths.models_dir() / "base"
+        model_dir = model_dir or paths.models_dir() / "base"
         if not (model_dir / "config.json").exists():
             from lightning_dagster.engine.build import build_base_model, default_corpus
 
             build_base_model(model_dir, corpus=default_corpus())
         resource_id = model_resource(store, model_dir).resource_id
-    with LocalGateway(
-        store,
-        model_dir if model_dir is not None else tokenizer,
-        serving=args.serving,
-        upstream_url=upstream_url,
-        resource_id=resource_id,
-        model_aliases=spec.model_names,
-    ) as gateway:
+    options = gateway_options(
+        serving.updated({"upstream_url": upstream_url or ""}), model_names=list(spec.model_names)
+    )
+    with LocalGateway(store, model_dir or tokenizer, options, resource_id=resource_id) as gateway:
         decode = gateway.codec.decode if gateway.codec is not None else None
         return execute(gateway.url, gateway.secret, resource_id, decode)
 
 
 def _project_model(project: Any) -> tuple[Path | None, str | None, Path | None]:
     """(model folder, upstream URL, its tokenizer folder) of the project's `model` section, as `train` and
-    the pipeline serve it: `model.path`, or `model.upstream` read with `model.tokenizer`, else all None (the
-    embedded default). Said on stderr, so a run never serves another model than the project's silently."""
-    model = project.model
+    the pipeline serve it: `model.path`, or `serving.upstream_url` read with `model.tokenizer`, else all None
+    (the embedded default). Said on stderr, so a run never serves another model than the project's silently."""
+    model, upstream = project.model, project.serving.upstream_url
     if model is not None and model.path is not None:
         print(f"model: {model.path} (the project's model.path)", file=sys.stderr)
         return model.path, None, None
-    if model is not None and model.upstream is not None:
-        print(f"model: {model.upstream} (the project's model.upstream)", file=sys.stderr)
-        return None, model.upstream, model.tokenizer
+    if upstream:
+        print(f"model: {upstream} (the project's serving.upstream_url)", file=sys.stderr)
+        return None, upstream, model.tokenizer if model is not None else None
     return None, None, None
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightning_dagster.settings import TrainingSettings
+
 if TYPE_CHECKING:
     from lightning_dagster.runner.retry import RetryPolicy
 
@@ -46,8 +48,10 @@ class HarnessSpec:
     env_map: dict[str, str] = field(default_factory=dict, hash=False)
     judge: Judge | None = None
     judge_name: str | None = None
-    timeout_s: float = 120.0
-    max_attempts: int = 1
+    # The settings' defaults (one default, wherever a spec is made without them); a project's spec has its
+    # file's `training.attempt_timeout_s` / `training.max_attempts` (`project.harness.harness_spec`).
+    timeout_s: float = TrainingSettings.model_fields["attempt_timeout_s"].default
+    max_attempts: int = TrainingSettings.model_fields["max_attempts"].default
     tools: list[dict[str, Any]] = field(default_factory=list, hash=False)
     model_names: tuple[str, ...] = ("policy",)  # the model names the agent sends; the gateway serves each
     env_passthrough: tuple[

@@ -6,15 +6,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from lightning_dagster.gateway.local import LocalGateway, Serving
+from lightning_dagster.gateway.keys import GatewayKeys
+from lightning_dagster.gateway.local import LocalGateway
+from lightning_dagster.gateway.options import gateway_options
 from lightning_dagster.project.examples import example_harness
 from lightning_dagster.runner.enqueue import enqueue_tasks
-from lightning_dagster.runner.execute import Sandbox
 from lightning_dagster.runner.harness_spec import HarnessSpec
 from lightning_dagster.runner.retry import RetryPolicy
 from lightning_dagster.runner.runner import Runner
+from lightning_dagster.settings import ServingSettings
 from lightning_dagster.store import Store
 from lightning_dagster.types import AttemptState, Resource, Rollout, RolloutKind, Sampling, Span
 
@@ -70,12 +72,13 @@ class RolloutService:
     """Runs harness rollouts through a `LocalGateway` with a `Runner`. The trainer pushes new weights with
     `load_weights`; the resource id recorded on spans and rollouts follows it.
 
-    `serving`, `upstream_url`, `host`, `port`, `secret`, `max_batch`, `threads`, `device`, `reuse`,
-    `engine_process`: the gateway's settings (see `LocalGateway`). `harness`: a built-in example project's name or any spec (a project's:
-    `project.harness.harness_spec`). `runner_mode`: harness attempts as subprocesses or in this process, for
-    a harness that has both. `retry_policy`: what the runner applies to every attempt (`self.retry_policy`;
-    default the harness's own, one attempt for the built-in examples: a retried failure would over-represent
-    the samples that succeed on a second try). `codec`: the checkpoint's text side."""
+    `serving`: the user's serving settings (`settings.ServingSettings`): the gateway's (upstream, engine,
+    address, secret: empty, a fresh one) and the runner's (`runner_mode`, `sandbox`, `parallel`). `harness`:
+    a built-in example project's name or any spec (a project's: `project.harness.harness_spec`); the gateway
+    serves the model names it sends. `child`, `reuse`: where the gateway runs (see `LocalGateway`).
+    `retry_policy`: what the runner applies to every attempt (`self.retry_policy`; default the harness's own,
+    one attempt for the built-in examples: a retried failure would over-represent the samples that succeed
+    on a second try)."""
 
     def __init__(
         self,
@@ -83,39 +86,23 @@ class RolloutService:
         model_dir: Path | str | None,
         *,
         harness: str | HarnessSpec,
+        serving: ServingSettings | None = None,
         resource_id: str | None = None,
-        parallel: int = 64,
-        serving: Serving = "thread",
-        runner_mode: Literal["inprocess", "subprocess"] = "inprocess",
-        sandbox: Sandbox = "none",
         retry_policy: RetryPolicy | None = None,
-        upstream_url: str | None = None,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        secret: str | None = None,
-        max_batch: int = 64,
-        threads: int | None = None,
-        device: str = "auto",
+        child: bool = False,
         reuse: bool = False,
-        engine_process: bool = False,
     ) -> None:
+        serving = serving or ServingSettings()
         self.store = store
         self.harness = harness if isinstance(harness, HarnessSpec) else example_harness(harness)
         self.retry_policy = retry_policy or self.harness.retry_policy()
         self.gateway = LocalGateway(
             store,
             model_dir,
-            serving=serving,
-            upstream_url=upstream_url,
-            host=host,
-            port=port,
-            secret=secret,
-            max_batch=max_batch,
-            threads=threads,
-            device=device,
-            engine_process=engine_process,
+            gateway_options(serving, model_names=list(self.harness.model_names)),
+            keys=GatewayKeys.fresh(serving.secret) if serving.secret else None,
             resource_id=resource_id,
-            model_aliases=self.harness.model_names,
+            child=child,
             reuse=reuse,
         )
         try:
@@ -124,10 +111,10 @@ class RolloutService:
                 self.gateway.url,
                 secret=self.gateway.secret,
                 harness=self.harness,
-                parallel=parallel,
+                parallel=serving.attempts_at_once(),
                 policy=self.retry_policy,
-                mode=runner_mode,
-                sandbox=sandbox,
+                mode=serving.runner_mode,
+                sandbox=serving.sandbox,
                 decode=self.gateway.codec.decode if self.gateway.codec is not None else None,
             )
         except BaseException:

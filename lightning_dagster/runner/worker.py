@@ -14,8 +14,16 @@ import threading
 
 from lightning_dagster.gateway.keys import SecretError, read_secret_file, refuse_env_secrets
 from lightning_dagster.project.cli import exits_2_on_project_error
-from lightning_dagster.runner.cli import add_harness_options, add_runner_options, harness_of, policy_of
+from lightning_dagster.runner.cli import (
+    add_harness_options,
+    add_runner_options,
+    harness_of,
+    policy_of,
+    serving_of,
+    store_of,
+)
 from lightning_dagster.runner.execute import SandboxUnavailable, check_sandbox
+from lightning_dagster.settings import SettingsError
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -34,20 +42,21 @@ def _work(args: argparse.Namespace) -> int:
     from lightning_dagster.store import Store
 
     try:
+        serving = serving_of(args, "runner")
         refuse_env_secrets()
         if not args.secret_file:
             raise SecretError("--gateway needs that gateway's secret: --secret-file PATH (mode 0600), or -")
         secret = read_secret_file(args.secret_file)
-        check_sandbox(args.sandbox)
+        check_sandbox(serving.sandbox)
         spec, _ = harness_of(args)
         policy = policy_of(args, spec)
-    except (SecretError, SandboxUnavailable, InvalidPolicy) as err:
+    except (SecretError, SandboxUnavailable, InvalidPolicy, SettingsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    store = Store(args.store)
+    store = Store(store_of(args))
     runner = Runner(
-        store, args.gateway, secret=secret, harness=spec, parallel=args.parallel, policy=policy,
-        mode=args.mode, sandbox=args.sandbox,
+        store, args.gateway, secret=secret, harness=spec, parallel=serving.attempts_at_once(), policy=policy,
+        mode=serving.runner_mode, sandbox=serving.sandbox,
     )  # fmt: skip
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -55,7 +55,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     add_project_option(which)
     add_flags(parser, TrainingSettings, TRAINING)
     add_flags(parser, ServingSettings, SERVING)
-    add_flags(parser, StoreSettings, prefix="store")
+    add_flags(parser, StoreSettings)
     parser.add_argument("--parent", type=Path, help="parent checkpoint (default: the store's warm start, "
                         "built from <home>/models/base if absent)")  # fmt: skip
     parser.add_argument("--out", type=Path, help="candidate checkpoint directory")
@@ -83,14 +83,21 @@ def _rank_argv(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
     return argv
 
 
-def settings_of(args: argparse.Namespace) -> tuple[TrainingSettings, ServingSettings, StoreSettings]:
-    """The settings the command line gives; raises `SettingsError` naming the flag of a bad value."""
+def settings_of(
+    args: argparse.Namespace, project: Project | None = None
+) -> tuple[TrainingSettings, ServingSettings, StoreSettings]:
+    """The settings `train` runs with: the flags given, over the project file's `training:` / `serving:`
+    sections (`project.sections.effective`) when a project is given, over the defaults. Raises
+    `SettingsError` naming the flag (or the section's key) of a bad value."""
+    from lightning_dagster.project.sections import effective
     from lightning_dagster.training.configs import trainer_config
     from lightning_dagster.training.loss import LossConfigError
 
     training = from_flags(TrainingSettings(), args, command="train")
     serving = from_flags(ServingSettings(), args, command="train")
-    store = from_flags(StoreSettings(), args, prefix="store", command="train")
+    store = from_flags(StoreSettings(), args, command="train")
+    if project is not None:
+        training, serving = effective(project, training), effective(project, serving)
     try:
         trainer_config(training)  # the rules between settings (a constant normalization needs its constant)
     except LossConfigError as err:
@@ -133,8 +140,10 @@ def sampling_service(
     training: TrainingSettings,
     serving: ServingSettings,
 ) -> RolloutService:
-    """What `train` samples and evaluates through: the gateway in a child process, as the pipeline's training
-    stage has it (parked on close for the next run of this process with the same settings)."""
+    """What `train` samples and evaluates through: the embedded engine serving the weights it trains (never an
+    upstream), its gateway in a child process as the pipeline's training stage has it (parked on close for
+    the next run of this process with the same settings)."""
+    from lightning_dagster.gateway.options import serving_settings
     from lightning_dagster.runner.service import RolloutService
     from lightning_dagster.training.configs import retry_policy
 
@@ -142,25 +151,19 @@ def sampling_service(
         store,
         model_dir,
         harness=harness,
+        serving=serving_settings(serving, upstream_url=""),
         resource_id=resource_id,
-        parallel=serving.attempts_at_once(),
-        serving="process",
-        reuse=True,
-        runner_mode=serving.runner_mode,
-        sandbox=serving.sandbox,
         retry_policy=retry_policy(training, harness),
-        max_batch=serving.max_batch,
-        threads=serving.engine_threads,
-        device=serving.engine_device,
-        engine_process=serving.engine_process,
+        child=True,
+        reuse=True,
     )
 
 
 @exits_2_on_project_error
 def _train(args: argparse.Namespace) -> int:
     from lightning_dagster.engine.build import checkpoint_hash
-    from lightning_dagster.project import load_project, load_tasks
-    from lightning_dagster.project.examples import project_file
+    from lightning_dagster.project import load_tasks
+    from lightning_dagster.project.cli import command_project
     from lightning_dagster.project.harness import harness_spec
     from lightning_dagster.store import Store
     from lightning_dagster.training import distributed
@@ -168,11 +171,12 @@ def _train(args: argparse.Namespace) -> int:
     from lightning_dagster.types import Resource
 
     try:
-        training, serving, store_settings = settings_of(args)
+        settings_of(args)  # a bad flag is named before any project is read
+        project = command_project(args)
+        training, serving, store_settings = settings_of(args, project)
     except SettingsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    project = load_project(project_file(args.project, args.harness))
     tasks = load_tasks(project)
     tasks.require_splits(["train", "holdout"])  # before any model is built
     if training.nproc > 1 and distributed.launched_world_size() == 1:

@@ -53,20 +53,19 @@ def validation_settings(t: TrainingSettings) -> ValidationSettings:
 
 
 def retry_policy(t: TrainingSettings, spec: HarnessSpec) -> RetryPolicy:
-    """The retry policy rollouts of `spec` run under: the harness's own timeout and attempt budget (a
-    project's `harness.timeout_s` / `max_attempts`) unless the settings override them."""
-    overrides = {
-        name: value
-        for name, value in (("max_attempts", t.max_attempts), ("timeout_s", t.attempt_timeout_s))
-        if value is not None
-    }
-    return spec.retry_policy(**overrides)
+    """The retry policy rollouts of `spec` run under: the harness's own timeout and attempt budget (its
+    project file's `training.attempt_timeout_s` / `max_attempts`, else the defaults: `harness_spec`) unless
+    `t` was given them (`Settings.given()`: a flag, a resource field, or the same file's section)."""
+    given = t.given()
+    overrides = {"max_attempts": given.get("max_attempts"), "timeout_s": given.get("attempt_timeout_s")}
+    return spec.retry_policy(**{name: value for name, value in overrides.items() if value is not None})
 
 
 def warm_start_config(
     project_file: Path | str, t: TrainingSettings, serving: ServingSettings
 ) -> WarmStartConfig:
     """The first parent's warm start on the project's demonstrations, its probe served as `serving` says."""
+    from lightning_dagster.gateway.options import serving_settings
     from lightning_dagster.training.warmstart import WarmStartConfig
 
     return WarmStartConfig(
@@ -76,5 +75,5 @@ def warm_start_config(
         probe_tasks=t.warm_start_probe_tasks,
         demos=t.warm_start_demos,
         device=t.device,
-        serving=serving,
+        serving=serving_settings(serving),  # plain settings (a Dagster resource's too)
     )

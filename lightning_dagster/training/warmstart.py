@@ -73,7 +73,7 @@ class WarmStartConfig:
         """What the warm-started resource records (the serving settings without the gateway secret). Not
         `asdict`: it would deep-copy the serving settings, which may be a Dagster resource that cannot be."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "serving"}
-        return out | {"serving": self.serving.model_dump(exclude={"secret"})}
+        return out | {"serving": self.serving.model_dump(mode="json", exclude={"secret"})}
 
 
 def demo_row(engine: Any, messages: list[dict], tools: list[dict] | None, eos_ids: set[int]) -> Row:
@@ -222,6 +222,7 @@ def warm_start(
     store: Store, base_dir: Path | str, out_dir: Path | str, config: WarmStartConfig, *, log: Any = None
 ) -> WarmStartResult:
     """SFT from `base_dir` until the probe's sampled success enters the window; save and register it."""
+    from lightning_dagster.gateway.options import serving_settings
     from lightning_dagster.runner.service import RolloutService  # the serving stack, only needed here
 
     started = time.perf_counter()
@@ -249,13 +250,9 @@ def warm_start(
         store,
         base_dir,
         harness=harness_spec(project),
-        resource_id=None,
-        parallel=config.serving.attempts_at_once(),
-        serving="process",
-        max_batch=config.serving.max_batch,
-        threads=config.serving.engine_threads,
-        device=config.serving.engine_device,
-        engine_process=config.serving.engine_process,
+        # it serves the weights it trains: the embedded engine, never an upstream; a fresh secret
+        serving=serving_settings(config.serving, secret="", upstream_url=""),
+        child=True,
         reuse=True,
     )
     pool.shutdown(wait=False)

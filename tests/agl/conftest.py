@@ -10,10 +10,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from lightning_dagster.gateway import GatewayServer, UpstreamBackend, create_app
-from lightning_dagster.gateway.agl import AglSettings
+from lightning_dagster.gateway import GatewayKeys, GatewayOptions, GatewayServer, UpstreamBackend, create_app
 from lightning_dagster.store import Store
-from lightning_dagster.types import Sampling
 from tests.support.stub_upstream import create_stub_app
 
 KEY = "agl-server-key-0123456789"
@@ -66,9 +64,9 @@ def agl(request, tmp_path, stub):
         store = Store(request.getfixturevalue("postgres_url"))
     else:
         store = Store(f"sqlite:///{tmp_path / 'store.db'}")
-    settings = AglSettings(KEY, train=Sampling(temperature=TRAIN_T), val=Sampling(temperature=VAL_T))
+    options = GatewayOptions(state_ttl_s=0.0, agl_train_temperature=TRAIN_T, agl_val_temperature=VAL_T)
     backend = UpstreamBackend(stub.url, model="stub-model")
-    app = create_app(store, backend, secret=SECRET, admin_key=ADMIN, state_ttl_s=0.0, agl=settings)
+    app = create_app(store, backend, keys=GatewayKeys(SECRET, ADMIN, agl_key=KEY), options=options)
     with (
         GatewayServer(app) as server,
         httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as api,

@@ -49,7 +49,7 @@ class CliServer:
             "--port",
             str(self.port),
         ]
-        self.cmd += ["--upstream", upstream, "--store", self.store_url]
+        self.cmd += ["--upstream-url", upstream, "--store-url", self.store_url]
         self.cmd += ["--secret-file", secret_file(directory, "cli-secret-0123456789")]
         self.cmd += ["--admin-key-file", secret_file(directory, "cli-admin-0123456789", "admin")]
         self.cmd += ["--agl-key-file", secret_file(directory, KEY, "agl.key")]

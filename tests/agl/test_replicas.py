@@ -16,8 +16,14 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from lightning_dagster.gateway import GatewayServer, UpstreamBackend, attempt_key, create_app
-from lightning_dagster.gateway.agl import AglSettings
+from lightning_dagster.gateway import (
+    GatewayKeys,
+    GatewayOptions,
+    GatewayServer,
+    UpstreamBackend,
+    attempt_key,
+    create_app,
+)
 from lightning_dagster.store import Store
 from tests.agl.conftest import ADMIN, KEY, SECRET
 
@@ -44,9 +50,8 @@ def _gateway(stack: ExitStack, url: str, stub, state_ttl_s: float = 0.0) -> Repl
     store = Store(url)
     stack.callback(store.close)
     backend = UpstreamBackend(stub.url, model="stub-model")
-    app = create_app(
-        store, backend, secret=SECRET, admin_key=ADMIN, state_ttl_s=state_ttl_s, agl=AglSettings(KEY)
-    )
+    keys = GatewayKeys(SECRET, ADMIN, agl_key=KEY)
+    app = create_app(store, backend, keys=keys, options=GatewayOptions(state_ttl_s=state_ttl_s))
     server = stack.enter_context(GatewayServer(app))
     headers = {"Authorization": f"Bearer {KEY}"}
     api = stack.enter_context(httpx.Client(base_url=server.url, headers=headers, timeout=30))

@@ -97,7 +97,7 @@ def test_dagster_yaml_is_a_valid_postgres_instance_config(monkeypatch):
 
     for name, value in dict(HOST="127.0.0.1", PORT="5432", USER="dagster", PASSWORD="", DB="dagster").items():
         monkeypatch.setenv(f"DAGSTER_PG_{name}", value)
-    config = yaml.safe_load((ROOT / "deploy" / "dagster.yaml").read_text())
+    config = yaml.safe_load((ROOT / "dagster.yaml").read_text())
     assert config["storage"]["postgres"]["postgres_db"]["scheme"] == "postgresql+psycopg2"
     assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
     assert config["run_monitoring"]["enabled"] is True

@@ -10,9 +10,9 @@ import dagster as dg
 import pytest
 
 from lightning_dagster.demo import approver_keys
-from lightning_dagster.gate.pauses import LoopDecision
 from lightning_dagster.pipeline import loop_history
-from lightning_dagster.registry.roles import deployment_roles
+from lightning_dagster.release.pauses import LoopDecision
+from lightning_dagster.release.roles import deployment_roles
 from lightning_dagster.store import Store
 
 
@@ -183,7 +183,7 @@ def owned(tmp_path, monkeypatch):
         default_pipeline,
     )
     from lightning_dagster.pipeline.triggers import stop_decision
-    from lightning_dagster.registry.signing import generate_keypair
+    from lightning_dagster.release.signing import generate_keypair
 
     keys = tmp_path / "keys"
     pairs = {a: generate_keypair(a, keys) for a in ("carol", "bob")}

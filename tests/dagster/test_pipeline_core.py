@@ -22,7 +22,7 @@ from lightning_dagster.pipeline.snapshots import (
 )
 from lightning_dagster.pipeline.stages import release
 from lightning_dagster.project.examples import example_harness, example_tasks
-from lightning_dagster.registry.errors import PromotionRefused
+from lightning_dagster.release.errors import PromotionRefused
 from tests.dagster.conftest import pipeline_for, tiny_training
 
 
@@ -89,9 +89,9 @@ def test_a_project_harness_brings_its_own_timeout_and_attempts(embedded_home):
     policy = retry_policy(pipeline_for(), spec)
     assert (policy.timeout_s, policy.max_attempts) == (7.0, 3)
     overridden = retry_policy(
-        pipeline_for().model_copy(update={"training": tiny_training(max_attempts=1)}), spec
+        pipeline_for().model_copy(update={"training": tiny_training(max_attempts=2)}), spec
     )
-    assert (overridden.timeout_s, overridden.max_attempts) == (7.0, 1)
+    assert (overridden.timeout_s, overridden.max_attempts) == (7.0, 2)
 
 
 def test_promote_refuses_a_receipt_no_snapshot_planned(embedded_home):

@@ -120,7 +120,7 @@ def test_a_paused_loop_resumes_only_by_an_authorized_signed_decision_or_a_cleari
 ):
     from lightning_dagster.cli import main
     from lightning_dagster.demo import approver_keys
-    from lightning_dagster.gate.pauses import ResumeRequest
+    from lightning_dagster.release.pauses import ResumeRequest
 
     p = pipeline_for()
     store, instance = p.get_store(), dg.DagsterInstance.ephemeral()

@@ -103,9 +103,9 @@ class Gateway:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = cli(
-            "gateway", "serve", "--port", str(self.port), "--model", str(model_dir), "--store", store_url
+            "gateway", "serve", "--port", str(self.port), "--model", str(model_dir), "--store-url", store_url
         )
-        cmd += ["--secret-file", secret_file(directory, SECRET), "--threads", "1"]
+        cmd += ["--secret-file", secret_file(directory, SECRET), "--engine-threads", "1"]
         cmd += ["--admin-key-file", secret_file(directory, ADMIN, "admin"), *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 90

@@ -34,7 +34,7 @@ def harness_runs(log) -> collections.Counter:
 def runner_args(gateway: Gateway, store_url: str, project, tmp_path) -> list[str]:
     return [
         "--project", str(project), "--gateway", gateway.url, "--secret-file", secret_file(tmp_path, SECRET),
-        "--store", store_url, "--mode", "inprocess", "--parallel", "4", "--heartbeat-timeout", "1",
+        "--store-url", store_url, "--runner-mode", "inprocess", "--parallel", "4", "--heartbeat-timeout", "1",
     ]  # fmt: skip
 
 
@@ -44,7 +44,7 @@ def test_four_workers_run_400_rollouts_once_and_retry_the_killed_workers(postgre
     store = Store(postgres_url)
     try:
         enqueue = cli("rollouts", "enqueue", "--project", str(project), "--n", "400", "--run-id", "fleet")
-        subprocess.run([*enqueue, "--store", postgres_url], env=child_env(project, log), check=True)
+        subprocess.run([*enqueue, "--store-url", postgres_url], env=child_env(project, log), check=True)
         args = cli("runner", *runner_args(gateway, postgres_url, project, tmp_path), "--until-idle", "--json")
         env = child_env(project, log, FLEET_SLEEP="0.05")
         # the victim runs 3 harnesses, then every later one waits in flight, so the kill certainly strands

@@ -65,7 +65,7 @@ def test_a_published_version_reaches_both_replicas_before_its_rollouts_start(
     v1 = checkpoint(model_dir, weights / "v1", seed=1)
     v2 = checkpoint(model_dir, weights / "v2", seed=2)
     store = Store(postgres_url)
-    root = ("--model-root", str(weights))
+    root = ("--model-roots", str(weights))
     replicas = [Gateway(tmp_path, postgres_url, model_dir, *root) for _ in range(2)]
     try:
         first = publish(store, v1, "res-v1")

@@ -28,7 +28,7 @@ def resign_approval(data: dict[str, Any], index: int) -> None:
 
 def example_approvers():
     """The approvers the example receipts' signatures verify against (`examples/gate/roles.yaml`)."""
-    from lightning_dagster.registry.roles import read_roles_file
+    from lightning_dagster.release.roles import read_roles_file
 
     return read_roles_file(EXAMPLES / "roles.yaml").actors
 

@@ -42,9 +42,9 @@ def test_exit_status_follows_the_verdict(capsys, name, code):
     status, out, _ = run(
         capsys,
         str(EXAMPLES / f"candidate-{name}.json"),
-        "--policy",
+        "--policy-path",
         str(EXAMPLES / "policy.yaml"),
-        "--roles",
+        "--roles-path",
         ROLES,
     )
     assert status == code
@@ -183,7 +183,7 @@ MALFORMED_POLICIES = [
 @pytest.mark.parametrize("edit, field", MALFORMED_POLICIES, ids=[m[1] for m in MALFORMED_POLICIES])
 def test_malformed_policy_exits_2_naming_the_field(capsys, tmp_path, edit, field):
     policy = write_policy(tmp_path, edit)
-    status, out, err = run(capsys, str(EXAMPLES / "candidate-a.json"), "--policy", policy)
+    status, out, err = run(capsys, str(EXAMPLES / "candidate-a.json"), "--policy-path", policy)
     assert status == 2 and out == ""
     assert field in err, err
 
@@ -204,7 +204,7 @@ def test_installed_command_runs_as_a_subprocess():
             "gate",
             "evaluate",
             str(EXAMPLES / "candidate-b.json"),
-            "--roles",
+            "--roles-path",
             ROLES,
             "--json",
         ],
@@ -231,14 +231,16 @@ def test_an_approval_without_roles_or_by_an_unknown_actor_holds_on_check_7(capsy
     check7 = json.loads(out)["checks"][6]
     assert status == 1 and check7["status"] == "fail" and "no approvers were given" in check7["reason"]
     data = set_path(raw("a"), "approvals.0.actor", "mallory")
-    status, out, _ = run(capsys, write_receipt(tmp_path, data), "--roles", ROLES, "--json")
+    status, out, _ = run(capsys, write_receipt(tmp_path, data), "--roles-path", ROLES, "--json")
     doc = json.loads(out)
     assert status == 1 and [c["id"] for c in doc["checks"] if c["status"] != "pass"] == [7]
     assert "actor 'mallory' is not among the deployment's approvers" in doc["checks"][6]["reason"]
 
 
 def test_a_roles_file_that_cannot_be_read_exits_2(capsys, tmp_path):
-    status, out, err = run(capsys, str(EXAMPLES / "candidate-a.json"), "--roles", str(tmp_path / "no.yaml"))
+    status, out, err = run(
+        capsys, str(EXAMPLES / "candidate-a.json"), "--roles-path", str(tmp_path / "no.yaml")
+    )
     assert status == 2 and out == "" and "roles" in err and err.count("\n") == 1
 
 
@@ -268,7 +270,7 @@ def test_undecodable_too_deep_and_too_large_receipts_exit_2_in_one_line(capsys, 
 def test_verify_on_a_store_that_is_not_a_database_exits_2_in_one_line(capsys, tmp_path):
     garbage = tmp_path / "store.db"
     garbage.write_bytes(bytes(range(256)) * 20)
-    status = main(["gate", "verify", "r-1", "--store", f"sqlite:///{garbage}"])
+    status = main(["gate", "verify", "r-1", "--store-url", f"sqlite:///{garbage}"])
     out, err = capsys.readouterr()
     assert status == 2 and out == "" and err.count("\n") == 1 and "not a database" in err, err
 
@@ -277,7 +279,7 @@ def test_an_undecodable_or_too_deep_policy_exits_2_in_one_line(capsys, tmp_path)
     for name, body in (("binary.yaml", b"version: \xff\xfe\n"), ("deep.yaml", b"[" * 100_000)):
         path = tmp_path / name
         path.write_bytes(body)
-        status, out, err = run(capsys, str(EXAMPLES / "candidate-a.json"), "--policy", str(path))
+        status, out, err = run(capsys, str(EXAMPLES / "candidate-a.json"), "--policy-path", str(path))
         assert status == 2 and out == "" and err.count("\n") == 1 and "invalid policy" in err, err
 
 

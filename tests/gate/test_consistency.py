@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from lightning_dagster.gate.approvals import ActorKey
 from lightning_dagster.gate.checks import HOLD, evaluate, run_check
 from lightning_dagster.gate.receipt import parse_receipt
-from lightning_dagster.registry.signing import public_key_line
+from lightning_dagster.release.signing import ActorKey, public_key_line
 from tests.gate.conftest import example_approvers, raw, set_path
 
 NOW = raw("a")["plan"]["created_at"] + 86_400.0

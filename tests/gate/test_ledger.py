@@ -140,13 +140,13 @@ def test_verify_command_reports_an_intact_and_a_tampered_chain(store, receipt_a,
     ledger = ReceiptLedger(store)
     for r in _phases(receipt_a):
         ledger.append(r)
-    assert main(["gate", "verify", "res-cand-a", "--store", store.url]) == 0
+    assert main(["gate", "verify", "res-cand-a", "--store-url", store.url]) == 0
     assert "3 versions" in capsys.readouterr().out
-    assert main(["gate", "verify", "res-cand-zzz", "--store", store.url]) == 2
+    assert main(["gate", "verify", "res-cand-zzz", "--store-url", store.url]) == 2
     _tamper(
         store, 1, body=set_path(store.document_versions("receipts", "res-cand-a")[0].body, "plan.scope", "x")
     )
-    assert main(["gate", "verify", "res-cand-a", "--store", store.url]) == 1
+    assert main(["gate", "verify", "res-cand-a", "--store-url", store.url]) == 1
     assert "version 1 body does not match" in capsys.readouterr().out
 
 

@@ -10,7 +10,15 @@ import openai
 import pytest
 
 from lightning_dagster.engine import BatchingEngine, Engine, build_base_model
-from lightning_dagster.gateway import EngineBackend, GatewayServer, UpstreamBackend, attempt_key, create_app
+from lightning_dagster.gateway import (
+    EngineBackend,
+    GatewayKeys,
+    GatewayOptions,
+    GatewayServer,
+    UpstreamBackend,
+    attempt_key,
+    create_app,
+)
 from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.store import Store
 from lightning_dagster.types import Rollout, RolloutKind
@@ -102,9 +110,8 @@ class Gateway:
 
 
 def _serve(store, backend, **kw):
-    app = create_app(
-        store, backend, secret=SECRET, admin_key=ADMIN, serve_keys=[SERVE, SERVE2], state_ttl_s=0.0, **kw
-    )
+    keys = GatewayKeys(SECRET, ADMIN, serve_keys=(SERVE, SERVE2))
+    app = create_app(store, backend, keys=keys, options=GatewayOptions(state_ttl_s=0.0, **kw))
     return GatewayServer(app)
 
 
@@ -136,6 +143,6 @@ def stub():
 
 @pytest.fixture
 def upstream_gateway(store, stub):
-    app = create_app(store, UpstreamBackend(stub.url, model="stub-model"), secret=SECRET, admin_key=ADMIN)
+    app = create_app(store, UpstreamBackend(stub.url, model="stub-model"), keys=GatewayKeys(SECRET, ADMIN))
     with GatewayServer(app) as server:
         yield Gateway(server, store, server.url)

@@ -16,10 +16,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lightning_dagster.gateway import attempt_key
+from lightning_dagster.gateway import GatewayKeys, attempt_key, gateway_options
 from lightning_dagster.gateway.local import LocalGateway
 from lightning_dagster.gateway.pool import POOL, GatewayPool, model_family
+from lightning_dagster.settings import ServingSettings
 from lightning_dagster.types import Rollout, RolloutKind
+
+IN_PROCESS_ENGINE = gateway_options(ServingSettings(engine_process=False))
 
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "seed": 5}
 
@@ -69,16 +72,18 @@ def _dead(pid: int) -> bool:
 def test_the_next_stage_takes_the_child_and_serves_its_own_weights_as_a_fresh_child_would(
     store, model_dir, twin, tmp_path, empty_pool
 ):
-    with LocalGateway(store, twin, serving="process", resource_id="twin") as fresh:  # no reuse
+    with LocalGateway(store, twin, IN_PROCESS_ENGINE, child=True, resource_id="twin") as fresh:  # no reuse
         expected = _call(fresh, store)
         fresh_pid = fresh.pid
     assert _dead(fresh_pid) and empty_pool.idle() == 0, "without reuse the child stops on close"
 
-    with LocalGateway(store, model_dir, serving="process", reuse=True, resource_id="base") as first:
+    with LocalGateway(
+        store, model_dir, IN_PROCESS_ENGINE, child=True, reuse=True, resource_id="base"
+    ) as first:
         pid = first.pid
         from_base = _call(first, store)
     assert not _dead(pid) and empty_pool.idle() == 1, "a reusing gateway parks its child"
-    with LocalGateway(store, twin, serving="process", reuse=True, resource_id="twin") as second:
+    with LocalGateway(store, twin, IN_PROCESS_ENGINE, child=True, reuse=True, resource_id="twin") as second:
         assert second.pid == pid and empty_pool.idle() == 0, "taken, not shared"
         got = _call(second, store)
     assert from_base[2] == "base" and from_base[:2] != expected[:2]
@@ -90,17 +95,18 @@ def test_the_next_stage_takes_the_child_and_serves_its_own_weights_as_a_fresh_ch
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "note": "another family"}))
     assert model_family(other) != model_family(model_dir)
-    with LocalGateway(store, other, serving="process", reuse=True) as third:
+    with LocalGateway(store, other, IN_PROCESS_ENGINE, child=True, reuse=True) as third:
         assert third.pid != pid
         third_pid = third.pid
-    with LocalGateway(store, twin, serving="process", reuse=True, secret="s" * 32) as own_secret:
+    own_keys = GatewayKeys.fresh("s" * 32)
+    with LocalGateway(store, twin, IN_PROCESS_ENGINE, keys=own_keys, child=True, reuse=True) as own_secret:
         assert own_secret.pid not in (pid, third_pid)
         own_pid = own_secret.pid
     assert _dead(own_pid) and empty_pool.idle() == 2
 
     # a parked child that died is never handed out: the next stage starts a new one
     os.kill(pid, signal.SIGKILL)
-    with LocalGateway(store, twin, serving="process", reuse=True, resource_id="twin") as fourth:
+    with LocalGateway(store, twin, IN_PROCESS_ENGINE, child=True, reuse=True, resource_id="twin") as fourth:
         assert fourth.pid not in (pid, third_pid)
         assert _call(fourth, store) == expected
         last = fourth.pid
@@ -184,9 +190,12 @@ def test_an_engine_in_its_own_process_serves_what_the_in_process_engine_serves(
         out.append(_call(gw, store))
         return out
 
-    with LocalGateway(store, model_dir, serving=serving, resource_id="base") as inside:
+    child = serving == "process"
+    with LocalGateway(store, model_dir, IN_PROCESS_ENGINE, child=child, resource_id="base") as inside:
         expected = calls(inside)
-    with LocalGateway(store, model_dir, serving=serving, resource_id="base", engine_process=True) as split:
+    with LocalGateway(
+        store, model_dir, child=child, resource_id="base"
+    ) as split:  # engine_process: the default
         assert calls(split) == expected
         assert expected[0][2] == "base" and expected[1][2] == "twin" and expected[0][0] != expected[1][0]
         assert split.stats()["engine"]["steps_run"] > 0

@@ -4,16 +4,20 @@ read, standard input, and clear refusals of the old ways."""
 from __future__ import annotations
 
 import io
+import json
 import os
+import subprocess
 import sys
 
 import httpx
 import pytest
 
 from lightning_dagster.cli import main
+from lightning_dagster.gateway import GatewayKeys, gateway_options
 from lightning_dagster.gateway.cli import secrets_from_json
 from lightning_dagster.gateway.keys import SecretError, attempt_key, read_secret_file
 from lightning_dagster.gateway.local import LocalGateway
+from lightning_dagster.settings import ServingSettings
 from lightning_dagster.store import Store
 from tests.gateway.conftest import ADMIN, SECRET
 from tests.support.secrets import secret_file, serve_upstream_cli, wait_healthy
@@ -70,7 +74,7 @@ def test_gateway_key_reads_the_secret_from_a_file_or_stdin(tmp_path, capsys, mon
 @pytest.mark.parametrize(
     "argv",
     [
-        ["gateway", "serve", "--upstream", "http://127.0.0.1:9", "--port", "0"],
+        ["gateway", "serve", "--upstream-url", "http://127.0.0.1:9", "--port", "0"],
         ["gateway", "key", "--rollout", "r", "--attempt", "a", "--secret-file", "-"],
         ["rollouts", "run", "--harness", "calc", "--n", "1", "--gateway", "http://127.0.0.1:9"],
     ],
@@ -86,7 +90,7 @@ def test_a_secret_in_the_environment_is_refused_before_anything_starts(argv, nam
 @pytest.mark.parametrize(
     "argv",
     [
-        ["gateway", "serve", "--upstream", "http://127.0.0.1:9"],
+        ["gateway", "serve", "--upstream-url", "http://127.0.0.1:9"],
         ["gateway", "key", "--rollout", "r", "--attempt", "a", "--secret-file", "-"],
         ["rollouts", "run", "--harness", "calc", "--n", "1", "--gateway", "http://127.0.0.1:9"],
     ],
@@ -137,9 +141,9 @@ def test_gateway_serve_with_secret_files_keeps_them_out_of_its_environ_and_cmdli
 
 def test_the_training_loops_gateway_child_gets_its_secrets_on_stdin_only(tmp_path, stub):
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
-    with LocalGateway(
-        store, None, serving="process", upstream_url=stub.url, serve_keys=["serve-k"], upstream_api_key="up-k"
-    ) as gw:
+    options = gateway_options(ServingSettings(upstream_url=stub.url), model_names=["-agent-model"])
+    keys = GatewayKeys.fresh(serve_keys=("serve-k",), upstream_api_key="up-k")
+    with LocalGateway(store, None, options, keys=keys, child=True) as gw:
         child = gw._process
         environ, cmdline = proc_text(gw.pid, "environ"), proc_text(gw.pid, "cmdline")
         health = httpx.get(f"{gw.url}/admin/health", headers={"Authorization": f"Bearer {child.admin_key}"})
@@ -147,10 +151,27 @@ def test_the_training_loops_gateway_child_gets_its_secrets_on_stdin_only(tmp_pat
         stdin_target = os.readlink(f"/proc/{gw.pid}/fd/0")
     store.close()
     assert health.status_code == 200 and serve.status_code == 200  # both arrived through the pipe
-    for secret in (gw.secret, child.admin_key, "serve-k", "up-k"):
+    # the options arrived whole on the same pipe (a name starting with "-" too): none is on the command line
+    assert "-agent-model" in [m["id"] for m in serve.json()["data"]] and "-agent-model" not in cmdline
+    assert stub.url not in cmdline
+    for secret in (gw.secret, child.admin_key, "serve-k", "up-k", store.url):
         assert secret not in environ and secret not in cmdline
     assert "--secrets-stdin" in cmdline.split("\0")
     assert stdin_target == os.devnull  # the pipe the secrets came through is gone once read
+
+
+def test_options_on_standard_input_and_option_flags_do_not_mix(tmp_path):
+    handed = json.dumps(
+        {"store_url": f"sqlite:///{tmp_path / 's.db'}", "options": {"serving": {"max_batch": 4}}}
+    )
+    served = subprocess.run(
+        [sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", "--secrets-stdin",
+         "--upstream-url", "http://127.0.0.1:9", "--max-batch", "2"],
+        input=handed + "\n", capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert served.returncode == 2, served.stderr[-2000:]
+    err = served.stderr
+    assert "options came on standard input; --upstream-url, --max-batch given on the command line too" in err
 
 
 def test_the_pipeline_resources_refuse_a_gateway_secret_in_the_environment(monkeypatch):

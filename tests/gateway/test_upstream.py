@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from lightning_dagster.gateway import GatewayServer, UpstreamBackend, create_app
+from lightning_dagster.gateway import GatewayKeys, GatewayOptions, GatewayServer, UpstreamBackend, create_app
 from tests.gateway.conftest import ADMIN, SECRET, Gateway
 from tests.support.stub_upstream import _ids, render, reply
 
@@ -44,7 +44,7 @@ def test_upstream_mode_records_the_upstream_ids_and_logprobs(upstream_gateway):
 
 
 def test_upstream_failure_is_a_502_and_an_error_span(store):
-    app = create_app(store, UpstreamBackend("http://127.0.0.1:9"), secret=SECRET, admin_key=ADMIN)
+    app = create_app(store, UpstreamBackend("http://127.0.0.1:9"), keys=GatewayKeys(SECRET, ADMIN))
     with GatewayServer(app) as server:
         gw = Gateway(server, store, server.url)
         _, aid, key = gw.attempt()
@@ -89,7 +89,12 @@ def test_concurrent_requests_from_16_threads_are_all_recorded(gateway):
 
 
 def test_write_behind_spans_are_committed_before_the_reward_is_acknowledged(store, stub):
-    app = create_app(store, UpstreamBackend(stub.url), secret=SECRET, admin_key=ADMIN, write_behind_ms=200)
+    app = create_app(
+        store,
+        UpstreamBackend(stub.url),
+        keys=GatewayKeys(SECRET, ADMIN),
+        options=GatewayOptions(write_behind_ms=200),
+    )
     with GatewayServer(app) as server:
         gw = Gateway(server, store, server.url)
         rid, aid, key = gw.attempt()

@@ -10,14 +10,20 @@ import httpx
 import openai
 import pytest
 
-from lightning_dagster.gateway import GatewayServer, UpstreamBackend, UpstreamPool, create_app
+from lightning_dagster.gateway import (
+    GatewayKeys,
+    GatewayServer,
+    UpstreamBackend,
+    UpstreamPool,
+    create_app,
+)
 from lightning_dagster.gateway.upstreams import upstream_urls
 from tests.gateway.conftest import ADMIN, SECRET, Gateway
 from tests.support.stub_upstream import TOOL_PROMPT, StubCodec, _ids, create_stub_app, decode
 
 
 def _gateway(store, backend) -> GatewayServer:
-    return GatewayServer(create_app(store, backend, secret=SECRET, admin_key=ADMIN))
+    return GatewayServer(create_app(store, backend, keys=GatewayKeys(SECRET, ADMIN)))
 
 
 def _turns(gw: Gateway, attempts: list, n: int) -> None:
@@ -163,8 +169,8 @@ def test_an_upstream_that_is_not_an_http_url_is_refused_naming_it(url, capsys):
         upstream_urls(url)
     from lightning_dagster.cli import main
 
-    assert main(["gateway", "serve", "--upstream", url, "--port", "0"]) == 2  # before anything starts
-    assert "error: --upstream:" in capsys.readouterr().err
+    assert main(["gateway", "serve", "--upstream-url", url, "--port", "0"]) == 2  # before anything starts
+    assert "error: gateway serve: --upstream-url:" in capsys.readouterr().err
     assert upstream_urls("https://h:8443/base, http://[::1]:9") == [
         "https://h:8443/base/v1",
         "http://[::1]:9/v1",

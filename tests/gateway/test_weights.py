@@ -19,12 +19,14 @@ import torch
 from safetensors.torch import save_file
 
 from lightning_dagster.engine import BatchingEngine, Engine
-from lightning_dagster.gateway import EngineBackend, attempt_key
+from lightning_dagster.gateway import EngineBackend, GatewayKeys, attempt_key, gateway_options
 from lightning_dagster.gateway.process import GatewayProcess, GatewayProcessError
 from lightning_dagster.gateway.upstreams import UpstreamBackend
+from lightning_dagster.settings import ServingSettings
 from lightning_dagster.types import Rollout, RolloutKind
 from tests.gateway.conftest import ADMIN, Gateway, _serve
 
+CHILD = gateway_options(ServingSettings(engine_process=False))  # the gateway child with its engine inside
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "seed": 3}
 
 
@@ -125,7 +127,7 @@ def test_an_upstream_backend_refuses_weight_pushes_with_409(store, tmp_path):
 def test_gateway_process_serves_attempts_and_takes_pushed_weights(store, model_dir):
     secret = "process-secret-0123"
     engine = Engine(model_dir)  # only to build weights to push
-    with GatewayProcess(store.url, model_dir, secret=secret, resource_id="res-a") as proc:
+    with GatewayProcess(store.url, model_dir, CHILD, GatewayKeys.fresh(secret), resource_id="res-a") as proc:
         (rollout,) = store.enqueue_rollouts([Rollout(kind=RolloutKind.train)])
         _, attempt = store.claim_rollout("w", rollout_ids=[rollout.rollout_id])
         key = attempt_key(secret, rollout.rollout_id, attempt.attempt_id)
@@ -148,7 +150,7 @@ def test_gateway_process_serves_attempts_and_takes_pushed_weights(store, model_d
 def test_gateway_process_that_cannot_start_says_why(store, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(GatewayProcessError, match="exited with status"):
-        GatewayProcess(store.url, tmp_path / "empty", secret="s" * 16)
+        GatewayProcess(store.url, tmp_path / "empty", CHILD, GatewayKeys.fresh())
 
 
 def test_gateway_process_exits_with_the_process_that_started_it(store, model_dir, tmp_path):
@@ -156,8 +158,11 @@ def test_gateway_process_exits_with_the_process_that_started_it(store, model_dir
     script = textwrap.dedent(
         f"""
         import sys, time
+        from lightning_dagster.gateway import GatewayKeys, gateway_options
         from lightning_dagster.gateway.process import GatewayProcess
-        p = GatewayProcess({store.url!r}, {str(model_dir)!r}, secret="s" * 16)
+        from lightning_dagster.settings import ServingSettings
+        options = gateway_options(ServingSettings(engine_process=False))
+        p = GatewayProcess({store.url!r}, {str(model_dir)!r}, options, GatewayKeys.fresh())
         print(p._proc.pid, flush=True)
         time.sleep(600)
         """
@@ -199,7 +204,7 @@ def test_gateway_process_retries_when_its_port_is_taken_before_the_child_binds(s
     real = process._free_port
     monkeypatch.setattr(process, "_free_port", lambda host: next(ports, None) or real(host))
     try:
-        with GatewayProcess(store.url, model_dir, secret="s" * 16) as proc:
+        with GatewayProcess(store.url, model_dir, CHILD, GatewayKeys.fresh()) as proc:
             assert proc.port != taken
             assert (
                 httpx.get(

@@ -16,8 +16,8 @@ from tests.project.helpers import write_project
 
 def test_a_command_harness_runs_its_program_in_the_project_folder_with_the_projects_settings(tmp_path):
     changes = {
-        "harness.timeout_s": 7.5,
-        "harness.max_attempts": 2,
+        "training.attempt_timeout_s": 7.5,
+        "training.max_attempts": 2,
         "harness.expected_spans": ["llm", "reward", "effect"],
         "harness.env_map": {"QUESTION": "question"},
         "harness.prepare": "hooks:run",

@@ -67,7 +67,9 @@ def test_the_project_file_refuses_a_model_without_a_chat_template(tmp_path):
 
 def test_the_project_file_refuses_an_upstream_tokenizer_folder_without_a_tokenizer(tmp_path):
     _folder(tmp_path / "tok", config=None, tokenizer_config=None)
-    file = write_project(tmp_path, {"model": {"upstream": "http://127.0.0.1:9", "tokenizer": "tok"}})
+    file = write_project(
+        tmp_path, {"model": {"tokenizer": "tok"}, "serving.upstream_url": "http://127.0.0.1:9"}
+    )
     with pytest.raises(ProjectError) as caught:
         load_project(file)
     assert caught.value.keys == ["model.tokenizer"]
@@ -76,7 +78,16 @@ def test_the_project_file_refuses_an_upstream_tokenizer_folder_without_a_tokeniz
 
 def test_rollouts_run_refuses_a_model_folder_instead_of_building_one_there(tmp_path, capsys):
     missing = tmp_path / "typo"
-    argv = ["rollouts", "run", "--harness", "calc", "--n", "1", "--store", f"sqlite:///{tmp_path / 's.db'}"]
+    argv = [
+        "rollouts",
+        "run",
+        "--harness",
+        "calc",
+        "--n",
+        "1",
+        "--store-url",
+        f"sqlite:///{tmp_path / 's.db'}",
+    ]
     assert main([*argv, "--model", str(missing)]) == 2
     assert f"--model: {missing}: does not exist" in capsys.readouterr().err
     assert not missing.exists()

@@ -73,7 +73,7 @@ APPROVERS = {
 @pytest.fixture(scope="session")
 def approver_keys(tmp_path_factory) -> dict[str, Path]:
     """Private key files of the deployment's approvers, and of `mallory`, whom no roles file names."""
-    from lightning_dagster.registry.signing import generate_keypair
+    from lightning_dagster.release.signing import generate_keypair
 
     out = tmp_path_factory.mktemp("approver-keys")
     return {actor: generate_keypair(actor, out).private_path for actor in [*APPROVERS, "mallory"]}
@@ -82,7 +82,7 @@ def approver_keys(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def roles_file(tmp_path_factory, approver_keys) -> Path:
     """The deployment's actors, roles and public keys, outside the learner's write surface."""
-    from lightning_dagster.registry.signing import load_private_key, public_key_line
+    from lightning_dagster.release.signing import load_private_key, public_key_line
 
     path = tmp_path_factory.mktemp("policy-config") / "roles.yaml"
     entries = "".join(

@@ -1,4 +1,5 @@
-"""Shared test data: lineage arguments of a candidate and a passing receipt re-pointed at real versions."""
+"""Shared test data: lineage arguments of a candidate and a passing receipt re-pointed at real versions, a
+registry bootstrapped with a parent and candidates, and the release's signed steps as the tests take them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,22 @@ import json
 from pathlib import Path
 
 EXAMPLE_RECEIPT = Path(__file__).resolve().parents[2] / "examples" / "gate" / "candidate-a.json"
+
+
+def bootstrap(registry, variant, n_candidates: int = 1):
+    """The initial parent (`variant(0)`) and `n_candidates` candidates of it (`variant(1)`, ...)."""
+    parent = registry.register_initial_parent(variant(0))
+    candidates = [
+        registry.log_candidate(variant(k), **candidate_kwargs(parent.version))
+        for k in range(1, n_candidates + 1)
+    ]
+    return parent, candidates
+
+
+def artifact_files(tracking, run_id: str, name: str) -> list[Path]:
+    """Where the artifact store keeps a run's file (SQLite: the artifact root; server: --artifacts-destination)."""
+    root = tracking.artifact_root if tracking.server is None else tracking.server.artifacts
+    return [p for p in Path(root).rglob(name) if run_id in p.parts]
 
 
 def candidate_kwargs(parent_version: str, step_count: int = 3) -> dict:
@@ -34,7 +51,7 @@ def passing_receipt(registry, parent, candidate, receipt_id: str, keys=None, edi
     over the edited evidence, or dropped without `keys`."""
     from lightning_dagster.gate import parse_receipt
     from lightning_dagster.gate.receipt import add_approval
-    from lightning_dagster.registry.signing import sign_approval
+    from lightning_dagster.release.receipts import sign_approval
 
     data = json.loads(EXAMPLE_RECEIPT.read_text())
     data["receipt_id"] = receipt_id
@@ -68,11 +85,12 @@ def record_as_pipeline(registry, receipt, policy=None):
     from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS, ReceiptLedger
     from lightning_dagster.gate.receipt import with_gate_record
     from lightning_dagster.pipeline.context import save_doc
+    from lightning_dagster.release.roles import registry_roles
 
     receipt = parse_receipt(receipt) if isinstance(receipt, dict) else receipt
     policy = load_policy(policy)
     judged = with_gate_record(
-        receipt, evaluate(receipt, policy, None, roles=registry.roles().actors).to_record()
+        receipt, evaluate(receipt, policy, None, roles=registry_roles(registry).actors).to_record()
     )
     key = receipt.receipt_id.removeprefix("rcpt-")
     save_doc(registry.store, RECEIPT_SNAPSHOTS, receipt.receipt_id, {"snapshot_key": key})
@@ -85,8 +103,7 @@ def approve(registry, receipt, keys, actor: str, role: str = "release-owner", st
     receipt given by value is recorded as the pipeline records its receipts first, unless the ledger has it."""
     from lightning_dagster.gate import parse_receipt
     from lightning_dagster.gate.ledger import ReceiptLedger
-    from lightning_dagster.registry import receipts
-    from lightning_dagster.registry.signing import sign_approval
+    from lightning_dagster.release import receipts
 
     if not isinstance(receipt, str):
         current = parse_receipt(receipt) if isinstance(receipt, dict) else receipt
@@ -94,12 +111,13 @@ def approve(registry, receipt, keys, actor: str, role: str = "release-owner", st
             record_as_pipeline(registry, current)
         receipt = current.receipt_id
     current = receipts.load(registry.store, receipt).receipt
-    approval = sign_approval(current, actor=actor, role=role, key=keys[actor], step=step)
-    return registry.approve(receipt, approval)
+    approval = receipts.sign_approval(current, actor=actor, role=role, key=keys[actor], step=step)
+    return receipts.approve(registry, receipt, approval)
 
 
 def signed_rollback(registry, version: str, actor: str, keys, *, role: str = "default-approver", **kw):
     """`actor`'s rollback of approved-default to `version`, signed with `keys[actor]` (`sign_rollback`)."""
-    return registry.sign_rollback(
-        version, actor=actor, role=role, key=keys[actor], reason=kw.pop("reason", "back to the parent"), **kw
-    )
+    from lightning_dagster.release.rollbacks import sign_rollback
+
+    reason = kw.pop("reason", "back to the parent")
+    return sign_rollback(registry, version, actor=actor, role=role, key=keys[actor], reason=reason, **kw)

@@ -11,7 +11,7 @@ import pytest
 from mlflow import MlflowClient
 
 from lightning_dagster.registry import APPROVED, AliasDiverged, PointerIncident
-from lightning_dagster.registry.cli import register
+from lightning_dagster.release.cli import register
 from tests.registry.helpers import candidate_kwargs
 
 pytestmark = pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)

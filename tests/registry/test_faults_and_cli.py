@@ -8,17 +8,9 @@ import time
 import pytest
 from mlflow import MlflowClient
 
-from lightning_dagster.gate import ReceiptLedger
-from lightning_dagster.registry import (
-    APPROVED,
-    NotAuthorized,
-    Registry,
-    RegistryUnavailable,
-    RolesConfigError,
-)
-from lightning_dagster.registry.cli import register
-from lightning_dagster.registry.roles import read_roles_file
-from tests.registry.helpers import approve, candidate_kwargs, passing_receipt, record_as_pipeline
+from lightning_dagster.registry import APPROVED, Registry, RegistryUnavailable
+from lightning_dagster.release import promotion
+from tests.registry.helpers import approve, candidate_kwargs, passing_receipt
 
 
 class StopsMlflowAfterMove:
@@ -56,7 +48,7 @@ def test_mlflow_outage_fails_clearly_and_heals(registry, variant, tracking, appr
     # 1. MLflow dies between the store's move and the mirror: the promotion stands, the mirror lags.
     registry.store = StopsMlflowAfterMove(registry.store, server)
     try:
-        result = registry.promote("rec-fault-1", "alice")
+        result = promotion.promote(registry, "rec-fault-1", "alice")
     finally:
         registry.store = registry.store._store
     assert result.move.to_value == first.version and not result.mirrored
@@ -66,7 +58,7 @@ def test_mlflow_outage_fails_clearly_and_heals(registry, variant, tracking, appr
     #    the rollback evidence as unavailable, not healthy.
     start = time.monotonic()
     with pytest.raises(RegistryUnavailable, match="unavailable"):
-        registry.promote("rec-fault-2", "alice")
+        promotion.promote(registry, "rec-fault-2", "alice")
     assert time.monotonic() - start < 15
     assert [m.to_value for m in registry.history()] == [parent.version, first.version]
     drill = registry.rollback_drill(parent.version, record=False)
@@ -81,88 +73,11 @@ def test_mlflow_outage_fails_clearly_and_heals(registry, variant, tracking, appr
     assert registry.resolve(APPROVED, download=False).version == first.version
     store_history = [m.to_value for m in registry.history()]
     assert _mirror(tracking, registry.model_name) == (first.version, store_history)
-    assert registry.promote("rec-fault-2", "alice").mirrored
+    assert promotion.promote(registry, "rec-fault-2", "alice").mirrored
     assert _mirror(tracking, registry.model_name) == (
         second.version,
         [parent.version, first.version, second.version],
     )
-
-
-@pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
-def test_cli_show_history_approve_promote_rollback(
-    registry, variant, tracking, store_url, roles_file, approver_keys, capsys
-):
-    import argparse
-
-    registry.roles()  # the deployment pins its roles file in the store
-    parent = registry.register_initial_parent(variant(0))
-    cand = registry.log_candidate(variant(1), **candidate_kwargs(parent.version))
-    receipt_file = registry.cache_dir.parent / "receipt.json"
-    record_as_pipeline(registry, passing_receipt(registry, parent, cand, "rec-cli", approver_keys))
-    receipt = ReceiptLedger(registry.store).head("rec-cli")  # the file holds the pipeline's receipt
-    receipt_file.write_text(json.dumps(receipt.to_json_dict()))
-    common = ["--tracking-uri", tracking.uri, "--store-url", store_url, "--model-name", registry.model_name]
-
-    def run(*argv: str) -> tuple[int, str]:
-        parser = argparse.ArgumentParser()
-        register(parser)
-        args = parser.parse_args([*argv, *common])
-        code = args.handler(args)
-        return code, capsys.readouterr().out
-
-    def signed(actor: str, role: str = "release-owner") -> list[str]:
-        return ["--actor", actor, "--role", role, "--key", str(approver_keys[actor])]
-
-    code, out = run("approve", str(receipt_file), *signed("alice"), "--step", "canary", "--json")
-    assert code == 0 and json.loads(out)["version"] == 2
-    assert run("approve", "rec-cli", *signed("bob"))[0] == 1
-    assert run("promote", "rec-cli", "--actor", "alice")[0] == 1  # no signed default-step approval yet
-    code, out = run("promote", "rec-cli", "--actor", "alice", "--key", str(approver_keys["alice"]), "--json")
-    assert code == 0 and json.loads(out)["to"] == cand.version
-    code, out = run("show", "--json")
-    shown = json.loads(out)
-    assert shown[APPROVED] == cand.version and shown["latest-candidate"] == cand.version
-    assert [v["version"] for v in shown["versions"]] == [cand.version, parent.version]
-    back = ["--actor", "alice", "--key", str(approver_keys["alice"]), "--reason", "back", "--json"]
-    assert run("rollback", parent.version, "--actor", "alice", "--reason", "unsigned")[0] == 2
-    code, out = run("rollback", parent.version, *back)
-    assert code == 0 and json.loads(out)["to"] == parent.version
-    code, out = run("history", "--json")
-    assert [(m["from"], m["to"]) for m in json.loads(out)] == [
-        (None, parent.version),
-        (parent.version, cand.version),
-        (cand.version, parent.version),
-    ]
-    code, out = run("history")
-    assert code == 0 and "alice" in out and "bootstrap" in out
-
-
-def test_roles_file_rules(tmp_path, approver_keys):
-    from lightning_dagster import paths
-    from lightning_dagster.registry.signing import load_private_key, public_key_line
-
-    key = public_key_line(load_private_key(approver_keys["alice"]))
-    good = tmp_path / "roles.yaml"
-    good.write_text(f"actors:\n  alice:\n    roles: [release-owner]\n    key: {key}\n")
-    roles = read_roles_file(good)
-    roles.require("alice", "release-owner")
-    with pytest.raises(NotAuthorized):
-        roles.require("alice", "ml-lead")
-    inside = paths.models_dir() / "roles.yaml"  # the trainer writes here: it must not grant approvals
-    inside.write_text(good.read_text())
-    with pytest.raises(RolesConfigError, match="write surface"):
-        read_roles_file(inside)
-    with pytest.raises(RolesConfigError, match="does not exist"):
-        read_roles_file(tmp_path / "missing.yaml")
-    for text, problem in (
-        ("actors:\n  alice: [release-owner]\n", "exactly `roles` and `key`"),
-        (f"actors:\n  alice:\n    roles: release-owner\n    key: {key}\n", "list of role names"),
-        ("actors:\n  alice:\n    roles: [release-owner]\n    key: ed25519:AAAA\n", "32 bytes"),
-    ):
-        bad = tmp_path / "bad.yaml"
-        bad.write_text(text)
-        with pytest.raises(RolesConfigError, match=problem):
-            read_roles_file(bad)
 
 
 def test_registry_against_unreachable_server_is_unavailable(tmp_path, roles_file):

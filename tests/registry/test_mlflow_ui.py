@@ -11,6 +11,7 @@ import pytest
 from lightning_dagster.gate import PROMOTE, evaluate, load_policy
 from lightning_dagster.gate.receipt import with_gate_record
 from lightning_dagster.registry import Registry, links
+from lightning_dagster.release import promotion
 from lightning_dagster.store import Store
 from tests.registry.helpers import approve, candidate_kwargs, passing_receipt
 from tests.registry.mlflow_server import MlflowServer
@@ -67,7 +68,7 @@ def test_mlflow_ui_opens_the_classic_ml_view_and_shows_the_verdict_on_the_versio
         approver_keys,
         "alice",
     )
-    assert reg.promote("rec-ui", "alice").mirrored
+    assert promotion.promote(reg, "rec-ui", "alice").mirrored
     server = MlflowServer(uri, tmp_path / "served", tmp_path / "server.log").start()
     try:
         browser.get(links.experiment_url(server.url, reg.experiment_id))

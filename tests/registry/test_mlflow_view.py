@@ -16,6 +16,7 @@ from lightning_dagster.registry import APPROVED, links
 from lightning_dagster.registry.lineage import plot_series
 from lightning_dagster.registry.pointers import APPROVED_FLAG
 from lightning_dagster.registry.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+from lightning_dagster.release import promotion, rollbacks
 from tests.registry.helpers import approve, candidate_kwargs, passing_receipt, signed_rollback
 
 
@@ -136,7 +137,7 @@ def test_version_tags_the_ledger_and_the_pointer_agree_after_promotion_and_rollb
         APPROVED_FLAG: "",
     }
 
-    result = registry.promote("rec-tags", "alice")
+    result = promotion.promote(registry, "rec-tags", "alice")
     assert result.mirrored, result.mirror_error
     move = registry.history()[-1]
     recorded = json.loads(move.note)
@@ -156,7 +157,7 @@ def test_version_tags_the_ledger_and_the_pointer_agree_after_promotion_and_rollb
     assert str(model.aliases[APPROVED]) == cand.version
     assert model.description.startswith(f"{APPROVED}: version {cand.version} (promotion by alice")
 
-    registry.rollback(signed_rollback(registry, parent.version, "alice", approver_keys))
+    rollbacks.rollback(registry, signed_rollback(registry, parent.version, "alice", approver_keys))
     assert registry.current(APPROVED) == parent.version == registry.history()[-1].to_value
     assert _flagged(client, registry) == [parent.version]
     after = _mlflow_view(client, registry, cand.version)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_dagster.registry import PointerConflict
+from lightning_dagster.release import promotion, rollbacks
 from lightning_dagster.store import PointerSeqConflict
 from tests.registry.helpers import approve, candidate_kwargs, passing_receipt, signed_rollback
 
@@ -42,7 +43,7 @@ def test_promotion_is_refused_when_the_pointer_went_away_and_back(registry, vari
     real = registry.store
     registry.store = raced = RacedBeforeMove(real, registry.pointer_name(), other.version)
     with pytest.raises(PointerSeqConflict) as err:
-        registry.promote("rec-aba", "alice")
+        promotion.promote(registry, "rec-aba", "alice")
     assert raced.raced
     assert (err.value.expected_seq, err.value.actual_seq) == (1, 3)
     assert (err.value.expected, err.value.actual) == (parent.version, parent.version)
@@ -54,7 +55,7 @@ def test_promotion_is_refused_when_the_pointer_went_away_and_back(registry, vari
     ]
     # Nothing raced: the same receipt, read afresh, promotes (the move number it read is the newest).
     registry.store = real
-    result = registry.promote("rec-aba", "alice")
+    result = promotion.promote(registry, "rec-aba", "alice")
     assert (result.move.seq, result.move.from_value, result.move.to_value) == (
         4,
         parent.version,
@@ -68,12 +69,12 @@ def test_rollback_is_refused_when_the_pointer_went_away_and_back(registry, varia
     approve(
         registry, passing_receipt(registry, parent, cand, "rec-aba-rb", approver_keys), approver_keys, "alice"
     )
-    registry.promote("rec-aba-rb", "alice")
+    promotion.promote(registry, "rec-aba-rb", "alice")
     request = signed_rollback(registry, parent.version, "alice", approver_keys)
     real = registry.store
     registry.store = RacedBeforeMove(real, registry.pointer_name(), other.version)
     with pytest.raises(PointerSeqConflict) as err:
-        registry.rollback(request)
+        rollbacks.rollback(registry, request)
     assert (err.value.expected_seq, err.value.actual_seq) == (2, 4)
     assert real.pointer_state(registry.pointer_name()) == (cand.version, 4)
     assert [m.actor for m in real.pointer_history(registry.pointer_name())][-2:] == ["other", "other"]

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from lightning_dagster.engine import build_base_model
+from lightning_dagster.gateway import gateway_options
 from lightning_dagster.gateway.local import LocalGateway
 from lightning_dagster.harnesses.corpus import training_corpus
 from lightning_dagster.runner.service import model_resource
+from lightning_dagster.settings import ServingSettings
 from lightning_dagster.store import Store
 
 
@@ -27,5 +29,6 @@ def store(tmp_path_factory):
 @pytest.fixture(scope="session")
 def gateway(store, model_dir):
     resource = model_resource(store, model_dir)
-    with LocalGateway(store, model_dir, resource_id=resource.resource_id) as gw:
+    options = gateway_options(ServingSettings(engine_process=False))
+    with LocalGateway(store, model_dir, options, resource_id=resource.resource_id) as gw:
         yield gw

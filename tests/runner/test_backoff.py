@@ -7,7 +7,7 @@ import dataclasses
 import threading
 
 from lightning_dagster.engine import BatchingEngine, Engine
-from lightning_dagster.gateway import EngineBackend, GatewayServer, create_app
+from lightning_dagster.gateway import EngineBackend, GatewayKeys, GatewayServer, create_app
 from lightning_dagster.project.examples import example_harness, example_tasks
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
 from lightning_dagster.types import AttemptState, RetryKind, RolloutStatus
@@ -49,7 +49,7 @@ def test_an_outage_shorter_than_the_backoff_cap_costs_one_attempt(store, model_d
     port = free_port()
     engine = BatchingEngine(Engine(model_dir))
     server = GatewayServer(
-        create_app(store, EngineBackend(engine, None), secret=SECRET, admin_key="a" * 32), port=port
+        create_app(store, EngineBackend(engine, None), keys=GatewayKeys(SECRET, "a" * 32)), port=port
     )
     back = threading.Timer(1.5, server.start)  # the gateway comes back 1.5 s into the run
     back.start()

@@ -51,7 +51,7 @@ def test_an_unusable_policy_is_refused(kwargs):
 def test_cli_runs_rollouts_through_a_gateway_and_prints_the_summary(store, gateway, capsys, tmp_path):
     argv = ["rollouts", "run", "--harness", "calc", "--split", "holdout", "--n", "1", "--group", "2"]
     argv += gateway_args(gateway, store, tmp_path)
-    assert main(argv + ["--mode", "inprocess", "--json"]) == 0
+    assert main(argv + ["--runner-mode", "inprocess", "--json"]) == 0
     out = capsys.readouterr().out
     summary = json.loads(out)
     assert summary["rollouts"] == 2 and summary["attempts_by_ending"] == {"succeeded": 2}, out
@@ -70,7 +70,18 @@ def test_cli_without_a_gateway_serves_a_local_one_that_forwards_upstream(store, 
     from lightning_dagster.gateway.server import GatewayServer
     from tests.support.stub_upstream import create_stub_app
 
-    argv = ["rollouts", "run", "--harness", "calc", "--n", "2", "--store", store.url, "--mode", "inprocess"]
+    argv = [
+        "rollouts",
+        "run",
+        "--harness",
+        "calc",
+        "--n",
+        "2",
+        "--store-url",
+        store.url,
+        "--runner-mode",
+        "inprocess",
+    ]
     with GatewayServer(create_stub_app()) as upstream:
         assert main(argv + ["--upstream-url", upstream.url, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -78,6 +89,38 @@ def test_cli_without_a_gateway_serves_a_local_one_that_forwards_upstream(store, 
     llm = store.list_spans(rollout_ids=summary["rollout_ids"], kind=SpanKind.llm)
     assert len(llm) == summary["llm_spans"] >= 2
     assert {s.attributes["backend"] for s in llm} == {"upstream"}
+
+
+def test_cli_with_an_upstream_and_its_tokenizer_sends_token_id_prompts(store, model_dir, capsys):
+    """`--tokenizer` with `--upstream-url` reaches the local gateway: every prompt goes upstream as exact
+    token ids through the completions API (the tokenizer was dropped, so every call took the chat API)."""
+    from lightning_dagster.gateway.server import GatewayServer
+    from tests.support.stub_upstream import create_stub_app
+
+    argv = ["rollouts", "run", "--harness", "calc", "--n", "2", "--store-url", store.url, "--json"]
+    with GatewayServer(create_stub_app()) as upstream:
+        assert main(argv + ["--upstream-url", upstream.url, "--tokenizer", str(model_dir)]) == 0
+        calls = dict(upstream.app.state.calls)
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["rollouts_by_status"] == {"succeeded": 2}
+    assert summary["llm_spans"] >= 2 and calls == {"completions": summary["llm_spans"]}
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--tokenizer", "."], "--tokenizer goes with --upstream-url"),
+        (["--model", ".", "--upstream-url", "http://127.0.0.1:9"], "with --upstream-url give the served"),
+        (["--engine-threads", "0"], "--engine-threads"),
+        (["--gateway", "http://127.0.0.1:9", "--max-batch", "8"], "--max-batch set the local gateway"),
+    ],
+)
+def test_cli_refuses_serving_flags_that_do_not_go_together(store, capsys, flags, said):
+    argv = ["rollouts", "run", "--harness", "calc", "--n", "1", "--store-url", store.url]
+    before = len(store.query_rollouts())
+    assert main(argv + flags) == 2
+    assert said in capsys.readouterr().err
+    assert len(store.query_rollouts()) == before  # refused before anything was queued
 
 
 def test_cli_refuses_a_gateway_without_its_secret(monkeypatch, capsys):
@@ -106,18 +149,21 @@ def test_a_runner_refuses_unknown_or_foreign_rollouts_before_running_anything(st
 @pytest.mark.parametrize(
     "command", [["rollouts", "run", "--n", "1"], ["runner", "--gateway", "http://127.0.0.1:9"]]
 )
-@pytest.mark.parametrize("parallel", ["0", "-2", "two"])
-def test_a_parallelism_below_one_is_refused_before_anything_is_queued(store, capsys, command, parallel):
+@pytest.mark.parametrize("parallel", ["-2", "two"])
+def test_a_parallelism_below_zero_is_refused_before_anything_is_queued(store, capsys, command, parallel):
+    """0 is auto (`ServingSettings.parallel`); below it, or not a number, exits 2 naming the flag."""
     before = len(store.query_rollouts())
-    with pytest.raises(SystemExit) as caught:
-        main([*command, "--harness", "calc", "--store", store.url, "--parallel", parallel])
-    assert caught.value.code == 2
-    assert "argument --parallel" in capsys.readouterr().err
+    try:
+        status = main([*command, "--harness", "calc", "--store-url", store.url, "--parallel", parallel])
+    except SystemExit as caught:  # argparse: not a whole number
+        status = caught.code
+    assert status == 2
+    assert "--parallel" in capsys.readouterr().err
     assert len(store.query_rollouts()) == before
 
 
 def test_a_run_id_resumes_only_the_run_it_was_queued_for(tmp_path, capsys):
-    store = ["--store", f"sqlite:///{tmp_path / 'store.db'}"]
+    store = ["--store-url", f"sqlite:///{tmp_path / 'store.db'}"]
     enqueue = ["rollouts", "enqueue", "--harness", "calc", "--n", "3", "--run-id", "r1", *store]
     assert main(enqueue) == 0
     assert json.loads(capsys.readouterr().out) == {"run_id": "r1", "rollouts": 3, "harness": "calc"}

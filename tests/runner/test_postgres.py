@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from lightning_dagster.engine import BatchingEngine, Engine
-from lightning_dagster.gateway import EngineBackend, GatewayServer, create_app
+from lightning_dagster.gateway import EngineBackend, GatewayKeys, GatewayServer, create_app
 from lightning_dagster.project.examples import example_harness, example_tasks
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
 from lightning_dagster.store import Store
@@ -30,7 +30,7 @@ def post_reward(task: dict, *, base_url: str, api_key: str, event_url: str) -> f
 def test_two_runners_on_postgresql_claim_each_rollout_exactly_once(postgres_url, model_dir, tmp_path):
     store = Store(postgres_url)
     engine = BatchingEngine(Engine(model_dir))
-    app = create_app(store, EngineBackend(engine, None), secret="s" * 32, admin_key="a" * 32)
+    app = create_app(store, EngineBackend(engine, None), keys=GatewayKeys("s" * 32, "a" * 32))
     spec = dataclasses.replace(example_harness("calc"), run_task=post_reward)
     rollouts = enqueue_tasks(store, spec, example_tasks("calc").draw("train", 12, 0), kind="train")
     ids = [r.rollout_id for r in rollouts]

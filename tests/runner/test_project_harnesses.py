@@ -223,7 +223,7 @@ def test_the_model_names_a_project_declares_are_served_and_any_other_is_404_mode
     harness = {"command": [sys.executable, "named.py", "gpt-4o-mini"], "model_names": ["gpt-4o-mini"]}
     folder = make_project(tmp_path / "named", harness, {"named.py": NAMED})
     assert harness_spec(load_project(folder)).model_names == ("gpt-4o-mini",)
-    argv = ["rollouts", "run", "--project", str(folder), "--model", str(model_dir), "--store", store.url]
+    argv = ["rollouts", "run", "--project", str(folder), "--model", str(model_dir), "--store-url", store.url]
     assert main([*argv, "--n", "1", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["rollouts_by_status"] == {"succeeded": 1} and summary["rewards"] == 1
@@ -250,9 +250,9 @@ urllib.request.urlopen(req).read()
 )
 
 
-def _with_model(folder: Path, model: dict[str, Any]) -> Path:
+def _with_model(folder: Path, model: dict[str, Any], **sections: dict[str, Any]) -> Path:
     file = folder / "lightning-dagster.yaml"
-    file.write_text(yaml.safe_dump({**yaml.safe_load(file.read_text()), "model": model}))
+    file.write_text(yaml.safe_dump({**yaml.safe_load(file.read_text()), "model": model, **sections}))
     return folder
 
 
@@ -266,7 +266,7 @@ def test_rollouts_run_serves_the_projects_model_path_not_the_embedded_default(
         tmp_path / "with-model", {"command": ["python", "ask.py"]}, {"ask.py": ASK_AND_REWARD}
     )
     _with_model(folder, {"path": str(own)})
-    argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--store", store.url, "--json"]
+    argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--store-url", store.url, "--json"]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     summary = json.loads(out)
@@ -292,14 +292,14 @@ def test_rollouts_run_forwards_to_the_projects_upstream_with_its_tokenizer(
         tmp_path / "with-upstream", {"command": ["python", "ask.py"]}, {"ask.py": ASK_AND_REWARD}
     )
     with GatewayServer(create_stub_app()) as stub:
-        _with_model(folder, {"upstream": stub.url, "tokenizer": str(model_dir)})
-        argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--store", store.url, "--json"]
+        _with_model(folder, {"tokenizer": str(model_dir)}, serving={"upstream_url": stub.url})
+        argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--store-url", store.url, "--json"]
         assert main(argv) == 0
         calls = dict(stub.app.state.calls)
     out, err = capsys.readouterr()
     summary = json.loads(out)
     assert summary["rollouts_by_status"] == {"succeeded": 2}
-    assert f"model: {stub.url} (the project's model.upstream)" in err
+    assert f"model: {stub.url} (the project's serving.upstream_url)" in err
     # with the tokenizer, every call went to the upstream as exact token ids
     assert calls == {"completions": 2}
     for rollout_id in summary["rollout_ids"]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_dagster.gateway import GatewayKeys, gateway_options
 from lightning_dagster.gateway.local import LocalGateway
 from lightning_dagster.gateway.server import GatewayServer
 from lightning_dagster.runner import RetryPolicy, Runner, enqueue_tasks
@@ -26,6 +27,7 @@ from lightning_dagster.runner.execute import (
     task_note,
 )
 from lightning_dagster.runner.harness_spec import HarnessSpec
+from lightning_dagster.settings import ServingSettings
 from lightning_dagster.types import AttemptState, RolloutStatus
 from tests.support.stub_upstream import create_stub_app
 
@@ -58,9 +60,9 @@ PROBE_SPEC = HarnessSpec(name="probe", expected_span_families=(), argv=(sys.exec
 def process_gateway(store):
     """A gateway in a child process, as the training loop runs it, forwarding to a stub upstream."""
     with GatewayServer(create_stub_app()) as upstream:
-        with LocalGateway(
-            store, None, serving="process", upstream_url=upstream.url, serve_keys=["sk-1"]
-        ) as gw:
+        options = gateway_options(ServingSettings(upstream_url=upstream.url))
+        keys = GatewayKeys.fresh(serve_keys=("sk-1",))
+        with LocalGateway(store, None, options, keys=keys, child=True) as gw:
             yield gw
 
 
@@ -196,8 +198,8 @@ def test_rollouts_run_reads_the_gateways_secret_from_stdin(store, gateway, monke
     from lightning_dagster.cli import main
 
     monkeypatch.setattr(sys, "stdin", io.StringIO(gateway.secret + "\n"))
-    argv = ["rollouts", "run", "--harness", "calc", "--n", "1", "--mode", "inprocess", "--json"]
-    assert main(argv + ["--gateway", gateway.url, "--secret-file", "-", "--store", store.url]) == 0
+    argv = ["rollouts", "run", "--harness", "calc", "--n", "1", "--runner-mode", "inprocess", "--json"]
+    assert main(argv + ["--gateway", gateway.url, "--secret-file", "-", "--store-url", store.url]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["attempts_by_ending"] == {"succeeded": 1} and summary["rewards"] == 1
 

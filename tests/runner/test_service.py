@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from lightning_dagster.gateway import GatewayKeys, gateway_options
 from lightning_dagster.gateway.keys import attempt_key
 from lightning_dagster.gateway.local import LocalGateway, WeightsNotServed
 from lightning_dagster.gateway.server import GatewayServer
@@ -19,6 +20,7 @@ from lightning_dagster.harnesses.calc.agent import MAX_TOKENS
 from lightning_dagster.project.examples import example_harness, example_tasks
 from lightning_dagster.runner import RetryPolicy, enqueue_tasks
 from lightning_dagster.runner.service import RolloutService, collect_batch
+from lightning_dagster.settings import ServingSettings
 from lightning_dagster.types import AttemptState, RetryKind, Reward, RolloutKind, Sampling, Span, SpanKind
 from tests.support.stub_upstream import create_stub_app
 
@@ -62,9 +64,8 @@ def test_runner_mode_decides_whether_the_harness_runs_as_a_subprocess(
     spec = dataclasses.replace(
         example_harness("calc"), argv=(sys.executable, "-c", SUBPROCESS_HARNESS), run_task=inprocess_reward
     )
-    with RolloutService(
-        store, None, harness=spec, upstream_url=upstream, runner_mode=runner_mode, parallel=2
-    ) as svc:
+    serving = ServingSettings(upstream_url=upstream, runner_mode=runner_mode, parallel=2)
+    with RolloutService(store, None, harness=spec, serving=serving) as svc:
         batch = svc.run(example_tasks("calc").draw("train", 2, 0), group=1, kind=RolloutKind.train, sampling=T1,
                         seed=1, tag=f"mode-{runner_mode}")  # fmt: skip
     assert svc.runner.mode == runner_mode
@@ -80,9 +81,8 @@ def test_runner_mode_decides_whether_the_harness_runs_as_a_subprocess(
 
 @pytest.mark.parametrize("serving", ["thread", "process"])
 def test_an_upstream_url_sends_every_call_upstream_and_refuses_weights(store, upstream, serving):
-    with RolloutService(
-        store, None, harness="calc", upstream_url=upstream, serving=serving, parallel=2
-    ) as svc:
+    settings = ServingSettings(upstream_url=upstream, parallel=2)
+    with RolloutService(store, None, harness="calc", serving=settings, child=serving == "process") as svc:
         batch = svc.run(example_tasks("calc").draw("train", 2, 0), group=1, kind=RolloutKind.train,
                         sampling=T1, seed=2, tag=f"up-{serving}")  # fmt: skip
         with pytest.raises(WeightsNotServed, match=upstream):
@@ -102,8 +102,9 @@ def test_an_upstream_with_the_models_tokenizer_gets_token_id_prompts_in_either_s
     """With the served model's tokenizer (`model_dir`) the gateway sends every call to the upstream's
     completions API as exact token ids, whether it runs in this process or in a child process."""
     with GatewayServer(create_stub_app()) as stub:
+        settings = ServingSettings(upstream_url=stub.url, parallel=2)
         with RolloutService(
-            store, model_dir, harness="calc", upstream_url=stub.url, serving=serving, parallel=2
+            store, model_dir, harness="calc", serving=settings, child=serving == "process"
         ) as svc:
             batch = svc.run(example_tasks("calc").draw("train", 2, 0), group=1, kind=RolloutKind.train,
                             sampling=T1, seed=4, tag=f"tok-{serving}")  # fmt: skip
@@ -128,10 +129,11 @@ def test_a_device_this_machine_lacks_is_a_clear_error(model_dir):
     with pytest.raises(DeviceUnavailable, match="is not a torch device"):
         resolve_device("gpu0")
     with pytest.raises(DeviceUnavailable, match="cuda:1"):
-        LocalGateway(store=None, model_dir=model_dir, device="cuda:1")  # type: ignore[arg-type]
+        options = gateway_options(ServingSettings(engine_device="cuda:1", engine_process=False))
+        LocalGateway(None, model_dir, options)  # type: ignore[arg-type]
     served = subprocess.run(
         [sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", "--model", str(model_dir),
-         "--store", "sqlite://", "--port", "0", "--device", "cuda"],
+         "--store-url", "sqlite://", "--port", "0", "--engine-device", "cuda"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert served.returncode == 2, served.stderr[-2000:]
@@ -141,7 +143,8 @@ def test_a_device_this_machine_lacks_is_a_clear_error(model_dir):
 def test_the_retry_policy_given_is_the_one_that_runs(store, upstream):
     spec = dataclasses.replace(example_harness("calc"), run_task=failing)
     policy = RetryPolicy(max_attempts=3, timeout_s=30.0)
-    with RolloutService(store, None, harness=spec, upstream_url=upstream, retry_policy=policy) as svc:
+    serving = ServingSettings(upstream_url=upstream)
+    with RolloutService(store, None, harness=spec, serving=serving, retry_policy=policy) as svc:
         batch = svc.run(example_tasks("calc").draw("train", 1, 0), group=1, kind=RolloutKind.train, sampling=T1,
                         seed=3, tag="retry")  # fmt: skip
     assert svc.retry_policy is policy and svc.runner.policy is policy
@@ -194,10 +197,12 @@ def models(url: str, key: str) -> tuple[int, dict]:
 
 
 def test_a_local_gateway_binds_its_port_and_trusts_its_secret_and_serve_keys(store, model_dir):
-    with LocalGateway(store, model_dir) as probe:
+    options = gateway_options(ServingSettings(engine_process=False))
+    with LocalGateway(store, model_dir, options) as probe:
         port = int(probe.url.rsplit(":", 1)[1])
+    keys = GatewayKeys.fresh("fixed-secret", serve_keys=("sk-serve",))
     with LocalGateway(
-        store, model_dir, port=port, secret="fixed-secret", resource_id="res-p", serve_keys=["sk-serve"]
+        store, model_dir, options.with_serving(port=port), keys=keys, resource_id="res-p"
     ) as gw:
         assert gw.url == f"http://127.0.0.1:{port}" and gw.secret == "fixed-secret"
         status, body = models(gw.url, "sk-serve")
@@ -209,7 +214,10 @@ def test_a_local_gateway_binds_its_port_and_trusts_its_secret_and_serve_keys(sto
 @pytest.mark.parametrize("serving", ["thread", "process"])
 def test_the_gateway_reports_how_full_its_engine_ran(store, model_dir, serving):
     tasks = example_tasks("calc").draw("train", 2, 0)
-    with RolloutService(store, model_dir, harness="calc", parallel=4, serving=serving) as svc:
+    settings = ServingSettings(parallel=4)
+    with RolloutService(
+        store, model_dir, harness="calc", serving=settings, child=serving == "process"
+    ) as svc:
         before = svc.gateway.stats()["engine"]
         batch = svc.run(tasks, group=2, kind=RolloutKind.train, sampling=T1, seed=3, tag=f"stats-{serving}")
         after = svc.gateway.stats()["engine"]

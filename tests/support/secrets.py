@@ -29,7 +29,7 @@ def gateway_args(gateway: Any, store: Any, directory: Path) -> list[str]:
         gateway.url,
         "--secret-file",
         secret_file(directory, gateway.secret),
-        "--store",
+        "--store-url",
         store.url,
     ]
 
@@ -46,7 +46,7 @@ def serve_upstream_cli(
     """`lightning-dagster gateway serve --upstream` in a child process, its secrets in 0600 files; (process, port)."""
     port = free_port()
     cmd = [sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", "--port", str(port)]
-    cmd += ["--upstream", upstream_url, "--store", f"sqlite:///{Path(directory) / 'cli.db'}"]
+    cmd += ["--upstream-url", upstream_url, "--store-url", f"sqlite:///{Path(directory) / 'cli.db'}"]
     cmd += [
         "--secret-file",
         secret_file(directory, secret),

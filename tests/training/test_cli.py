@@ -84,9 +84,8 @@ def test_rank_argv_passes_every_given_flag_on_but_nproc():
 
     parser = argparse.ArgumentParser()
     register(parser)
-    given = ["--harness", "calc", "--steps", "3", "--nproc", "2", "--loss-normalization", "constant",
-             "--loss-constant", "8", "--no-engine-process", "--store-url", "sqlite://", "--json",
-             "--attempt-timeout-s", "none"]  # fmt: skip
+    given = ["--harness", "calc", "--steps", "3", "--nproc", "2", "--loss-constant", "none",
+             "--no-engine-process", "--store-url", "sqlite://", "--json", "--attempt-timeout-s", "30"]  # fmt: skip
     args = parser.parse_args(given)
     rank = args.rank_argv(args)
     assert rank[0] == "train" and "--nproc" not in rank
@@ -94,6 +93,7 @@ def test_rank_argv_passes_every_given_flag_on_but_nproc():
     first, second = settings_of(args), settings_of(again)
     assert second[0] == first[0].updated({"nproc": 1}) and second[1:] == first[1:]
     assert again.harness == "calc" and again.json and not second[1].engine_process
+    assert second[0].given() == {"steps": 3, "loss_constant": None, "attempt_timeout_s": 30.0}
 
 
 def test_train_project_samples_its_train_split_and_evaluates_on_its_holdout_split(

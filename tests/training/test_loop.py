@@ -14,7 +14,7 @@ import torch
 from lightning_dagster.project.examples import example_tasks
 from lightning_dagster.runner import sampling_seed
 from lightning_dagster.runner.service import RolloutService
-from lightning_dagster.settings import TrainingSettings
+from lightning_dagster.settings import ServingSettings, TrainingSettings
 from lightning_dagster.store import Store
 from lightning_dagster.training.advantages import RolloutReward, compute_advantages
 from lightning_dagster.training.loop import FirstBatch, Pools, draw_pools, train_rl
@@ -25,10 +25,12 @@ from tests.training.conftest import random_rows, step_settings, trainer_config
 
 T1 = Sampling(temperature=1.0)
 
+SERVING = ServingSettings(parallel=8, engine_process=False)
+
 
 def test_rollouts_through_gateway_merge_into_one_row_each(tmp_path, base_model_dir):
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
-    with RolloutService(store, base_model_dir, harness="calc", resource_id=None, parallel=8) as svc:
+    with RolloutService(store, base_model_dir, harness="calc", serving=SERVING) as svc:
         tasks = example_tasks("calc").draw("train", 3, 0)
         batch = svc.run(tasks, group=2, kind=RolloutKind.train, sampling=T1, seed=5, tag="t")
         assert len(batch.rollouts) == 6 and len(batch.rewards) == 6
@@ -64,7 +66,7 @@ def test_one_rl_step_samples_with_its_seed_and_temperature_and_serves_the_update
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
     settings = step_settings(group_size=3, temperature=0.7)
     trainer = Trainer(base_model_dir, trainer_config(lr=1e-3))
-    with RolloutService(store, base_model_dir, harness="calc", parallel=8) as svc:
+    with RolloutService(store, base_model_dir, harness="calc", serving=SERVING) as svc:
         tasks = example_tasks("calc").draw("train", 2, 0)
         batch, metrics = rl_step(
             svc, trainer, tasks, step=3, settings=settings, base_seed=7, tag="s3", resource_id="cand@3"
@@ -90,7 +92,7 @@ def test_greedy_evaluation_ignores_the_sampling_seed(tmp_path, base_model_dir):
     """Needs the gateway to apply each rollout's `Sampling` (temperature 0 here) to every call."""
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
     greedy = Sampling(temperature=0.0)
-    with RolloutService(store, base_model_dir, harness="calc", parallel=8) as svc:
+    with RolloutService(store, base_model_dir, harness="calc", serving=SERVING) as svc:
         heldout = example_tasks("calc").draw("holdout", 4, 0)
         a = svc.run(heldout, group=1, kind=RolloutKind.holdout, sampling=greedy, seed=1, tag="g1")
         b = svc.run(heldout, group=1, kind=RolloutKind.holdout, sampling=greedy, seed=2, tag="g2")
@@ -107,7 +109,7 @@ def test_train_rl_runs_steps_and_reports_metrics(tmp_path, base_model_dir):
         base_model_dir,
         t,
         draw_pools(example_tasks("calc"), t),
-        lambda: RolloutService(store, base_model_dir, harness="calc", parallel=8),
+        lambda: RolloutService(store, base_model_dir, harness="calc", serving=SERVING),
         base_seed=t.seed,
         out_dir=tmp_path / "cand",
     )

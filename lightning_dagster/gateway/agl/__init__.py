@@ -17,12 +17,9 @@ import pydantic_core
 from cachetools import LRUCache
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from starlette.exceptions import HTTPException
-from starlette.routing import Mount, Route, Router
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lightning_dagster.gateway import schemas
-from lightning_dagster.gateway.errors import GatewayError, answered, http_exception_response
+from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.keys import attempt_key, same_key
 from lightning_dagster.store import agl_rollouts as store_agl
 from lightning_dagster.store.connection import bad_json, suspect_json
@@ -152,49 +149,15 @@ def reply(body: object, status: int = 200) -> Response:
     return Response(schemas.dumps(body), status_code=status, media_type="application/json")
 
 
-class Dispatch:
-    """ASGI middleware sending `/healthz`, `/api/...` and `/proxy/...` straight to this surface's router:
-    FastAPI's per-request stack (telemetry, body limit, exception middleware, exit stack, the app's route
-    list) costs more CPU than these routes themselves. Everything else goes on to the app. A path under these
-    prefixes that no route takes is a 404, a method its route does not take a 405 with `Allow`, as the app
-    answers them (the router raises them as `HTTPException`s, which this middleware, outside the app's
-    exception middleware, answers itself: unanswered they were 500s)."""
-
-    PREFIXES = ("/api/", "/proxy/")
-
-    def __init__(self, app: ASGIApp, router: Router):
-        self.app = app
-        self.router = router
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] == "http" and (path.startswith(self.PREFIXES) or path == "/healthz"):
-            try:
-                await self.router(scope, receive, send)
-            except HTTPException as exc:  # the router's own 404 or 405: endpoints answer theirs (`answered`)
-                await http_exception_response(exc)(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
-
-
 def mount(app: FastAPI, gw: Gateway, settings: AglSettings) -> None:
-    """Serve the surface in front of the app (`Dispatch`), as two mounts (`/api`, `/proxy`) and `/healthz`,
-    and as the app's fast routes (`gateway.fastpath`: the same endpoints without the ASGI stack)."""
+    """Serve the surface as routes of the app: `/healthz` and those of `rollouts`, `events` and `proxy`."""
     from lightning_dagster.gateway.agl import events, proxy, rollouts
 
     async def healthz(request: Request) -> Response:
         return reply({"status": "ok"})
 
     agl = Agl(settings, gw.attempts.secret)
-    fast = app.state.fast_routes
-    fast.add("/healthz", healthz, "GET")
-    mounted: dict[str, list[Route]] = {"/api": [], "/proxy": []}
+    app.add_route("/healthz", healthz, methods=["GET"])
     for module in (rollouts, events, proxy):
         for path, endpoint, method in module.routes(app, gw, agl):
-            prefix = "/" + path.split("/")[1]
-            endpoint = answered(endpoint)
-            mounted[prefix].append(Route(path[len(prefix) :], endpoint, methods=[method]))
-            fast.add(path, endpoint, method)
-    routes = [Route("/healthz", healthz, methods=["GET"])]
-    routes += [Mount(prefix, routes=inner) for prefix, inner in mounted.items()]
-    app.add_middleware(Dispatch, router=Router(routes=routes))
+            app.add_route(path, endpoint, methods=[method])

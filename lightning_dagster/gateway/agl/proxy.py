@@ -209,7 +209,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
             raise GatewayError(400, "the body must be a JSON object")
         route = endpoints.pick()
         backend = route or routed.default
-        if body.get("model") not in gw.model_aliases and not backend.serves(body.get("model") or ""):
+        if body.get("model") not in gw.model_names and not backend.serves(body.get("model") or ""):
             body["model"] = backend.model
         if mode == "train":
             body["logprobs"] = True if chat else max(1, int(body.get("logprobs") or 0))

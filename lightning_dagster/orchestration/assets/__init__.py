@@ -15,6 +15,7 @@ from lightning_dagster.orchestration.assets.metadata import materialized
 from lightning_dagster.orchestration.partitions import snapshots
 from lightning_dagster.orchestration.pipes_child import decode, pipes_settings
 from lightning_dagster.orchestration.resources import PipelineResource
+from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.report import receipt_guide
 from lightning_dagster.pipeline.stages import evaluation, release, snapshot, training
 from lightning_dagster.pipeline.stages import rollouts as rollout_stages
@@ -111,7 +112,7 @@ def candidate_resource(
 ) -> dg.MaterializeResult:
     """The parent updated by the trainer: checkpoint, MLflow model version with lineage, `latest-candidate`.
     The training runs in its own process (`nproc` ranks) launched through Dagster Pipes (`trainer_pipes`)."""
-    t = pipeline.training
+    t = ctx.settings(pipeline).training
     with snapshot_stage("candidate_resource", context.partition_key) as key:
         training.inputs_ready(pipeline, key)  # named here, before a trainer process starts
     return through_pipes(
@@ -187,7 +188,7 @@ def rollback_drill(context: dg.AssetExecutionContext, pipeline: PipelineResource
     ],
     group_name="release",
     kinds={"mlflow"},
-    code_version=code_version("gate"),
+    code_version=code_version("gate", "release"),
 )
 def release_receipt(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Receipt phases 2 and 3 and the verdict under the versioned policy. Re-judges all seven checks itself,

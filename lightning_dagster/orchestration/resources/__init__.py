@@ -4,12 +4,14 @@ shows), so nothing here declares a setting again.
 
 Every field left at its default falls back to the embedded default of `lightning_dagster.paths` (which reads
 `LD_STORE_URL`, `MLFLOW_TRACKING_URI`, ...), so `dagster dev -w workspace.yaml` works with no setup. The
-resources hold settings and hand out the store; they contain no pipeline logic.
+resources hold settings and hand out the store; they contain no pipeline logic. The stages read them through
+`pipeline.context.settings`, under which the project file's `training:` / `serving:` / `gate:` sections lie.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import dagster as dg
 from pydantic import PrivateAttr
@@ -17,11 +19,24 @@ from pydantic import PrivateAttr
 from lightning_dagster import settings
 
 
-class ProjectResource(dg.ConfigurableResource, settings.ProjectSettings):
+class _SettingsResource(dg.ConfigurableResource):
+    def given(self) -> dict[str, Any]:
+        """The fields set to a value other than their default: Dagster rebuilds a resource for each run from
+        its non-default values (and counts every `Literal` field as set), so a field set to its default
+        cannot be told from one left alone; either way the project file's section applies."""
+        fields = type(self).model_fields
+        return {
+            name: value
+            for name, value in super().given().items()  # type: ignore[misc]
+            if value != fields[name].get_default(call_default_factory=True)
+        }
+
+
+class ProjectResource(_SettingsResource, settings.ProjectSettings):
     """What the pipeline trains: a user project, else a built-in example."""
 
 
-class StoreResource(dg.ConfigurableResource, settings.StoreSettings):
+class StoreResource(_SettingsResource, settings.StoreSettings):
     """The durable store (rollouts, attempts, spans, receipts, pointers)."""
 
     _store: object = PrivateAttr(default=None)
@@ -35,20 +50,20 @@ class StoreResource(dg.ConfigurableResource, settings.StoreSettings):
         return self._store
 
 
-class MLflowResource(dg.ConfigurableResource, settings.MLflowSettings):
+class MLflowResource(_SettingsResource, settings.MLflowSettings):
     """Where candidate lineage and the two pointers live."""
 
 
-class ServingResource(dg.ConfigurableResource, settings.ServingSettings):
+class ServingResource(_SettingsResource, settings.ServingSettings):
     """What serves the policy to the harness, and how the harness runs."""
 
 
-class TrainingResource(dg.ConfigurableResource, settings.TrainingSettings):
+class TrainingResource(_SettingsResource, settings.TrainingSettings):
     """RL, evaluation and checkpoint selection: the demo's, the CLI's and the code location's defaults are
     these, so the same evaluator fingerprints the same everywhere."""
 
 
-class GateResource(dg.ConfigurableResource, settings.GateSettings):
+class GateResource(_SettingsResource, settings.GateSettings):
     """The versioned release policy, who approves, and the bounded canary."""
 
 

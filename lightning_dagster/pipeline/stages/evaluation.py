@@ -30,7 +30,7 @@ def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
 
     store, reg = p.get_store(), ctx.registry(p)
     receipt, manifest = ctx.head_receipt(store, key), load_manifest(p, key)
-    plan, t = receipt.plan, p.training
+    plan, t = receipt.plan, ctx.settings(p).training
     if receipt.candidate is None:
         raise StageMissing(key, "candidate_resource")
     parent_dir = reg.download(ctx.registered_version(plan.parent))
@@ -175,12 +175,12 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
     if receipt.candidate is None:
         raise StageMissing(key, "candidate_resource")
     candidate_dir = reg.download(ctx.registered_version(receipt.candidate))
-    canary = ctx.canary_source(p, ctx.harness_source(p)).spec
+    canary, settings = ctx.canary_source(p, ctx.harness_source(p)).spec, ctx.settings(p)
     limits = R.CanaryLimits(
-        max_tasks=p.training.canary_tasks,
-        max_seconds=p.gate.canary_max_seconds,
+        max_tasks=settings.training.canary_tasks,
+        max_seconds=settings.gate.canary_max_seconds,
         allowed_tools=ctx.canary_allowed_tools(p, canary),
-        max_cost=p.gate.canary_max_cost,
+        max_cost=settings.gate.canary_max_cost,
         allowed_side_effects=ctx.canary_destinations(canary),
     )
     items = manifest.splits.canary[: limits.max_tasks]
@@ -197,7 +197,7 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
             group=1,
             kind=RolloutKind.canary,
             sampling=CANARY_SAMPLING,
-            seed=p.training.eval_seed,
+            seed=settings.training.eval_seed,
             tag=f"{key}-canary",
         )
         all_spans = store.list_spans(rollout_ids=[r.rollout_id for r in batch.rollouts])

@@ -15,7 +15,7 @@ from lightning_dagster.types import RolloutKind
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import Approval, Receipt
     from lightning_dagster.pipeline.run import Pipeline
-    from lightning_dagster.registry.rollbacks import RollbackRequest
+    from lightning_dagster.release.rollbacks import RollbackRequest
 
 # Checks judged on the first batch alone, where their asset sits: coverage and retry debt of the rollouts
 # sampled from the parent. `release_receipt` judges them again over every rollout against the full plan.
@@ -120,9 +120,11 @@ def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
 
 
 def approve(p: Pipeline, key: str, approval: Approval) -> StageResult:
-    """Record a signed approval (`registry sign`) on the snapshot's receipt; the registry verifies it
+    """Record a signed approval (`registry sign`) on the snapshot's receipt; the release verifies it
     against the deployment's pinned roles and keys first."""
-    stored = ctx.registry(p).approve(ctx.receipt_id(key), approval)
+    from lightning_dagster.release import receipts
+
+    stored = receipts.approve(ctx.registry(p), ctx.receipt_id(key), approval)
     return StageResult(
         metadata={
             "receipt_id": stored.receipt.receipt_id,
@@ -136,9 +138,10 @@ def approve(p: Pipeline, key: str, approval: Approval) -> StageResult:
 
 
 def promote(p: Pipeline, receipt_id: str, actor: str) -> StageResult:
-    """The registry re-runs the gate on the ledger head with today's fingerprints and refuses HOLD, stale
+    """The release re-runs the gate on the ledger head with today's fingerprints and refuses HOLD, stale
     evidence, an approval that does not verify, no signed default-step approval by `actor`, or a moved parent; a receipt `release_receipt` never judged is refused."""
-    from lightning_dagster.registry.errors import PromotionRefused
+    from lightning_dagster.release import promotion
+    from lightning_dagster.release.errors import PromotionRefused
 
     store = p.get_store()
     key = ctx.receipt_snapshot(store, receipt_id)
@@ -147,8 +150,12 @@ def promote(p: Pipeline, receipt_id: str, actor: str) -> StageResult:
         raise PromotionRefused(
             f"receipt {receipt_id!r} has no gate verdict: materialize release_receipt first"
         )
-    result = ctx.registry(p).promote(
-        receipt_id, actor, policy=ctx.policy(p), current_fingerprints=ctx.current_fingerprints(p, key)
+    result = promotion.promote(
+        ctx.registry(p),
+        receipt_id,
+        actor,
+        policy=ctx.policy(p),
+        current_fingerprints=ctx.current_fingerprints(p, key),
     )
     return StageResult(
         metadata={
@@ -162,9 +169,11 @@ def promote(p: Pipeline, receipt_id: str, actor: str) -> StageResult:
 
 
 def rollback(p: Pipeline, request: RollbackRequest) -> StageResult:
-    """The registry verifies the actor's signed rollback against the pinned roles and keys, then the
-    target's bytes, and moves the pointer back (see `promotion.rollback`)."""
-    result = ctx.registry(p).rollback(request)
+    """The release verifies the actor's signed rollback against the pinned roles and keys, then the
+    target's bytes, and moves the pointer back (see `release.rollbacks.rollback`)."""
+    from lightning_dagster.release import rollbacks
+
+    result = rollbacks.rollback(ctx.registry(p), request)
     return StageResult(
         metadata={
             "approved_default": result.move.to_value,

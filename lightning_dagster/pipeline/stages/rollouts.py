@@ -23,7 +23,7 @@ def rollouts(p: Pipeline, key: str) -> StageResult:
     store, receipt, manifest = p.get_store(), ctx.head_receipt(p.get_store(), key), load_manifest(p, key)
     parent = receipt.plan.parent
     parent_dir = ctx.registry(p).download(ctx.registered_version(parent))
-    t = p.training
+    t = ctx.settings(p).training
     with rollout_service(
         p,
         parent_dir,

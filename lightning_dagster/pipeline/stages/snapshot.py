@@ -76,12 +76,13 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
         # Phase 1 is frozen: re-materializing reports the plan already in the ledger, it never re-plans.
         return _plan_result(p, existing, ctx.append_receipt(store, key, existing))
     parent = reg.resolve(APPROVED)  # raises PointerNotSet: never "whatever is latest"
-    Engine(parent.local_path, threads=p.serving.engine_threads)  # loadable, not just resolvable
+    settings = ctx.settings(p)
+    t, gate = settings.training, settings.gate
+    Engine(parent.local_path, threads=settings.serving.engine_threads)  # loadable, not just resolvable
     parent_uri = f"models:/{p.mlflow.model_name}/{parent.version}"
     refs = snapshot_refs(manifest)
     source = ctx.harness_source(p)
     spec, canary_spec = source.spec, ctx.canary_source(p, source).spec
-    t = p.training
     plan = R.Plan(
         candidate_id=ctx.candidate_id(key),
         parent=R.ParentRef(
@@ -96,11 +97,11 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
         holdout_snapshot=refs["holdout"],
         protected_snapshot=refs["protected"],
         canary_snapshot=refs["canary"],
-        evaluator=R.EvaluatorRef(name=p.gate.evaluator, version=p.gate.evaluator_version),
+        evaluator=R.EvaluatorRef(name=gate.evaluator, version=gate.evaluator_version),
         algorithm=algorithm(p, source.name),
         code_revision=code_version("training", "runner", "gateway", "engine"),
-        scope=p.gate.scope,
-        approvers=R.ApproverRoles(canary=p.gate.canary_approver_roles, default=p.gate.default_approver_roles),
+        scope=gate.scope,
+        approvers=R.ApproverRoles(canary=gate.canary_approver_roles, default=gate.default_approver_roles),
         expected_span_families={
             RolloutKind.train: list(spec.expected_span_families),
             RolloutKind.holdout: list(spec.expected_span_families),
@@ -116,7 +117,7 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
             RolloutKind.canary: min(len(manifest.splits.canary), t.canary_tasks),
         },
         retry_budget=R.RetryBudget(
-            expected_sample_retries=0, infrastructure_retries=p.gate.infrastructure_retry_budget
+            expected_sample_retries=0, infrastructure_retries=gate.infrastructure_retry_budget
         ),
         created_at=time.time(),
     )
@@ -178,7 +179,7 @@ def _plan_result(p: Pipeline, receipt: Receipt, stored: LedgerEntry) -> StageRes
 
 
 def algorithm(p: Pipeline, harness: str) -> dict[str, Any]:
-    t = p.training
+    t = ctx.settings(p).training
     return {
         "name": t.advantage,
         "steps": t.steps,

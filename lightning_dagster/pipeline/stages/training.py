@@ -35,7 +35,7 @@ def training_transitions(p: Pipeline, key: str) -> StageResult:
     store = p.get_store()
     receipt = ctx.head_receipt(store, key)
     batch = collect(store, first_batch(store, key, receipt))
-    rows, advantages, merge, excluded = batch_transitions(batch, step_settings(p.training))
+    rows, advantages, merge, excluded = batch_transitions(batch, step_settings(ctx.settings(p).training))
     parent_dir = ctx.registry(p).download(ctx.registered_version(receipt.plan.parent))
     tokenizer = tokenizer_fingerprint_of(spans_tokenizer(p, parent_dir))
     path = write_transitions(
@@ -105,7 +105,7 @@ def candidate_resource(
     receipt, manifest = ctx.head_receipt(store, key), load_manifest(p, key)
     parent_version = ctx.registered_version(receipt.plan.parent)
     parent_dir = reg.download(parent_version)
-    t, source = p.training, ctx.harness_source(p)
+    t, source = ctx.settings(p).training, ctx.harness_source(p)
     started = time.time()
     # read (and its tokenizer checked against the parent's) before the other ranks are sent anything
     transitions = load_transitions(

@@ -9,29 +9,33 @@ actors:
 Design. The roles are a deployment-time setting, not a caller's choice. A deployment names its roles file
 once (the Dagster code location's `GateResource.roles_path`, or `registry roles pin FILE`); the first use
 against a store pins that file's content (hash and body) in the store: pointer `approval-roles`, documents
-`approval_roles`. From then on the pinned roles are the only ones that authorize: the registry reads them
+`approval_roles`. From then on the pinned roles are the only ones that authorize: the release reads them
 from the store, and a roles file given later is accepted only if it hashes to the pin, so a file a caller
 writes (or an environment variable pointing at one) authorizes no one. Changing the pin needs an Ed25519
-signature, over the old and new hashes and the pin's move number (`pin_seq`, `pin_message`, format v2), by an
-actor holding `roles-admin` in the pinned roles; every pin is a recorded move in the pointer's history. The
-move number makes a signature good for one change from one pin state: after the pins A -> B -> A, the
-signature that once moved A to B no longer verifies (v1 signatures, over the hashes only, verify no more). A roles file inside the learner's write surface (the models
-directory, the MLflow artifact root) is refused before anything is pinned.
+signature in the one signed-message format (`signing.ROLES_PIN`, `pin_fields`) over the old and new hashes
+and the pin's move number (`pin_seq`), by an actor holding `roles-admin` in the pinned roles; every pin is a
+recorded move in the pointer's history. The move number makes a signature good for one change from one pin
+state: after the pins A -> B -> A, the signature that once moved A to B no longer verifies. A roles file
+inside the learner's write surface (the models directory, the MLflow artifact root) is refused before
+anything is pinned.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from lightning_dagster import paths
-from lightning_dagster.gate.approvals import ActorKey, parse_public_key, verify_signature
-from lightning_dagster.gate.hashing import canonical_json, content_hash
-from lightning_dagster.registry.errors import NotAuthorized, RolesConfigError
+from lightning_dagster.canonical import content_hash
+from lightning_dagster.release.errors import NotAuthorized, RolesConfigError
+from lightning_dagster.release.signing import ROLES_PIN, ActorKey, parse_public_key, verify
 from lightning_dagster.store.errors import Conflict
+
+if TYPE_CHECKING:
+    from lightning_dagster.registry.core import Registry
 
 PIN = "approval-roles"
 COLLECTION = "approval_roles"
@@ -111,25 +115,22 @@ def pinned_roles(store: Any) -> Roles | None:
     return roles
 
 
-PIN_MESSAGE_PURPOSE = "lightning-dagster roles pin v2"
-
-
-def pin_message(previous: str | None, new: str, *, pin_seq: int) -> bytes:
-    """The exact bytes a roles-admin signs to change the pin from `previous` to `new`: both hashes and the
-    pin's newest move number as it stands (`pin_seq`, `pin_state`), so the signature changes that one state
-    and cannot be replayed after the pin moved, even back to `previous`."""
-    return canonical_json({"purpose": PIN_MESSAGE_PURPOSE, "from": previous, "to": new, "pin_seq": pin_seq})
+def pin_fields(previous: str | None, new: str, *, pin_seq: int) -> dict[str, Any]:
+    """What a roles-admin signs (`signing.ROLES_PIN`) to change the pin from `previous` to `new`: both hashes
+    and the pin's newest move number as it stands (`pin_seq`, `pin_state`), so the signature changes that
+    one state and cannot be replayed after the pin moved, even back to `previous`."""
+    return {"from": previous, "to": new, "pin_seq": pin_seq}
 
 
 def pin_state(store: Any) -> tuple[str | None, int]:
     """The pinned roles' hash and the pin's newest move number ((None, 0): never pinned): what a roles-admin
-    signs over (`pin_message`)."""
+    signs over (`pin_fields`)."""
     return store.pointer_state(PIN)
 
 
 def pin_roles(store: Any, roles: Roles, *, actor: str = DEPLOYMENT, signature: str | None = None) -> Roles:
     """Pin `roles` in the store. The first pin needs no signature; replacing one needs `signature` (see
-    `pin_message`, over the pin as it stands now) by `actor` holding `roles-admin` in the pinned roles.
+    `pin_fields`, over the pin as it stands now) by `actor` holding `roles-admin` in the pinned roles.
     Pinning the same roles is a no-op. The move is a compare-and-set on the move number that was signed."""
     _, pin_seq = pin_state(store)  # read before the roles: a pin moved in between fails the move below
     current = pinned_roles(store)
@@ -137,13 +138,13 @@ def pin_roles(store: Any, roles: Roles, *, actor: str = DEPLOYMENT, signature: s
         return current
     if current is not None:
         current.require(actor, ROLES_ADMIN)
-        message = pin_message(current.digest, roles.digest, pin_seq=pin_seq)
-        if not signature or not verify_signature(current.actors[actor].public_key, message, signature):
+        fields = pin_fields(current.digest, roles.digest, pin_seq=pin_seq)
+        if not signature or not verify(current.actors[actor].public_key, ROLES_PIN, fields, signature):
             raise NotAuthorized(
                 actor,
                 ROLES_ADMIN,
                 f"the new roles are not signed with this actor's key over the pin as it stands (move "
-                f"{pin_seq}, {PIN_MESSAGE_PURPOSE}; a signature over an earlier pin state does not verify)",
+                f"{pin_seq}, a {ROLES_PIN} signature; a signature over an earlier pin state does not verify)",
             )
     try:
         if not store.document_versions(COLLECTION, roles.digest):
@@ -184,3 +185,9 @@ def deployment_roles(store: Any, configured: Path | str | None = None) -> Roles:
             f"({pinned.digest[:19]}, from {pinned.source}); a roles-admin must sign a change of roles"
         )
     return pinned
+
+
+def registry_roles(reg: Registry) -> Roles:
+    """The roles that authorize moves of `reg`'s pointer: the pin in its store (`reg.roles_file`, the
+    deployment's, pinned on first use; see `deployment_roles`)."""
+    return deployment_roles(reg.store, reg.roles_file)

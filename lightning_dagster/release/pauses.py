@@ -1,5 +1,6 @@
 """Pause and resume of the continual-learning loop as recorded decisions: what each says, what a resume
-signs, and what the next tick decides. Pure: the history comes from the caller (`pipeline.pauses`).
+signs (`signing.LOOP_RESUME`, the one signed-message format), and what the next tick decides. Pure: the
+history comes from the caller (`pipeline.loop_history`).
 
 A pause names its stop conditions, the receipt that met them and the roles that may lift it (the
 deployment's default-approver roles when it was recorded: the `resume` job and `loop resume` both read them
@@ -13,16 +14,14 @@ from __future__ import annotations
 import time
 import unicodedata
 from collections.abc import Collection, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lightning_dagster.gate.approvals import ActorKey, signer, verify_signature
 from lightning_dagster.gate.consistency import CLOCK_SKEW_S
-from lightning_dagster.gate.hashing import canonical_json
+from lightning_dagster.release.signing import LOOP_RESUME, ActorKey, signer, verify
 
 LOOP = "continual_learning"
-MESSAGE_PURPOSE = "lightning-dagster loop resume v1"
 MAX_REASON_CHARS = 1024  # a reason is a sentence for the history, not a document
 MAX_NAME_CHARS = 128  # an actor's or role's name (as `registry keygen` allows)
 # Who may lift a pause recorded before pauses named their roles: `GateResource.default_approver_roles`' default.
@@ -60,7 +59,7 @@ def resume_roles_of(pause: LoopDecision) -> list[str]:
 
 
 class ResumeRequest(BaseModel):
-    """What an actor signs to resume (`resume_message`), as the `resume` job's config and `loop sign` print
+    """What an actor signs to resume (`resume_fields`), as the `resume` job's config and `loop sign` print
     it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -84,19 +83,16 @@ class ResumeRequest(BaseModel):
         return value
 
 
-def resume_message(pause_hash: str, actor: str, role: str, reason: str, at: float) -> bytes:
-    """The exact bytes a resume's Ed25519 signature covers: bound to one recorded pause, so a signature
-    cannot lift a later pause."""
-    return canonical_json(
-        {
-            "purpose": MESSAGE_PURPOSE,
-            "pause_hash": pause_hash,
-            "actor": actor,
-            "role": role,
-            "reason": reason,
-            "at": at,
-        }
-    )
+def resume_fields(request: ResumeRequest) -> dict[str, Any]:
+    """What a resume's Ed25519 signature binds (`signing.LOOP_RESUME`): one recorded pause, so a signature
+    cannot lift a later pause, and who resumed it, in which role, why and when."""
+    return {
+        "pause_hash": request.pause_hash,
+        "actor": request.actor,
+        "role": request.role,
+        "reason": request.reason,
+        "at": request.at,
+    }
 
 
 def resume_problem(
@@ -128,8 +124,7 @@ def resume_problem(
     entry = signer(who, actors, request.actor, request.role, request.signature)
     if isinstance(entry, str):
         return entry
-    message = resume_message(request.pause_hash, request.actor, request.role, request.reason, request.at)
-    if not verify_signature(entry.public_key, message, request.signature):
+    if not verify(entry.public_key, LOOP_RESUME, resume_fields(request), request.signature):
         return f"{who}: signature does not verify with {request.actor}'s key"
     return None
 

@@ -4,30 +4,41 @@ the step it approves, moves `approved-default`; a caller's own roles file or key
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import stat
 
 import pytest
 
+from lightning_dagster.canonical import canonical_json
 from lightning_dagster.gate import ReceiptLedger
 from lightning_dagster.gate.receipt import Approval, add_approval
-from lightning_dagster.registry import NotAuthorized, PromotionRefused, Registry, RolesConfigError
-from lightning_dagster.registry.cli import register
-from lightning_dagster.registry.errors import ApprovalRefused, KeyFileError
-from lightning_dagster.registry.roles import (
-    pin_message,
+from lightning_dagster.registry import Registry
+from lightning_dagster.release import promotion, receipts
+from lightning_dagster.release.cli import register
+from lightning_dagster.release.errors import (
+    ApprovalRefused,
+    KeyFileError,
+    NotAuthorized,
+    PromotionRefused,
+    RolesConfigError,
+)
+from lightning_dagster.release.receipts import sign_approval
+from lightning_dagster.release.roles import (
+    pin_fields,
     pin_roles,
     pin_state,
     pinned_roles,
     read_roles_file,
+    registry_roles,
 )
-from lightning_dagster.registry.signing import (
+from lightning_dagster.release.signing import (
+    ROLES_PIN,
     generate_keypair,
     load_private_key,
     public_key_line,
     sign,
-    sign_approval,
 )
 from tests.registry.helpers import approve, candidate_kwargs, passing_receipt, record_as_pipeline
 
@@ -40,7 +51,7 @@ def _setup(registry, variant, keys, receipt_id: str = "rec-signed"):
     receipt = passing_receipt(registry, parent, cand, receipt_id, keys)
     (canary,) = receipt.approvals
     record_as_pipeline(registry, receipt.model_copy(update={"approvals": []}))
-    registry.approve(receipt_id, canary)
+    receipts.approve(registry, receipt_id, canary)
     return parent, cand, receipt
 
 
@@ -65,9 +76,9 @@ def test_a_self_written_roles_file_authorizes_no_one(
     # The API with the caller's roles file: refused, naming the deployment's pin.
     mine = Registry(tracking.uri, registry.store, registry.model_name, roles_file=forged)
     with pytest.raises(RolesConfigError, match="not the deployment's pinned roles"):
-        mine.approve("rec-signed", as_alice)
+        receipts.approve(mine, "rec-signed", as_alice)
     with pytest.raises(RolesConfigError, match="not the deployment's pinned roles"):
-        mine.promote("rec-signed", "alice")
+        promotion.promote(mine, "rec-signed", "alice")
 
     # The command with LD_ROLES_FILE pointing at it: the variable is not read; the pinned key refuses.
     monkeypatch.setenv("LD_ROLES_FILE", forged)
@@ -108,11 +119,11 @@ def test_every_approval_that_proves_nothing_is_refused_and_the_pointer_stays(
     }
     for reason, approval in attempts.items():
         with pytest.raises(ApprovalRefused, match=reason.strip()):
-            registry.approve("rec-signed", approval)
+            receipts.approve(registry, "rec-signed", approval)
     # The signed approval of the canary step is valid, but it does not approve the default step.
-    registry.approve("rec-signed", canary)
+    receipts.approve(registry, "rec-signed", canary)
     with pytest.raises(NotAuthorized, match="no signed default-step approval"):
-        registry.promote("rec-signed", "alice")
+        promotion.promote(registry, "rec-signed", "alice")
 
     # An unsigned approval written into the ledger around the registry is caught at promotion.
     ledger = ReceiptLedger(registry.store)
@@ -120,7 +131,7 @@ def test_every_approval_that_proves_nothing_is_refused_and_the_pointer_stays(
     ledger.append(add_approval(head, Approval(actor="alice", role="release-owner", step="default", at=1.0)))
     # The gate's check 7 (verifying signatures too) or the registry's own check refuses it, whichever first.
     with pytest.raises((ApprovalRefused, PromotionRefused), match="not signed"):
-        registry.promote("rec-signed", "alice")
+        promotion.promote(registry, "rec-signed", "alice")
     assert [m.to_value for m in registry.history()] == [parent.version]
 
 
@@ -135,7 +146,7 @@ def test_an_ingested_receipt_with_an_unsigned_approval_is_refused_and_not_stored
     forged = receipt.model_copy(update={"approvals": [unsigned]})
     default = sign_approval(forged, actor="alice", role="release-owner", key=approver_keys["alice"])
     with pytest.raises(ApprovalRefused, match="not signed"):
-        registry.approve(forged, default)
+        receipts.approve(registry, forged, default)
     assert ReceiptLedger(registry.store).history("rec-ingest") == []
 
 
@@ -144,13 +155,13 @@ def test_a_correctly_signed_approval_promotes(registry, variant, approver_keys):
     parent, cand, _ = _setup(registry, variant, approver_keys)
     stored = approve(registry, "rec-signed", approver_keys, "alice")
     assert [a.step for a in stored.receipt.approvals] == ["canary", "default"]
-    result = registry.promote("rec-signed", "alice")
+    result = promotion.promote(registry, "rec-signed", "alice")
     assert result.move.to_value == cand.version and result.move.actor == "alice"
 
 
 @SQLITE
 def test_roles_change_only_with_a_roles_admin_signature(registry, approver_keys, tmp_path):
-    deployed = registry.roles()
+    deployed = registry_roles(registry)
     text = read_roles_file(registry.roles_file)
     new = tmp_path / "roles-v2.yaml"
     new.write_text(
@@ -163,26 +174,21 @@ def test_roles_change_only_with_a_roles_admin_signature(registry, approver_keys,
     )
     changed = read_roles_file(new)
     assert pin_state(registry.store) == (deployed.digest, 1)
-    wrong = sign(
-        load_private_key(approver_keys["bob"]), pin_message(deployed.digest, changed.digest, pin_seq=1)
-    )
+    fields = pin_fields(deployed.digest, changed.digest, pin_seq=1)
+    wrong = sign(load_private_key(approver_keys["bob"]), ROLES_PIN, fields)
     with pytest.raises(NotAuthorized):
         pin_roles(registry.store, changed, actor="alice", signature=wrong)
-    right = sign(
-        load_private_key(approver_keys["alice"]), pin_message(deployed.digest, changed.digest, pin_seq=1)
-    )
+    right = sign(load_private_key(approver_keys["alice"]), ROLES_PIN, fields)
     pin_roles(registry.store, changed, actor="alice", signature=right)
     assert "bob" not in pinned_roles(registry.store).actors
     with pytest.raises(RolesConfigError, match="not the deployment's pinned roles"):
-        registry.roles()  # the old file no longer matches the pin
+        registry_roles(registry)  # the old file no longer matches the pin
 
 
 @SQLITE
 def test_a_roles_signature_is_not_replayed_after_the_pin_moved_back(registry, approver_keys, tmp_path):
     """Pins A -> B -> A: the signature that moved A to B names pin move 1 and does not verify at move 3."""
-    from lightning_dagster.gate.hashing import canonical_json
-
-    a = registry.roles()
+    a = registry_roles(registry)
     alice = load_private_key(approver_keys["alice"])
     new = tmp_path / "roles-b.yaml"
     new.write_text(
@@ -194,22 +200,33 @@ def test_a_roles_signature_is_not_replayed_after_the_pin_moved_back(registry, ap
         )
     )
     b = read_roles_file(new)
-    to_b = sign(alice, pin_message(a.digest, b.digest, pin_seq=1))
+    to_b = sign(alice, ROLES_PIN, pin_fields(a.digest, b.digest, pin_seq=1))
     pin_roles(registry.store, b, actor="alice", signature=to_b)
     pin_roles(
-        registry.store, a, actor="alice", signature=sign(alice, pin_message(b.digest, a.digest, pin_seq=2))
+        registry.store,
+        a,
+        actor="alice",
+        signature=sign(alice, ROLES_PIN, pin_fields(b.digest, a.digest, pin_seq=2)),
     )
     assert pin_state(registry.store) == (a.digest, 3)
     with pytest.raises(NotAuthorized, match="move 3"):
         pin_roles(registry.store, b, actor="alice", signature=to_b)  # the replay
     assert pinned_roles(registry.store).digest == a.digest
-    # A v1 signature (over the two hashes only) verifies no more either.
-    v1 = canonical_json({"purpose": "lightning-dagster roles pin v1", "from": a.digest, "to": b.digest})
-    with pytest.raises(NotAuthorized):
-        pin_roles(registry.store, b, actor="alice", signature=sign(alice, v1))
+    # Signatures in the formats before the one signed-message format verify no more: pin v1 (over the two
+    # hashes only) and pin v2 (the hashes and the move number, each the canonical JSON of its own dict).
+    for old in (
+        {"purpose": "lightning-dagster roles pin v1", "from": a.digest, "to": b.digest},
+        {"purpose": "lightning-dagster roles pin v2", "from": a.digest, "to": b.digest, "pin_seq": 3},
+    ):
+        signature = base64.b64encode(alice.sign(canonical_json(old))).decode()
+        with pytest.raises(NotAuthorized):
+            pin_roles(registry.store, b, actor="alice", signature=signature)
     # Signed over the pin as it stands, the same change is accepted.
     pin_roles(
-        registry.store, b, actor="alice", signature=sign(alice, pin_message(a.digest, b.digest, pin_seq=3))
+        registry.store,
+        b,
+        actor="alice",
+        signature=sign(alice, ROLES_PIN, pin_fields(a.digest, b.digest, pin_seq=3)),
     )
     assert pin_state(registry.store) == (b.digest, 4)
     assert [m.actor for m in registry.store.pointer_history("approval-roles")] == [
@@ -241,7 +258,7 @@ def test_keygen_writes_an_owner_only_key_and_prints_the_public_line(tmp_path, ca
 def test_the_roles_command_signs_over_the_pin_as_it_stands(
     registry, approver_keys, tracking, store_url, tmp_path, capsys
 ):
-    a = registry.roles()
+    a = registry_roles(registry)
     new = tmp_path / "roles-c.yaml"
     new.write_text(
         "actors:\n"

@@ -6,19 +6,20 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from lightning_dagster.registry import NotAuthorized, PromotionRefused
-from tests.registry.helpers import approve, passing_receipt, signed_rollback
-from tests.registry.test_pointers import _artifact_files, _bootstrap
+from lightning_dagster.release import promotion, receipts, rollbacks
+from lightning_dagster.release.errors import NotAuthorized, PromotionRefused
+from lightning_dagster.release.roles import registry_roles
+from tests.registry.helpers import approve, artifact_files, bootstrap, passing_receipt, signed_rollback
 
 
 @pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
 def test_a_candidate_whose_artifact_was_swapped_is_not_promoted(registry, variant, tracking, approver_keys):
-    parent, (cand,) = _bootstrap(registry, variant)
+    parent, (cand,) = bootstrap(registry, variant)
     approve(
         registry, passing_receipt(registry, parent, cand, "rec-swap", approver_keys), approver_keys, "alice"
     )
     registry.download(cand.version)  # this host's cache holds the right bytes (as after the canary)
-    (weights,) = _artifact_files(tracking, cand.run_id, "model.safetensors")
+    (weights,) = artifact_files(tracking, cand.run_id, "model.safetensors")
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))  # the learner rewrites the registered artifact
@@ -26,7 +27,7 @@ def test_a_candidate_whose_artifact_was_swapped_is_not_promoted(registry, varian
     with pytest.raises(
         PromotionRefused, match=f"candidate version {cand.version}'s artifact is not the weights"
     ):
-        registry.promote("rec-swap", "alice")
+        promotion.promote(registry, "rec-swap", "alice")
     assert [m.to_value for m in registry.history()] == [parent.version]
     assert registry.serve_approved(download=False).version == parent.version
 
@@ -37,7 +38,7 @@ def test_cli_promote_of_a_receipt_edited_in_the_ledger_is_refused_in_one_line(
 ):
     from lightning_dagster.cli import main
 
-    parent, (cand,) = _bootstrap(registry, variant)
+    parent, (cand,) = bootstrap(registry, variant)
     approve(
         registry, passing_receipt(registry, parent, cand, "rec-edit", approver_keys), approver_keys, "alice"
     )
@@ -66,18 +67,20 @@ def test_rollback_in_a_role_that_may_not_move_the_pointer_is_refused(
 ):
     from lightning_dagster.cli import main
 
-    parent, (cand,) = _bootstrap(registry, variant)
+    parent, (cand,) = bootstrap(registry, variant)
     approve(
         registry,
         passing_receipt(registry, parent, cand, "rec-rb-role", approver_keys),
         approver_keys,
         "alice",
     )
-    registry.promote("rec-rb-role", "alice")
+    promotion.promote(registry, "rec-rb-role", "alice")
     # bob holds ml-lead only, alice also roles-admin: naming a role one holds is not leave to move the pointer.
     for actor, role in (("bob", "ml-lead"), ("alice", "roles-admin")):
         with pytest.raises(NotAuthorized, match="needs one of the roles"):
-            registry.rollback(signed_rollback(registry, parent.version, actor, approver_keys, role=role))
+            rollbacks.rollback(
+                registry, signed_rollback(registry, parent.version, actor, approver_keys, role=role)
+            )
     monkeypatch.setenv("LD_STORE_URL", registry.store.url)
     argv = ["registry", "rollback", parent.version, "--actor", "bob", "--role", "ml-lead"]
     argv += ["--key", str(approver_keys["bob"]), "--reason", "regression"]
@@ -122,13 +125,13 @@ def test_cli_promote_of_a_receipt_written_by_hand_is_refused_whatever_it_claims(
     from lightning_dagster.gate import evaluate, load_policy
     from lightning_dagster.gate.receipt import with_gate_record
 
-    parent, (cand,) = _bootstrap(registry, variant)
+    parent, (cand,) = bootstrap(registry, variant)
     monkeypatch.setenv("LD_STORE_URL", registry.store.url)
     common = ["--tracking-uri", tracking.uri, "--model-name", registry.model_name]
     loose = _loose_policy(tmp_path)
     invented = passing_receipt(registry, parent, cand, "rcpt-invented", approver_keys)
     worse = passing_receipt(registry, parent, cand, "rcpt-loose", approver_keys, edit=_worse)
-    judged = evaluate(worse, load_policy(loose), None, roles=registry.roles().actors)
+    judged = evaluate(worse, load_policy(loose), None, roles=registry_roles(registry).actors)
     assert judged.verdict == "PROMOTE TO BOUNDED CANARY"  # the caller's policy would pass it
     worse = with_gate_record(worse, judged.to_record())
     for receipt, policy in ((invented, []), (worse, ["--policy", loose])):
@@ -139,7 +142,7 @@ def test_cli_promote_of_a_receipt_written_by_hand_is_refused_whatever_it_claims(
         assert main(argv) == 1
         assert "was not written by the pipeline" in capsys.readouterr().err
         with pytest.raises(PromotionRefused, match="not written by the pipeline"):
-            registry.promote(receipt.receipt_id, "alice", policy=loose if policy else None)
+            promotion.promote(registry, receipt.receipt_id, "alice", policy=loose if policy else None)
     assert [m.to_value for m in registry.history()] == [parent.version]
 
 
@@ -153,22 +156,22 @@ def test_a_pipeline_receipt_is_judged_only_under_the_policy_its_gate_recorded(
     from lightning_dagster.pipeline.context import save_doc
     from tests.registry.helpers import record_as_pipeline
 
-    parent, (cand,) = _bootstrap(registry, variant)
+    parent, (cand,) = bootstrap(registry, variant)
     loose = _loose_policy(tmp_path)
     unjudged = passing_receipt(registry, parent, cand, "rcpt-snap-unjudged", approver_keys, edit=_worse)
     save_doc(registry.store, RECEIPT_SNAPSHOTS, unjudged.receipt_id, {"snapshot_key": "snap-unjudged"})
     ReceiptLedger(registry.store).append(unjudged)
     approve(registry, unjudged.receipt_id, approver_keys, "alice")
     with pytest.raises(PromotionRefused, match="has no gate verdict: materialize release_receipt"):
-        registry.promote(unjudged.receipt_id, "alice", policy=loose)
+        promotion.promote(registry, unjudged.receipt_id, "alice", policy=loose)
 
     judged = passing_receipt(registry, parent, cand, "rcpt-snap-judged", approver_keys, edit=_worse)
     record_as_pipeline(registry, judged)
     approve(registry, judged.receipt_id, approver_keys, "alice")
     with pytest.raises(PromotionRefused, match="promotion under mine .* is refused"):
-        registry.promote(judged.receipt_id, "alice", policy=loose)
+        promotion.promote(registry, judged.receipt_id, "alice", policy=loose)
     with pytest.raises(PromotionRefused, match="HOLD"):
-        registry.promote(judged.receipt_id, "alice")
+        promotion.promote(registry, judged.receipt_id, "alice")
     assert [m.to_value for m in registry.history()] == [parent.version]
 
 
@@ -183,10 +186,12 @@ def test_a_receipt_brought_in_under_a_snapshots_id_is_not_adopted_by_the_pipelin
     from lightning_dagster.pipeline.context import ForeignReceipt, find_receipt, save_doc
     from lightning_dagster.registry.errors import RegistryError
 
-    parent, (cand,) = _bootstrap(registry, variant)
+    parent, (cand,) = bootstrap(registry, variant)
     early = passing_receipt(registry, parent, cand, "rcpt-snap-future", approver_keys)
     (canary,) = early.approvals
-    registry.approve(early.model_copy(update={"approvals": []}), Approval.model_validate(canary.model_dump()))
+    receipts.approve(
+        registry, early.model_copy(update={"approvals": []}), Approval.model_validate(canary.model_dump())
+    )
     with pytest.raises(ForeignReceipt, match="was not written by the pipeline"):
         find_receipt(registry.store, "snap-future")
 
@@ -194,7 +199,7 @@ def test_a_receipt_brought_in_under_a_snapshots_id_is_not_adopted_by_the_pipelin
     claimed = passing_receipt(registry, parent, cand, "rcpt-snap-claimed", approver_keys)
     (canary,) = claimed.approvals
     with pytest.raises(RegistryError, match="whose receipt only the pipeline writes"):
-        registry.approve(claimed.model_copy(update={"approvals": []}), canary)
+        receipts.approve(registry, claimed.model_copy(update={"approvals": []}), canary)
     assert find_receipt(registry.store, "snap-claimed") is None
 
 
@@ -207,15 +212,17 @@ def test_a_promotion_replayed_after_a_rollback_is_refused(
     before it. A receipt moves the pointer once."""
     from lightning_dagster.cli import main
 
-    parent, (cand,) = _bootstrap(registry, variant)
+    parent, (cand,) = bootstrap(registry, variant)
     approve(
         registry, passing_receipt(registry, parent, cand, "rec-replay", approver_keys), approver_keys, "alice"
     )
-    registry.promote("rec-replay", "alice")
-    registry.rollback(signed_rollback(registry, parent.version, "alice", approver_keys, reason="canary harm"))
+    promotion.promote(registry, "rec-replay", "alice")
+    rollbacks.rollback(
+        registry, signed_rollback(registry, parent.version, "alice", approver_keys, reason="canary harm")
+    )
 
     with pytest.raises(PromotionRefused, match="receipt rec-replay already moved .* promotes once"):
-        registry.promote("rec-replay", "alice")
+        promotion.promote(registry, "rec-replay", "alice")
     monkeypatch.setenv("LD_STORE_URL", registry.store.url)
     argv = ["registry", "promote", "rec-replay", "--actor", "alice", "--tracking-uri", tracking.uri]
     assert main([*argv, "--model-name", registry.model_name]) == 1
@@ -229,21 +236,23 @@ def test_the_roles_that_approved_a_promotion_may_roll_it_back(registry, variant,
     """A deployment whose default step is approved in its own role (the receipt's plan names `release-owner`,
     as `default_approver_roles` records it): an actor holding only that role may take the move back, as
     `default-approver` may; a role the receipt does not name may not."""
-    from lightning_dagster.registry import RollbackRefused
+    from lightning_dagster.release.errors import RollbackRefused
 
-    parent, (cand,) = _bootstrap(registry, variant)
+    parent, (cand,) = bootstrap(registry, variant)
     receipt = passing_receipt(registry, parent, cand, "rec-own-role", approver_keys)
     assert receipt.plan.approvers.default == ["release-owner"]
     approve(registry, receipt, approver_keys, "alice")
-    registry.promote("rec-own-role", "alice")
+    promotion.promote(registry, "rec-own-role", "alice")
 
     with pytest.raises(
         RollbackRefused, match=r"needs one of the roles \['default-approver', 'release-owner'\]"
     ):
-        registry.rollback(signed_rollback(registry, parent.version, "bob", approver_keys, role="ml-lead"))
+        rollbacks.rollback(
+            registry, signed_rollback(registry, parent.version, "bob", approver_keys, role="ml-lead")
+        )
     # racer0 holds release-owner only: the role that approved the promotion
-    registry.rollback(
-        signed_rollback(registry, parent.version, "racer0", approver_keys, role="release-owner")
+    rollbacks.rollback(
+        registry, signed_rollback(registry, parent.version, "racer0", approver_keys, role="release-owner")
     )
     history = registry.history()
     assert [m.to_value for m in history] == [parent.version, cand.version, parent.version]

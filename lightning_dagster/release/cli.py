@@ -1,6 +1,8 @@
-"""`lightning-dagster registry show | history | serving | keygen | roles | sign | approve | promote | sign-rollback |
-rollback | drill`.
+"""`lightning-dagster registry show | history | serving | keygen | roles | sign | approve | promote |
+sign-rollback | rollback | drill`.
 
+The command keeps the registry's name; it lives with the release because most of it is the release's (keys,
+roles, approvals, promotion, rollback), while `show`, `history`, `serving` and `drill` read the registry.
 Exit status: 0 done, 1 refused (not authorized, conflict, stale, unavailable), 2 bad input."""
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import json
 import sys
 from typing import Any
 
-from lightning_dagster.registry.core import DEFAULT_APPROVER, DEFAULT_MODEL_NAME
 from lightning_dagster.registry.lineage import model_uri
+from lightning_dagster.release.promotion import DEFAULT_APPROVER
+from lightning_dagster.settings import GateSettings, MLflowSettings, StoreSettings, add_flags, from_flags
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -19,9 +22,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
     def command(name: str, help_text: str, handler) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or SQLite)")
-        p.add_argument("--store-url", help="store URL (default: $LD_STORE_URL or SQLite)")
-        p.add_argument("--model-name", default=DEFAULT_MODEL_NAME)
+        add_flags(p, MLflowSettings, ["tracking_uri", "model_name"])
+        add_flags(p, StoreSettings)
         p.add_argument("--json", action="store_true", help="print JSON")
         p.set_defaults(handler=lambda args: _run(handler, args))
         return p
@@ -55,7 +57,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--key", help="sign and record that approval first, with this private key file")
     p.add_argument("--role", help="the role it is signed in (default: the receipt's first default approver)")
     p.add_argument("--fingerprints", help="JSON file of current fingerprints (voids stale checks)")
-    p.add_argument("--policy", help="gate policy file (default: the packaged policy)")
+    add_flags(p, GateSettings, ["policy_path"])
     p = command(
         "sign-rollback",
         "print a signed rollback (JSON, the `rollback` job's run config) without moving anything",
@@ -98,7 +100,8 @@ def _registry(args: argparse.Namespace):
     from lightning_dagster.registry.core import Registry
     from lightning_dagster.store import Store
 
-    return Registry(args.tracking_uri, Store(args.store_url), args.model_name)
+    mlflow, store = from_flags(MLflowSettings(), args), from_flags(StoreSettings(), args)
+    return Registry(mlflow.resolved_uri(), Store(store.resolved_url()), mlflow.model_name)
 
 
 def _receipt_arg(value: str) -> Any:
@@ -181,7 +184,7 @@ def _history(args):
 
 
 def _keygen(args):
-    from lightning_dagster.registry.signing import generate_keypair
+    from lightning_dagster.release.signing import generate_keypair
 
     pair = generate_keypair(args.actor, args.out)
     data = {"actor": pair.actor, "private_key": str(pair.private_path), "public_key": pair.public_key}
@@ -192,8 +195,8 @@ def _keygen(args):
 
 
 def _roles(args):
-    from lightning_dagster.registry.roles import (
-        pin_message,
+    from lightning_dagster.release.roles import (
+        pin_fields,
         pin_roles,
         pin_state,
         pinned_roles,
@@ -204,10 +207,11 @@ def _roles(args):
     if args.pin:
         roles, signature = read_roles_file(args.pin), None
         if args.key:
-            from lightning_dagster.registry.signing import load_private_key, sign
+            from lightning_dagster.release.signing import ROLES_PIN, load_private_key, sign
 
             previous, pin_seq = pin_state(store)
-            signature = sign(load_private_key(args.key), pin_message(previous, roles.digest, pin_seq=pin_seq))
+            fields = pin_fields(previous, roles.digest, pin_seq=pin_seq)
+            signature = sign(load_private_key(args.key), ROLES_PIN, fields)
         pin_roles(store, roles, **({"actor": args.actor} if args.actor else {}), signature=signature)
     roles = pinned_roles(store)
     if roles is None:
@@ -221,13 +225,13 @@ def _roles(args):
 def _receipt_value(reg, value: Any):
     """The receipt an approval signs: the ledger's head for an id, the file's receipt for a file."""
     from lightning_dagster.gate import parse_receipt
-    from lightning_dagster.registry import receipts
+    from lightning_dagster.release import receipts
 
     return receipts.load(reg.store, value).receipt if isinstance(value, str) else parse_receipt(value)
 
 
 def _signed(reg, receipt_arg: Any, actor: str, role: str, key: str, step: str | None = None):
-    from lightning_dagster.registry.signing import sign_approval
+    from lightning_dagster.release.receipts import sign_approval
 
     return sign_approval(_receipt_value(reg, receipt_arg), actor=actor, role=role, key=key, step=step)
 
@@ -242,6 +246,7 @@ def _sign(args):
 
 def _approve(args):
     from lightning_dagster.gate.receipt import Approval, read_json
+    from lightning_dagster.release.receipts import approve
 
     reg, receipt = _registry(args), _receipt_arg(args.receipt)
     if args.approval:
@@ -250,7 +255,7 @@ def _approve(args):
         approval = _signed(reg, receipt, args.actor, args.role, args.key, args.step)
     else:
         raise ValueError("give --approval FILE, or --actor, --role and --key to sign here")
-    stored = reg.approve(receipt, approval)
+    stored = approve(reg, receipt, approval)
     data = {
         "receipt_id": stored.receipt.receipt_id,
         "version": stored.version,
@@ -264,6 +269,9 @@ def _approve(args):
 
 
 def _promote(args):
+    from lightning_dagster.release.promotion import promote
+    from lightning_dagster.release.receipts import approve
+
     current = None
     if args.fingerprints:
         from lightning_dagster.gate.receipt import read_json
@@ -273,8 +281,9 @@ def _promote(args):
     if args.key:
         role = args.role or _receipt_value(reg, receipt).plan.approvers.default[0]
         approval = _signed(reg, receipt, args.actor, role, args.key, "default")
-        receipt = reg.approve(receipt, approval).receipt
-    result = reg.promote(receipt, args.actor, policy=args.policy, current_fingerprints=current)
+        receipt = approve(reg, receipt, approval).receipt
+    policy = from_flags(GateSettings(), args).policy_path or None
+    result = promote(reg, receipt, args.actor, policy=policy, current_fingerprints=current)
     data = {**_move_row(result.move), "mirrored": result.mirrored, "mirror_error": result.mirror_error}
     text = (
         f"approved-default {data['from']} -> {data['to']} by {data['actor']} (receipt {data['receipt_id']})"
@@ -287,7 +296,11 @@ def _promote(args):
 
 
 def _signed_rollback(reg, args):
-    return reg.sign_rollback(args.version, actor=args.actor, role=args.role, key=args.key, reason=args.reason)
+    from lightning_dagster.release.rollbacks import sign_rollback
+
+    return sign_rollback(
+        reg, args.version, actor=args.actor, role=args.role, key=args.key, reason=args.reason
+    )
 
 
 def _sign_rollback(args):
@@ -297,7 +310,7 @@ def _sign_rollback(args):
 
 def _rollback(args):
     from lightning_dagster.gate.receipt import read_json
-    from lightning_dagster.registry.rollbacks import rollback_request
+    from lightning_dagster.release.rollbacks import rollback, rollback_request
 
     reg = _registry(args)
     if args.signed:
@@ -310,7 +323,7 @@ def _rollback(args):
         request = _signed_rollback(reg, args)
     else:
         raise ValueError("give VERSION with --actor, --key and --reason to sign here, or --signed FILE")
-    result = reg.rollback(request)
+    result = rollback(reg, request)
     data = {**_move_row(result.move), "mirrored": result.mirrored, "mirror_error": result.mirror_error}
     return data, f"approved-default rolled back {data['from']} -> {data['to']} by {data['actor']}"
 

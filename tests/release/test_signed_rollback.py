@@ -11,16 +11,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from lightning_dagster.gate.approvals import ActorKey
-from lightning_dagster.registry import NotAuthorized, RollbackRefused
-from lightning_dagster.registry.rollbacks import (
+from lightning_dagster.release import promotion, rollbacks
+from lightning_dagster.release.errors import NotAuthorized, RollbackRefused
+from lightning_dagster.release.rollbacks import (
     RollbackRequest,
-    rollback_message,
+    rollback_fields,
     rollback_problem,
 )
-from lightning_dagster.registry.signing import load_private_key, public_key_line, sign
-from tests.registry.helpers import approve, passing_receipt, signed_rollback
-from tests.registry.test_pointers import _bootstrap
+from lightning_dagster.release.signing import ROLLBACK, ActorKey, load_private_key, public_key_line, sign
+from tests.registry.helpers import approve, bootstrap, passing_receipt, signed_rollback
 
 # ---------------------------------------------------------------- the rule, without MLflow
 
@@ -53,7 +52,8 @@ def _request(key, pointer="approved-default", **kw) -> RollbackRequest:
         "at": 1100.0,
         **kw,
     }
-    return RollbackRequest(**fields, signature=sign(key, rollback_message(pointer, **fields)))
+    request = RollbackRequest(**fields)
+    return request.model_copy(update={"signature": sign(key, ROLLBACK, rollback_fields(pointer, request))})
 
 
 def _problem(request, pointer="approved-default", head=HEAD, actors=None, now=1200.0):
@@ -125,14 +125,14 @@ def test_a_rollback_that_is_not_this_authorized_decision_is_named(keys, actors, 
 
 @pytest.fixture
 def promoted(registry, variant, tracking, approver_keys):
-    parent, (cand,) = _bootstrap(registry, variant)
+    parent, (cand,) = bootstrap(registry, variant)
     approve(
         registry,
         passing_receipt(registry, parent, cand, "rec-signed-rb", approver_keys),
         approver_keys,
         "alice",
     )
-    registry.promote("rec-signed-rb", "alice")
+    promotion.promote(registry, "rec-signed-rb", "alice")
     return parent, cand
 
 
@@ -158,10 +158,10 @@ def test_the_registry_refuses_an_unverified_rollback_and_records_a_verified_one(
     ]
     for request in refused:
         with pytest.raises(RollbackRefused, match="^rollback refused: rollback to "):
-            registry.rollback(request)
+            rollbacks.rollback(registry, request)
     assert _moves(registry) == before
 
-    result = registry.rollback(valid)
+    result = rollbacks.rollback(registry, valid)
     assert result.mirrored and _moves(registry) == [*before, (cand.version, parent.version, "alice")]
     note = json.loads(registry.history()[-1].note)
     assert note["note"] == "rollback" and note["role"] == "default-approver"
@@ -171,7 +171,7 @@ def test_the_registry_refuses_an_unverified_rollback_and_records_a_verified_one(
         valid.at,
     )
     with pytest.raises(NotAuthorized, match="signs a rollback from version"):  # once only
-        registry.rollback(valid)
+        rollbacks.rollback(registry, valid)
 
 
 @pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)

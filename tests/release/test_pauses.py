@@ -9,16 +9,16 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from lightning_dagster.gate.approvals import PUBLIC_KEY_PREFIX, ActorKey
-from lightning_dagster.gate.pauses import (
+from lightning_dagster.release.pauses import (
     LoopDecision,
     ResumeRequest,
     actor_resume,
     next_decision,
-    resume_message,
+    resume_fields,
     resume_problem,
     resume_roles_of,
 )
+from lightning_dagster.release.signing import LOOP_RESUME, PUBLIC_KEY_PREFIX, ActorKey, sign
 
 KEY = Ed25519PrivateKey.generate()
 PUBLIC = (
@@ -45,10 +45,8 @@ def signed(
         "pause_hash": pause,
     }
     fields.update(kw)
-    message = resume_message(
-        fields["pause_hash"], fields["actor"], fields["role"], fields["reason"], fields["at"]
-    )
-    return ResumeRequest(**fields, signature=base64.b64encode(KEY.sign(message)).decode())
+    request = ResumeRequest(**fields)
+    return request.model_copy(update={"signature": sign(KEY, LOOP_RESUME, resume_fields(request))})
 
 
 def test_a_stop_condition_pauses_naming_the_condition_and_the_receipt():

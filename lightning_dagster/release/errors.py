@@ -1,0 +1,61 @@
+"""The release's named refusals: an actor without the role, a signature that does not verify, roles or keys
+that cannot be used, a receipt that may not be promoted.
+
+Each is a `RegistryError`: they refuse moves of the registry's pointer, and every caller that reports a
+refused registry operation (the CLI's exit status 1, the Dagster jobs' one-line failure) catches that class.
+"""
+
+from __future__ import annotations
+
+from lightning_dagster.registry.errors import RegistryError
+
+__all__ = [
+    "ApprovalRefused",
+    "KeyFileError",
+    "NotAuthorized",
+    "PromotionRefused",
+    "RolesConfigError",
+    "RollbackRefused",
+]
+
+
+class NotAuthorized(RegistryError):
+    def __init__(self, actor: str, role: str, detail: str = ""):
+        super().__init__(f"actor {actor!r} does not hold role {role!r}" + (f": {detail}" if detail else ""))
+        self.actor = actor
+        self.role = role
+
+
+class RollbackRefused(NotAuthorized):
+    """A rollback that is not an authorized actor's signed decision over exactly this move: a role that may
+    not move the pointer, an actor without it, no signature, one that does not verify with the actor's
+    pinned key, or one over another target, another pointer value or another time (`release.rollbacks`)."""
+
+    def __init__(self, actor: str, role: str, reason: str):
+        RegistryError.__init__(self, f"rollback refused: {reason}")
+        self.actor = actor
+        self.role = role
+        self.reason = reason
+
+
+class RolesConfigError(RegistryError):
+    """The roles are missing or malformed, the file sits inside the learner's write surface, or it is not
+    the roles the deployment pinned in the store."""
+
+
+class KeyFileError(RegistryError):
+    """A private key file is missing, unreadable, readable by others, or not an Ed25519 key."""
+
+
+class ApprovalRefused(RegistryError):
+    """An approval proves nothing: unsigned, wrongly signed, by an unknown actor, or over other evidence."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("approval refused: " + "; ".join(problems))
+        self.problems = problems
+
+
+class PromotionRefused(RegistryError):
+    def __init__(self, reason: str):
+        super().__init__(f"promotion refused: {reason}")
+        self.reason = reason

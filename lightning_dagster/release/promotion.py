@@ -1,0 +1,212 @@
+"""Moving `approved-default` forward: promotion to a passing receipt's candidate, authorized by an actor's
+Ed25519-signed default-step approval on the receipt (`receipts`), once the gate passes it again now.
+
+The move is a compare-and-set in the store (`PointerConflict` if another move came first), mirrored to
+MLflow afterwards (alias, `approved_default` flag, receipt tags); a failed mirror leaves the move standing
+and is repaired by the next operation. Rollback, the move back, is `rollbacks`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lightning_dagster.gate import PROMOTE, Policy, evaluate, load_policy
+from lightning_dagster.gate.receipt import Receipt
+from lightning_dagster.registry import pointers, receipt_tags
+from lightning_dagster.registry.checkpoints import same_hash
+from lightning_dagster.registry.errors import CheckpointFilesMismatch, PointerConflict, WeightsMismatch
+from lightning_dagster.registry.receipt_tags import StoredReceipt
+from lightning_dagster.release import receipts
+from lightning_dagster.release.errors import NotAuthorized, PromotionRefused
+from lightning_dagster.release.roles import registry_roles
+
+if TYPE_CHECKING:
+    from lightning_dagster.registry.core import Registry
+
+DEFAULT_APPROVER = "default-approver"
+
+
+@dataclass(frozen=True)
+class PromotionResult:
+    move: Any  # store.PointerMove
+    mirrored: bool
+    mirror_error: str | None = None
+
+
+@dataclass(frozen=True)
+class ReceiptFacts:
+    receipt_id: str
+    candidate_version: str
+    candidate_weights_hash: str | None
+    candidate_files_hash: str | None  # None: a receipt written before checkpoint files were hashed
+    parent_version: str | None  # None: the parent is named by weights hash only
+    parent_weights_hash: str | None
+
+
+def _registered(value: str | None, field: str, receipt: Receipt, model_name: str) -> str | None:
+    """A receipt's typed version field, checked to be a version number (never recovered from a URI)."""
+    if value is not None and not value.isdigit():
+        raise PromotionRefused(
+            f"receipt {receipt.receipt_id}: {field} {value!r} is not a version number of {model_name}"
+        )
+    return value
+
+
+def facts(receipt: Receipt, model_name: str) -> ReceiptFacts:
+    """The identities promotion checks; a receipt that does not name them is refused, naming the field.
+
+    The parent is named by `plan.parent.model_version` and/or `plan.parent.weights_hash` (at least one);
+    the candidate by `candidate.model_version`."""
+    plan = receipt.plan
+    parent = _registered(plan.parent.model_version, "plan.parent.model_version", receipt, model_name)
+    if parent is None and not plan.parent.weights_hash:
+        raise PromotionRefused(
+            f"receipt {receipt.receipt_id}: plan.parent names neither a version of {model_name} nor weights"
+        )
+    cand = receipt.candidate
+    if cand is None:
+        raise PromotionRefused(f"receipt {receipt.receipt_id}: no candidate recorded")
+    candidate = _registered(cand.model_version, "candidate.model_version", receipt, model_name)
+    if candidate is None:
+        raise PromotionRefused(f"receipt {receipt.receipt_id}: candidate.model_version is not recorded")
+    return ReceiptFacts(
+        receipt_id=receipt.receipt_id,
+        candidate_version=candidate,
+        candidate_weights_hash=cand.weights_hash,
+        candidate_files_hash=cand.files_hash,
+        parent_version=parent,
+        parent_weights_hash=plan.parent.weights_hash,
+    )
+
+
+def require_pipeline_written(store: Any, receipt: Receipt) -> str:
+    """The receipt's snapshot key, or `PromotionRefused` unless the pipeline wrote the receipt and its gate
+    judged it. A receipt brought in by hand carries figures (held-out means, coverage, retry debt, canary
+    results, approvals of its own invention) that no stage recorded; the gate would judge them as written."""
+    key = receipts.planned_snapshot(store, receipt.receipt_id)
+    if key is None:
+        raise PromotionRefused(
+            f"receipt {receipt.receipt_id} was not written by the pipeline (no snapshot planned it): "
+            "a receipt brought in by hand is never promoted, its evidence is not what the store recorded"
+        )
+    if receipt.gate is None:
+        raise PromotionRefused(
+            f"receipt {receipt.receipt_id} has no gate verdict: materialize release_receipt for snapshot {key} first"
+        )
+    return key
+
+
+def _require_default_approval(reg: Registry, stored: StoredReceipt, actor: str) -> None:
+    """Every approval on the receipt verifies against the deployment's roles, and one of them is `actor`'s
+    signed approval of the default step on exactly this evidence, in a role the receipt names for it."""
+    receipts.verify_approvals(reg.store, stored.receipt, registry_roles(reg))
+    roles = stored.receipt.plan.approvers.default
+    if not any(a.actor == actor and a.step == "default" for a in stored.receipt.approvals):
+        raise NotAuthorized(
+            actor,
+            " or ".join(roles) or "<none named>",
+            f"receipt {stored.receipt.receipt_id} holds no signed default-step approval by this actor",
+        )
+
+
+def promote(
+    reg: Registry,
+    receipt: Any,
+    actor: str,
+    *,
+    policy: Any = None,
+    current_fingerprints: Mapping[str, str | None] | None = None,
+) -> PromotionResult:
+    """Move `approved-default` from the receipt's parent to its candidate, or refuse with the reason.
+
+    Requires: a receipt the pipeline wrote (`require_pipeline_written`) and judged, under exactly
+    the policy of its gate record; the gate, run now on the ledger's head version under `policy` (default: the packaged one) with
+    `current_fingerprints`, says promote and voids no check; every approval on it verifies against the
+    deployment's roles and `actor` signed the default step on this evidence; the candidate is registered with the receipt's weights; and `approved-default` is exactly
+    the receipt's parent (version and weights)."""
+    pointers.reconcile(reg)
+    stored = receipts.load(reg.store, receipt)
+    named = facts(stored.receipt, reg.model_name)
+    # Only the pipeline's receipts: their evidence is what its stages recorded, and their gate record names
+    # the policy the deployment judged them under (a hand-brought receipt names whichever policy it likes).
+    require_pipeline_written(reg.store, stored.receipt)
+    policy = policy if isinstance(policy, Policy) else load_policy(policy)
+    judged = stored.receipt.gate
+    if judged is not None and judged.policy_hash != policy.hash:
+        # The policy is the release's contract: a caller cannot re-judge a receipt under thresholds of its own.
+        raise PromotionRefused(
+            f"receipt {named.receipt_id} was judged under policy {judged.policy_version} ({judged.policy_hash}); "
+            f"promotion under {policy.version} ({policy.hash}) is refused"
+        )
+    evaluation = evaluate(stored.receipt, policy, current_fingerprints, roles=registry_roles(reg).actors)
+    if evaluation.verdict != PROMOTE or evaluation.stale_checks:
+        raise PromotionRefused(
+            f"receipt {named.receipt_id} (version {stored.version}) is {evaluation.verdict} under "
+            f"{policy.version}: " + "; ".join(evaluation.hold_reasons)
+        )
+    _require_default_approval(reg, stored, actor)
+    candidate = reg.model_version(named.candidate_version)
+    if named.candidate_weights_hash and not same_hash(named.candidate_weights_hash, candidate.weights_hash):
+        raise PromotionRefused(
+            f"candidate version {candidate.version} has weights {candidate.weights_hash}, "
+            f"the receipt names {named.candidate_weights_hash}"
+        )
+    if named.candidate_files_hash and named.candidate_files_hash != candidate.files_hash:
+        raise PromotionRefused(
+            f"candidate version {candidate.version} has checkpoint files {candidate.files_hash or '(none recorded)'}, "
+            f"the receipt names {named.candidate_files_hash}"
+        )
+    # The bytes MLflow hands out must be the registered weights: its artifact store lies in the learner's
+    # write surface, and a pointer moved onto other bytes names a model no server can load (nor roll back
+    # from once it is a parent). Rollback checks its target the same way before it moves.
+    try:
+        reg.fetch(candidate, fresh=True)
+    except CheckpointFilesMismatch as exc:
+        raise PromotionRefused(
+            f"candidate version {candidate.version}'s artifact is not the checkpoint it was registered "
+            f"with: {exc}"
+        ) from exc
+    except WeightsMismatch as exc:
+        raise PromotionRefused(
+            f"candidate version {candidate.version}'s artifact is not the weights it was registered with: {exc}"
+        ) from exc
+    history = reg.history()
+    # The exact parent: the pointer must hold the receipt's parent version, and the weights recorded when it
+    # was approved must be the receipt's parent weights (version numbers can be reused).
+    last = (history or [None])[-1]
+    current = last.to_value if last else None
+    approved_hash = pointers.approved_hash(last)
+    if named.parent_version is not None and current != named.parent_version:
+        raise PointerConflict(reg.pointer_name(), named.parent_version, current)
+    if named.parent_weights_hash and not same_hash(approved_hash, named.parent_weights_hash):
+        raise PointerConflict(
+            reg.pointer_name(), f"weights {named.parent_weights_hash}", f"{current} ({approved_hash})"
+        )
+    # A receipt moves the pointer once. After a rollback the pointer holds the receipt's parent again, so the
+    # same receipt and approval would pass every check above and undo the rollback with a decision made
+    # before it; a rolled-back candidate goes forward again only through a new receipt and approval.
+    used = [m for m in history if m.receipt_id == named.receipt_id]
+    if used:
+        raise PromotionRefused(
+            f"receipt {named.receipt_id} already moved {reg.pointer_name()} (move {used[0].seq}, "
+            f"{used[0].from_value} -> {used[0].to_value}, {pointers.iso(used[0].moved_at)}); a receipt "
+            "promotes once: a candidate rolled back since is promoted again only through a new receipt"
+        )
+    move = pointers.move(
+        reg,
+        expected=current,
+        expected_seq=last.seq if last else 0,  # the state every check above judged, not only its value
+        to=candidate.version,
+        weights_hash=candidate.weights_hash,
+        files_hash=candidate.files_hash,
+        actor=actor,
+        note="promotion",
+        receipt_id=named.receipt_id,
+        receipt_hash=stored.content_hash,
+        receipt_version=stored.version,
+        policy=f"{policy.version} {policy.hash}",
+    )
+    # The version's receipt tags then name the very receipt version and hash the move records.
+    error = pointers.mirror_after_move(reg) or receipt_tags.write_after(reg, stored)
+    return PromotionResult(move=move, mirrored=error is None, mirror_error=error)

@@ -1,0 +1,135 @@
+"""Approvals on the gate's receipt ledger: a receipt's verified head (ingesting one the ledger lacks once
+every approval it carries verifies), an actor's approval signed over the evidence as it stands, and signed
+approvals recorded as new receipt versions after they verify against the deployment's roles.
+
+The receipt's schema, hashing, ledger and verdict belong to `lightning_dagster.gate`; what an approval signs
+is `approvals`; the version tags naming the ledger's head are the registry's (`registry.receipt_tags`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning_dagster.gate import ReceiptLedger, content_hash, parse_receipt
+from lightning_dagster.gate.ledger import COLLECTION as LEDGER
+from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS
+from lightning_dagster.gate.receipt import Approval, Receipt, add_approval
+from lightning_dagster.registry import receipt_tags
+from lightning_dagster.registry.errors import RegistryError
+from lightning_dagster.registry.receipt_tags import StoredReceipt, stored_head
+from lightning_dagster.release.approvals import approval_fields, approval_problems, evidence_hash
+from lightning_dagster.release.errors import ApprovalRefused, NotAuthorized, PromotionRefused
+from lightning_dagster.release.roles import Roles, registry_roles
+from lightning_dagster.release.signing import APPROVAL, load_private_key, sign
+
+if TYPE_CHECKING:
+    from lightning_dagster.registry.core import Registry
+
+
+def planned_snapshot(store: Any, receipt_id: str) -> str | None:
+    """The snapshot key the pipeline planned this receipt for; None: the pipeline never wrote it."""
+    versions = store.document_versions(RECEIPT_SNAPSHOTS, receipt_id)
+    return None if not versions else str(versions[-1].body["snapshot_key"])
+
+
+def _as_receipt(value: Any) -> Receipt:
+    if isinstance(value, Receipt):
+        return value
+    if isinstance(value, Mapping):
+        return parse_receipt(dict(value))
+    raise TypeError(f"expected a receipt id, Receipt or receipt dict, got {type(value).__name__}")
+
+
+def load(store: Any, value: Any, *, ingest: Roles | None = None) -> StoredReceipt:
+    """The ledger's verified head version of a receipt given by id, `Receipt` or dict.
+
+    A receipt passed by value must equal the stored head: acting on a copy that differs from the ledger
+    (older, or edited) is refused. With `ingest` (the deployment's roles), a receipt the ledger has never
+    seen becomes version 1, once every approval it carries verifies against those roles."""
+    if isinstance(value, str):
+        stored = stored_head(store, value)
+        if stored is None:
+            raise RegistryError(f"receipt {value!r} is not in the ledger")
+        return stored
+    receipt = _as_receipt(value)
+    stored = stored_head(store, receipt.receipt_id)
+    if stored is None:
+        if ingest is None:
+            raise RegistryError(f"receipt {receipt.receipt_id!r} is not in the ledger")
+        if (key := planned_snapshot(store, receipt.receipt_id)) is not None:
+            # The pipeline claimed this id for a snapshot: only its stages write that receipt's versions.
+            raise RegistryError(
+                f"receipt {receipt.receipt_id} belongs to snapshot {key}, whose receipt only the pipeline writes"
+            )
+        if problems := approval_problems(receipt, ingest.actors):
+            raise ApprovalRefused(problems)
+        entry = ReceiptLedger(store).append(receipt)
+        return StoredReceipt(receipt, entry.version, entry.content_hash)
+    if content_hash(receipt.to_json_dict()) != content_hash(stored.receipt.to_json_dict()):
+        raise PromotionRefused(
+            f"receipt {receipt.receipt_id} differs from the ledger's head version {stored.version}"
+        )
+    return stored
+
+
+def approval_step(receipt: Receipt, role: str) -> str:
+    """Which step (`default` or `canary`) the receipt lets `role` approve; refused if it names neither."""
+    if role in receipt.plan.approvers.default:
+        return "default"
+    if role in receipt.plan.approvers.canary:
+        return "canary"
+    raise NotAuthorized("", role, f"receipt {receipt.receipt_id} names no step this role may approve")
+
+
+def sign_approval(
+    receipt: Receipt,
+    *,
+    actor: str,
+    role: str,
+    key: Path | str,
+    step: str | None = None,
+    at: float | None = None,
+) -> Approval:
+    """`actor`'s approval in `role` of `step` (default: the step the receipt lets that role approve, the
+    default step first) over the receipt's evidence as it stands, signed with the private key file `key`."""
+    private = load_private_key(key)
+    unsigned = Approval(
+        actor=actor,
+        role=role,
+        step=step or approval_step(receipt, role),
+        at=time.time() if at is None else at,
+        evidence_hash=evidence_hash(receipt),
+    )
+    signature = sign(private, APPROVAL, approval_fields(receipt.receipt_id, unsigned))
+    return unsigned.model_copy(update={"signature": signature})
+
+
+def verify_approvals(store: Any, receipt: Receipt, roles: Roles) -> None:
+    """Raise `ApprovalRefused` unless every approval of `receipt` verifies against `roles`; a canary
+    approval may sign the evidence of any stored version of the same receipt (see `approvals`)."""
+    versions = store.document_versions(LEDGER, receipt.receipt_id)
+    earlier = {evidence_hash(parse_receipt(v.body)) for v in versions}
+    if problems := approval_problems(receipt, roles.actors, earlier):
+        raise ApprovalRefused(problems)
+
+
+def record_approval(store: Any, value: Any, approval: Approval, roles: Roles) -> StoredReceipt:
+    """Append a signed approval as a new receipt version after the current head, once it verifies (as do
+    the approvals already there). A receipt given by value that the ledger lacks is ingested first."""
+    stored = load(store, value, ingest=roles)
+    amended = add_approval(stored.receipt, approval)
+    verify_approvals(store, amended, roles)
+    entry = ReceiptLedger(store).append(amended)
+    return StoredReceipt(amended, entry.version, entry.content_hash)
+
+
+def approve(reg: Registry, receipt: Any, approval: Approval) -> StoredReceipt:
+    """Record a signed approval (`sign_approval`) as a new version of the receipt in `reg`'s store; refuse
+    one that does not verify against the deployment's roles or names a role the receipt does not. The
+    candidate's version tags then name the new receipt version (best effort: `receipt_tags.write_after`)."""
+    stored = record_approval(reg.store, receipt, approval, registry_roles(reg))
+    receipt_tags.write_after(reg, stored)
+    return stored

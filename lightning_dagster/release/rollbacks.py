@@ -1,0 +1,228 @@
+"""Moving `approved-default` back: what a rollback signs (`signing.ROLLBACK`, the one signed-message format)
+and how it is verified, and the move itself once it is.
+
+A rollback is an authorized actor's Ed25519 signature over the exact decision (this pointer, from the version
+it holds at its newest move, to the target, by whom, in which role, why, when), checked against the roles
+pinned in the store, as approvals and resumes are. The signature names the pointer's newest move
+(`from_seq`), so it rolls back once: after any move of the pointer (this rollback, a promotion, another
+rollback) it no longer verifies, and a signature for another model's pointer or another target never does.
+`registry sign-rollback` prints a signed request (the `rollback` job's run config); `registry rollback --key`
+signs and records in one step.
+"""
+
+from __future__ import annotations
+
+import time
+import unicodedata
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from lightning_dagster.gate.consistency import CLOCK_SKEW_S
+from lightning_dagster.gate.errors import from_validation_error
+from lightning_dagster.registry import pointers
+from lightning_dagster.registry.approved import serve_once
+from lightning_dagster.registry.errors import CheckpointFilesMismatch, WeightsMismatch
+from lightning_dagster.registry.receipt_tags import stored_head
+from lightning_dagster.release.errors import PromotionRefused, RollbackRefused
+from lightning_dagster.release.promotion import DEFAULT_APPROVER, PromotionResult
+from lightning_dagster.release.roles import registry_roles
+from lightning_dagster.release.signing import ROLLBACK, ActorKey, load_private_key, sign, signer, verify
+
+if TYPE_CHECKING:
+    from lightning_dagster.registry.core import Registry
+
+MAX_REASON_CHARS = 1024
+MAX_NAME_CHARS = 128
+
+
+class RollbackRequest(BaseModel):
+    """A signed rollback: the fields `registry sign-rollback` prints and the `rollback` job takes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    target_version: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    from_version: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    from_seq: int = Field(ge=1)
+    actor: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    role: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    reason: str = Field(min_length=1, max_length=MAX_REASON_CHARS)
+    at: float = Field(gt=0)
+    signature: str = ""
+
+    @field_validator("target_version", "from_version", "actor", "role", "reason")
+    @classmethod
+    def _printable_text(cls, value: str) -> str:
+        """Blank text says nothing; a control character would be stored and printed by `registry history`."""
+        if not value.strip():
+            raise ValueError("must not be blank")
+        if bad := sorted({repr(c) for c in value if unicodedata.category(c) == "Cc"}):
+            raise ValueError(f"must not contain control characters ({', '.join(bad)})")
+        return value
+
+
+def rollback_request(data: Mapping[str, Any]) -> RollbackRequest:
+    """A rollback's fields as a `RollbackRequest`; a missing, blank, oversized or control-character field
+    raises the gate's `InvalidInput` naming it."""
+    try:
+        return RollbackRequest.model_validate(dict(data))
+    except ValidationError as err:
+        raise from_validation_error("rollback", err) from None
+
+
+def rollback_fields(pointer: str, request: RollbackRequest) -> dict[str, Any]:
+    """What a rollback's signature binds (`signing.ROLLBACK`): the pointer, the value and move it undoes,
+    the target, who in which role, why and when."""
+    return {"pointer": pointer, **request.model_dump(exclude={"signature"})}
+
+
+def rollback_problem(
+    request: RollbackRequest,
+    pointer: str,
+    head: Any,
+    actors: Mapping[str, ActorKey],
+    allowed_roles: Collection[str],
+    *,
+    now: float | None = None,
+    clock_skew_s: float = CLOCK_SKEW_S,
+) -> str | None:
+    """Why `request` does not authorize rolling `pointer` back (None: it does). `head`: the pointer's newest
+    move (a `PointerMove`; None: never set). The role must be one of `allowed_roles` and held by the actor
+    in the pinned roles (`actors`), the request must name the pointer's newest move and value, its time may
+    not precede that move nor lie ahead of `now` (beyond `clock_skew_s`), and the signature must verify
+    with the actor's key over exactly these fields."""
+    who = f"rollback to {request.target_version} by {request.actor} as {request.role}"
+    if request.role not in allowed_roles:
+        return f"{who}: moving approved-default back needs one of the roles {sorted(allowed_roles)}"
+    entry = signer(who, actors, request.actor, request.role, request.signature)
+    if isinstance(entry, str):
+        return entry
+    if head is None:
+        return f"{who}: {pointer} was never set"
+    if (request.from_version, request.from_seq) != (head.to_value, head.seq):
+        return (
+            f"{who}: signs a rollback from version {request.from_version} (move {request.from_seq}); "
+            f"{pointer} is version {head.to_value} since move {head.seq}"
+        )
+    now = time.time() if now is None else now
+    if request.at > now + clock_skew_s:
+        return f"{who}: signed at {request.at}, ahead of the clock ({now:.0f})"
+    if request.at < head.moved_at - clock_skew_s:
+        return f"{who}: signed at {request.at}, before the move it undoes ({head.moved_at:.0f})"
+    if not verify(entry.public_key, ROLLBACK, rollback_fields(pointer, request), request.signature):
+        return f"{who}: signature does not verify with {request.actor}'s key"
+    return None
+
+
+def sign_rollback(
+    reg: Registry,
+    target_version: str,
+    *,
+    actor: str,
+    key: Path | str,
+    reason: str,
+    role: str = DEFAULT_APPROVER,
+    at: float | None = None,
+) -> RollbackRequest:
+    """`actor`'s rollback of `approved-default` to `target_version` in `role`, from the pointer's newest move
+    as it stands, signed with the private key file `key`. Nothing moves; `rollback` records it."""
+    moves = reg.store.pointer_history(reg.pointer_name(), last=1)
+    if not moves:
+        raise RollbackRefused(
+            actor, role, f"{reg.pointer_name()} was never set; there is nothing to roll back"
+        )
+    head = moves[-1]
+    fields = {
+        "target_version": str(target_version),
+        "from_version": head.to_value,
+        "from_seq": head.seq,
+        "actor": actor,
+        "role": role,
+        "reason": reason,
+        "at": time.time() if at is None else at,
+    }
+    request = rollback_request(fields)  # refuse what could not be recorded before anything is signed
+    signature = sign(load_private_key(key), ROLLBACK, rollback_fields(reg.pointer_name(), request))
+    return request.model_copy(update={"signature": signature})
+
+
+def rollback_roles(reg: Registry, head: Any) -> list[str]:
+    """Who may move the pointer back by default: `default-approver`, and the roles the receipt of the move
+    being undone named for its default step (a deployment's `default_approver_roles`, recorded in its plan):
+    whoever may move the default forward may also take that move back."""
+    roles = [DEFAULT_APPROVER]
+    if head is not None and head.receipt_id:
+        try:
+            stored = stored_head(reg.store, head.receipt_id)
+        except Exception:  # noqa: BLE001 - an unreadable receipt widens nothing
+            return roles
+        if stored is not None:
+            roles += [r for r in stored.receipt.plan.approvers.default if r not in roles]
+    return roles
+
+
+def rollback(
+    reg: Registry,
+    request: RollbackRequest,
+    *,
+    allowed_roles: Collection[str] | None = None,
+) -> PromotionResult:
+    """Move `approved-default` back to a version it held before, after proving that version serves.
+
+    `request` is an actor's signed rollback (`sign_rollback`): its role must be one of the
+    `allowed_roles` that may move the pointer and held by the actor in the pinned roles (holding some other
+    role, `ml-lead` or `roles-admin`, and naming it authorizes nothing), and its signature must verify with
+    that actor's pinned key over exactly this decision (this pointer, its newest move, the target, role,
+    reason and time); otherwise `RollbackRefused` and nothing moves. The target must appear in the pointer
+    history as an earlier approved value (never "the newest version"); its bytes are verified, it is loaded
+    and answers one chat completion through a gateway, and only then does the pointer move, with a history
+    entry naming the verified actor, role, reason and signature."""
+    pointers.reconcile(reg)
+    name = reg.pointer_name()
+    history = reg.history()
+    head = history[-1] if history else None
+    if allowed_roles is None:
+        allowed_roles = rollback_roles(reg, head)
+
+    def refuse_unless_authorized(head: Any) -> None:
+        problem = rollback_problem(request, name, head, registry_roles(reg).actors, allowed_roles)
+        if problem is not None:
+            raise RollbackRefused(request.actor, request.role, problem)
+
+    refuse_unless_authorized(head)
+    to_version = request.target_version
+    current = head.to_value if head else None
+    if to_version == current:
+        raise PromotionRefused(f"version {to_version} is already approved-default")
+    if to_version not in {m.to_value for m in history[:-1]}:
+        raise PromotionRefused(f"version {to_version} was never approved-default; rollback only goes back")
+    target = reg.model_version(to_version)
+    approved = {pointers.approved_hash(m) for m in history if m.to_value == to_version}
+    if target.weights_hash not in approved:
+        raise WeightsMismatch(to_version, ",".join(sorted(h for h in approved if h)), target.weights_hash)
+    files = {pointers.approved_files_hash(m) for m in history if m.to_value == to_version} - {None}
+    if files and target.files_hash not in files:
+        raise CheckpointFilesMismatch(to_version, ",".join(sorted(files)), target.files_hash or "(none)")
+    serve_once(reg.fetch(target))
+    # The probe takes seconds: a move made meanwhile (even one back to this value) voids the signature.
+    latest = reg.store.pointer_history(name, last=1)
+    refuse_unless_authorized(latest[-1] if latest else None)
+    move = pointers.move(
+        reg,
+        expected=current,
+        expected_seq=head.seq,  # the move the signature names: any move since refuses this one
+        to=to_version,
+        weights_hash=target.weights_hash,
+        files_hash=target.files_hash,
+        actor=request.actor,
+        note="rollback",
+        role=request.role,
+        reason=request.reason,
+        signed_at=request.at,
+        from_seq=request.from_seq,
+        signature=request.signature,
+    )
+    error = pointers.mirror_after_move(reg)
+    return PromotionResult(move=move, mirrored=error is None, mirror_error=error)
