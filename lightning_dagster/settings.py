@@ -106,6 +106,33 @@ class MLflowSettings(Settings):
 class ServingSettings(Settings):
     """What serves the policy to the harness and how the harness runs."""
 
+    engine: Literal["embedded", "vllm"] = Field(
+        "embedded",
+        description="what serves the policy at every stage: embedded (a batched loop over transformers, "
+        "nothing to install) or vllm (a vLLM server the gateway starts from the vLLM venv, or `vllm_url`; "
+        "the trainer's weights reach it after every step, verified by hash)",
+    )
+    vllm_url: str = Field(
+        "",
+        description="engine vllm: a vLLM server you run (started with the flags README.md gives: the weight-"
+        "sync extension, dev mode; it must read the checkpoints the trainer writes); empty: the gateway "
+        "starts and owns one",
+    )
+    vllm_args: list[str] = Field(
+        default_factory=list,
+        description="engine vllm: more `vllm serve` flags for the server the gateway starts (one a value, "
+        "e.g. --gpu-memory-utilization then 0.5)",
+    )
+    vllm_dtype: str = Field(
+        "float32",
+        min_length=1,
+        description="engine vllm: the served weights' dtype (float32 keeps recorded logprobs close to the "
+        "trainer's; bfloat16 or auto on a GPU)",
+    )
+    vllm_enforce_eager: bool = Field(
+        True,
+        description="engine vllm: no CUDA graphs or compilation (starts in ~30 s on CPU instead of ~1-2 min)",
+    )
     upstream_url: str = Field(
         "",
         description="an OpenAI-compatible server (e.g. vLLM), or several comma-separated (sticky per "
@@ -255,6 +282,20 @@ class TrainingSettings(Settings):
     )
     device: str = Field(
         "auto", min_length=1, description="where the trainer runs: auto (CUDA when present), cpu, cuda"
+    )
+    adapter: Literal["full", "lora"] = Field(
+        "full",
+        description="what RL trains: every weight (full), or a LoRA adapter over the frozen parent (lora: "
+        "the engine serves the adapter, vLLM by hot-loading it under its name)",
+    )
+    lora_rank: int = Field(8, ge=1, le=256, description="adapter lora: the rank of each LoRA update")
+    lora_alpha: float = Field(
+        16.0, gt=0, allow_inf_nan=False, description="adapter lora: the scale of the update (alpha / rank)"
+    )
+    lora_targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="adapter lora: the linear layers (module names) that get an adapter",
     )
 
 

@@ -30,7 +30,13 @@ from lightning_dagster.demo.setup import (
     write_approvers,
 )
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
-from lightning_dagster.settings import ProjectSettings, TrainingSettings, add_flags, from_flags
+from lightning_dagster.settings import (
+    ProjectSettings,
+    ServingSettings,
+    TrainingSettings,
+    add_flags,
+    from_flags,
+)
 
 __all__ = [
     "DEMO_ACTORS",
@@ -46,8 +52,12 @@ __all__ = [
 ]
 
 
+DEMO_SERVING = ["engine", "vllm_url", "vllm_args", "vllm_dtype", "vllm_enforce_eager"]
+
+
 def register(parser: argparse.ArgumentParser) -> None:
-    add_flags(parser, TrainingSettings, ["steps"])
+    add_flags(parser, TrainingSettings, ["steps", "adapter"])
+    add_flags(parser, ServingSettings, DEMO_SERVING)
     parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run, not a learning one")
     add_project_option(parser)
     parser.set_defaults(handler=run)
@@ -57,10 +67,12 @@ def run_demo(
     project: Path,
     training: Any,
     *,
+    serving: Any = None,
     actors: dict[str, str] = DEMO_ACTORS,
     out: Callable[[str], None] = print,
 ) -> list[Any]:
-    """Both cycles on a working copy of `project` with `training` settings (a `TrainingResource`), `actors`
+    """Both cycles on a working copy of `project` with `training` settings (a `TrainingResource`) and
+    `serving` (a `ServingResource`; default the code location's), `actors`
     (role -> actor) approving; prints stage lines and the summary through `out`. Returns the two cycles."""
     from lightning_dagster import paths
     from lightning_dagster.demo.cycles import Demo, run_cycles
@@ -74,7 +86,7 @@ def run_demo(
 
     from lightning_dagster.orchestration.definitions import build_definitions
 
-    defs = build_definitions(deferred=False, training=training)
+    defs = build_definitions(deferred=False, training=training, **({"serving": serving} if serving else {}))
     out(f"lightning-dagster demo: home {env['LIGHTNING_DAGSTER_HOME']}")
     out(summary)
     with dg.DagsterInstance.get() as instance:
@@ -87,12 +99,15 @@ def run_demo(
 
 @exits_2_on_project_error
 def run(args: argparse.Namespace) -> int:
+    from lightning_dagster.orchestration.resources import ServingResource
     from lightning_dagster.project.examples import example_file
 
     chosen = from_flags(ProjectSettings(), args)
-    steps = from_flags(TrainingSettings(), args).given().get("steps")
+    given = from_flags(TrainingSettings(), args).given()
+    serving = from_flags(ServingSettings(), args).given()
     project = Path(chosen.project) if chosen.project else example_file(chosen.harness)
-    cycles = run_demo(project, demo_training(steps, args.quick))
+    training = demo_training(given.get("steps"), args.quick, adapter=given.get("adapter"))
+    cycles = run_demo(project, training, serving=ServingResource(**serving) if serving else None)
     return 0 if all(c.verdict is not None for c in cycles) else 1
 
 

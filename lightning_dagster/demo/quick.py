@@ -22,10 +22,11 @@ QUICK_TRAINING: dict[str, int | float] = dict(
 )
 
 
-def demo_training(steps: int | None, quick: bool) -> TrainingResource:
+def demo_training(steps: int | None, quick: bool, *, adapter: str | None = None) -> TrainingResource:
     """The code location's defaults (`TrainingResource()`: one evaluator fingerprint in the demo and the UI),
-    or `QUICK_TRAINING`, with `steps` RL steps when given."""
+    or `QUICK_TRAINING`, with `steps` RL steps and the `adapter` when given."""
     from lightning_dagster.orchestration.resources import TrainingResource
 
     settings = QUICK_TRAINING if quick else {}
-    return TrainingResource(**{**settings, **({"steps": steps} if steps else {})})
+    given = {"steps": steps, "adapter": adapter}
+    return TrainingResource(**settings, **{k: v for k, v in given.items() if v})

@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -146,6 +147,7 @@ class VllmServer:
         self._work_dir = Path(work_dir) if work_dir else None
         self._own_work_dir = work_dir is None
         self._launcher: subprocess.Popen | None = None
+        self._attached = False  # `attach`: a server someone else runs
         self._watch_w: int | None = None
         self._client: httpx.Client | None = None
 
@@ -160,6 +162,12 @@ class VllmServer:
         return self.url + "/v1"
 
     @property
+    def work_dir(self) -> Path:
+        """Where this process writes what the server reads (pushed checkpoints, adapter snapshots)."""
+        assert self._work_dir is not None, "start() first"
+        return self._work_dir
+
+    @property
     def log_path(self) -> Path:
         assert self._work_dir is not None, "start() first"
         return self._work_dir / "server.log"
@@ -171,7 +179,32 @@ class VllmServer:
 
     @property
     def alive(self) -> bool:
-        return self._launcher is not None and self._launcher.poll() is None
+        return self._attached or (self._launcher is not None and self._launcher.poll() is None)
+
+    @classmethod
+    def attach(
+        cls,
+        url: str,
+        model_dir: str | Path,
+        *,
+        name: str = "policy",
+        request_timeout: float = 120.0,
+        max_lora_rank: int | None = None,
+        work_dir: str | Path | None = None,
+    ) -> VllmServer:
+        """A server someone else runs at `url` (started with `command_line()`'s flags and environment; it must
+        read the folders this process writes), used as if it were ours, except that `stop` leaves it running.
+        Raises VllmRequestError if it does not answer."""
+        server = cls.__new__(cls)
+        server.__init__(model_dir, name=name, python=sys.executable, request_timeout=request_timeout,
+                        max_lora_rank=max_lora_rank, work_dir=work_dir)  # fmt: skip
+        parts = httpx.URL(url.removesuffix("/").removesuffix("/v1"))
+        server.host, server.port, server._attached = parts.host, parts.port or 80, True
+        if server._work_dir is None:
+            server._work_dir = Path(tempfile.mkdtemp(prefix="ld-vllm-"))
+        server._client = httpx.Client(base_url=server.url, timeout=request_timeout)
+        server._request("GET", "/health")
+        return server
 
     def start(self) -> VllmServer:
         from lightning_dagster.engine.build import checkpoint_hash
@@ -186,6 +219,29 @@ class VllmServer:
             with socket.socket() as probe:
                 probe.bind((self.host, 0))
                 self.port = probe.getsockname()[1]
+        command, env = self.command_line()
+        watch_r, self._watch_w = os.pipe()
+        try:
+            with open(self.log_path, "ab") as log:
+                self._launcher = subprocess.Popen(
+                    [str(self.python), str(LAUNCHER), str(watch_r), "--", *command],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(watch_r,),
+                    start_new_session=True,  # the launcher's group holds the server: see ld_vllm_worker.py
+                )  # fmt: skip
+        finally:
+            os.close(watch_r)
+        self._client = httpx.Client(base_url=self.url, timeout=self.request_timeout)
+        try:
+            self._wait_ready()
+            self.expected_hash = self.reload_weights(self.model_dir, expected)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def command_line(self) -> tuple[list[str], dict[str, str]]:
+        """The server's command and environment: what `start` runs, and what a server of your own (`attach`)
+        must be started with (its weight-sync extension, dev mode, processed logprobs)."""
         command = [
             str(self.python), "-m", "vllm.entrypoints.openai.api_server",
             *("--model", str(self.model_dir), "--served-model-name", self.name),
@@ -201,24 +257,7 @@ class VllmServer:
             "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc, /reset_prefix_cache, /pause, /resume
             **({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if self.max_lora_rank else {}),
         }
-        watch_r, self._watch_w = os.pipe()
-        try:
-            with open(self.log_path, "ab") as log:
-                self._launcher = subprocess.Popen(
-                    [str(self.python), str(LAUNCHER), str(watch_r), "--", *command],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(watch_r,),
-                    start_new_session=True,  # the launcher's group holds the server: see ld_vllm_worker.py
-                )  # fmt: skip
-        finally:
-            os.close(watch_r)
-        self._client = httpx.Client(base_url=self.url, timeout=self.request_timeout)
-        try:
-            self._wait_ready()
-            self.reload_weights(self.model_dir, expected)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        return command, env
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -284,6 +323,8 @@ class VllmServer:
         return response
 
     def _death_note(self) -> str:
+        if self._attached:
+            return f"the vLLM server at {self.url} did not answer"
         if self._launcher is None:
             return "the vLLM server was never started"
         return f"the vLLM server is not running (exit status {self._launcher.poll()})\n{self.log_tail(20)}"

@@ -73,6 +73,14 @@ def admin_router(gw: Gateway) -> APIRouter:
             "weights": served.attributes(),
         }
 
+    @router.post("/weights/verify")
+    async def verify_weights() -> dict:
+        """409 unless the engine still serves the weights the gate last verified (a vLLM server someone
+        reloaded or restarted behind the gateway's back); the runner asks before each batch."""
+        served = gw.weights.current
+        await anyio.to_thread.run_sync(backend.verify, served.weights_hash)
+        return {"status": "ok", "model": backend.model, "weights": served.attributes()}
+
     @router.get("/weights")
     async def weights_state() -> dict:
         """What serves now, whether new calls are held and how many are in flight, and this process's

@@ -162,7 +162,7 @@ def create_app(
         if backend.loads_weights:  # what spans name until the first swap: the checkpoint served
             from lightning_dagster.engine.build import checkpoint_hash
 
-            digest = await anyio.to_thread.run_sync(checkpoint_hash, backend.engine.model_dir)
+            digest = await anyio.to_thread.run_sync(checkpoint_hash, backend.model_dir)
             gw.weights.current = ServedWeights(None, backend.resource_id, digest)
         sync = asyncio.create_task(gw.sync.run()) if gw.sync is not None else None
         try:

@@ -14,6 +14,7 @@ import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -63,9 +64,14 @@ class Backend(abc.ABC):
     resource_id: str | None = None
     kind: str = "backend"
     token_in: bool = False  # whether `chat` builds prompts from the previous call (needs `LastCall`)
-    # whether `load_weights(state, resource_id)` swaps the weights served (the embedded engine); an upstream
-    # serves what its server loaded
+    # whether `load_weights(state, resource_id)` swaps the weights served (the embedded engine, vLLM); an
+    # upstream serves what its server loaded
     loads_weights: bool = False
+    model_dir: Path | None = None  # the checkpoint served at start (a backend that loads weights)
+
+    def verify(self, weights: str | None) -> None:  # noqa: B027 - only engines that can drift check
+        """Raise GatewayError unless the weights with hash `weights` (what the weight gate says serves) are
+        still what the engine serves; an engine in this process cannot drift from what it loaded."""
 
     @property
     @abc.abstractmethod
@@ -140,6 +146,7 @@ class EngineBackend(Backend):
     def __init__(self, engine: BatchingEngine, resource_id: str | None = None):
         self.batching = engine
         self.engine = engine.engine
+        self.model_dir = engine.engine.model_dir
         self.resource_id = resource_id
         self._closing = closing_tokens(self._render)
 

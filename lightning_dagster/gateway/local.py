@@ -125,6 +125,19 @@ class LocalGateway:
                 codec=self.codec,
             )
             self._backend.resource_id = self.resource_id
+        elif serving.engine == "vllm":
+            from lightning_dagster.engine.chat import ChatCodec
+            from lightning_dagster.gateway.vllm_backend import VllmBackend, start_vllm
+
+            self.codec = ChatCodec(self.model_dir)
+            self._backend = VllmBackend(
+                start_vllm(self.model_dir, self.options),
+                self.codec,
+                lora_rank=self.options.lora_rank,
+                lora_alpha=self.options.lora_alpha,
+                lora_targets=tuple(self.options.lora_targets),
+                resource_id=self.resource_id,
+            )
         else:
             engine = {"threads": serving.engine_threads, "device": serving.engine_device}
             if serving.engine_process:
@@ -156,7 +169,10 @@ class LocalGateway:
 
     @property
     def backend_kind(self) -> str:
-        return "upstream" if self.upstream_url else "engine"
+        """What serves the calls, as spans record it (their `backend` attribute)."""
+        if self.upstream_url:
+            return "upstream"
+        return "vllm" if self.options.serving.engine == "vllm" else "engine"
 
     def stats(self) -> dict:
         """What `/admin/stats` reports: a child's (token-in and engine counters), else the engine's counters
@@ -177,12 +193,19 @@ class LocalGateway:
             from lightning_dagster.gateway.weightsync import ServedWeights, weights_hash
 
             def load() -> ServedWeights:
-                self.codec.load_weights(state_dict)
-                self._backend.resource_id = resource_id
+                self._backend.load_weights(dict(state_dict), resource_id)
                 return ServedWeights(None, resource_id, weights_hash(state_dict))
 
             self._server.app.state.gateway.weights.swap_from_thread(load)  # calls in flight finish first
         self.resource_id = resource_id
+
+    def verify(self) -> None:
+        """Raise unless the engine still serves the weights last loaded and verified (a vLLM server can be
+        reloaded or restarted behind the gateway's back; the embedded engine cannot)."""
+        if self._process is not None:
+            self._process.verify()
+        elif self._backend is not None:
+            self._backend.verify(self._server.app.state.gateway.weights.current.weights_hash)
 
     def close(self) -> None:
         if self._process is not None:

@@ -15,6 +15,11 @@ from lightning_dagster.settings import ServingSettings, Settings, add_flags, fla
 
 # What the gateway reads of the user's serving settings (the rest is the runner's, or the secret).
 SERVING_FIELDS = (
+    "engine",
+    "vllm_url",
+    "vllm_args",
+    "vllm_dtype",
+    "vllm_enforce_eager",
     "upstream_url",
     "engine_threads",
     "engine_device",
@@ -76,6 +81,14 @@ class GatewayOptions(Settings):
         allow_inf_nan=False,
         description="how long a call waits for a weight swap, or for its rollout's policy version, before a 503",
     )
+    lora_rank: int = Field(
+        0,
+        ge=0,
+        description="engine vllm: the rank of the LoRA adapters the trainer pushes (the server is started able "
+        "to serve them); 0: pushes are whole weights",
+    )
+    lora_alpha: float = Field(16.0, gt=0, allow_inf_nan=False, description="the pushed adapters' LoRA alpha")
+    lora_targets: list[str] = Field(default_factory=list, description="the pushed adapters' target modules")
     agl_train_temperature: float = Field(
         1.0, gt=0, allow_inf_nan=False, description="sampling temperature of Agent Lightning train rollouts"
     )

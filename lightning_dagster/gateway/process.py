@@ -61,8 +61,11 @@ class GatewayProcess:
         keys: GatewayKeys,
         *,
         resource_id: str | None = None,
-        start_timeout_s: float = 120.0,
+        start_timeout_s: float | None = None,
     ) -> None:
+        # a vLLM engine takes 30 s to a few minutes to start (compiled, or a large model): it has its own
+        # start timeout, which this one must outlast
+        start_timeout_s = start_timeout_s or (900.0 if options.serving.engine == "vllm" else 120.0)
         self.store_url = store_url
         self.keys = keys
         self.resource_id = resource_id
@@ -178,6 +181,10 @@ class GatewayProcess:
     def stats(self) -> dict:
         """The child's `/admin/stats`: token-in counts and the engine's occupancy counters."""
         return self._request("GET", "/admin/stats")
+
+    def verify(self) -> None:
+        """GatewayProcessError unless the child's engine still serves the weights it last verified."""
+        self._request("POST", "/admin/weights/verify")
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], resource_id: str | None = None) -> None:
         """Write the weights next to the child and have it load them; returns once they serve."""

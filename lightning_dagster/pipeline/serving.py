@@ -88,6 +88,7 @@ def rollout_service(
     settings takes it with its own weights pushed in (`gateway.pool`), instead of starting one (~10 s)."""
     from lightning_dagster.gateway.options import serving_settings
     from lightning_dagster.runner.service import RolloutService
+    from lightning_dagster.training.configs import lora_spec
 
     upstream, tokenizer = upstream_of(p)
     forwards = serves_parent and upstream is not None
@@ -101,6 +102,7 @@ def rollout_service(
         retry_policy=retry_policy(p, harness),
         child=not forwards,
         reuse=not forwards,
+        lora=lora_spec(ctx.settings(p).training),
     )
     return SnapshotService(service, snapshot_key)
 

@@ -18,6 +18,7 @@ from lightning_dagster.registry.errors import AliasDiverged
 
 if TYPE_CHECKING:
     from lightning_dagster.registry.core import Registry
+    from lightning_dagster.settings import ServingSettings
 
 
 def approved_for_serving(reg: Registry, *, download: bool = True) -> pointers.ResolvedVersion:
@@ -37,12 +38,17 @@ def approved_for_serving(reg: Registry, *, download: bool = True) -> pointers.Re
 
 
 def serve_once(
-    checkpoint_dir: Path, *, on_loaded: Callable[[], None] | None = None, timeout: float = 60.0
+    checkpoint_dir: Path,
+    *,
+    on_loaded: Callable[[], None] | None = None,
+    timeout: float = 60.0,
+    serving: ServingSettings | None = None,
 ) -> str:
     """Load `checkpoint_dir`, serve it on 127.0.0.1, make one chat completion, return the reply text.
 
-    `on_loaded` is called once the gateway serves the loaded weights, so a caller can tell "did not load"
-    from "did not answer". Any failure raises."""
+    `serving`: the engine the pipeline serves with (`engine: vllm` loads the checkpoint into a vLLM server,
+    verified by hash); default the embedded engine. `on_loaded` is called once the gateway serves the loaded
+    weights, so a caller can tell "did not load" from "did not answer". Any failure raises."""
     import openai
 
     from lightning_dagster.gateway.keys import GatewayKeys
@@ -55,8 +61,12 @@ def serve_once(
     with tempfile.TemporaryDirectory(prefix="ld-serve-probe-") as tmp:
         scratch = Store(f"sqlite:///{Path(tmp) / 'probe.db'}")
         try:
-            # one call: the engine in this process, no second process to start for it
-            options = gateway_options(ServingSettings(max_batch=1, engine_process=False))
+            # one call: the embedded engine in this process, no second process to start for it
+            options = gateway_options(
+                ServingSettings(max_batch=1, engine_process=False)
+                if serving is None or serving.engine == "embedded"
+                else serving.updated({"upstream_url": "", "host": "127.0.0.1", "port": 0, "secret": ""})
+            )
             keys = GatewayKeys.fresh(serve_keys=(key,))
             with LocalGateway(scratch, checkpoint_dir, options, keys=keys) as gateway:
                 if on_loaded is not None:

@@ -298,9 +298,10 @@ class Registry:
         self.connect()
         return receipt_tags.write(self, receipt)
 
-    def rollback_drill(self, parent_version: str, *, record: bool = True) -> DrillResult:
-        """Resolve, verify, load and serve `parent_version` in a temporary gateway; the pointer stays put."""
-        return rollback_drill(self, parent_version, record=record)
+    def rollback_drill(self, parent_version: str, *, record: bool = True, serving=None) -> DrillResult:
+        """Resolve, verify, load and serve `parent_version` in a temporary gateway on `serving`'s engine;
+        the pointer stays put."""
+        return rollback_drill(self, parent_version, record=record, serving=serving)
 
     # ---- inspection --------------------------------------------------------------------------------
     def ui_links(self, run_id: str, version: str, ui: str | None = None) -> dict[str, str]:

@@ -16,6 +16,7 @@ from lightning_dagster.registry.errors import RegistryUnavailable
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import RollbackDrill
     from lightning_dagster.registry.core import Registry
+    from lightning_dagster.settings import ServingSettings
 
 DRILL_ENVIRONMENT = "separate gateway on 127.0.0.1 (registry.rollback_drill)"
 DRILLS = "rollback_drills"
@@ -63,8 +64,11 @@ class DrillResult:
         return {**asdict(self), "ok": self.ok}
 
 
-def rollback_drill(reg: Registry, parent_version: str, *, record: bool = True) -> DrillResult:
-    """Resolve, verify, load and serve `parent_version` in a temporary gateway; the pointer stays put.
+def rollback_drill(
+    reg: Registry, parent_version: str, *, record: bool = True, serving: ServingSettings | None = None
+) -> DrillResult:
+    """Resolve, verify, load and serve `parent_version` in a temporary gateway on the pipeline's engine
+    (`serving`; default the embedded one); the pointer stays put.
 
     Every failure is captured in the result, never raised: an unreachable MLflow is `unavailable`, with the
     error, never a healthy-looking result."""
@@ -79,7 +83,8 @@ def rollback_drill(reg: Registry, parent_version: str, *, record: bool = True) -
         result.weights_hash = version.weights_hash
         path = reg.fetch(version)
         result.hash_ok = True
-        result.reply = serve_once(path, on_loaded=lambda: setattr(result, "loaded", True))
+        loaded = lambda: setattr(result, "loaded", True)  # noqa: E731
+        result.reply = serve_once(path, on_loaded=loaded, serving=serving)
         result.served = True
     except Exception as exc:  # the drill reports; it does not raise
         result.error = f"{type(exc).__name__}: {exc}"

@@ -23,6 +23,9 @@ from lightning_dagster.types import AttemptState, Resource, Rollout, RolloutKind
 if TYPE_CHECKING:
     import torch
 
+    from lightning_dagster.training.lora import LoraSpec
+    from lightning_dagster.training.trainer import Trainer
+
 
 @dataclass
 class RolloutBatch:
@@ -91,15 +94,23 @@ class RolloutService:
         retry_policy: RetryPolicy | None = None,
         child: bool = False,
         reuse: bool = False,
+        lora: LoraSpec | None = None,
     ) -> None:
         serving = serving or ServingSettings()
+        # vLLM hot-loads a LoRA adapter by name; the embedded engine is pushed the merged weights
+        self.serves_adapters = lora is not None and serving.engine == "vllm"
+        adapters = (
+            {"lora_rank": lora.rank, "lora_alpha": lora.alpha, "lora_targets": list(lora.targets)}
+            if self.serves_adapters
+            else {}
+        )
         self.store = store
         self.harness = harness if isinstance(harness, HarnessSpec) else example_harness(harness)
         self.retry_policy = retry_policy or self.harness.retry_policy()
         self.gateway = LocalGateway(
             store,
             model_dir,
-            gateway_options(serving, model_names=list(self.harness.model_names)),
+            gateway_options(serving, model_names=list(self.harness.model_names), **adapters),
             keys=GatewayKeys.fresh(serving.secret) if serving.secret else None,
             resource_id=resource_id,
             child=child,
@@ -143,6 +154,11 @@ class RolloutService:
         """Serve `state_dict` from the next call on; spans record `resource_id`."""
         self.gateway.load_weights(state_dict, resource_id)
 
+    def load_policy(self, trainer: Trainer, resource_id: str | None = None) -> None:
+        """Serve the trainer's current policy from the next call on: its adapter, where the engine serves
+        adapters, else its whole (merged) weights."""
+        self.load_weights(trainer.served_state(self.serves_adapters), resource_id)
+
     def run(
         self,
         tasks: list[dict],
@@ -158,6 +174,7 @@ class RolloutService:
         t samples with `sampling_seed(seed, task_id, g)`: the same seed gives parent and candidate common
         random numbers. Group ids are `<tag>-g<t>`."""
         started = time.perf_counter()
+        self.gateway.verify()  # no rollout counts on weights the engine does not (or no longer) serve
         rollouts = enqueue_tasks(
             self.store,
             self.harness,

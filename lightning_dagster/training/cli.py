@@ -39,6 +39,11 @@ TRAINING = [name for name in TrainingSettings.model_fields if name not in PIPELI
 # How rollouts run; the gateway itself is always a child process on loopback, as the pipeline's training stage
 # serves, so its address, secret and upstream are not `train`'s.
 SERVING = [
+    "engine",
+    "vllm_url",
+    "vllm_args",
+    "vllm_dtype",
+    "vllm_enforce_eager",
     "engine_process",
     "engine_threads",
     "engine_device",
@@ -140,12 +145,12 @@ def sampling_service(
     training: TrainingSettings,
     serving: ServingSettings,
 ) -> RolloutService:
-    """What `train` samples and evaluates through: the embedded engine serving the weights it trains (never an
-    upstream), its gateway in a child process as the pipeline's training stage has it (parked on close for
+    """What `train` samples and evaluates through: the engine (`serving.engine`) serving the weights it trains
+    (never an upstream), its gateway in a child process as the pipeline's training stage has it (parked on close for
     the next run of this process with the same settings)."""
     from lightning_dagster.gateway.options import serving_settings
     from lightning_dagster.runner.service import RolloutService
-    from lightning_dagster.training.configs import retry_policy
+    from lightning_dagster.training.configs import lora_spec, retry_policy
 
     return RolloutService(
         store,
@@ -156,6 +161,7 @@ def sampling_service(
         retry_policy=retry_policy(training, harness),
         child=True,
         reuse=True,
+        lora=lora_spec(training),
     )
 
 
@@ -244,6 +250,8 @@ def _train(args: argparse.Namespace) -> int:
         "parent_resource_id": parent_id,
         "checkpoint": str(result.checkpoint),
         "world_size": group.world_size if group is not None else 1,
+        "engine": serving.engine,
+        "adapter": training.adapter,
     }
     if metrics_file:
         metrics_file.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lightning_dagster.training.lora import LoraSpec
 from lightning_dagster.training.loss import LossConfig
 from lightning_dagster.training.selection import ValidationSettings
 from lightning_dagster.training.step import StepSettings
@@ -37,9 +38,16 @@ def loss_config(t: TrainingSettings) -> LossConfig:
     return LossConfig(kl_coef=t.kl_coef, normalization=t.loss_normalization, constant=t.loss_constant)
 
 
+def lora_spec(t: TrainingSettings) -> LoraSpec | None:
+    """The adapter RL trains (`adapter: lora`); None: every weight trains."""
+    if t.adapter != "lora":
+        return None
+    return LoraSpec(rank=t.lora_rank, alpha=t.lora_alpha, targets=tuple(t.lora_targets))
+
+
 def trainer_config(t: TrainingSettings) -> TrainerConfig:
-    """The RL trainer's optimizer, device and loss."""
-    return TrainerConfig(lr=t.learning_rate, device=t.device, loss=loss_config(t))
+    """The RL trainer's optimizer, device, loss and adapter."""
+    return TrainerConfig(lr=t.learning_rate, device=t.device, loss=loss_config(t), lora=lora_spec(t))
 
 
 def validation_settings(t: TrainingSettings) -> ValidationSettings:

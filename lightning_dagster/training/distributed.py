@@ -101,6 +101,7 @@ def reduce_parts(parts: LossParts, group: Group) -> LossParts:
             parts.kl_sum,
             parts.is_ratio_sum,
             parts.is_capped,
+            parts.abs_log_ratio_sum,
         ],  # fmt: skip
         dist.ReduceOp.SUM,
         group,
@@ -115,6 +116,7 @@ def reduce_parts(parts: LossParts, group: Group) -> LossParts:
         kl_sum=sums[3],
         is_ratio_sum=sums[4],
         is_capped=sums[5],
+        abs_log_ratio_sum=sums[6],
         is_ratio_max=highs[0],
         abs_log_ratio_max=highs[1],
         is_ratio_min=-highs[2],

@@ -159,7 +159,7 @@ def train_rl(
             if step <= len(metrics):  # trained before the run: serve its update
                 m = metrics[step - 1]
                 if service is not None:
-                    service.load_weights(trainer.state_dict(), served_as(step))
+                    service.load_policy(trainer, served_as(step))
             else:
                 tasks = pools.train[(step - 1) * t.tasks_per_step : step * t.tasks_per_step]
                 _, m = rl_step(service, trainer, tasks, step=step, settings=step_config, base_seed=base_seed,
@@ -180,7 +180,7 @@ def train_rl(
         if keeper is not None:
             chosen = keeper.restore(trainer)
             if candidate is not None and chosen.step != candidate["step"]:
-                service.load_weights(trainer.state_dict(), served_as(chosen.step))
+                service.load_policy(trainer, served_as(chosen.step))
                 candidate = holdout(service, chosen.step, greedy=True, on_curve=False)
     if group is not None:
         distributed.release(group)
@@ -271,7 +271,7 @@ class CheckpointKeeper:
         ev = judge(step, self._solved(f"s{step}"), self.parent_solved, len(self.tasks))
         self.evals.append(ev)
         if select(self.evals).step == step:
-            self.kept = trainer.state_dict()
+            self.kept = trainer.snapshot()
         # at the last step there is nothing left to stop: the run simply ended
         stop = stop_reason(self.evals, self.parent_success, self.settings.patience)
         self.early_stop = stop if step < last_step else None
@@ -282,7 +282,7 @@ class CheckpointKeeper:
         chosen = select(self.evals)
         assert self.kept is not None  # `select` chose an evaluated step, whose weights were kept then
         if chosen.step != self.evals[-1].step:
-            trainer.model.load_state_dict(self.kept)
+            trainer.restore(self.kept)
         return chosen
 
 

@@ -126,6 +126,7 @@ class LossParts:
     is_ratio_min: float = float("inf")
     is_capped: float = 0.0
     abs_log_ratio_max: float = 0.0
+    abs_log_ratio_sum: float = 0.0  # |trainer - engine logprob| over the step's tokens (the engine gap)
 
     def merge(self, other: LossParts) -> LossParts:
         return LossParts(
@@ -138,6 +139,7 @@ class LossParts:
             is_ratio_min=min(self.is_ratio_min, other.is_ratio_min),
             is_capped=self.is_capped + other.is_capped,
             abs_log_ratio_max=max(self.abs_log_ratio_max, other.abs_log_ratio_max),
+            abs_log_ratio_sum=self.abs_log_ratio_sum + other.abs_log_ratio_sum,
         )
 
     def metrics(self) -> dict[str, float]:
@@ -152,6 +154,7 @@ class LossParts:
             "is_ratio_min": self.is_ratio_min if self.tokens else 1.0,
             "is_capped_fraction": self.is_capped / n,
             "abs_log_ratio_max": self.abs_log_ratio_max,
+            "abs_log_ratio_mean": self.abs_log_ratio_sum / n,
         }
 
 
@@ -203,4 +206,5 @@ def policy_loss(
             is_ratio_min=float(token_ratio.min()) if token_ratio.numel() else float("inf"),
             is_capped=float(((is_ratio > config.tis_cap) & on).sum()) if config.tis != "none" else 0.0,
             abs_log_ratio_max=float(log_is[on].abs().max()) if token_ratio.numel() else 0.0,
+            abs_log_ratio_sum=float(log_is[on].abs().sum()),
         )

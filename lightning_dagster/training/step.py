@@ -130,7 +130,7 @@ def rl_step(
         "rollout_seconds": batch.seconds,
     }
     metrics = trainer.step(rows, advantages, extra=extra)
-    service.load_weights(trainer.state_dict(), resource_id)
+    service.load_policy(trainer, resource_id)
     return batch, metrics
 
 

@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from lightning_dagster.engine.engine import autocast, resolve_device
-from lightning_dagster.training import distributed
+from lightning_dagster.training import distributed, lora
 from lightning_dagster.training.advantages import Advantages
 from lightning_dagster.training.loss import LossConfig, LossParts, policy_loss, row_weights
 from lightning_dagster.training.transitions import Row
@@ -75,6 +75,7 @@ class TrainerConfig:
     # own and restores it. On cores other processes keep busy, set 1: two OpenMP threads against one busy
     # core took 1.48 s an SFT step against 0.91 s for one thread (0.53 s for two on an idle machine).
     threads: int | None = None
+    lora: lora.LoraSpec | None = None  # train a LoRA adapter over the frozen parent instead of every weight
 
     def __post_init__(self) -> None:
         def number(x: object) -> bool:
@@ -249,6 +250,8 @@ class Trainer:
         self.group = group
         self.device = distributed.rank_device(resolve_device(self.config.device), group)
         self.model = load_model(model_dir, self.device)
+        if config.lora is not None:
+            self.model = lora.wrap(self.model, config.lora)
         # the module the loss backpropagates through: DDP averages the ranks' gradients on the last backward
         self.train_model: torch.nn.Module = (
             DistributedDataParallel(
@@ -258,7 +261,7 @@ class Trainer:
             else self.model
         )
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],  # with LoRA: the adapter's only
             lr=self.config.lr,
             betas=self.config.betas,
             weight_decay=self.config.weight_decay,
@@ -449,7 +452,28 @@ class Trainer:
         }
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights (with LoRA: the adapter merged in), as an engine loads them."""
+        if lora.is_wrapped(self.model):
+            return lora.merged_state(self.model)
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def served_state(self, adapter: bool) -> dict[str, torch.Tensor]:
+        """What an engine is pushed: the adapter alone when it serves adapters and one is trained."""
+        return (
+            lora.adapter_state(self.model) if adapter and lora.is_wrapped(self.model) else self.state_dict()
+        )
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """The trained weights (the adapter's only, with LoRA), for `restore`."""
+        if lora.is_wrapped(self.model):
+            return lora.adapter_state(self.model)
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def restore(self, snapshot: dict[str, torch.Tensor]) -> None:
+        if lora.is_wrapped(self.model):
+            lora.load_adapter_state(self.model, snapshot)
+        else:
+            self.model.load_state_dict(snapshot)
 
     def save(self, out_dir: Path | str) -> Path:
         """A Hugging Face checkpoint: the tokenizer and chat template of the source, the current weights.
@@ -470,7 +494,12 @@ class Trainer:
             for f in self.model_dir.iterdir():
                 if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name != "config.json":
                     shutil.copy2(f, tmp / f.name)
-            self.model.save_pretrained(tmp)
+            if lora.is_wrapped(self.model):  # a plain checkpoint of the merged weights, the adapter beside it
+                lora.merged(self.model).save_pretrained(tmp)
+                lora.save_adapter(self.model, tmp)
+                shutil.rmtree(out / lora.ADAPTER_DIR, ignore_errors=True)
+            else:
+                self.model.save_pretrained(tmp)
             tmp.chmod(0o755)  # mkdtemp's 0700 would hide the checkpoint from other users
             if not out.exists():
                 tmp.rename(out)

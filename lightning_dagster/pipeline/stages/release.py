@@ -29,7 +29,7 @@ def rollback_drill(p: Pipeline, key: str) -> StageResult:
     store, reg = p.get_store(), ctx.registry(p)
     receipt = ctx.head_receipt(store, key)
     parent = receipt.plan.parent
-    result = reg.rollback_drill(ctx.registered_version(parent))
+    result = reg.rollback_drill(ctx.registered_version(parent), serving=ctx.settings(p).serving)
     drill = result.to_receipt_drill(parent.resource_id)
     stored = ctx.append_receipt(store, key, R.add_rollback_drill(receipt, drill))
     return StageResult(

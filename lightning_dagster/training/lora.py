@@ -1,0 +1,77 @@
+"""RL on a LoRA adapter (`training.adapter: lora`): the parent's weights stay frozen and only the adapter's
+low-rank updates train. What an engine serves is either the adapter itself (vLLM hot-loads it by name) or
+the merged weights (the embedded engine, and every checkpoint: the registry, the drill and a later parent
+load a plain Hugging Face model; the adapter is saved beside it in `adapter/`)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ADAPTER_DIR = "adapter"  # the adapter folder inside a checkpoint trained with LoRA
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """One adapter's shape: `rank`, `alpha` (the update is scaled by alpha / rank) and the module names
+    (`targets`, e.g. q_proj) that get one."""
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+
+
+def wrap(model: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
+    """`model` with a fresh adapter on `spec.targets` (B = 0: it starts as exactly the parent). ValueError
+    naming the targets when the model has none of them."""
+    from peft import LoraConfig, get_peft_model
+
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    if not set(spec.targets) & names:
+        raise ValueError(
+            f"lora_targets {list(spec.targets)} name no module of this model (its linear layers include "
+            f"{sorted(n for n in names if n.endswith('proj'))[:8]})"
+        )
+    config = LoraConfig(
+        r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.targets), lora_dropout=0.0, bias="none"
+    )
+    wrapped = get_peft_model(model, config)
+    wrapped.eval()  # no dropout anywhere: the ratio to the behaviour policy starts at exactly 1
+    return wrapped
+
+
+def is_wrapped(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter's weights under peft's names (`...q_proj.lora_A.weight`), as an adapter file holds them."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def load_adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    from peft import set_peft_model_state_dict
+
+    set_peft_model_state_dict(model, state)
+
+
+def merged(model: torch.nn.Module) -> torch.nn.Module:
+    """A plain copy of the model with the adapter's update added into its weights (the wrapped model is
+    left as it is)."""
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def merged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in merged(model).state_dict().items()}
+
+
+def save_adapter(model: torch.nn.Module, out_dir: Path) -> Path:
+    """The adapter alone (`adapter_config.json`, `adapter_model.safetensors`) in `out_dir/adapter`."""
+    folder = out_dir / ADAPTER_DIR
+    model.save_pretrained(str(folder))
+    return folder
