@@ -6,6 +6,7 @@ options (`keys.GatewayKeys`)."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,21 @@ SERVING_FIELDS = (
     "host",
     "port",
 )
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """One LoRA adapter's shape (what RL trains with `training.adapter: lora`, and what a vLLM server must be
+    started able to serve): `rank`, `alpha` (the update is scaled by alpha / rank) and the module names
+    (`targets`, e.g. q_proj) that get one."""
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+
+    def options(self) -> dict[str, Any]:
+        """The gateway options a server that hot-loads such adapters is started with."""
+        return {"lora_rank": self.rank, "lora_alpha": self.alpha, "lora_targets": list(self.targets)}
 
 
 class GatewayOptions(Settings):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_dagster.gateway.keys import GatewayKeys
 from lightning_dagster.gateway.local import LocalGateway
-from lightning_dagster.gateway.options import gateway_options
+from lightning_dagster.gateway.options import LoraSpec, gateway_options
 from lightning_dagster.project.examples import example_harness
 from lightning_dagster.runner.enqueue import enqueue_tasks
 from lightning_dagster.runner.harness_spec import HarnessSpec
@@ -22,9 +22,6 @@ from lightning_dagster.types import AttemptState, Resource, Rollout, RolloutKind
 
 if TYPE_CHECKING:
     import torch
-
-    from lightning_dagster.training.lora import LoraSpec
-    from lightning_dagster.training.trainer import Trainer
 
 
 @dataclass
@@ -99,11 +96,7 @@ class RolloutService:
         serving = serving or ServingSettings()
         # vLLM hot-loads a LoRA adapter by name; the embedded engine is pushed the merged weights
         self.serves_adapters = lora is not None and serving.engine == "vllm"
-        adapters = (
-            {"lora_rank": lora.rank, "lora_alpha": lora.alpha, "lora_targets": list(lora.targets)}
-            if self.serves_adapters
-            else {}
-        )
+        adapters = lora.options() if lora is not None and self.serves_adapters else {}
         self.store = store
         self.harness = harness if isinstance(harness, HarnessSpec) else example_harness(harness)
         self.retry_policy = retry_policy or self.harness.retry_policy()
@@ -153,11 +146,6 @@ class RolloutService:
     def load_weights(self, state_dict: dict[str, torch.Tensor], resource_id: str | None = None) -> None:
         """Serve `state_dict` from the next call on; spans record `resource_id`."""
         self.gateway.load_weights(state_dict, resource_id)
-
-    def load_policy(self, trainer: Trainer, resource_id: str | None = None) -> None:
-        """Serve the trainer's current policy from the next call on: its adapter, where the engine serves
-        adapters, else its whole (merged) weights."""
-        self.load_weights(trainer.served_state(self.serves_adapters), resource_id)
 
     def run(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lightning_dagster.training.lora import LoraSpec
+from lightning_dagster.gateway.options import LoraSpec
 from lightning_dagster.training.loss import LossConfig
 from lightning_dagster.training.selection import ValidationSettings
 from lightning_dagster.training.step import StepSettings

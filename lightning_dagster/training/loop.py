@@ -43,7 +43,7 @@ from lightning_dagster.training.selection import (
     train_tasks,
     validation_split,
 )
-from lightning_dagster.training.step import GREEDY, evaluate, rl_step
+from lightning_dagster.training.step import GREEDY, evaluate, rl_step, serve_policy
 from lightning_dagster.training.trainer import Trainer
 from lightning_dagster.types import RolloutKind
 
@@ -159,7 +159,7 @@ def train_rl(
             if step <= len(metrics):  # trained before the run: serve its update
                 m = metrics[step - 1]
                 if service is not None:
-                    service.load_policy(trainer, served_as(step))
+                    serve_policy(service, trainer, served_as(step))
             else:
                 tasks = pools.train[(step - 1) * t.tasks_per_step : step * t.tasks_per_step]
                 _, m = rl_step(service, trainer, tasks, step=step, settings=step_config, base_seed=base_seed,
@@ -180,7 +180,7 @@ def train_rl(
         if keeper is not None:
             chosen = keeper.restore(trainer)
             if candidate is not None and chosen.step != candidate["step"]:
-                service.load_policy(trainer, served_as(chosen.step))
+                serve_policy(service, trainer, served_as(chosen.step))
                 candidate = holdout(service, chosen.step, greedy=True, on_curve=False)
     if group is not None:
         distributed.release(group)

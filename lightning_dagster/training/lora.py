@@ -6,22 +6,13 @@ load a plain Hugging Face model; the adapter is saved beside it in `adapter/`)."
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from lightning_dagster.gateway.options import LoraSpec
+
 ADAPTER_DIR = "adapter"  # the adapter folder inside a checkpoint trained with LoRA
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """One adapter's shape: `rank`, `alpha` (the update is scaled by alpha / rank) and the module names
-    (`targets`, e.g. q_proj) that get one."""
-
-    rank: int
-    alpha: float
-    targets: tuple[str, ...]
 
 
 def wrap(model: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:

@@ -130,7 +130,7 @@ def rl_step(
         "rollout_seconds": batch.seconds,
     }
     metrics = trainer.step(rows, advantages, extra=extra)
-    service.load_policy(trainer, resource_id)
+    serve_policy(service, trainer, resource_id)
     return batch, metrics
 
 
@@ -159,3 +159,9 @@ def _rows_rewards_stats(
         if r.rollout_id in kept
     ]
     return rows, rewards, stats
+
+
+def serve_policy(service: RolloutService, trainer: Trainer, resource_id: str | None) -> None:
+    """Have `service` serve the trainer's current policy from its next call on: the adapter alone where the
+    engine hot-loads adapters (vLLM with LoRA), else the whole (merged) weights."""
+    service.load_weights(trainer.served_state(service.serves_adapters), resource_id)

@@ -14,12 +14,13 @@ import httpx
 import pytest
 import torch
 
+from lightning_dagster.gateway.options import LoraSpec
 from lightning_dagster.project.examples import example_tasks
 from lightning_dagster.runner.service import RolloutService
 from lightning_dagster.settings import ServingSettings
 from lightning_dagster.store import Store
-from lightning_dagster.training.lora import LoraSpec
 from lightning_dagster.training.loss import LossConfig
+from lightning_dagster.training.step import serve_policy
 from lightning_dagster.training.trainer import Trainer, TrainerConfig
 from lightning_dagster.types import RolloutKind, Sampling, SpanKind
 
@@ -96,7 +97,7 @@ def test_the_parents_rollouts_are_served_by_vllm_and_replay_exactly(service, che
 
 def test_a_lora_step_is_hot_loaded_by_name_verified_and_replays(service, checkpoints):
     trainer = nudged_trainer(checkpoints["base"][0], LORA)
-    service.load_policy(trainer, "cand@1")
+    serve_policy(service, trainer, "cand@1")
     spans = llm_spans(run(service, "step-1"))
     assert {s.resource_id for s in spans} == {"cand@1"}
     assert {s.attributes["model"] for s in spans} == {"cand@1"}  # the adapter, served under its name
