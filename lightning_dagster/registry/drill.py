@@ -36,13 +36,14 @@ class DrillResult:
     reply: str | None = None
     error: str | None = None
     unavailable: bool = False  # MLflow could not be reached: evidence missing, not a failed parent
+    engine: str = "embedded"  # what served the parent (`serving.engine`)
     at: float = field(default_factory=time.time)
 
     @property
     def ok(self) -> bool:
         return self.resolved and self.hash_ok and self.loaded and self.served
 
-    def to_receipt_drill(self, parent_id: str, environment: str = DRILL_ENVIRONMENT) -> RollbackDrill:
+    def to_receipt_drill(self, parent_id: str, environment: str | None = None) -> RollbackDrill:
         """The receipt's `RollbackDrill`. A step is None (unavailable) when the drill never reached it or
         could not because MLflow was unreachable; False only when it was tried and failed."""
         from lightning_dagster.gate.receipt import RollbackDrill
@@ -53,7 +54,8 @@ class DrillResult:
         verified = self.resolved and self.hash_ok
         return RollbackDrill(
             parent_id=parent_id,
-            environment=environment,
+            environment=environment
+            or DRILL_ENVIRONMENT + ("" if self.engine == "embedded" else f", {self.engine}"),
             resolved=step(verified, True),
             loaded=step(self.loaded, verified),
             routed_back=step(self.served, self.loaded),
@@ -74,7 +76,7 @@ def rollback_drill(
     error, never a healthy-looking result."""
     from lightning_dagster.registry.approved import serve_once
 
-    result = DrillResult(version=str(parent_version))
+    result = DrillResult(version=str(parent_version), engine=serving.engine if serving else "embedded")
     start = time.perf_counter()
     try:
         reg.connect()
