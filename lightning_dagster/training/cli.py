@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from lightning_dagster import paths
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
-from lightning_dagster.project.examples import EXAMPLES
 from lightning_dagster.settings import (
+    ProjectSettings,
     ServingSettings,
     SettingsError,
     StoreSettings,
@@ -56,7 +56,7 @@ SERVING = [
 
 def register(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--harness", choices=EXAMPLES, help="a built-in example project (examples/NAME)")
+    add_flags(which, ProjectSettings, ["harness"])
     add_project_option(which)
     add_flags(parser, TrainingSettings, TRAINING)
     add_flags(parser, ServingSettings, SERVING)
