@@ -201,7 +201,12 @@ class TrainingSettings(Settings):
     )  # fmt: skip
     steps: int = Field(8, ge=1, description="RL steps, one optimizer update each")
     tasks_per_step: int = Field(8, ge=1, description="train tasks sampled per step (x group_size rollouts)")
-    group_size: int = Field(16, ge=2, description="rollouts per task (one GRPO group)")
+    group_size: int = Field(
+        16,
+        ge=1,
+        description="rollouts per task: one GRPO group (RL learns only from groups of 2 or more whose rewards "
+        "differ)",
+    )
     learning_rate: float = Field(1e-4, ge=0, allow_inf_nan=False, description="Adam learning rate")
     temperature: float = Field(
         1.0, gt=0, allow_inf_nan=False, description="sampling temperature of every call of a train rollout"

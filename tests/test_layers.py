@@ -105,7 +105,7 @@ DECLARED: dict[str, set[str]] = {
 UPWARD: dict[str, set[str]] = {
     # The runner's commands take a project; the runner posts rewards the Agent Lightning way and runs a
     # built-in example when given no harness.
-    "runner.cli": {"project", "project.cli", "project.examples", "project.harness", "project.splits"},
+    "runner.cli": {"project", "project.cli", "project.harness", "project.splits"},
     "runner.worker": {"project.cli"},
     "runner.runner": {"project.agl_launcher"},
     "runner.service": {"project.examples"},

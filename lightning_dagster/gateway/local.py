@@ -133,9 +133,7 @@ class LocalGateway:
             self._backend = VllmBackend(
                 start_vllm(self.model_dir, self.options),
                 self.codec,
-                lora_rank=self.options.lora_rank,
-                lora_alpha=self.options.lora_alpha,
-                lora_targets=tuple(self.options.lora_targets),
+                lora=self.options.lora,
                 resource_id=self.resource_id,
             )
         else:

@@ -12,7 +12,14 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from lightning_dagster.settings import ServingSettings, Settings, add_flags, flag_of, from_flags
+from lightning_dagster.settings import (
+    ServingSettings,
+    Settings,
+    TrainingSettings,
+    add_flags,
+    flag_of,
+    from_flags,
+)
 
 # What the gateway reads of the user's serving settings (the rest is the runner's, or the secret).
 SERVING_FIELDS = (
@@ -40,10 +47,6 @@ class LoraSpec:
     rank: int
     alpha: float
     targets: tuple[str, ...]
-
-    def options(self) -> dict[str, Any]:
-        """The gateway options a server that hot-loads such adapters is started with."""
-        return {"lora_rank": self.rank, "lora_alpha": self.alpha, "lora_targets": list(self.targets)}
 
 
 class GatewayOptions(Settings):
@@ -97,14 +100,12 @@ class GatewayOptions(Settings):
         allow_inf_nan=False,
         description="how long a call waits for a weight swap, or for its rollout's policy version, before a 503",
     )
-    lora_rank: int = Field(
-        0,
-        ge=0,
-        description="engine vllm: the rank of the LoRA adapters the trainer pushes (the server is started able "
-        "to serve them); 0: pushes are whole weights",
+    lora: LoraSpec | None = Field(
+        None,
+        description="engine vllm: the shape of the LoRA adapters the trainer pushes (the server is started able "
+        "to serve them; `gateway serve`: the training settings' --adapter lora and --lora-*); none: pushes "
+        "are whole weights",
     )
-    lora_alpha: float = Field(16.0, gt=0, allow_inf_nan=False, description="the pushed adapters' LoRA alpha")
-    lora_targets: list[str] = Field(default_factory=list, description="the pushed adapters' target modules")
     agl_train_temperature: float = Field(
         1.0, gt=0, allow_inf_nan=False, description="sampling temperature of Agent Lightning train rollouts"
     )
@@ -123,7 +124,9 @@ class GatewayOptions(Settings):
         return self.updated({"serving": self.serving.updated(changes)})
 
 
-OWN_FIELDS = tuple(name for name in GatewayOptions.model_fields if name != "serving")
+# `lora` is the training settings' (`gateway serve` generates its flags from them: `add_option_flags`)
+OWN_FIELDS = tuple(name for name in GatewayOptions.model_fields if name not in ("serving", "lora"))
+ADAPTER_FIELDS = ["adapter", "lora_rank", "lora_alpha", "lora_targets"]
 
 
 def serving_settings(serving: ServingSettings, **changes: Any) -> ServingSettings:
@@ -148,15 +151,18 @@ def add_option_flags(parser: argparse.ArgumentParser, source: Any) -> None:
     add_flags(source, ServingSettings, ["upstream_url"])
     add_flags(parser, ServingSettings, [n for n in SERVING_FIELDS if n != "upstream_url"])
     add_flags(parser, GatewayOptions, list(OWN_FIELDS))
+    add_flags(parser, TrainingSettings, ADAPTER_FIELDS)
 
 
 def options_from_flags(args: argparse.Namespace, base: GatewayOptions | None = None) -> GatewayOptions:
     """`base` (default: the defaults) with the flags given applied; `SettingsError` names a bad flag."""
     base = base or GatewayOptions()
     serving = from_flags(base.serving, args, command="gateway serve")
-    return from_flags(base.updated({"serving": serving}), args, command="gateway serve")
+    t = from_flags(TrainingSettings(), args, command="gateway serve")
+    lora = LoraSpec(t.lora_rank, t.lora_alpha, tuple(t.lora_targets)) if t.adapter == "lora" else base.lora
+    return from_flags(base.updated({"serving": serving, "lora": lora}), args, command="gateway serve")
 
 
 def flags_given(args: argparse.Namespace) -> list[str]:
     """The option flags given on the command line (`add_flags` leaves the others unset)."""
-    return [flag_of(name) for name in (*SERVING_FIELDS, *OWN_FIELDS) if hasattr(args, name)]
+    return [flag_of(name) for name in (*SERVING_FIELDS, *OWN_FIELDS, *ADAPTER_FIELDS) if hasattr(args, name)]

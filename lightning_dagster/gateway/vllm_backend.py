@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from lightning_dagster.engine.vllm_server import VllmServer
-    from lightning_dagster.gateway.options import GatewayOptions
+    from lightning_dagster.gateway.options import GatewayOptions, LoraSpec
 
 SERVED_NAME = "policy"  # the base model's name on the vLLM server (the harness's names map to it)
 
@@ -36,7 +36,7 @@ def start_vllm(model_dir: Path, options: GatewayOptions) -> VllmServer:
     from lightning_dagster.engine.vllm_server import VllmServer
 
     serving = options.serving
-    rank = options.lora_rank or None
+    rank = options.lora.rank if options.lora is not None else None
     if serving.vllm_url:
         server = VllmServer.attach(serving.vllm_url, model_dir, name=SERVED_NAME, max_lora_rank=rank)
         server.expected_hash = server.reload_weights(model_dir, checkpoint_hash(model_dir))
@@ -52,20 +52,21 @@ def start_vllm(model_dir: Path, options: GatewayOptions) -> VllmServer:
 
 
 class VllmBackend(UpstreamBackend):
-    """The policy on `server` (token-in through `codec`, the served model's chat codec). `lora_rank` > 0:
-    pushed weights are a LoRA adapter's (peft names), served under the adapter's own name."""
+    """The policy on `server` (token-in through `codec`, the served model's chat codec). With `lora`, pushed
+    weights with LoRA names are that adapter's, served under the adapter's own name."""
 
     kind = "vllm"
     loads_weights = True
 
-    def __init__(self, server: VllmServer, codec, *, lora_rank: int = 0, lora_alpha: float = 16.0,
-                 lora_targets: tuple[str, ...] = (), resource_id: str | None = None):  # fmt: skip
+    def __init__(
+        self, server: VllmServer, codec, *, lora: LoraSpec | None = None, resource_id: str | None = None
+    ):
         super().__init__(server.base_url, model=SERVED_NAME, codec=codec)
         self.server = server
         self.model_dir = server.model_dir
         self.resource_id = resource_id
         self._adapter_hash: str | None = None  # the adapter served, if one is
-        self.lora = {"r": lora_rank, "lora_alpha": lora_alpha, "target_modules": list(lora_targets)}
+        self.lora = lora
         self._pushes = 0
         self._verified = (server.model_dir, server.expected_hash or "")  # the whole weights last verified
 
@@ -86,10 +87,11 @@ class VllmBackend(UpstreamBackend):
         adapter = any(".lora_A." in name or ".lora_B." in name for name in state)
         try:
             if adapter:
-                if not self.lora["r"]:
+                if self.lora is None:
                     raise GatewayError(409, "LoRA weights pushed to a vLLM server started without LoRA")
                 save_weights(state, folder / "adapter_model.safetensors")
-                config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "bias": "none", **self.lora}
+                config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "bias": "none", "r": self.lora.rank,
+                          "lora_alpha": self.lora.alpha, "target_modules": list(self.lora.targets)}  # fmt: skip
                 (folder / "adapter_config.json").write_text(json.dumps(config))
                 name, digest = resource_id or f"adapter-{self._pushes}", adapter_hash(folder)
                 self.server.load_adapter(name, folder, digest)  # refused before loading, or not served

@@ -28,12 +28,19 @@ from lightning_dagster.gateway.keys import SecretError, read_secret_file, refuse
 from lightning_dagster.gateway.options import SERVING_FIELDS, flags_given, gateway_options
 from lightning_dagster.model_folder import ModelFolderError, check_model_folder
 from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
-from lightning_dagster.project.examples import EXAMPLES
 from lightning_dagster.project.splits import SPLITS
 from lightning_dagster.runner.execute import SandboxUnavailable, check_sandbox
 from lightning_dagster.runner.harness_spec import HarnessSpec
 from lightning_dagster.runner.retry import RetryPolicy
-from lightning_dagster.settings import ServingSettings, SettingsError, StoreSettings, add_flags, from_flags
+from lightning_dagster.settings import (
+    ProjectSettings,
+    ServingSettings,
+    SettingsError,
+    StoreSettings,
+    TrainingSettings,
+    add_flags,
+    from_flags,
+)
 from lightning_dagster.types import Rollout, new_id
 
 if TYPE_CHECKING:
@@ -43,7 +50,7 @@ if TYPE_CHECKING:
 def add_harness_options(parser: argparse.ArgumentParser) -> None:
     """Which project's harness, and the store (shared with `lightning-dagster runner`)."""
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--harness", choices=EXAMPLES, help="a built-in example project (examples/NAME)")
+    add_flags(which, ProjectSettings, ["harness"])
     add_project_option(which)
     add_flags(parser, StoreSettings, ["url"], prefix="store")
 
@@ -58,8 +65,7 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
                         "(-: read it from standard input)")  # fmt: skip
     add_removed_secret_option(parser)
     add_flags(parser, ServingSettings, list(RUNNER_SETTINGS))
-    parser.add_argument("--timeout", type=float, help="seconds per attempt (default: the harness's)")
-    parser.add_argument("--max-attempts", type=int, help="attempts per rollout (default: the harness's)")
+    add_flags(parser, TrainingSettings, ["attempt_timeout_s", "max_attempts"])
     parser.add_argument("--heartbeat-timeout", type=float, help="seconds without a heartbeat after which "
                         "any runner's reaper ends an attempt unresponsive (default 30)")  # fmt: skip
     parser.add_argument("--backoff-max", type=float, help="cap of the infrastructure retries' exponential "
@@ -82,8 +88,7 @@ def _task_options(parser: argparse.ArgumentParser) -> None:
     add_harness_options(parser)
     parser.add_argument("--split", default="train", choices=SPLITS)
     parser.add_argument("--n", type=int, required=True, help="number of tasks")
-    parser.add_argument("--group", type=int, default=1, help="rollouts per task (a GRPO group); N x G")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    add_flags(parser, TrainingSettings, ["group_size", "seed"])
     parser.add_argument("--run-id", help="names the run (group ids RUN-gI); the same id again resumes its "
                         "unfinished rollouts instead of queuing new ones (default: a new id, printed)")  # fmt: skip
 
@@ -130,9 +135,10 @@ def harness_of(args: argparse.Namespace) -> tuple[HarnessSpec, Any]:
 
 def policy_of(args: argparse.Namespace, spec: HarnessSpec) -> RetryPolicy:
     """The harness's retry policy with the command line's overrides (raises `InvalidPolicy`)."""
+    given = from_flags(TrainingSettings(), args).given()
     overrides = {
-        "max_attempts": args.max_attempts,
-        "timeout_s": args.timeout,
+        "max_attempts": given.get("max_attempts"),
+        "timeout_s": given.get("attempt_timeout_s"),
         "heartbeat_timeout_s": args.heartbeat_timeout,
         "backoff_max_s": args.backoff_max,
     }
@@ -167,7 +173,7 @@ def rollouts_of(
         spec,
         chosen,
         kind=args.split,
-        group_size=args.group,
+        group_size=args.group_size,
         seed=args.seed,
         tag=args.run_id,
         **enqueue_kw,
@@ -193,7 +199,7 @@ def _check_resumed(args: argparse.Namespace, spec: HarnessSpec, chosen: list, fo
             sampling_seed(args.seed, task["task_id"], i),
         )
         for t, task in enumerate(chosen)
-        for i in range(args.group)
+        for i in range(args.group_size)
     )
     queued = Counter(
         (r.group_id, r.task_id, r.harness, r.kind.value, r.metadata.get("sampling_seed")) for r in found
@@ -212,8 +218,8 @@ def _check_resumed(args: argparse.Namespace, spec: HarnessSpec, chosen: list, fo
         more = "more than " if len(groups) > len(chosen) else ""
         differences.append(f"{more}{min(len(groups), len(chosen))} task(s), not {len(chosen)} (--n)")
     sizes = sorted(set(groups.values()))
-    if sizes != [args.group]:
-        differences.append(f"groups of {', '.join(map(str, sizes))}, not {args.group} (--group)")
+    if sizes != [args.group_size]:
+        differences.append(f"groups of {', '.join(map(str, sizes))}, not {args.group_size} (--group-size)")
     raise RunMismatch(
         f"run {args.run_id} was queued with other settings: "
         f"{'; '.join(differences) or 'other tasks, or another --seed'}. "
@@ -221,12 +227,26 @@ def _check_resumed(args: argparse.Namespace, spec: HarnessSpec, chosen: list, fo
     )
 
 
+def _task_shape(args: argparse.Namespace, command: str) -> bool:
+    """Check `--n` and resolve the group size and seed into `args` (their defaults are the settings'); False,
+    after one line on stderr, for a bad value."""
+    try:
+        shape = from_flags(TrainingSettings(), args, command=command)
+    except SettingsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return False
+    if args.n < 1:
+        print(f"error: {command}: --n must be >= 1", file=sys.stderr)
+        return False
+    args.group_size, args.seed = shape.group_size, shape.seed
+    return True
+
+
 @exits_2_on_project_error
 def _enqueue(args: argparse.Namespace) -> int:
     from lightning_dagster.store import Store
 
-    if args.n < 1 or args.group < 1:
-        print("error: --n and --group must be >= 1", file=sys.stderr)
+    if not _task_shape(args, "rollouts enqueue"):
         return 2
     spec, project = harness_of(args)
     try:
@@ -245,8 +265,7 @@ def _run(args: argparse.Namespace) -> int:
     from lightning_dagster.runner.runner import Runner
     from lightning_dagster.store import Store
 
-    if args.n < 1 or args.group < 1:
-        print("error: --n and --group must be >= 1", file=sys.stderr)
+    if not _task_shape(args, "rollouts run"):
         return 2
     try:
         serving = serving_of(args, "rollouts run")

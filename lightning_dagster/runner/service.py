@@ -96,7 +96,7 @@ class RolloutService:
         serving = serving or ServingSettings()
         # vLLM hot-loads a LoRA adapter by name; the embedded engine is pushed the merged weights
         self.serves_adapters = lora is not None and serving.engine == "vllm"
-        adapters = lora.options() if lora is not None and self.serves_adapters else {}
+        adapters = {"lora": lora} if self.serves_adapters else {}
         self.store = store
         self.harness = harness if isinstance(harness, HarnessSpec) else example_harness(harness)
         self.retry_policy = retry_policy or self.harness.retry_policy()

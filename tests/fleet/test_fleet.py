@@ -43,7 +43,7 @@ def test_four_workers_run_400_rollouts_once_and_retry_the_killed_workers(postgre
     gateway = Gateway(tmp_path, postgres_url, model_dir)
     store = Store(postgres_url)
     try:
-        enqueue = cli("rollouts", "enqueue", "--project", str(project), "--n", "400", "--run-id", "fleet")
+        enqueue = cli("rollouts", "enqueue", "--project", str(project), "--n", "400", "--group-size", "1", "--run-id", "fleet")
         subprocess.run([*enqueue, "--store-url", postgres_url], env=child_env(project, log), check=True)
         args = cli("runner", *runner_args(gateway, postgres_url, project, tmp_path), "--until-idle", "--json")
         env = child_env(project, log, FLEET_SLEEP="0.05")
@@ -98,7 +98,7 @@ def test_a_killed_rollouts_run_resumes_its_rollouts_when_restarted(postgres_url,
     project, log = make_project(tmp_path / "project", 24), tmp_path / "runs.log"
     gateway = Gateway(tmp_path, postgres_url, model_dir)
     store = Store(postgres_url)
-    run = cli("rollouts", "run", *runner_args(gateway, postgres_url, project, tmp_path), "--n", "24")
+    run = cli("rollouts", "run", *runner_args(gateway, postgres_url, project, tmp_path), "--n", "24", "--group-size", "1")
     run += ["--run-id", "resumable", "--json"]
     # the run's first 4 harnesses succeed and every later one waits in flight: the kill certainly strands
     # attempts (killed after a slow poll, a run of 1 s rollouts had once finished all 24 on a loaded machine)

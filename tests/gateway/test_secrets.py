@@ -76,7 +76,7 @@ def test_gateway_key_reads_the_secret_from_a_file_or_stdin(tmp_path, capsys, mon
     [
         ["gateway", "serve", "--upstream-url", "http://127.0.0.1:9", "--port", "0"],
         ["gateway", "key", "--rollout", "r", "--attempt", "a", "--secret-file", "-"],
-        ["rollouts", "run", "--harness", "calc", "--n", "1", "--gateway", "http://127.0.0.1:9"],
+        ["rollouts", "run", "--harness", "calc", "--n", "1", "--group-size", "1", "--gateway", "http://127.0.0.1:9"],
     ],
     ids=["serve", "key", "rollouts-run"],
 )
@@ -92,7 +92,7 @@ def test_a_secret_in_the_environment_is_refused_before_anything_starts(argv, nam
     [
         ["gateway", "serve", "--upstream-url", "http://127.0.0.1:9"],
         ["gateway", "key", "--rollout", "r", "--attempt", "a", "--secret-file", "-"],
-        ["rollouts", "run", "--harness", "calc", "--n", "1", "--gateway", "http://127.0.0.1:9"],
+        ["rollouts", "run", "--harness", "calc", "--n", "1", "--group-size", "1", "--gateway", "http://127.0.0.1:9"],
     ],
     ids=["serve", "key", "rollouts-run"],
 )

@@ -49,7 +49,7 @@ def test_an_unusable_policy_is_refused(kwargs):
 
 
 def test_cli_runs_rollouts_through_a_gateway_and_prints_the_summary(store, gateway, capsys, tmp_path):
-    argv = ["rollouts", "run", "--harness", "calc", "--split", "holdout", "--n", "1", "--group", "2"]
+    argv = ["rollouts", "run", "--harness", "calc", "--split", "holdout", "--n", "1", "--group-size", "2"]
     argv += gateway_args(gateway, store, tmp_path)
     assert main(argv + ["--runner-mode", "inprocess", "--json"]) == 0
     out = capsys.readouterr().out
@@ -77,6 +77,8 @@ def test_cli_without_a_gateway_serves_a_local_one_that_forwards_upstream(store, 
         "calc",
         "--n",
         "2",
+        "--group-size",
+        "1",
         "--store-url",
         store.url,
         "--runner-mode",
@@ -97,7 +99,7 @@ def test_cli_with_an_upstream_and_its_tokenizer_sends_token_id_prompts(store, mo
     from lightning_dagster.gateway.server import GatewayServer
     from tests.support.stub_upstream import create_stub_app
 
-    argv = ["rollouts", "run", "--harness", "calc", "--n", "2", "--store-url", store.url, "--json"]
+    argv = ["rollouts", "run", "--harness", "calc", "--n", "2", "--group-size", "1", "--store-url", store.url, "--json"]
     with GatewayServer(create_stub_app()) as upstream:
         assert main(argv + ["--upstream-url", upstream.url, "--tokenizer", str(model_dir)]) == 0
         calls = dict(upstream.app.state.calls)
@@ -116,7 +118,7 @@ def test_cli_with_an_upstream_and_its_tokenizer_sends_token_id_prompts(store, mo
     ],
 )
 def test_cli_refuses_serving_flags_that_do_not_go_together(store, capsys, flags, said):
-    argv = ["rollouts", "run", "--harness", "calc", "--n", "1", "--store-url", store.url]
+    argv = ["rollouts", "run", "--harness", "calc", "--n", "1", "--group-size", "1", "--store-url", store.url]
     before = len(store.query_rollouts())
     assert main(argv + flags) == 2
     assert said in capsys.readouterr().err
@@ -125,7 +127,7 @@ def test_cli_refuses_serving_flags_that_do_not_go_together(store, capsys, flags,
 
 def test_cli_refuses_a_gateway_without_its_secret(monkeypatch, capsys):
     monkeypatch.delenv("LD_GATEWAY_SECRET", raising=False)
-    assert main(["rollouts", "run", "--harness", "calc", "--n", "1", "--gateway", "http://127.0.0.1:9"]) == 2
+    assert main(["rollouts", "run", "--harness", "calc", "--n", "1", "--group-size", "1", "--gateway", "http://127.0.0.1:9"]) == 2
     assert "--gateway needs that gateway's secret: --secret-file PATH" in capsys.readouterr().err
 
 
@@ -147,7 +149,7 @@ def test_a_runner_refuses_unknown_or_foreign_rollouts_before_running_anything(st
 
 
 @pytest.mark.parametrize(
-    "command", [["rollouts", "run", "--n", "1"], ["runner", "--gateway", "http://127.0.0.1:9"]]
+    "command", [["rollouts", "run", "--n", "1", "--group-size", "1"], ["runner", "--gateway", "http://127.0.0.1:9"]]
 )
 @pytest.mark.parametrize("parallel", ["-2", "two"])
 def test_a_parallelism_below_zero_is_refused_before_anything_is_queued(store, capsys, command, parallel):
@@ -164,14 +166,14 @@ def test_a_parallelism_below_zero_is_refused_before_anything_is_queued(store, ca
 
 def test_a_run_id_resumes_only_the_run_it_was_queued_for(tmp_path, capsys):
     store = ["--store-url", f"sqlite:///{tmp_path / 'store.db'}"]
-    enqueue = ["rollouts", "enqueue", "--harness", "calc", "--n", "3", "--run-id", "r1", *store]
+    enqueue = ["rollouts", "enqueue", "--harness", "calc", "--n", "3", "--group-size", "1", "--run-id", "r1", *store]
     assert main(enqueue) == 0
     assert json.loads(capsys.readouterr().out) == {"run_id": "r1", "rollouts": 3, "harness": "calc"}
     assert main(enqueue) == 0  # the same command resumes it: nothing queued twice
     assert json.loads(capsys.readouterr().out)["rollouts"] == 3
     for change, fragment in [
         (["--harness", "ledger"], "harness calc, not ledger"),
-        (["--group", "2"], "groups of 1, not 2 (--group)"),
+        (["--group-size", "2"], "groups of 1, not 2 (--group-size)"),
         (["--n", "2"], "more than 2 task(s), not 2 (--n)"),
         (["--n", "5"], "3 task(s), not 5 (--n)"),
         (["--split", "holdout"], "split train, not holdout"),
@@ -182,7 +184,7 @@ def test_a_run_id_resumes_only_the_run_it_was_queued_for(tmp_path, capsys):
         assert "run r1 was queued with other settings" in err and fragment in err, (change, err)
     # `rollouts run` resumes through the same check: a foreign run id was a WrongHarness traceback
     secret = secret_file(tmp_path, "s" * 32)
-    run = ["rollouts", "run", "--harness", "ledger", "--n", "3", "--run-id", "r1", *store]
+    run = ["rollouts", "run", "--harness", "ledger", "--n", "3", "--group-size", "1", "--run-id", "r1", *store]
     assert main([*run, "--gateway", "http://127.0.0.1:9", "--secret-file", secret]) == 2
     assert "harness calc, not ledger" in capsys.readouterr().err
     from lightning_dagster.store import Store

@@ -87,7 +87,7 @@ def test_the_starter_project_runs_through_the_cli_and_records_a_reward_per_rollo
     store, gateway, tmp_path, capsys
 ):
     write_starter(tmp_path / "starter")
-    argv = ["rollouts", "run", "--project", str(tmp_path / "starter"), "--split", "holdout", "--n", "2"]
+    argv = ["rollouts", "run", "--project", str(tmp_path / "starter"), "--split", "holdout", "--n", "2", "--group-size", "1"]
     argv += [*gateway_args(gateway, store, tmp_path), "--json"]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -224,6 +224,7 @@ def test_the_model_names_a_project_declares_are_served_and_any_other_is_404_mode
     folder = make_project(tmp_path / "named", harness, {"named.py": NAMED})
     assert harness_spec(load_project(folder)).model_names == ("gpt-4o-mini",)
     argv = ["rollouts", "run", "--project", str(folder), "--model", str(model_dir), "--store-url", store.url]
+    argv += ["--group-size", "1"]
     assert main([*argv, "--n", "1", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["rollouts_by_status"] == {"succeeded": 1} and summary["rewards"] == 1
@@ -266,7 +267,7 @@ def test_rollouts_run_serves_the_projects_model_path_not_the_embedded_default(
         tmp_path / "with-model", {"command": ["python", "ask.py"]}, {"ask.py": ASK_AND_REWARD}
     )
     _with_model(folder, {"path": str(own)})
-    argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--store-url", store.url, "--json"]
+    argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--group-size", "1", "--store-url", store.url, "--json"]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     summary = json.loads(out)
@@ -293,7 +294,7 @@ def test_rollouts_run_forwards_to_the_projects_upstream_with_its_tokenizer(
     )
     with GatewayServer(create_stub_app()) as stub:
         _with_model(folder, {"tokenizer": str(model_dir)}, serving={"upstream_url": stub.url})
-        argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--store-url", store.url, "--json"]
+        argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--group-size", "1", "--store-url", store.url, "--json"]
         assert main(argv) == 0
         calls = dict(stub.app.state.calls)
     out, err = capsys.readouterr()
@@ -456,17 +457,17 @@ def test_a_judge_that_breaks_fails_the_attempt_with_its_message(store, gateway, 
 )
 def test_a_bad_project_exits_2_with_its_message_and_no_traceback(tmp_path, capsys, harness, message):
     folder = make_project(tmp_path / "bad", harness, {})
-    assert main(["rollouts", "run", "--project", str(folder), "--n", "1"]) == 2
+    assert main(["rollouts", "run", "--project", str(folder), "--n", "1", "--group-size", "1"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.startswith("error: ") and "Traceback" not in err
 
 
 def test_a_missing_project_file_or_an_empty_split_exits_2(tmp_path, capsys):
-    assert main(["rollouts", "run", "--project", str(tmp_path), "--n", "1"]) == 2
+    assert main(["rollouts", "run", "--project", str(tmp_path), "--n", "1", "--group-size", "1"]) == 2
     assert "cannot read the project file" in capsys.readouterr().err
     rows = [row for row in task_rows() if row["split"] != "canary"]
     folder = make_project(tmp_path / "nocanary", {"command": ["python", "x.py"]}, {"x.py": ""}, rows=rows)
-    assert main(["rollouts", "run", "--project", str(folder), "--split", "canary", "--n", "1"]) == 2
+    assert main(["rollouts", "run", "--project", str(folder), "--split", "canary", "--n", "1", "--group-size", "1"]) == 2
     assert "no tasks in split canary" in capsys.readouterr().err
 
 
@@ -474,7 +475,7 @@ def test_without_harness_or_project_the_cli_reads_the_working_directorys_project
     tmp_path, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)
-    assert main(["rollouts", "run", "--n", "1"]) == 2
+    assert main(["rollouts", "run", "--n", "1", "--group-size", "1"]) == 2
     err = capsys.readouterr().err
     assert str(tmp_path / "lightning-dagster.yaml") in err and "lightning-dagster init DIR" in err
 
@@ -507,7 +508,7 @@ def test_an_inprocess_harness_that_prints_leaves_the_json_summary_parseable(stor
     """A `python` harness runs in the CLI's own process: its prints go to stderr, stdout is the summary."""
     noisy = "def solve(task, client):\n    print('debug: solving', task['task_id'])\n    return 1.0\n"
     folder = make_project(tmp_path / "noisy", {"python": "noisy:solve"}, {"noisy.py": noisy})
-    argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--json"]
+    argv = ["rollouts", "run", "--project", str(folder), "--n", "2", "--group-size", "1", "--json"]
     assert main(argv + gateway_args(gateway, store, tmp_path)) == 0
     out, err = capsys.readouterr()
     summary = json.loads(out)

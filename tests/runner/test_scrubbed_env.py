@@ -198,7 +198,7 @@ def test_rollouts_run_reads_the_gateways_secret_from_stdin(store, gateway, monke
     from lightning_dagster.cli import main
 
     monkeypatch.setattr(sys, "stdin", io.StringIO(gateway.secret + "\n"))
-    argv = ["rollouts", "run", "--harness", "calc", "--n", "1", "--runner-mode", "inprocess", "--json"]
+    argv = ["rollouts", "run", "--harness", "calc", "--n", "1", "--group-size", "1", "--runner-mode", "inprocess", "--json"]
     assert main(argv + ["--gateway", gateway.url, "--secret-file", "-", "--store-url", store.url]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["attempts_by_ending"] == {"succeeded": 1} and summary["rewards"] == 1
