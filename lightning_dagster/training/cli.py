@@ -103,6 +103,8 @@ def settings_of(
     store = from_flags(StoreSettings(), args, command="train")
     if project is not None:
         training, serving = effective(project, training), effective(project, serving)
+    if training.group_size < 2:  # `rollouts run` may run groups of 1; RL learns only from differing rewards
+        raise SettingsError(f"train: {flag_of('group_size')}: RL needs groups of 2 or more rollouts per task")
     try:
         trainer_config(training)  # the rules between settings (a constant normalization needs its constant)
     except LossConfigError as err:

@@ -65,8 +65,8 @@ def make_project(root: Path, n: int) -> Path:
     rows = [{"task_id": f"t{i}", "family": "f", "split": "train"} for i in range(n)]
     (root / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "lightning-dagster.yaml").write_text(
-        "name: fleet\nharness:\n  python: fleet_agent:solve\n  timeout_s: 60\n  max_attempts: 3\n"
-        "  expected_spans: [reward]\ntasks:\n  path: tasks.jsonl\n  id_column: task_id\n"
+        "name: fleet\nharness:\n  python: fleet_agent:solve\n  expected_spans: [reward]\n"
+        "training:\n  attempt_timeout_s: 60\n  max_attempts: 3\ntasks:\n  path: tasks.jsonl\n  id_column: task_id\n"
         "  family_column: family\n  split_column: split\n"
     )
     return root

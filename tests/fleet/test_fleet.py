@@ -42,6 +42,7 @@ def test_four_workers_run_400_rollouts_once_and_retry_the_killed_workers(postgre
     project, log = make_project(tmp_path / "project", 400), tmp_path / "runs.log"
     gateway = Gateway(tmp_path, postgres_url, model_dir)
     store = Store(postgres_url)
+    workers: list[subprocess.Popen] = []
     try:
         enqueue = cli("rollouts", "enqueue", "--project", str(project), "--n", "400", "--group-size", "1", "--run-id", "fleet")
         subprocess.run([*enqueue, "--store-url", postgres_url], env=child_env(project, log), check=True)

@@ -57,7 +57,7 @@ def test_bad_weights_hash_fails_resolution_and_leaves_later_steps_untested(regis
 def test_loaded_but_not_served_fails_routing_back(registry, variant, monkeypatch):
     from lightning_dagster.registry import approved
 
-    def loads_then_fails(path, *, on_loaded=None, timeout=60.0):
+    def loads_then_fails(path, *, on_loaded=None, timeout=60.0, serving=None):
         on_loaded()
         raise RuntimeError("gateway answered 500")
 

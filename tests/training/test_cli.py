@@ -59,7 +59,7 @@ def test_train_rejects_bad_arguments(capsys):
     """A bad value is one line naming the flag, exit 2, before anything is loaded."""
     for argv, said in (
         (["--steps", "0"], "--steps: Input should be greater than or equal to 1"),
-        (["--group-size", "1"], "--group-size: Input should be greater than or equal to 2"),
+        (["--group-size", "1"], "--group-size: RL needs groups of 2 or more rollouts per task"),
         (["--kl-coef", "-1"], "--kl-coef: Input should be greater than or equal to 0"),
         (["--validation-every", "0"], "--validation-every: Input should be greater than or equal to 1"),
         (["--parallel", "-1"], "--parallel: Input should be greater than or equal to 0"),

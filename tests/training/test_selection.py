@@ -147,6 +147,8 @@ class CountingTrainer:
     def load_state_dict(self, state: dict) -> None:
         self.v = state["v"].clone()
 
+    snapshot, restore = state_dict, load_state_dict  # the keeper keeps and restores through these
+
 
 def run_keeper(table: dict[int, set[str]], steps: int, validation: ValidationSettings):
     service, trainer = TableService(table), CountingTrainer()
