@@ -1,14 +1,8 @@
-"""`lightning-dagster rollouts run`: enqueue N rollouts of a harness and run them through a gateway;
-`rollouts enqueue`: only queue them, for `lightning-dagster runner` workers (`runner.worker`) to claim.
-
-The harness and tasks are a project's (`--project PATH`, default the working directory's project file;
-`--harness calc` / `--harness ledger` name the built-in example projects): the first N tasks of the split
-in its tasks file. A local gateway in this process serves the project's model (`model.path`, or
-`model.upstream` read with `model.tokenizer`) unless `--model`, or `--upstream-url` with `--tokenizer`,
-names another; without either, the embedded default. How it serves and how attempts run are the serving
-settings' flags (`settings.ServingSettings`). `--run-id` names the run: the same command again resumes its
-unfinished rollouts instead of queuing new ones (a killed run's attempts are ended by the reaper after the heartbeat timeout and
-retried). Exit status: 0 ran, 2 bad arguments or a bad project."""
+"""`lightning-dagster rollouts run`: enqueue N rollouts of a project's harness (the first N tasks of a split)
+and run them through a gateway (a local one serving the project's model unless `--model`,
+`--upstream-url` or `--gateway` say otherwise); `rollouts enqueue`: only queue them, for `lightning-dagster
+runner` workers. `--run-id` names the run: the same command again resumes its unfinished rollouts (a killed
+run's attempts are ended by the reaper and retried). Exit status: 0 ran, 2 bad arguments or project."""
 
 from __future__ import annotations
 
@@ -74,13 +68,11 @@ def add_runner_options(parser: argparse.ArgumentParser) -> None:
 
 
 def serving_of(args: argparse.Namespace, command: str) -> ServingSettings:
-    """The serving settings the command line gives (the others at their defaults); `SettingsError` names a
-    bad flag."""
+    """The serving settings the command line gives (the others at their defaults)."""
     return from_flags(ServingSettings(), args, command=command)
 
 
 def store_of(args: argparse.Namespace) -> str:
-    """The store URL `--store-url` names, else the default one."""
     return StoreSettings(url=getattr(args, "store_url", "")).resolved_url()
 
 
@@ -125,7 +117,6 @@ def _secret(args: argparse.Namespace) -> str | None:
 
 
 def harness_of(args: argparse.Namespace) -> tuple[HarnessSpec, Any]:
-    """The harness spec and the project of `--project` / `--harness`."""
     from lightning_dagster.project.cli import command_project
     from lightning_dagster.project.harness import harness_spec
 
@@ -181,8 +172,7 @@ def rollouts_of(
 
 
 class RunMismatch(ValueError):
-    """`--run-id` names a run queued with other settings than the command's: resuming it would run (or
-    report) rollouts the command did not ask for."""
+    """`--run-id` names a run queued with other settings than the command's."""
 
 
 def _check_resumed(args: argparse.Namespace, spec: HarnessSpec, chosen: list, found: list[Rollout]) -> None:
@@ -285,19 +275,13 @@ def _run(args: argparse.Namespace) -> int:
                 "rollouts run: --model is served by the embedded engine; with --upstream-url give the "
                 "served model's --tokenizer"
             )
-    except (SecretError, SandboxUnavailable, SettingsError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    spec, project = harness_of(args)
-    if serving.sandbox != "none" and spec.run_mode(serving.runner_mode) == "inprocess":
-        print(
-            f"error: --sandbox {serving.sandbox} needs --runner-mode subprocess and a harness command",
-            file=sys.stderr,
-        )
-        return 2
-    try:
+        spec, project = harness_of(args)
+        if serving.sandbox != "none" and spec.run_mode(serving.runner_mode) == "inprocess":
+            raise SettingsError(
+                f"--sandbox {serving.sandbox} needs --runner-mode subprocess and a harness command"
+            )
         policy = policy_of(args, spec)
-    except InvalidPolicy as err:
+    except (SecretError, SandboxUnavailable, SettingsError, InvalidPolicy) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     store = Store(store_of(args))
@@ -350,7 +334,7 @@ def _run(args: argparse.Namespace) -> int:
 def _project_model(project: Any) -> tuple[Path | None, str | None, Path | None]:
     """(model folder, upstream URL, its tokenizer folder) of the project's `model` section, as `train` and
     the pipeline serve it: `model.path`, or `serving.upstream_url` read with `model.tokenizer`, else all None
-    (the embedded default). Said on stderr, so a run never serves another model than the project's silently."""
+    (the embedded default). Said on stderr, so a run never serves another model silently."""
     model, upstream = project.model, project.serving.upstream_url
     if model is not None and model.path is not None:
         print(f"model: {model.path} (the project's model.path)", file=sys.stderr)
@@ -363,9 +347,7 @@ def _project_model(project: Any) -> tuple[Path | None, str | None, Path | None]:
 
 @contextlib.contextmanager
 def _stdout_to_stderr() -> Iterator[None]:
-    """While the run's attempts run, whatever is written to standard output (an in-process harness's print,
-    or a program it starts) goes to standard error: stdout carries only the summary, which `--json` makes a
-    document for another program to parse."""
+    """While the attempts run, standard output goes to standard error: stdout carries only the summary."""
     sys.stdout.flush()
     try:
         saved = os.dup(1)

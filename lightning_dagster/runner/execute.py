@@ -1,11 +1,8 @@
 """Run one attempt of a harness, as a subprocess or an in-process callable, under a deadline and heartbeats.
 
-Both modes share `supervise`: while the harness runs, the attempt heartbeats in the store; if the deadline
-passes the harness is stopped (`timeout`), and if the attempt stopped being `running` behind our back (the
-reaper marked it `unresponsive`, or someone cancelled it) the harness is stopped too (`superseded`).
-A subprocess gets a scrubbed environment and, optionally, a bubblewrap sandbox (see docs/SECURITY.md); it
-runs under a subreaper of its own (`subreaper.py`) so no process it starts outlives its attempt, and what it
-prints is kept to a bounded size (`runner.output`).
+Both modes share `supervise` (heartbeats; stopped at the deadline, `timeout`, or once the attempt is no
+longer `running`, `superseded`). A subprocess gets a scrubbed environment, optionally a bubblewrap sandbox
+(docs/SECURITY.md), a subreaper of its own (`subreaper.py`) and bounded output (`runner.output`).
 """
 
 from __future__ import annotations
@@ -106,10 +103,9 @@ def child_env(env: dict[str, str], passthrough: Sequence[str] = ()) -> dict[str,
 def sandboxed(
     argv: list[str], sandbox: Sandbox, *, hide: Sequence[Path], expose: Sequence[Path]
 ) -> list[str]:
-    """`argv` wrapped for `sandbox` (checked by `check_sandbox`). `bwrap`: in a PID namespace of its own with a fresh /proc, so the
-    harness sees no other process (the gateway's and the runner's /proc entries, environ, cmdline, memory)
-    and can signal none; each existing `hide` directory is covered by an empty tmpfs, except the `expose`
-    paths bound back (the attempt's workdir and cwd). The filesystem and network are otherwise shared."""
+    """`argv` wrapped for `sandbox`. `bwrap`: a PID namespace of its own with a fresh /proc (the harness sees
+    and can signal no other process); each existing `hide` directory is covered by an empty tmpfs, except
+    the `expose` paths bound back. The filesystem and network are otherwise shared."""
     if sandbox == "none":
         return argv
     wrapped = [*BWRAP, "--die-with-parent"]
@@ -150,10 +146,9 @@ def harness_env(
     *,
     task_file: Path | None = None,
 ) -> dict[str, str]:
-    """The Agent Lightning environment a harness reads (see CONTRACTS.md, runner), and its task as JSON in
-    `LD_TASK` too (the same text a subprocess reads on standard input). With `task_file` (a subprocess's
-    attempt), `LD_TASK_FILE` names it; a task too large for one environment string (`fits_env`, 128 KiB)
-    is then only there and on standard input, never in `AGL_TASK` / `LD_TASK` (see `task_note`)."""
+    """The Agent Lightning environment a harness reads (CONTRACTS.md, runner), the task JSON also in `LD_TASK`
+    and, with `task_file`, `LD_TASK_FILE`; a task too large for one environment string (`fits_env`) is
+    only in the file and on standard input."""
     base = f"{gateway_url}/v1"
     env = {
         "OPENAI_BASE_URL": base,
@@ -192,12 +187,9 @@ def supervise(
     heartbeat_interval_s: float,
     heartbeat: Callable[[], bool],
 ) -> str | None:
-    """Wait for the harness; heartbeat meanwhile. `wait(seconds)` blocks up to that long and returns True
-    once the harness is done; `heartbeat()` returns False once the attempt is no longer ours to run.
-    Returns None on completion, `"timeout"` or `"superseded"` after calling `stop()`.
-
-    The first beat comes one interval in, not at once: starting the attempt stamped its heartbeat, and a
-    beat is a synced store write (plus a read), which an attempt shorter than the interval never needs."""
+    """Wait for the harness (`wait(seconds)`: True once done), heartbeating meanwhile (`heartbeat()`: False
+    once the attempt is no longer ours). Returns None on completion, `"timeout"` or `"superseded"` after
+    calling `stop()`. The first beat comes one interval in: starting the attempt stamped its heartbeat."""
     deadline = time.monotonic() + timeout_s
     try:
         while True:
@@ -247,17 +239,13 @@ def run_subprocess(
     hide: Sequence[Path] = (),
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
 ) -> tuple[Outcome | None, str | None, str]:
-    """Run the harness command in `cwd` (None: ours) with a scrubbed environment (`child_env`), in `sandbox`
-    (`sandboxed`, hiding `hide`); returns (failure outcome or None on exit 0, supervision verdict, a line
-    per output stream cut to `max_output_bytes`: "" when all was kept).
+    """Run the harness command in `cwd` (None: ours) with a scrubbed environment (`child_env`), in `sandbox`;
+    returns (failure outcome or None on exit 0, supervision verdict, a line per output stream cut to
+    `max_output_bytes`: "" when all was kept).
 
-    Its standard input is the task (the file `env["LD_TASK_FILE"]` names, else `env["LD_TASK"]` written to
-    the workdir's `stdin`), from a file so a harness that never reads it cannot block us. It runs under `runner/subreaper.py`, a process of its own per attempt that is the harness's child
-    subreaper: when the harness exits, or is stopped (timeout, superseded), every process it left behind
-    ends with it and is reaped, also a helper that started a session of its own or a double-forked daemon
-    (see subreaper.py for why this is per attempt and not the runner). stdout and stderr are read through
-    pipes into files in `workdir`, each kept to `max_output_bytes` (`runner.output`); their tails end up in
-    the failure reason.
+    Standard input is the task, from a file (a harness that never reads it cannot block us). It runs under
+    `subreaper.py`, so every process it leaves behind ends with it; stdout and stderr go through pipes into
+    files in `workdir`, and their tails end up in the failure reason.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     task_in_path = Path(env["LD_TASK_FILE"]) if "LD_TASK_FILE" in env else workdir / "stdin"

@@ -24,17 +24,12 @@ Judge = Callable[[Task, list[dict[str, Any]]], float]
 class HarnessSpec:
     """Everything the runner needs to run a harness, and the gate needs to judge its evidence.
 
-    How it runs: `command()` is the subprocess command line (`argv`, else `python -m <module>`; any program
-    in any language that reads the Agent Lightning environment works), started in `cwd` (None: ours) with
+    `command()` is the subprocess command line (`argv`, else `python -m <module>`), started in `cwd` with
     `env_map` copying task fields into variables; `run_task(task, *, base_url, api_key, event_url)` is the
-    in-process entry point. A spec with only one of them runs that way whatever mode is asked (`run_mode`).
-    `prepare(task, workdir)` (optional) sets up a fresh destination per attempt and returns the task the
-    harness receives; `verify(task)` re-reads that destination afterwards. `judge` (named `judge_name`)
-    scores an attempt that posted no reward. `expected_span_families` lists the span families (see
-    `span_family`) every finished rollout must have. `timeout_s` and `max_attempts` are the defaults of the
-    retry policy (`retry_policy`); `max_output_bytes` bounds the stdout and the stderr kept of each attempt
-    of a command. `tools` are the tool schemas the agent offers its model (the tool contract staleness
-    watches; empty when the agent does not declare them).
+    in-process entry point (a spec with only one runs that way whatever mode is asked). `prepare(task,
+    workdir)` sets up a fresh destination per attempt and returns the task; `verify(task)` re-reads it
+    afterwards. `judge` scores an attempt that posted no reward. `expected_span_families`: what every
+    finished rollout must have. `tools`: the tool schemas the agent offers its model (empty: undeclared).
     """
 
     name: str

@@ -1,10 +1,8 @@
 """A harness subprocess's stdout and stderr, kept to a bounded size per attempt and stream.
 
-`Capture` reads both pipes in a thread of its own and keeps, per stream, the first half of
-`max_bytes` (written to its file as it comes, so the file can be watched while the harness runs) and the
-last half (in memory, written at the end after a marker saying how many bytes were dropped between them).
-It never stops reading: a harness that prints without end never blocks on a full pipe, it only costs the
-reads. The harness's own files are not limited (no RLIMIT_FSIZE): only what it prints is.
+`Capture` reads both pipes in a thread and keeps, per stream, the first half of `max_bytes` (written as it
+comes) and the last half (written at the end after a marker counting the bytes dropped). It never stops
+reading, so a harness that prints without end never blocks on a full pipe.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The retry policy, declared before a run starts and recorded with it.
 
-An attempt's *ending* is its final state (`failed`, `timeout`, ...) or its reason code (`killed`,
-`no_reward`, ...); the policy names endings, so it can be as coarse or as precise as the harness needs.
-An ending in `sample_retry_on` is an expected sample retry (part of the agent's method); one in `retry_on`
-is an infrastructure retry (paid for a broken worker, gateway or timeout). The gate tells them apart.
-Infrastructure retries back off: retry k is not claimed before `backoff_s * 2**(k-1)` seconds (at most
-`backoff_max_s`) after the ending, and while the gateway is unreachable a runner starts no attempt for up to
-`backoff_max_s`, so an outage shorter than that costs each rollout at most the attempt it interrupted.
+The policy names *endings* (final states like `timeout`, or reason codes like `no_reward`). One in
+`sample_retry_on` is an expected sample retry (the agent's method); one in `retry_on` an infrastructure
+retry, which backs off: retry k waits `backoff_s * 2**(k-1)` seconds (at most `backoff_max_s`), and while the
+gateway is unreachable a runner starts no attempt for up to `backoff_max_s`.
 """
 
 from __future__ import annotations

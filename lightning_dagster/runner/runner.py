@@ -1,16 +1,10 @@
 """The runner: N workers claim rollouts, run attempts of a harness, and end each attempt with a reason.
 
-Every attempt's ending is written to the store (`succeeded`/`failed`/`timeout`/`unresponsive` with a reason
-code and message); the retry policy, declared up front, decides whether a rollout gets another attempt and
-whether that retry is an expected sample retry or an infrastructure retry. A reaper marks attempts whose
-heartbeat went stale (a crashed worker, here or in another process) `unresponsive` and applies the same
-policy, so no rollout is left `running` forever. An attempt that finished without posting a reward is scored
-by the harness's judge, when it has one, from its transcript (see `runner.transcript`).
-
-`run(ids)` drives one run's rollouts to their end; `work()` is a fleet worker: it claims any queued rollout
-of its harness from the store, whoever enqueued it, so any number of runner processes on any machines share
-one PostgreSQL queue. A failed attempt while the gateway does not answer ends `gateway_unreachable`, and
-claims pause (see `RetryPolicy`) until it answers again.
+The retry policy, declared up front, decides whether a rollout gets another attempt (and of which kind). A
+reaper marks attempts whose heartbeat went stale (a crashed worker, here or elsewhere) `unresponsive`, so no
+rollout stays `running` forever. An attempt that posted no reward is scored by the harness's judge, if any.
+`run(ids)` drives one run's rollouts to their end; `work()` is a fleet worker sharing one store queue. A
+failed attempt while the gateway does not answer ends `gateway_unreachable`, and claims pause meanwhile.
 """
 
 from __future__ import annotations
@@ -76,11 +70,9 @@ class WrongHarness(ValueError):
 class Runner:
     """Runs the rollouts of one harness through a gateway until each is final (see module docstring).
 
-    `policy`: default the harness's own (`HarnessSpec.retry_policy`). `mode`: asked of a harness that has
-    both entry points (`self.mode` is the one that runs). `decode`: the served checkpoint's ids -> text, for
-    the judge's transcript. A subprocess harness inherits only an allowlist of our environment plus the
-    names in `env_passthrough` (`runner.execute.child_env`); `sandbox="bwrap"` runs it in a PID namespace
-    of its own, with the lightning-dagster home hidden but for its workdir (`runner.execute.sandboxed`)."""
+    `policy`: default the harness's own. `mode`: asked of a harness that has both entry points (`self.mode`
+    is the one that runs). `decode`: ids -> text for the judge's transcript. `env_passthrough`: names a
+    subprocess harness inherits beyond the allowlist; `sandbox="bwrap"` hides the home but for its workdir."""
 
     def __init__(
         self,
@@ -133,7 +125,7 @@ class Runner:
             rollout_ids = [r.rollout_id for r in queued if r.harness == self.harness.name]
         ids = list(rollout_ids)
         self._check(ids)
-        self._loop(ids, lambda: self._all_final(ids), threading.Event())
+        self._loop(ids, lambda: self._none_live(rollout_ids=ids), threading.Event())
         return summarize(
             self.store,
             ids,
@@ -147,18 +139,8 @@ class Runner:
         """Fleet worker: claim and run this harness's queued rollouts until `stop` is set or, `until_idle`,
         until none of them is queued or running anywhere. Returns how many rollouts this runner claimed."""
         stop = stop or threading.Event()
-
-        def done() -> bool:
-            if stop.is_set():
-                return True
-            if not until_idle:
-                return False
-            with self._lock:
-                if self._busy:
-                    return False
-            return not self.store.count_rollouts(harness=self.harness.name, status=LIVE_ROLLOUT)
-
-        self._loop(None, done, stop)
+        name = self.harness.name
+        self._loop(None, lambda: stop.is_set() or (until_idle and self._none_live(harness=name)), stop)
         return self.driven
 
     def _loop(self, ids: list[str] | None, done: Callable[[], bool], stop: threading.Event) -> None:
@@ -190,11 +172,12 @@ class Runner:
 
     # -- workers --------------------------------------------------------------------------------------------
 
-    def _all_final(self, ids: list[str]) -> bool:
+    def _none_live(self, **scope) -> bool:
+        """No rollout of `scope` is handled here, queued or running anywhere."""
         with self._lock:
             if self._busy:
                 return False
-        return self.store.count_rollouts(rollout_ids=ids, status=LIVE_ROLLOUT) == 0
+        return self.store.count_rollouts(status=LIVE_ROLLOUT, **scope) == 0
 
     def _next(self, worker_id: str, ids: list[str] | None) -> tuple[Rollout, Attempt] | None:
         """Claim a queued rollout (with its queued retry attempt, if any). Counted busy from here on, so
@@ -230,19 +213,15 @@ class Runner:
     def _work_loop(self, worker_id: str, ids: list[str] | None, stop: threading.Event) -> None:
         idle = IDLE_POLL_S[0]
         while not stop.is_set():
-            if self._holding():
-                stop.wait(idle)
-                idle = min(idle * 2, IDLE_POLL_S[1])
-                continue
-            try:
-                claimed = self._next(worker_id, ids)
-            except Exception:  # noqa: BLE001 - a store hiccup must not kill the worker
-                log.exception("claim failed")
-                claimed = None
+            claimed = None
+            if not self._holding():
+                try:
+                    claimed = self._next(worker_id, ids)
+                except Exception:  # noqa: BLE001 - a store hiccup must not kill the worker
+                    log.exception("claim failed")
             if claimed is None:
-                # Nothing queued: only a retry (the reaper's, or another process's) can still appear. Back
-                # off, so a run's tail does not have every idle worker querying the store many times a second
-                # and starving the workers still running.
+                # Holding, or nothing queued: back off, so a run's tail does not have every idle worker
+                # querying the store many times a second and starving the workers still running.
                 stop.wait(idle)
                 idle = min(idle * 2, IDLE_POLL_S[1])
                 continue

@@ -69,16 +69,12 @@ def model_resource(store: Store, model_dir: Path) -> Resource:
 
 
 class RolloutService:
-    """Runs harness rollouts through a `LocalGateway` with a `Runner`. The trainer pushes new weights with
-    `load_weights`; the resource id recorded on spans and rollouts follows it.
+    """Runs harness rollouts through a `LocalGateway` with a `Runner`; the trainer pushes new weights with
+    `load_weights`, and the resource id recorded on spans and rollouts follows it.
 
-    `serving`: the user's serving settings (`settings.ServingSettings`): the gateway's (upstream, engine,
-    address, secret: empty, a fresh one) and the runner's (`runner_mode`, `sandbox`, `parallel`). `harness`:
-    a built-in example project's name or any spec (a project's: `project.harness.harness_spec`); the gateway
-    serves the model names it sends. `child`, `reuse`: where the gateway runs (see `LocalGateway`).
-    `retry_policy`: what the runner applies to every attempt (`self.retry_policy`; default the harness's own,
-    one attempt for the built-in examples: a retried failure would over-represent the samples that succeed
-    on a second try)."""
+    `serving`: the gateway's and the runner's settings. `harness`: a built-in example's name or any spec.
+    `child`, `reuse`: see `LocalGateway`. `retry_policy`: default the harness's own, one attempt for the
+    built-in examples (a retried failure would over-represent the samples that succeed on a second try)."""
 
     def __init__(
         self,

@@ -4,16 +4,11 @@ and reaps every process the harness left behind, then exits as the harness did.
 Run by path with the standard library only (`python -I -S subreaper.py STATUS_FD -- ARGV...`): it imports
 nothing of lightning-dagster, so it starts in milliseconds.
 
-Why a process of its own per attempt. A helper that starts a session of its own (`setsid`, a double-forked
-daemon) leaves the harness's process group, so killing the group misses it; once its parent exits it is
-re-parented to the nearest ancestor marked a child subreaper (`PR_SET_CHILD_SUBREAPER`), else to init.
-This process is that subreaper for exactly one attempt: whatever the harness starts, however it detaches,
-stays a descendant of this process until this process ends, so "every descendant of this process" is
-exactly "every process of this attempt", with no guessing. The runner itself is never a subreaper: it runs
-many attempts at once (and, in Dagster or a CLI, other children), and a re-parented orphan carries nothing
-that says which attempt it came from (an environment marker is lost by a helper that execs with a clean
-environment; pids sampled while the harness runs miss a helper that detaches between two samples), and it
-would have to reap orphans without ever stealing the exit status of a child some other code waits for.
+Why a process of its own per attempt: a helper that starts a session of its own (`setsid`, a double-forked
+daemon) leaves the harness's process group, and is re-parented to the nearest child subreaper
+(`PR_SET_CHILD_SUBREAPER`). As that subreaper for exactly one attempt, "every descendant of this process" is
+exactly "every process of this attempt". The runner is never one: it runs many attempts at once, an orphan
+carries nothing that says which attempt it came from, and it must not steal another child's exit status.
 
 Only a process that leaves this tree on purpose escapes (one that kills this process first, or asks a
 service outside it to start something); `sandbox: bwrap` ends every process of the PID namespace instead.

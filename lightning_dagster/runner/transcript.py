@@ -1,9 +1,7 @@
 """What a judge reads: an attempt's transcript, built from the LLM spans the gateway recorded for it.
 
-One dict per successful LLM call, in call order:
-`{"name", "prompt_token_ids", "response_token_ids", "finish_reason"}`, plus `"response_text"` (the response
-ids decoded without special tokens) when the runner knows the checkpoint's codec. Calls the gateway refused
-or failed carry no tokens and are left out.
+One dict per successful LLM call, in call order: `{"name", "prompt_token_ids", "response_token_ids",
+"finish_reason"}`, plus `"response_text"` when the runner knows the checkpoint's codec.
 """
 
 from __future__ import annotations
