@@ -12,13 +12,6 @@ from lightning_dagster.store.store import Store
 from lightning_dagster.types import IllegalTransition
 
 __all__ = [
-    "Conflict",
-    "IllegalTransition",
-    "InvalidInput",
-    "NotFound",
-    "PointerConflict",
-    "PointerMove",
-    "PointerSeqConflict",
-    "Store",
-    "StoredDocument",
-]
+    "Conflict", "IllegalTransition", "InvalidInput", "NotFound", "PointerConflict", "PointerMove",
+    "PointerSeqConflict", "Store", "StoredDocument",
+]  # fmt: skip

@@ -1,11 +1,10 @@
 """The store side of the Agent Lightning v1.0 server surface: rollouts created through its REST API (marked
 `harness="agl"`), their lifecycle moves in one transaction each, and the completion log its terminal page
-reads. Functions over a `Store`, so the facade keeps its four parts.
+reads. Functions over a `Store`.
 
 An Agent Lightning rollout is one of ours: `task = {"input": <its input>}`, kind `train` when `is_train`,
-else `holdout`, and `metadata["agl"]` keeps its `config`, `metadata`, `is_train` and the status fields our
-rollout has no column for (`k8s_job_name`, `last_attempt_id`, `error_message`, `version`, `updated_at`,
-`terminal_seq`). Its state is our status: `queuing` is `queued`, `cancelled` reads as `failed`.
+else `holdout`; `metadata["agl"]` keeps its `config`, `metadata`, `is_train` and the status fields our
+rollout has no column for. `queuing` is our `queued`; `cancelled` reads as `failed`.
 """
 
 from __future__ import annotations
@@ -64,20 +63,19 @@ class AglRow(NamedTuple):
 
 
 _COLUMNS = (R.rollout_id, R.status, R.task, R.metadata, R.created_at, R.task_id)
-_SELECT = "SELECT rollout_id, status, task, metadata, created_at, task_id FROM rollouts WHERE "
+_COLUMNS_SQL = "rollout_id, status, task, metadata, created_at, task_id"
+_SELECT = f"SELECT {_COLUMNS_SQL} FROM rollouts WHERE "
 
 
-def fast_reads(store) -> bool:
-    """Whether reads take the plain sqlite3 path (a SQLite file), cheap enough for an event loop."""
-    return store.raw_reads
+def _raw_row(r: tuple) -> AglRow:
+    """An `AglRow` of a plain sqlite3 row (`_SELECT`'s columns; JSON as text)."""
+    return AglRow(r[0], r[1], pydantic_core.from_json(r[2]), pydantic_core.from_json(r[3]), r[4], r[5])
 
 
 def _read(store, where_sql: str, params: tuple, where: Callable[[], list]) -> list[AglRow]:
     """Rows matching `where_sql` (SQLite file, plain sqlite3) or `where()` (SQLAlchemy, any store)."""
     if store.raw_reads:
-        rows = store.raw_read(_SELECT + where_sql, params)
-        load = pydantic_core.from_json
-        return [AglRow(r[0], r[1], load(r[2]), load(r[3]), r[4], r[5]) for r in rows]
+        return [_raw_row(r) for r in store.raw_read(_SELECT + where_sql, params)]
     query = sa.select(*_COLUMNS).where(*where())
     with store.engine.connect() as c:
         return [AglRow(*row) for row in c.execute(query)]
@@ -85,9 +83,8 @@ def _read(store, where_sql: str, params: tuple, where: Callable[[], list]) -> li
 
 def create(store, rollouts: list[Rollout], *, nowait: bool = False) -> list[AglRow] | None:
     """Insert the rollouts whose id is new, in one transaction; an existing id (ours, not deleted) returns
-    the stored rollout unchanged, so a client retrying a batch with its own ids creates each once.
-    `nowait` (SQLite files): None, nothing written, if another writer holds the lock (never waits, so an
-    event loop may call it)."""
+    the stored rollout unchanged, so a retried batch creates each once. `nowait` (SQLite files): None,
+    nothing written, if another writer holds the lock (so an event loop may call it)."""
     ids = [r.rollout_id for r in rollouts]
     if store.raw_reads:
         return _create_raw(store, rollouts, ids, nowait)
@@ -138,20 +135,13 @@ _INSERT = f"INSERT INTO rollouts ({', '.join(c.name for c in _INSERTED)}) VALUES
 
 
 def _create_raw(store, rollouts: list[Rollout], ids: list[str], nowait: bool) -> list[AglRow] | None:
-    """`create` on plain sqlite3 (same rows and JSON text as the SQLAlchemy path). Committed without an
-    fsync, as the gateway commits LLM spans: it survives a crash of the server process and reaches the disk
-    with the next synced commit (a lifecycle move, a reward, a checkpoint)."""
+    """`create` on plain sqlite3 (same rows and JSON text as the SQLAlchemy path), committed without an
+    fsync, as the gateway commits LLM spans (it reaches the disk with the next synced commit)."""
     with store.raw_write(synchronous=1, nowait=nowait) as conn:
         if conn is None:
             return None
-        marks = ",".join("?" * len(ids))
-        rows = conn.execute(
-            "SELECT rollout_id, status, task, metadata, created_at, task_id, harness FROM rollouts "
-            f"WHERE rollout_id IN ({marks})",
-            ids,
-        ).fetchall()
-        load = pydantic_core.from_json
-        found = {r[0]: (r[6], AglRow(r[0], r[1], load(r[2]), load(r[3]), r[4], r[5])) for r in rows}
+        sql = f"SELECT {_COLUMNS_SQL}, harness FROM rollouts WHERE rollout_id IN ({','.join('?' * len(ids))})"
+        found = {r[0]: (r[6], _raw_row(r)) for r in conn.execute(sql, ids).fetchall()}
         out, fresh = _plan(rollouts, found)
         params = [
             tuple([dump_json(row[name]) if json else row.get(name) for name, json in _INSERTED_JSON])
@@ -189,9 +179,11 @@ def attempt_ids(store, rollout_id: str) -> list[str]:
         sql = "SELECT attempt_id FROM attempts WHERE rollout_id = ? ORDER BY id"
         return [r[0] for r in store.raw_read(sql, (rollout_id,))]
     with store.engine.connect() as c:
-        return list(
-            c.execute(sa.select(A.attempt_id).where(A.rollout_id == rollout_id).order_by(A.id)).scalars()
-        )
+        return _attempt_ids(c, rollout_id)
+
+
+def _attempt_ids(c: sa.Connection, rollout_id: str) -> list[str]:
+    return list(c.execute(sa.select(A.attempt_id).where(A.rollout_id == rollout_id).order_by(A.id)).scalars())
 
 
 def query(store, states: list[str], limit: int) -> list[tuple[str, str, int]]:
@@ -216,8 +208,7 @@ def get_many(store, ids: list[str]) -> list[AglRow]:
 
 
 def span_marker(store, attempt_id: str) -> tuple[int, int | None]:
-    """(count, highest sequence) of an attempt's spans: spans are only ever added, so this names what a
-    read of them returns."""
+    """(count, highest sequence) of an attempt's spans: names what a read of them returns (only added)."""
     if store.raw_reads:
         sql = "SELECT count(*), max(sequence) FROM spans WHERE attempt_id = ?"
         return store.raw_read(sql, (attempt_id,))[0]
@@ -255,9 +246,8 @@ def _bump_counter(c: sa.Connection) -> int:
 
 def move(store, rollout_id: str, fields: dict[str, Any], worker_id: str) -> AglRow:
     """Apply one status patch in one transaction: `state` moves the rollout along Agent Lightning's
-    lifecycle through our attempt state machine (running: a new running attempt; succeeded/failed: its
-    current attempt ends so; queuing -> failed: no attempt ran); the other fields are kept in
-    `metadata["agl"]["status"]`. Raises IllegalMove (nothing changed) for a move the lifecycle lacks."""
+    lifecycle through our attempt state machine; the other fields are kept in `metadata["agl"]["status"]`.
+    Raises IllegalMove (nothing changed) for a move the lifecycle lacks."""
     with store._write() as c:
         row = c.execute(
             sa.select(schema.rollouts).where(R.rollout_id == rollout_id).with_for_update(key_share=True)
@@ -300,8 +290,7 @@ def _step(store, c, rollout: Rollout, target: str, worker_id: str, error: str | 
 
 
 def current_attempt(store, rollout_id: str, worker_id: str) -> Attempt:
-    """The rollout's latest attempt; a rollout still queuing gets its first attempt started now (an agent
-    calling before its controller's `running` patch arrives)."""
+    """The rollout's latest attempt; a rollout still queuing gets its first attempt started now."""
     rollout = get(store, rollout_id)
     attempts = store.list_attempts(rollout_id=rollout_id)
     if attempts and attempts[-1].state != AttemptState.queued:
@@ -318,21 +307,15 @@ def current_attempt(store, rollout_id: str, worker_id: str) -> Attempt:
 
 
 def delete(store, rollout_id: str) -> list[str]:
-    """Hide the rollout from this API (idempotent; a missing id is fine); returns the ids of its attempts
-    (none if nothing was hidden now). Its attempts, spans and rewards stay in the store: they are lineage of
-    whatever was trained on them; a gateway refuses further calls to those attempts once it reads the
-    rollout's harness (`attempt_facts`)."""
+    """Hide the rollout from this API (idempotent); returns the ids of its attempts (none if nothing was
+    hidden now). Its attempts, spans and rewards stay in the store as lineage."""
     with store._write() as c:
         hidden = c.execute(
             sa.update(schema.rollouts)
             .where(R.rollout_id == rollout_id, R.harness == HARNESS)
             .values(harness=DELETED)
         ).rowcount
-        if not hidden:
-            return []
-        return list(
-            c.execute(sa.select(A.attempt_id).where(A.rollout_id == rollout_id).order_by(A.id)).scalars()
-        )
+        return _attempt_ids(c, rollout_id) if hidden else []
 
 
 def new_rollout(rollout_id: str, item: dict[str, Any], sampling: dict[str, Any]) -> Rollout:

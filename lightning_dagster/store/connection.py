@@ -105,8 +105,7 @@ _COLUMN_CHECKS: dict[sa.Table, list[tuple[str, str, int | None, bool, bool]]] = 
 
 
 def _column_checks(table: sa.Table) -> list[tuple[str, str, int | None, bool, bool]]:
-    """(column, `table.column`, its declared string length, integer?, JSON?) per column, worked out once per
-    table: `checked` runs for every row the store writes."""
+    """(column, `table.column`, declared string length, integer?, JSON?) per column, once per table."""
     found = _COLUMN_CHECKS.get(table)
     if found is None:
         found = _COLUMN_CHECKS[table] = [
@@ -123,9 +122,8 @@ def _column_checks(table: sa.Table) -> list[tuple[str, str, int | None, bool, bo
 
 
 def checked(table: sa.Table, row: dict[str, Any]) -> dict[str, Any]:
-    """The row, if both stores can hold it alike; else InvalidInput naming the column. SQLite would keep a
-    string over its declared length, a NUL character, NaN or an int beyond 32 bits, where PostgreSQL
-    refuses them, so each is refused here on both."""
+    """The row, if both stores can hold it alike; else InvalidInput naming the column (SQLite would keep an
+    over-long string, a NUL character, NaN or an int beyond 32 bits, which PostgreSQL refuses)."""
     for name, where, limit, integer, json in _column_checks(table):
         value = row.get(name)
         if value is None:
@@ -147,9 +145,8 @@ def checked(table: sa.Table, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _retry_locked(fn: Callable[[], T], timeout_s: float) -> T:
-    """Retry SQLite's immediate "database is locked": processes opening a fresh file at once race its switch
-    to WAL, and that lock is not covered by busy_timeout (seen once in 150 twelve-process races).
-    Only for idempotent steps: the WAL pragma and the (transactional) schema upgrade."""
+    """Retry SQLite's immediate "database is locked" of a fresh file's switch to WAL, which busy_timeout does
+    not cover (seen once in 150 twelve-process races); only for idempotent steps."""
     deadline, delay = time.monotonic() + timeout_s, 0.005
     while True:
         try:
@@ -162,8 +159,7 @@ def _retry_locked(fn: Callable[[], T], timeout_s: float) -> T:
 
 
 def unavailable(exc: BaseException, store: str, busy_timeout_s: float) -> StoreUnavailable | None:
-    """The named error for a store that cannot serve the call at all (locked past the bounded wait, or
-    read-only), in one line naming the store and the cause; None for any other error."""
+    """The named error (one line) for a store that cannot serve the call at all; None for any other error."""
     orig = getattr(exc, "orig", None) or exc
     cause = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
     code = getattr(orig, "pgcode", None)
@@ -256,10 +252,8 @@ class Connection:
     engine: sa.Engine
 
     def _ids_in(self, column: sa.ColumnElement, ids: Iterable[str]) -> sa.ColumnElement[bool]:
-        """`column IN ids`. A long list is bound as one JSON array, unpacked by the database (SQLite's
-        `json_each`, PostgreSQL's `json_array_elements_text`), instead of one parameter per id: SQLAlchemy
-        expands those afresh at every execution (~1 ms for 256 ids here), and a runner working through a
-        batch asks with the same ids before every claim."""
+        """`column IN ids`. A long list is bound as one JSON array unpacked by the database, not one
+        parameter per id: SQLAlchemy expands those afresh at every execution (~1 ms for 256 ids here)."""
         ids = list(ids)
         if len(ids) <= _IDS_INLINE:
             return column.in_(ids)

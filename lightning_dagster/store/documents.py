@@ -16,13 +16,10 @@ from lightning_dagster.types import now
 class DocumentStore(Connection):
     """Documents, pointers and flags (part of `Store`)."""
 
-    # -- append-only documents ---------------------------------------------------------------------------
-
     def append_document(
         self, collection: str, doc_id: str, content_hash: str, body: dict, previous_hash: str | None
     ) -> int:
-        """Append version n+1 whose `previous_hash` must equal version n's content hash (None for the
-        first version); otherwise Conflict. Returns the new version number."""
+        """Append version n+1, whose `previous_hash` must be version n's content hash (else Conflict)."""
         d = schema.documents.c
         for name, value in (("collection", collection), ("doc_id", doc_id), ("content_hash", content_hash)):
             nonempty_text(name, value)
@@ -42,13 +39,8 @@ class DocumentStore(Connection):
                     f"document {collection}/{doc_id}: previous_hash {previous_hash!r} is not the head {head_hash!r}"
                 )
             version = head.version + 1 if head else 1
-            row = {
-                "collection": collection,
-                "doc_id": doc_id,
-                "version": version,
-                "content_hash": content_hash,
-            }
-            row = {**row, "previous_hash": previous_hash, "body": body, "created_at": now()}
+            row = dict(collection=collection, doc_id=doc_id, version=version, content_hash=content_hash)
+            row.update(previous_hash=previous_hash, body=body, created_at=now())
             c.execute(schema.documents.insert(), checked(schema.documents, row))
         return version
 
@@ -56,8 +48,6 @@ class DocumentStore(Connection):
         d = schema.documents.c
         query = sa.select(schema.documents).where(d.collection == collection, d.doc_id == doc_id)
         return self._all(StoredDocument, query.order_by(d.version))
-
-    # -- pointers ----------------------------------------------------------------------------------------
 
     def move_pointer(
         self,
@@ -72,9 +62,8 @@ class DocumentStore(Connection):
     ) -> PointerMove:
         """Compare-and-set under a row lock: moves only if the current value equals `expected` (None: the
         pointer was never set), else PointerConflict(name, expected, actual). With `expected_seq` (the
-        newest move's `seq` the caller read, 0: never moved) it also moves only if no move happened since,
-        else `PointerSeqConflict` naming both move numbers: a pointer moved A -> B -> A in between holds the
-        value the caller read, but the caller's decision was made about an older state. Every move is kept."""
+        newest move's `seq` the caller read, 0: never moved) it also moves only if no move happened since
+        (A -> B -> A in between), else `PointerSeqConflict` naming both move numbers. Every move is kept."""
         for field, value in (("name", name), ("to", to), ("actor", actor)):
             nonempty_text(field, value)
         if expected_seq is not None and (
@@ -94,15 +83,9 @@ class DocumentStore(Connection):
                 if actual != expected:
                     raise PointerConflict(name, expected, actual)
                 move = PointerMove(
-                    name=name,
-                    from_value=actual,
-                    to_value=to,
-                    actor=actor,
-                    receipt_id=receipt_id,
-                    note=note,
-                    moved_at=now(),
-                    seq=actual_seq + 1,
-                )
+                    name=name, from_value=actual, to_value=to, actor=actor, receipt_id=receipt_id, note=note,
+                    moved_at=now(), seq=actual_seq + 1,
+                )  # fmt: skip
                 state = {"value": to, "seq": move.seq, "updated_at": move.moved_at}
                 if row:
                     c.execute(sa.update(schema.pointers).where(p.name == name).values(state))
@@ -134,8 +117,7 @@ class DocumentStore(Connection):
             ).scalar()
 
     def pointer_history(self, name: str, *, last: int | None = None) -> list[PointerMove]:
-        """Every move, oldest first; with `last`, only the newest `last` moves (still oldest first), read
-        backwards through the (name, seq) unique index."""
+        """Every move, oldest first; with `last`, only the newest `last` moves (still oldest first)."""
         m = schema.pointer_moves.c
         query = sa.select(schema.pointer_moves).where(m.name == name)
         if last is None:
@@ -143,8 +125,6 @@ class DocumentStore(Connection):
         if isinstance(last, bool) or not isinstance(last, int) or last < 0:
             raise InvalidInput(f"last must be a non-negative integer, got {last!r}")
         return self._all(PointerMove, query.order_by(m.seq.desc()).limit(last))[::-1]
-
-    # -- flags -------------------------------------------------------------------------------------------
 
     def set_flag(self, key: str, value: dict) -> None:
         nonempty_text("key", key)

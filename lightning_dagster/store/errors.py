@@ -44,14 +44,12 @@ class PointerSeqConflict(PointerConflict):
 
 
 class InvalidInput(ValueError):
-    """Input that passed type validation but cannot be stored alike on SQLite and PostgreSQL (a token id
-    outside int32, NaN or Infinity, a NUL character, a string longer than its column); the message starts
-    with the field's name."""
+    """Input that passed type validation but cannot be stored alike on SQLite and PostgreSQL; the message
+    starts with the field's name."""
 
 
 class StoreUnavailable(RuntimeError):
-    """The store cannot do what was asked at all (not a fault of the input); the message is one line naming
-    the store and the cause, for a CLI to print as is."""
+    """The store cannot do what was asked at all; the message is one line naming the store and the cause."""
 
 
 class StoreLocked(StoreUnavailable):
@@ -59,5 +57,4 @@ class StoreLocked(StoreUnavailable):
 
 
 class StoreReadOnly(StoreUnavailable):
-    """A write to a store opened read-only (file permissions, a `mode=ro` URL, a read-only PostgreSQL
-    transaction); reads keep working."""
+    """A write to a store opened read-only (file permissions, a `mode=ro` URL...); reads keep working."""

@@ -1,9 +1,8 @@
 """Schema migrations with alembic, applied programmatically when a `Store` opens its database.
 
-A fresh database gets the current schema from `schema.metadata` and is stamped at head (alembic's
-"building an up-to-date database from scratch" recipe); an older one is upgraded by the scripts in
-`migrations/versions`. Both happen under a database-wide lock (PostgreSQL advisory lock, SQLite
-`BEGIN IMMEDIATE`) inside one transaction, so processes opening a fresh database at once create it once.
+A fresh database gets the current schema from `schema.metadata` and is stamped at head; an older one is
+upgraded by `migrations/versions`. Both under a database-wide lock in one transaction, so processes opening
+a fresh database at once create it once.
 """
 
 from __future__ import annotations

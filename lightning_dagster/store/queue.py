@@ -48,10 +48,21 @@ ROLLOUT_STATUS_OF: dict[AttemptState, RolloutStatus] = {
 FINAL_ROLLOUT_STATUSES = frozenset({RolloutStatus.succeeded, RolloutStatus.failed, RolloutStatus.cancelled})
 
 
+def _running_attempt(rollout_id: str, worker_id: str, **fields: Any) -> Attempt:
+    """A new attempt, running from now on `worker_id`."""
+    t = now()
+    return Attempt(
+        rollout_id=rollout_id,
+        state=AttemptState.running,
+        worker_id=worker_id,
+        started_at=t,
+        heartbeat_at=t,
+        **fields,
+    )
+
+
 class RolloutQueue(Connection):
     """Resources, rollouts and attempts (part of `Store`)."""
-
-    # -- resources ---------------------------------------------------------------------------------------
 
     def add_resource(self, r: Resource) -> Resource:
         r = as_record(Resource, r)
@@ -64,8 +75,6 @@ class RolloutQueue(Connection):
 
     def list_resources(self) -> list[Resource]:
         return self._all(Resource, sa.select(schema.resources).order_by(schema.resources.c.id))
-
-    # -- rollouts and attempts ---------------------------------------------------------------------------
 
     def enqueue_rollouts(self, rollouts: list[Rollout]) -> list[Rollout]:
         items = [as_record(Rollout, r).model_copy(update={"status": RolloutStatus.queued}) for r in rollouts]
@@ -116,8 +125,7 @@ class RolloutQueue(Connection):
         harness: str | None = None,
         limit: int | None = None,
     ) -> list[Rollout]:
-        """Oldest first. `kind` and `status` take one value or several; `group_ids` and `harness` (additions
-        to the contract) select a run's groups or one harness's rollouts."""
+        """Oldest first. `kind` and `status` take one value or several; `group_ids`, `harness`: additions."""
         where = self._rollout_filters(
             snapshot_key, kind, status, created_after, rollout_ids, group_ids, harness
         )
@@ -131,8 +139,7 @@ class RolloutQueue(Connection):
         rollout_ids: Iterable[str] | None = None,
         harness: str | None = None,
     ) -> int:
-        """How many rollouts match, counted in the database (an addition to the contract): what a runner
-        polls to know whether its rollouts are final, without reading and validating each of them."""
+        """How many rollouts match, counted in the database (an addition to the contract)."""
         where = self._rollout_filters(None, None, status, None, rollout_ids, None, harness)
         with self.engine.connect() as c:
             return c.execute(
@@ -150,10 +157,9 @@ class RolloutQueue(Connection):
         policy_versions: Iterable[int] | None = None,
     ) -> tuple[Rollout, Attempt] | None:
         """The oldest queued rollout whose retry backoff is over, with its queued retry attempt (or a new
-        first attempt) now running. Any number of processes may claim at once: a rollout another claim holds
-        is skipped (`SKIP LOCKED`), never claimed twice. `harness` (an addition to the contract): only its
-        rollouts. `policy_versions` (an addition): only rollouts tagged with none (`metadata.policy_version`)
-        or with one of these versions; None: any."""
+        first attempt) now running; a rollout another claim holds is skipped (`SKIP LOCKED`). `harness` and
+        `policy_versions` (additions to the contract): only its rollouts, and only rollouts tagged with none
+        (`metadata.policy_version`) or one of these versions."""
         where = self._rollout_filters(
             snapshot_key, kinds, RolloutStatus.queued, None, rollout_ids, None, harness
         )
@@ -176,20 +182,15 @@ class RolloutQueue(Connection):
         return from_row(Rollout, row).model_copy(update={"status": RolloutStatus.running}), attempt
 
     def _begin_attempt(self, c, rollout_id: str, worker_id: str) -> Attempt:
-        """In transaction `c`: the rollout's queued attempt moves to running, or (none queued) a new running
-        attempt follows the latest one, as an infrastructure retry when there was one."""
+        """In `c`: the rollout's queued attempt, or a new one (an infrastructure retry after any), runs."""
         latest = self._latest_attempt(c, rollout_id)
         if latest is not None and latest.state == AttemptState.queued.value:
             return self._move(c, latest, AttemptState.running, {"worker_id": worker_id})
-        t = now()
-        attempt = Attempt(
-            rollout_id=rollout_id,
+        attempt = _running_attempt(
+            rollout_id,
+            worker_id,
             sequence_id=latest.sequence_id + 1 if latest else 1,
-            state=AttemptState.running,
             retry_kind=RetryKind.infrastructure if latest else RetryKind.first,
-            worker_id=worker_id,
-            started_at=t,
-            heartbeat_at=t,
         )
         self._add_attempt(c, attempt)
         return attempt
@@ -277,8 +278,7 @@ class RolloutQueue(Connection):
     def stale_attempts(
         self, cutoff: float, *, harness: str | None = None, rollout_ids: Iterable[str] | None = None
     ) -> list[Attempt]:
-        """Running attempts (of `harness`'s rollouts, or of `rollout_ids`) whose last heartbeat (or start)
-        is older than `cutoff`: what a reaper ends (an addition to the contract)."""
+        """Running attempts whose last heartbeat (or start) is older than `cutoff` (an addition)."""
         last = sa.func.coalesce(A.heartbeat_at, A.started_at, 0.0)
         query = sa.select(schema.attempts).where(A.state == AttemptState.running.value, last < cutoff)
         if harness is not None or rollout_ids is not None:
@@ -292,26 +292,18 @@ class RolloutQueue(Connection):
         self, session: str, resource_id: str | None, *, owner: str | None = None
     ) -> tuple[Rollout, Attempt]:
         """One `serve` rollout per client session with a running attempt; concurrent first calls agree.
-        `owner` (an addition to the contract) names who opened the session, kept in `metadata["owner"]` of a
-        new rollout; the caller compares it on later calls."""
+        `owner` (an addition to the contract): who opened the session, kept in `metadata["owner"]`."""
         session = nonempty_text("session", session)
         found = self._serve_rollout(session)
         if found is not None:
             return found
-        t = now()
         rollout = Rollout(
             kind=RolloutKind.serve,
             resource_id=resource_id,
             status=RolloutStatus.running,
             metadata={"session": session, "owner": owner},
         )
-        attempt = Attempt(
-            rollout_id=rollout.rollout_id,
-            state=AttemptState.running,
-            worker_id="serve",
-            started_at=t,
-            heartbeat_at=t,
-        )
+        attempt = _running_attempt(rollout.rollout_id, "serve")
         row = checked(schema.rollouts, {**to_row(rollout), "session": session})
         try:
             with self._write() as c:

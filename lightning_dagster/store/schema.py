@@ -1,8 +1,6 @@
-"""The store's tables (SQLAlchemy Core). Columns carry the field names of `lightning_dagster.types`, so a
-row converts to its pydantic record by name; each table has an integer `id` that fixes insertion order.
-
-Documents and pointer moves are append-only in the database itself: triggers refuse UPDATE and DELETE,
-so not even a raw SQL session of the learner's code can rewrite a receipt or the promotion history.
+"""The store's tables (SQLAlchemy Core). Columns carry the field names of `lightning_dagster.types`; each
+table has an integer `id` that fixes insertion order. Documents and pointer moves are append-only in the
+database itself: triggers refuse UPDATE and DELETE, so not even raw SQL can rewrite a receipt or history.
 """
 
 from __future__ import annotations
@@ -174,24 +172,19 @@ _PG_APPEND_ONLY_FN = sa.DDL(
 def _append_only(table: sa.Table) -> None:
     """Attach the refuse-UPDATE/DELETE triggers to `table`, created together with it."""
     name = table.name
-    for op in ("UPDATE", "DELETE"):
-        sa.event.listen(
-            table,
-            "after_create",
-            sa.DDL(
-                f"CREATE TRIGGER {name}_no_{op.lower()} BEFORE {op} ON {name} "
-                f"BEGIN SELECT RAISE(ABORT, '{name} is append-only'); END"
-            ).execute_if(dialect="sqlite"),
-        )
-    sa.event.listen(table, "after_create", _PG_APPEND_ONLY_FN.execute_if(dialect="postgresql"))
-    sa.event.listen(
-        table,
-        "after_create",
-        sa.DDL(
-            f"CREATE TRIGGER {name}_append_only BEFORE UPDATE OR DELETE ON {name} "
-            "FOR EACH ROW EXECUTE FUNCTION ld_append_only()"
-        ).execute_if(dialect="postgresql"),
-    )
+    sqlite = [
+        f"CREATE TRIGGER {name}_no_{op.lower()} BEFORE {op} ON {name} "
+        f"BEGIN SELECT RAISE(ABORT, '{name} is append-only'); END"
+        for op in ("UPDATE", "DELETE")
+    ]
+    postgresql = f"CREATE TRIGGER {name}_append_only BEFORE UPDATE OR DELETE ON {name} "
+    postgresql += "FOR EACH ROW EXECUTE FUNCTION ld_append_only()"
+    for ddl in [
+        *(sa.DDL(sql).execute_if(dialect="sqlite") for sql in sqlite),
+        _PG_APPEND_ONLY_FN.execute_if(dialect="postgresql"),
+        sa.DDL(postgresql).execute_if(dialect="postgresql"),
+    ]:
+        sa.event.listen(table, "after_create", ddl)
 
 
 _append_only(documents)

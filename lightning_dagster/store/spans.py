@@ -1,6 +1,5 @@
-"""Spans and rewards: batch span ingest with packed, prefix-shared token arrays (see `tokens`), the
-non-blocking SQLite write the gateway uses, span reads that rebuild exact token arrays, rewards, and the
-one-read attempt facts a gateway starts from."""
+"""Spans and rewards: batch span ingest with packed, prefix-shared token arrays (see `tokens`), the gateway's
+non-blocking SQLite write, span reads that rebuild exact token arrays, rewards, and attempt facts."""
 
 from __future__ import annotations
 
@@ -25,13 +24,7 @@ from lightning_dagster.store.connection import (
     unavailable,
 )
 from lightning_dagster.store.errors import Conflict, InvalidInput, NotFound
-from lightning_dagster.store.tokens import (
-    pack_ids,
-    pack_logprobs,
-    shared_prefix,
-    unpack_ids,
-    unpack_logprobs,
-)
+from lightning_dagster.store.tokens import pack_ids, pack_logprobs, shared_prefix, unpack_ids, unpack_logprobs
 from lightning_dagster.types import AttemptState, Reward, RolloutKind, Span, SpanKind
 
 R, A, S = schema.rollouts.c, schema.attempts.c, schema.spans.c
@@ -64,6 +57,11 @@ def _span_params(rows: list[dict[str, Any]]) -> list[tuple]:
     return params
 
 
+def _token_entry(ref: str | None, shared: int | None, tail: Any, response: Any) -> tuple:
+    """A token span's stored (prompt_ref, prompt_shared, prompt_tail, response_ids), as bytes."""
+    return ref, shared, bytes(tail), None if response is None else bytes(response)
+
+
 class SpanStore(Connection):
     """Spans and rewards (part of `Store`)."""
 
@@ -93,26 +91,20 @@ class SpanStore(Connection):
         for conn in conns:
             conn.close()
 
-    # -- spans -------------------------------------------------------------------------------------------
-
     def add_spans(self, spans: list[Span], *, sync: bool = True) -> None:
         """Insert a batch in one transaction (executemany); all or nothing.
 
-        Token storage: an LLM span's prompt is kept as (the attempt's previous LLM span, the length of the
-        prefix it shares with that span's prompt + response) plus the remaining ids; ids are packed int32
-        and logprobs packed float32 (exact for the float32 values engines produce; see `tokens`).
-
-        `sync=False` (an addition to the contract): the commit survives a crash of this process but is
-        flushed to disk only by the next synced commit or checkpoint (SQLite `synchronous=NORMAL`,
-        PostgreSQL `synchronous_commit=off`); about 1 ms less CPU per commit on SQLite.
+        An LLM span's prompt is kept as (the attempt's previous LLM span, the length of the prefix shared
+        with its prompt + response) plus the remaining ids, packed (see `tokens`). `sync=False` (an addition
+        to the contract): flushed to disk only by the next synced commit or checkpoint (SQLite
+        `synchronous=NORMAL`, PostgreSQL `synchronous_commit=off`); about 1 ms less CPU per commit on SQLite.
         """
         self._add_spans(spans, sync, nowait=False)
 
     def try_add_spans(self, spans: list[Span], *, sync: bool = True) -> bool:
         """`add_spans` if it can run at once without blocking (an addition to the contract): on a SQLite
-        file, for attempts this Store has written before, when no other writer holds the lock. Returns
-        False, having written nothing, otherwise (PostgreSQL, lookups needed, lock taken, or a WAL
-        checkpoint due, which the blocking `add_spans` does). Raises what `add_spans` raises."""
+        file, for attempts this Store has written before, when no other writer holds the lock; else False,
+        having written nothing (PostgreSQL, lookups needed, lock taken, or a WAL checkpoint due)."""
         return self._add_spans(spans, sync, nowait=True)
 
     def _add_spans(self, spans: list[Span], sync: bool, nowait: bool) -> bool:
@@ -156,8 +148,7 @@ class SpanStore(Connection):
         c.exec_driver_sql(_SQLITE_SPAN_INSERT, _span_params(rows))
 
     def _raw_sqlite(self, nowait: bool) -> tuple[sqlite3.Connection, dict[str, Any]]:
-        """This thread's plain connection (and its settings), one blocking and one `nowait`: that one never
-        waits for the write lock and never checkpoints (which fsyncs), so it cannot stall its caller."""
+        """This thread's plain connection and its settings; a `nowait` one never waits or checkpoints."""
         local = self._raw_local.__dict__
         key = "nowait" if nowait else "wait"
         if key not in local:
@@ -186,8 +177,8 @@ class SpanStore(Connection):
 
     @property
     def raw_reads(self) -> bool:
-        """Whether this store is a SQLite file, read and written on plain sqlite3 where speed matters (an
-        event loop's reads, the gateway's span inserts); `raw_read` / `raw_write` work only then."""
+        """Whether this store is a SQLite file, whose hot reads and writes go through plain sqlite3
+        (`raw_read` / `raw_write` work only then)."""
         return self._raw_path is not None
 
     def raw_read(self, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
@@ -203,9 +194,8 @@ class SpanStore(Connection):
     @contextlib.contextmanager
     def raw_write(self, *, synchronous: int, nowait: bool) -> Iterator[sqlite3.Connection | None]:
         """One `BEGIN IMMEDIATE` transaction on this thread's plain sqlite3 connection at `PRAGMA synchronous
-        = synchronous` (1: commit without an fsync, 2: synced), committed when the block ends and rolled
-        back on any error: a constraint violation raises `Conflict`, a locked or read-only file its named
-        store error. `nowait`: yields None, nothing begun, when another writer holds the lock, and at every
+        = synchronous` (1: no fsync, 2: synced), rolled back on any error (a constraint violation raises
+        `Conflict`). `nowait`: yields None, nothing begun, when another writer holds the lock, and at every
         `_NOWAIT_CHECKPOINT_EVERY`th call (the caller's blocking write then checkpoints the WAL)."""
         conn, state = self._raw_sqlite(nowait)
         if nowait:
@@ -259,9 +249,7 @@ class SpanStore(Connection):
         # Compare packed bytes (C speed, nothing unpacked): a shared byte prefix of 4k..4k+3 bytes is k ids.
         shared = shared_prefix(packed, previous[1]) // 4 if previous else 0
         row.update(
-            prompt_ref=previous[0] if shared else None,
-            prompt_shared=shared,
-            prompt_tail=packed[4 * shared :],
+            prompt_ref=previous[0] if shared else None, prompt_shared=shared, prompt_tail=packed[4 * shared :]
         )
         last[s.attempt_id] = (s.span_id, packed + (row["response_ids"] or b""))
         return checked(schema.spans, row)
@@ -276,9 +264,8 @@ class SpanStore(Connection):
 
     @staticmethod
     def _check_attempts(c: sa.Connection, pairs: set[tuple[str, str | None]]) -> dict[str, str | None]:
-        """Each (rollout_id, attempt_id) names a stored rollout and, if given, one of its attempts.
-
-        One query; returns attempt_id -> span_id of the attempt's newest token-bearing span (or None)."""
+        """Each (rollout_id, attempt_id) names a stored rollout and, if given, one of its attempts; one query
+        returns attempt_id -> span_id of the attempt's newest token-bearing span (or None)."""
         newest = (
             sa.select(S.span_id)
             .where(S.attempt_id == A.attempt_id, S.prompt_tail.is_not(None))
@@ -310,10 +297,7 @@ class SpanStore(Connection):
 
         def fetch(clause: sa.ColumnElement[bool]) -> dict[str, tuple]:
             query = sa.select(*cols).where(clause, S.prompt_tail.is_not(None))
-            return {
-                r[0]: (r[1], r[2], bytes(r[3]), None if r[4] is None else bytes(r[4]))
-                for r in c.execute(query)
-            }
+            return {r[0]: _token_entry(*r[1:]) for r in c.execute(query)}
 
         tokens = dict(tokens or {})
         if where is not None:
@@ -365,12 +349,7 @@ class SpanStore(Connection):
         with self.engine.connect() as c:
             rows = c.execute(query).all()
             tokens = {
-                r.span_id: (
-                    r.prompt_ref,
-                    r.prompt_shared,
-                    bytes(r.prompt_tail),
-                    r.response_ids and bytes(r.response_ids),
-                )
+                r.span_id: _token_entry(r.prompt_ref, r.prompt_shared, r.prompt_tail, r.response_ids)
                 for r in rows
                 if r.prompt_tail is not None
             }
@@ -406,9 +385,7 @@ class SpanStore(Connection):
         self, attempt_id: str
     ) -> tuple[str, AttemptState, RolloutKind, dict, int | None, str | None]:
         """(rollout id, state, rollout kind, rollout metadata, highest span sequence or None, rollout
-        harness) of an attempt in one read: what a gateway needs to start serving it, and to see on every
-        call over a shared store that another replica ended the attempt or deleted its rollout (an addition
-        to the contract)."""
+        harness) of an attempt in one read: what a gateway needs to serve it (an addition to the contract)."""
         top = sa.select(sa.func.max(S.sequence)).where(S.attempt_id == attempt_id).scalar_subquery()
         query = (
             sa.select(A.rollout_id, A.state, R.kind, R.metadata, top, R.harness)
@@ -426,18 +403,14 @@ class SpanStore(Connection):
         return row[0], AttemptState(row[1]), RolloutKind(row[2]), row[3] or {}, row[4], row[5]
 
     def max_span_sequence(self, attempt_id: str) -> int | None:
-        """The highest span sequence recorded for an attempt (None if none): the next recorder's start,
-        without reconstructing any token arrays."""
+        """The highest span sequence recorded for an attempt (None if none)."""
         with self.engine.connect() as c:
             return c.execute(sa.select(sa.func.max(S.sequence)).where(S.attempt_id == attempt_id)).scalar()
 
-    # -- rewards -----------------------------------------------------------------------------------------
-
     def add_reward(self, r: Reward, *, span: Span | None = None, request_id: str | None = None) -> str | None:
-        """Store a reward and (an addition to the contract) the span that records it, in one transaction:
-        both or neither. With `request_id`, a retry of the same request stores nothing new: it returns the
-        first write's span id; the same id with another value, judge or attempt is a Conflict. Returns
-        the id of the reward's span (None without one)."""
+        """Store a reward and (an addition to the contract) the span that records it, in one transaction.
+        With `request_id`, a retry stores nothing new and returns the first write's span id; the same id with
+        another value, judge or attempt is a Conflict. Returns the reward's span id (None without one)."""
         r = as_record(Reward, r)
         span = None if span is None else as_record(Span, span)
         if span is not None and (span.rollout_id, span.attempt_id) != (r.rollout_id, r.attempt_id):
@@ -465,8 +438,7 @@ class SpanStore(Connection):
 
     @staticmethod
     def _replayed(c: sa.Connection, r: Reward, request_id: str) -> sa.Row | None:
-        """The reward this request already stored, if any; the same request id with another reward is a
-        Conflict."""
+        """The reward this request already stored, if any (another reward under its id: Conflict)."""
         W = schema.rewards.c
         found = c.execute(
             sa.select(W.span_id, W.attempt_id, W.value, W.judge, W.judge_version).where(

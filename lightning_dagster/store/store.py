@@ -1,10 +1,8 @@
 """The durable store: resources, rollouts, attempts, spans, rewards, receipts, pointers and flags.
 
-SQLAlchemy Core over SQLite (default; WAL, busy timeout, writes in `BEGIN IMMEDIATE`) or PostgreSQL (row
-locks with `FOR NO KEY UPDATE`, queue claims with `SKIP LOCKED`). Every public method is one transaction.
-`Store` is composed of one mixin per concern: `connection` (engine, pragmas, migrations), `rollouts` (the
-queue and the attempt state machine), `spans` (spans, token packing, rewards), `documents` (documents,
-pointers, flags) and `weights` (published policy versions and what each serving process serves).
+SQLAlchemy Core over SQLite (default; WAL, writes in `BEGIN IMMEDIATE`) or PostgreSQL (row locks, queue
+claims with `SKIP LOCKED`). Every public method is one transaction. `Store` is one mixin per concern:
+`connection`, `queue`, `spans`, `documents` and `weights`.
 """
 
 from __future__ import annotations

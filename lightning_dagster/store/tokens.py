@@ -1,7 +1,6 @@
 """Compact token arrays: packed little-endian int32 ids, float32 logprobs, and shared-prefix lengths.
 
-float32 is enough for logprobs: the engine computes them in float32 and vLLM returns float32 values, so
-the float64 a caller holds is an exactly representable float32 and round-trips bit for bit; any other
+float32 is enough for logprobs: engines compute them in float32, so they round-trip bit for bit; any other
 float64 comes back rounded to the nearest float32 (relative error below 6e-8, far under sampling noise).
 """
 

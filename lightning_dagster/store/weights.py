@@ -39,9 +39,8 @@ class PolicyVersion(BaseModel):
 
 
 class ServingReport(BaseModel):
-    """What one serving process serves: the published `version` it loaded last (None: none yet), the
-    resource id and weights hash of the weights it samples from now, and its `state` (`failed`: it could
-    not load `target`, named in `error`; `stopped`: it shut down)."""
+    """What one serving process serves: the published `version` it loaded last, the weights it samples from
+    now, and its `state` (`failed`: it could not load `target`, see `error`; `stopped`: it shut down)."""
 
     replica_id: str
     state: ServingState = "serving"
