@@ -1,6 +1,5 @@
-"""The embedded policy model: build a tiny Qwen2-, Llama- or GPT-2-shaped HF causal LM from scratch (no
-download), render chats with tool calls through its template, and sample batches with the exact logprob of
-every token."""
+"""The embedded policy model: build a tiny HF causal LM from scratch (no download), render chats with tool
+calls through its template, and sample batches with the exact logprob of every token."""
 
 from lightning_dagster.engine.batch import NonFiniteLogits
 from lightning_dagster.engine.batching import BatchingEngine, EngineClosed
@@ -17,21 +16,8 @@ from lightning_dagster.engine.sampling import EngineError, Generation, SamplingP
 from lightning_dagster.engine.tokenizer_hash import tokenizer_fingerprint, tokenizer_fingerprint_of
 
 __all__ = [
-    "CHAT_TEMPLATE",
-    "BatchingEngine",
-    "Engine",
-    "EngineClosed",
-    "EngineError",
-    "Generation",
-    "InvalidMessages",
-    "NoDriftFound",
-    "NonFiniteLogits",
-    "SamplingParams",
-    "StateDictMismatch",
-    "build_base_model",
-    "checkpoint_hash",
-    "find_retokenization_drift",
-    "parse_assistant",
-    "tokenizer_fingerprint",
-    "tokenizer_fingerprint_of",
-]
+    "CHAT_TEMPLATE", "BatchingEngine", "Engine", "EngineClosed", "EngineError", "Generation",
+    "InvalidMessages", "NoDriftFound", "NonFiniteLogits", "SamplingParams", "StateDictMismatch",
+    "build_base_model", "checkpoint_hash", "find_retokenization_drift", "parse_assistant",
+    "tokenizer_fingerprint", "tokenizer_fingerprint_of",
+]  # fmt: skip

@@ -1,6 +1,5 @@
-"""`RunningBatch`: the rows being sampled together. Rows are admitted (prefilled, then merged into the running
-KV cache) and stepped one token at a time; `Engine.generate` admits once and steps to the end,
-`BatchingEngine` admits between steps (continuous batching)."""
+"""`RunningBatch`: the rows being sampled together, admitted (prefilled into the running KV cache) and stepped
+one token at a time; `BatchingEngine` admits between steps (continuous batching)."""
 
 from __future__ import annotations
 
@@ -27,19 +26,17 @@ Outcome = tuple[Any, "Generation | Exception"]  # (the caller's tag, its result 
 class RunningBatch:
     """The rows being sampled together, with their KV cache and next-token logits.
 
-    `admit` prefills new requests (identical prompts once, cached prefixes reused) and places them in the
-    running cache, left-padded with zero keys under mask 0: positions come from the mask's cumulative sum, so
-    padding anywhere is exact. `step` samples one token for every row, returns the rows that finished, and
-    feeds the rest their token (one forward). `Engine.generate` admits once and steps to the end;
-    `BatchingEngine` admits between steps. Callers hold `engine.exclusive()` across calls.
+    `admit` prefills new requests (identical prompts once, cached prefixes reused) into the running cache,
+    left-padded under mask 0 (positions come from the mask's cumulative sum, so padding anywhere is exact).
+    `step` samples one token per row, returns the finished rows, and feeds the rest (one forward). Callers
+    hold `engine.exclusive()` across calls.
 
-    The cache is a set of slots. A finished row's slot goes dead (mask 0) rather than being cut out at once:
-    cutting rows out, like appending them, copies the whole cache (a sizeable share of a decode step, see
-    benchmarks/README.md, continuous batching), while a new row can be written into a dead slot in place. Dead slots are compacted away once they
-    are over a quarter of the batch.
+    A finished row's slot goes dead (mask 0) rather than being cut out: cutting rows out copies the whole
+    cache (a sizeable share of a decode step, benchmarks/README.md, continuous batching), while a new row
+    can be written into a dead slot in place. Dead slots are compacted once over a quarter of the batch.
 
     Each outcome is `(tag, Generation)` or `(tag, exception)`; a failure inside `step` fails only the rows
-    it affects (non-finite logits: those rows; a failed forward: every remaining row), never earlier results.
+    it affects (non-finite logits: those rows; a failed forward: every remaining row).
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -61,8 +58,7 @@ class RunningBatch:
         return not self._live or self.engine.mergeable
 
     def admit(self, prompts: list[list[int]], plist: list[SamplingParams], tags: list[Any]) -> list[Outcome]:
-        """Prefill validated requests and add them to the batch. All or nothing: if the prefill raises, the
-        batch is unchanged. Returns the rows failed at once (non-finite logits)."""
+        """Prefill validated requests into the batch, all or nothing; returns the rows failed at once."""
         if not self.can_admit():
             raise RuntimeError("this model's cache cannot take rows into a running batch")
         engine, n = self.engine, len(prompts)
@@ -144,20 +140,14 @@ class RunningBatch:
         return tags
 
     def _place(self, cache: Any, mask: torch.Tensor, logits: torch.Tensor, rows: list[_Row]) -> list[int]:
-        """Put prefilled rows into dead slots in place when they fit, else append them (compacting first).
-        Returns their slot indices."""
+        """Put prefilled rows into dead slots when they fit, else append them; returns their slot indices."""
         temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)
         top_ps = torch.tensor([r.params.top_p for r in rows], dtype=torch.float64)
         n = len(rows)
         self._live += n
         if not self.slots:
-            self._cache, self._mask, self._logits, self._temps, self._top_ps = (
-                cache,
-                mask,
-                logits,
-                temps,
-                top_ps,
-            )
+            self._cache, self._mask, self._logits = cache, mask, logits
+            self._temps, self._top_ps = temps, top_ps
             self.slots = list(rows)
             return list(range(n))
         width, new_width = self._mask.shape[1], mask.shape[1]
@@ -203,8 +193,7 @@ class RunningBatch:
         self.slots = [self.slots[k] for k in keep]
 
     def _trim(self) -> None:
-        """Cut leading columns no slot attends to (left by a long row that finished): a view, so free here;
-        the next forward's concatenation copies the cache anyway."""
+        """Cut leading columns no slot attends to (a view, so free: the next forward copies the cache)."""
         lead = int(self._mask.any(0).int().argmax())
         if lead:
             self._mask = self._mask[:, lead:]

@@ -1,10 +1,9 @@
 """Many concurrent callers -> one running batch on a background thread.
 
-Continuous (iteration-level) batching, the default: between two decode steps the running batch admits
-whatever is queued (up to `max_batch` running rows), and each row resolves its caller's future the moment it
-finishes. A late request therefore never waits for an earlier long one (no head-of-line blocking), and the
-batch stays full under a steady load. `continuous=False` keeps the old static policy for comparison: gather
-for up to `max_wait_ms`, run that batch until every row is done, resolve all, only then look at the queue.
+Continuous batching, the default: between two decode steps the running batch admits whatever is queued (up
+to `max_batch` rows), and each row resolves its caller's future the moment it finishes (no head-of-line
+blocking). `continuous=False` keeps the static policy for comparison: gather for up to `max_wait_ms`, run
+that batch to the end, only then look at the queue.
 """
 
 from __future__ import annotations
@@ -34,18 +33,14 @@ class _Request:
 class BatchingEngine:
     """Serves `submit` calls from many threads with one batched sampling loop.
 
-    When idle, the thread waits up to `max_wait_ms` after the first request to gather a batch (or until
-    `max_batch` are queued). While rows run it holds the engine lock, so a weight push (`load_weights`) or
-    a direct `generate` call waiting for it stops admissions; the running rows drain (at most the longest
-    row's remaining tokens), the waiter runs, then admissions resume. Every token of a request therefore
-    comes from one set of weights and its logprobs match a teacher-forced pass.
+    When idle, the thread waits up to `max_wait_ms` after the first request to gather a batch. While rows
+    run it holds the engine lock, so a weight push or a direct `generate` waiting for it stops admissions;
+    the running rows drain, the waiter runs, then admissions resume: every token of a request comes from one
+    set of weights.
 
-    Counters (read by tests and benchmarks): `batches_run` counts admissions, i.e. prefill forwards that
-    brought requests into the running batch (in static mode, one per batch, as before); `steps_run` counts
-    decode steps and `rows_stepped` sums the running rows over those steps, so
-    `rows_stepped / steps_run` is the mean running batch size; `busy_s` sums the wall seconds the loop held
-    the engine with rows to run (admissions and decode steps), so the rest of a period is the engine idle,
-    waiting for requests.
+    Counters (tests and benchmarks): `batches_run` counts admissions (prefill forwards); `steps_run` decode
+    steps; `rows_stepped / steps_run` is the mean running batch size; `busy_s` the wall seconds the loop
+    held the engine with rows to run.
     """
 
     def __init__(
@@ -69,18 +64,12 @@ class BatchingEngine:
 
     def counters(self) -> dict[str, float]:
         """The counters above, as one dict (the gateway's `/admin/stats` reports them)."""
-        return {
-            "batches_run": self.batches_run,
-            "steps_run": self.steps_run,
-            "rows_stepped": self.rows_stepped,
-            "busy_s": self.busy_s,
-        }
+        return {name: getattr(self, name) for name in ("batches_run", "steps_run", "rows_stepped", "busy_s")}
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future[Generation]:
-        """Queue one request. Every failure reaches the returned future: invalid input (`EngineError`) is
-        set at once, before it could join a batch; `EngineClosed` after `close()`. The future is resolved
-        on the engine thread while it holds the engine lock, so a done-callback must not call `generate`
-        or `load_weights` itself (`asyncio.wrap_future` and `result()` are fine)."""
+        """Queue one request; every failure reaches the returned future (`EngineError`, `EngineClosed`). It is
+        resolved on the engine thread under the engine lock: a done-callback must not call `generate` or
+        `load_weights`."""
         future: Future[Generation] = Future()
         try:
             self.engine.validate([prompt_ids], params)
@@ -109,7 +98,6 @@ class BatchingEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- the loop -------------------------------------------------------------------------------------
     def _loop(self) -> None:
         batch = RunningBatch(self.engine)
         while True:
@@ -175,7 +163,7 @@ class BatchingEngine:
             return
         try:
             outcomes = batch.admit(
-                [r.prompt for r in requests], [r.params for r in requests], _futures(requests)
+                [r.prompt for r in requests], [r.params for r in requests], [r.future for r in requests]
             )
             self.batches_run += 1
         except Exception as exc:  # noqa: BLE001 - every error must reach the callers' futures
@@ -200,10 +188,6 @@ class BatchingEngine:
                 return
             if item is not None and item.future.set_running_or_notify_cancel():
                 item.future.set_exception(EngineClosed("the batching engine closed before this request ran"))
-
-
-def _futures(requests: list[_Request]) -> list[Future[Generation]]:
-    return [r.future for r in requests]
 
 
 def _resolve(outcomes: list[Outcome]) -> None:

@@ -110,9 +110,8 @@ CALCULATOR_TOOL = {
 
 
 def _rendered_fragments(corpus: list[str]) -> list[str]:
-    """Text that every rendered conversation repeats (role headers, the tools header, each tool's schema
-    line, the tool-call prefix), weighted like one copy per conversation so BPE merges it: a corpus lists a
-    tool schema once, but every prompt carries it."""
+    """Text that every rendered conversation repeats (role headers, tool schemas, the tool-call prefix),
+    weighted so BPE merges it: a corpus lists a tool schema once, but every prompt carries it."""
     tools = [CALCULATOR_TOOL]
     for text in corpus:
         try:
@@ -190,12 +189,9 @@ def build_base_model(
     architecture: str = "qwen2",
     shape: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Train the tokenizer on `corpus` (the text the model will see: the caller's, e.g. the harness
-    `default_corpus()`), instantiate the tiny causal LM of `architecture` ("qwen2", "llama" or
-    "gpt2"; seeded init) sized by `MODEL_SHAPE` updated with `shape`, save both to `out_dir`.
-
-    Deterministic for a seed, corpus, architecture and shape: the same call gives the same `checkpoint_hash`.
-    """
+    """Train the tokenizer on `corpus`, instantiate the tiny causal LM of `architecture` ("qwen2", "llama" or
+    "gpt2"; seeded init) sized by `MODEL_SHAPE` updated with `shape`, save both to `out_dir`. Deterministic:
+    the same call gives the same `checkpoint_hash`."""
     if isinstance(corpus, str) or not corpus:
         raise EmptyCorpus("the tokenizer needs a non-empty sequence of texts to train on")
     if architecture not in ARCHITECTURES:
@@ -272,9 +268,8 @@ def tensors_hash(tensors: Mapping[str, torch.Tensor]) -> str:
 
 
 def save_weights(state_dict: Mapping[str, torch.Tensor], path: Path | str) -> None:
-    """A state dict as one safetensors file. safetensors refuses tensors that share storage (tied
-    embeddings): each later name of a shared storage gets its own copy (the engine's `load_weights` accepts
-    tied names given twice with equal values)."""
+    """A state dict as one safetensors file; a tied tensor (shared storage, which safetensors refuses) is
+    copied for each later name (`Engine.load_weights` accepts tied names given twice)."""
     from safetensors.torch import save_file
 
     seen: set[int] = set()

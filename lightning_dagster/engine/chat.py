@@ -40,8 +40,7 @@ class InvalidMessages(ValueError):
 
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI chat messages -> what the template expects: text content (parts joined), tool calls with
-    `function.arguments` as given (a JSON string is rendered verbatim, so a harness echoing back the
-    gateway's tool call reproduces the same text)."""
+    `function.arguments` as given (a JSON string is rendered verbatim)."""
     if not isinstance(messages, list) or not messages:
         raise InvalidMessages("messages must be a non-empty list")
     out = []
@@ -77,13 +76,9 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def parse_assistant(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """Generated assistant text -> (content, OpenAI tool_calls).
-
-    Each well-formed `<tool_call>{"name": str, "arguments": object}</tool_call>` becomes a tool call with id
-    `call_...` and `arguments` as a JSON string (`json.dumps` default separators, which is what the template
-    renders back). A malformed block stays in the content verbatim. Content is None when there are tool
-    calls and nothing else but whitespace.
-    """
+    """Generated assistant text -> (content, OpenAI tool_calls). Each well-formed `<tool_call>{"name": str,
+    "arguments": object}</tool_call>` becomes a tool call (`arguments` as the JSON string the template renders
+    back); a malformed block stays in the content. Content is None when only whitespace is left."""
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
     pos = 0
@@ -128,13 +123,7 @@ class NoDriftFound(LookupError):
 
 
 def find_retokenization_drift(tokenizer: Any) -> list[int]:
-    """A token id sequence the model can sample whose text re-encodes differently:
-    `tokenizer.encode(tokenizer.decode(ids)) != ids`.
-
-    Takes the first merged (multi-character, non-special) vocabulary entry, in id order, and spells it as two
-    shorter tokens; decoding gives the merged token's text and re-encoding gives the merged token back. Used
-    as a fixture to prove that capture paths record sampled ids instead of re-tokenizing text.
-    """
+    """Sampleable token ids whose text re-encodes differently: proves capture records ids, not text."""
     special = set(tokenizer.all_special_ids) | set(_marker_ids(tokenizer))
     for token_id in range(len(tokenizer)):
         if token_id in special:
@@ -159,9 +148,7 @@ def _marker_ids(tokenizer: Any) -> list[int]:
 
 
 class ChatCodec:
-    """A checkpoint's text side without its weights: render chats to ids, decode ids, parse tool calls, and
-    know the end-of-turn ids. What a process needs that trains or inspects rollouts while the model serves
-    elsewhere (a gateway process); `Engine` uses one for its own text side."""
+    """A checkpoint's text side without its weights: render, decode, parse tool calls, end-of-turn ids."""
 
     def __init__(self, model_dir: Path | str, tokenizer: Any = None, eos_token_ids: set[int] | None = None):
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig

@@ -1,6 +1,5 @@
-"""`lightning-dagster engine build --out DIR [--seed N] [--architecture qwen2|llama|gpt2]` and `lightning-dagster engine info DIR`.
-
-`build` trains the tokenizer on the text the example agents exchange (`engine.build.default_corpus()`)."""
+"""`lightning-dagster engine build|info`: build the tiny base model (its tokenizer trained on the text the
+example agents exchange), or describe a model directory."""
 
 from __future__ import annotations
 
@@ -30,13 +29,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _build(args: argparse.Namespace) -> int:
     from lightning_dagster.engine.build import UnknownArchitecture, build_base_model, default_corpus
 
+    seed = from_flags(TrainingSettings(), args).seed
     try:
-        out = build_base_model(
-            args.out,
-            corpus=default_corpus(),
-            seed=from_flags(TrainingSettings(), args).seed,
-            architecture=args.architecture,
-        )
+        out = build_base_model(args.out, corpus=default_corpus(), seed=seed, architecture=args.architecture)
     except UnknownArchitecture as exc:
         print(f"error: {exc}")
         return 2

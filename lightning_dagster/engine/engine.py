@@ -56,28 +56,18 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager:
 
 
 class Engine(ChatCodec):
-    """A checkpoint's text side (`ChatCodec`: render, encode, decode, parse_assistant) and its model.
-    Loads any HF causal LM directory in float32 (a bf16 checkpoint would otherwise stay bf16, and the
-    trainer, which scores in float32, would not reproduce its logprobs). `generate`, `load_weights` and a `BatchingEngine`'s running batch are
-    serialised by one lock (`exclusive()`).
+    """A checkpoint's text side (`ChatCodec`) and its model, loaded in float32 (the trainer scores in
+    float32: a bf16 model would not reproduce its logprobs). `generate`, `load_weights` and a
+    `BatchingEngine`'s running batch are serialised by one lock (`exclusive()`).
 
-    `threads` sets torch's intra-op threads for the process (torch has one global setting; the serving
-    setting `engine_threads` passes it). One thread is the default because on a shared 2-core machine two OpenMP
-    threads spin against other processes and sampling slows down many times over (benchmarks/README.md,
-    engine). Batching, not threads, is what makes this tiny model fast.
-
-    `prefix_cache_mb` bounds the keys/values kept from finished rows (0 turns it off): a prompt that
-    extends an earlier prompt+response exactly, as a multi-turn conversation does through the gateway's
-    token-in, prefills only its new tokens. `load_weights` empties it.
+    `threads`: torch's intra-op threads for the process. One is the default: on a shared 2-core machine two
+    OpenMP threads spin against other processes and sampling slows down many times over
+    (benchmarks/README.md, engine). `prefix_cache_mb` bounds the keys/values kept from finished rows (0:
+    off): a prompt extending an earlier prompt+response prefills only its new tokens.
     """
 
     def __init__(
-        self,
-        model_dir: Path | str,
-        *,
-        threads: int = 1,
-        prefix_cache_mb: int = 256,
-        device: str = "auto",
+        self, model_dir: Path | str, *, threads: int = 1, prefix_cache_mb: int = 256, device: str = "auto"
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -106,12 +96,9 @@ class Engine(ChatCodec):
             PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb and self.mergeable else None
         )
 
-    # -- weights --------------------------------------------------------------------------------------
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Copy new weights into the live model. All or nothing: names and shapes are checked before any
-        tensor is copied (tied weights may be given once, as safetensors files store them). Waits for the
-        running `generate` (or a `BatchingEngine`'s running rows, which stop admitting and drain) to finish,
-        so every token of a request comes from one set of weights."""
+        """Copy new weights into the live model, all or nothing (tied weights may be given once). Waits for
+        the running rows to drain, so every token of a request comes from one set of weights."""
         current = self.model.state_dict()
         unknown = sorted(set(state_dict) - set(current))
         shapes = [
@@ -138,18 +125,12 @@ class Engine(ChatCodec):
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()  # keys and values computed by the old weights
 
-    # -- sampling -------------------------------------------------------------------------------------
     def generate(
         self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
     ) -> list[Generation]:
-        """Sample a continuation of every prompt in one left-padded batch.
-
-        The logprob of each sampled token is `log_softmax(logits / T)` in float32, renormalised over the
-        top-p set when top_p < 1 (greedy: under T=1). A seeded request draws from its own torch.Generator,
-        one uniform per step, so its tokens do not depend on its batch mates (nor, through a BatchingEngine,
-        on when it joined the running batch). The prompts are admitted into one `RunningBatch` at once and
-        stepped until every row is done.
-        """
+        """Sample a continuation of every prompt in one batch. Each token's logprob is `log_softmax(logits /
+        T)` in float32, renormalised over the top-p set (greedy: under T=1); a seeded request draws from its
+        own torch.Generator, so its tokens do not depend on its batch mates."""
         plist = self.validate(prompts, params)
         if not prompts:
             return []
@@ -170,8 +151,7 @@ class Engine(ChatCodec):
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
-        """Hold the engine lock, counted in `waiting` while blocked on it. A continuous batch (which holds
-        the lock while it has rows) stops admitting while someone waits, drains, and lets them in."""
+        """Hold the engine lock, counted in `waiting` while blocked (a continuous batch then drains)."""
         with self._waiting_lock:
             self.waiting += 1
         try:
@@ -204,8 +184,8 @@ class Engine(ChatCodec):
         self, prompts: list[list[int]], hits: list[tuple[tuple[int, ...], RowKV] | None], cache: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-pad the cached prefixes into `cache` and the rest of each prompt into one block after them:
-        [pad | cached prefix | pad | new prompt tokens]. Padding in the middle is fine: the attention mask
-        hides it and positions come from the mask's cumulative sum. Returns (full mask, block ids)."""
+        [pad | cached prefix | pad | new prompt tokens] (the mask hides padding anywhere). Returns (full
+        mask, block ids)."""
         n = len(prompts)
         cached = [len(h[0]) if h else 0 for h in hits]
         width_p = max(cached)

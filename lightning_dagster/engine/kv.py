@@ -23,9 +23,9 @@ def new_cache(model: Any, growing: bool) -> Any:
 
 @functools.cache
 def _growing_layer_type() -> type:
-    """A plain DynamicLayer that writes each step's keys and values into preallocated room instead of
-    concatenating: `torch.cat` copied the whole cache every decode step, the largest single cost of a large
-    batch's step (benchmarks/README.md, continuous batching). Built lazily, as transformers is imported lazily."""
+    """A plain DynamicLayer that writes each step's keys and values into preallocated room: `torch.cat`
+    copied the whole cache every decode step, the largest single cost of a large batch's step
+    (benchmarks/README.md, continuous batching). Built lazily, as transformers is imported lazily."""
     from transformers.cache_utils import DynamicLayer
 
     class GrowingLayer(DynamicLayer):

@@ -64,8 +64,7 @@ class PrefixCache:
         return None
 
     def store(self, tokens: list[int], kv: RowKV, *, replaces: tuple[int, ...] | None = None) -> None:
-        """Keep `kv` for `tokens`; `replaces` is the entry this row started from, now superseded by a longer
-        copy of the same conversation."""
+        """Keep `kv` for `tokens`; `replaces` is the entry this row started from, now superseded."""
         if replaces is not None:
             self._entries.pop(replaces, None)
         if _nbytes(kv) > self.max_bytes:

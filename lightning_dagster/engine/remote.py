@@ -1,17 +1,11 @@
 """A `BatchingEngine` in a process of its own, behind the same interface (`submit`, `counters`, `close`, and
-`.engine` for the text side and weight loads).
+`.engine` for the text side and weight loads). Why: in a gateway process the decode loop shares one
+interpreter lock with the HTTP event loop and the span writers, which stretch each step (benchmarks/README.md,
+rollout path: ~47 ms a decode step in the gateway process against ~25 ms in a bare loop).
 
-Why: in a gateway process the engine's decode loop shares one interpreter lock with the HTTP event loop, the
-chat rendering and the span writers. Every decode step is a few hundred small torch calls, each of which
-takes that lock back, so the other threads stretch each step (measured in benchmarks/README.md, rollout
-path: ~47 ms a decode step in the gateway process against ~25 ms for the same rows in a bare loop). In a
-process of its own the loop holds its own lock, and the gateway's work runs on the other core.
-
-Protocol: one `multiprocessing.connection.Connection` over a socket pair, pickled tuples. The gateway
-renders and tokenizes (its `RemoteCodec` loads only the tokenizer); the child gets token ids and sampling
-parameters and sends back each `Generation` (or the request's exception) the moment its row finishes.
-Weights go as a safetensors file path (written to a temp file when given as tensors), never pickled
-tensors. The child exits when its connection closes, so it never outlives the gateway.
+Protocol: pickled tuples over a socket pair. The gateway renders and tokenizes (`RemoteCodec`); the child
+gets token ids and sampling parameters and sends back each `Generation` (or exception) as its row finishes.
+Weights go as a safetensors file path, never pickled tensors. The child exits when its connection closes.
 """
 
 from __future__ import annotations
@@ -71,13 +65,8 @@ class RemoteCodec(ChatCodec):
 
 
 class EngineProcess:
-    """An `Engine` and its `BatchingEngine` in a child process.
-
-    `submit` returns a `Future[Generation]` at once; it is resolved by a reader thread when the child sends
-    the row's result. Every failure reaches the future: the request's own (`EngineError`, 400 at the
-    gateway), `EngineClosed` after `close()` or when the child died (the message says how it exited).
-    `load_weights` blocks until the child serves the new weights (its batch drains first, as in-process).
-    """
+    """An `Engine` and its `BatchingEngine` in a child process. `submit`'s future is resolved by a reader
+    thread; every failure reaches it (`EngineClosed` after `close()` or when the child died)."""
 
     def __init__(
         self,
@@ -106,15 +95,9 @@ class EngineProcess:
         self._ids = itertools.count()
         self._closed = False
         self._exit_reason: str | None = None
-        settings = {
-            "model_dir": str(self.model_dir),
-            "max_batch": max_batch,
-            "threads": threads,
-            "device": device,
-            "prefix_cache_mb": prefix_cache_mb,
-        }
+        engine_kw = {"threads": threads, "device": device, "prefix_cache_mb": prefix_cache_mb}
         try:
-            self._send(("start", settings))
+            self._send(("start", str(self.model_dir), max_batch, engine_kw))
             self.engine = RemoteCodec(self, self.model_dir)  # loads while the child imports torch
             if not self._conn.poll(start_timeout_s):
                 raise EngineProcessError(f"the engine process did not start within {start_timeout_s:.0f} s")
@@ -136,7 +119,6 @@ class EngineProcess:
         self._reader = threading.Thread(target=self._read, name="engine-process-reader", daemon=True)
         self._reader.start()
 
-    # -- the BatchingEngine interface ------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future[Generation]:
         future, rid = self._request("submit", list(prompt_ids), params)
         if rid is not None:
@@ -187,14 +169,12 @@ class EngineProcess:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- plumbing ---------------------------------------------------------------------------------------
     def _send(self, message: tuple) -> None:
         with self._send_lock:
             self._conn.send(message)
 
     def _request(self, kind: str, *args: Any) -> tuple[Future, int | None]:
-        """Send one request; its future is resolved by the reader thread (or failed at once when the child
-        is closed or gone: then no request id)."""
+        """Send one request: its future, and its id (None: failed at once, the child is closed or gone)."""
         future: Future = Future()
         with self._lock:
             if self._closed:
@@ -205,11 +185,7 @@ class EngineProcess:
         try:
             self._send((kind, rid, *args))
         except (OSError, ValueError) as exc:  # the child closed its end: it exited, or is exiting
-            try:
-                code = self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                code = None
-            self._fail_all(f"the engine process exited (code {code}): {exc}")
+            self._fail_all(f"the engine process exited (code {self._exit_code()}): {exc}")
             return future, None
         return future, rid
 
@@ -241,18 +217,20 @@ class EngineProcess:
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
-        code = self._proc.poll()
-        if code is None:
-            try:
-                code = self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                code = None
+        code = self._exit_code()
         with self._lock:
             if not self._closed:
                 self._closed = True
                 self._exit_reason = f"the engine process exited (code {code})"
             reason = self._exit_reason
         self._fail_all(reason)
+
+    def _exit_code(self) -> int | None:
+        """The child's exit code, waiting up to 5 s for it to exit (None: still running)."""
+        try:
+            return self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
 
     def _fail_all(self, reason: str | None) -> None:
         with self._lock:
@@ -273,20 +251,14 @@ def _scratch_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
-# -- the child ------------------------------------------------------------------------------------------
 def _serve(conn: Connection) -> int:
     from lightning_dagster.engine.batching import BatchingEngine
     from lightning_dagster.engine.engine import Engine
 
-    kind, settings = conn.recv()
+    _, model_dir, max_batch, engine_kw = conn.recv()
     try:
-        engine = Engine(
-            settings["model_dir"],
-            threads=settings["threads"],
-            prefix_cache_mb=settings["prefix_cache_mb"],
-            device=settings["device"],
-        )
-        batching = BatchingEngine(engine, max_batch=settings["max_batch"])
+        engine = Engine(model_dir, **engine_kw)
+        batching = BatchingEngine(engine, max_batch=max_batch)
     except Exception as exc:  # noqa: BLE001 - the parent raises it
         conn.send(("error", _portable(exc)))
         return 1

@@ -54,10 +54,7 @@ class Generation:
 def sample(
     logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, gens: list[torch.Generator]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row by inverse-CDF sampling with one uniform from the row's own generator.
-
-    Returns the tokens and their logprobs under the distribution actually sampled from.
-    """
+    """One token per row (inverse-CDF, one uniform from the row's generator) and its sampled-from logprob."""
     greedy = temps == 0
     scaled = logits / torch.where(greedy, 1.0, temps)[:, None]
     logp = torch.log_softmax(scaled, dim=-1)
@@ -76,16 +73,9 @@ def sample(
 
 
 def _outside_top_p(scaled: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
-    """Each row's tokens outside its smallest set of most likely tokens whose mass reaches top_p.
-
-    Decided in float64. The same row's logits differ in their last bits from one batch shape to another
-    (matmul kernels sum in a different order for a different number of rows), and in float32 the softmax
-    normaliser rounds differently for them, which scales the row's whole mass up or down by about one ulp.
-    A token whose mass before it lies that close to top_p then falls in or out of the set, and the logprobs
-    renormalised over the set shift by its mass: a request's recorded logprobs would depend on its batch
-    mates. In float64 last-bit logit noise moves the mass by orders of magnitude less than float32's
-    rounding of the normaliser would.
-    """
+    """Each row's tokens outside its smallest set of most likely tokens whose mass reaches top_p. Decided in
+    float64: a row's logits differ in their last bits across batch shapes, and float32 rounding would move a
+    token near the boundary in or out of the set, making logprobs depend on batch mates."""
     probs = torch.softmax(scaled.double(), dim=-1)
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_probs.cumsum(-1) - sorted_probs

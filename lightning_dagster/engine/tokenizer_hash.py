@@ -1,15 +1,8 @@
 """A tokenizer's fingerprint: sha256 over what decides which token an id is and how text becomes ids.
 
-Hashed, as canonical JSON (sorted keys, so the same in every process and for every way the files were
-saved): the backend tokenizer's definition (vocabulary, merges, added tokens with their special flags,
-normalizer, pre-tokenizer, post-processor, decoder; not its padding and truncation, which are runtime
-settings), the named special tokens and the ids of all special tokens, and the chat template. A changed
-merge, an added special token or another chat template give another fingerprint; a checkpoint the trainer
-saved (which copies the source's tokenizer files) keeps its parent's. `checkpoint_hash` is the weights'
-counterpart.
-
-A tokenizer without a fast backend (no `tokenizer.json`) is hashed from its vocabulary instead of the backend
-definition: its merges are then not covered.
+Hashed as canonical JSON: the backend tokenizer's definition (not its padding and truncation, runtime
+settings), the special tokens and their ids, and the chat template; a trainer's checkpoint keeps its
+parent's. Without a fast backend (no `tokenizer.json`) the vocabulary is hashed instead: merges not covered.
 """
 
 from __future__ import annotations

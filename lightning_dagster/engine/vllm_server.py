@@ -1,11 +1,7 @@
 """A vLLM OpenAI-compatible server the pipeline owns: started from the vLLM venv on a model folder, ended with
 its owner, synced by weight reloads and LoRA adapter loads that are verified by hash before they count.
-
-Weights: every load (the model folder at start, each checkpoint after) goes through the worker extension
-`vllm_worker/ld_vllm_worker.py`, which hashes exactly the tensors it hands to the model, the same hash as
-`engine.build.checkpoint_hash` of the folder; the server reports that hash only if every parameter was loaded
-and every layer computes with its new weight. Adapters: the folder is copied to a snapshot named by its
-content hash, and what the server reports serving under the adapter's name must be that snapshot.
+Weights: every load goes through the worker extension `vllm_worker/ld_vllm_worker.py`, which reports the
+`checkpoint_hash` of what it loaded. Adapters: served from a snapshot named by its content hash.
 """
 
 from __future__ import annotations
@@ -94,8 +90,7 @@ def adapter_hash(folder: str | Path) -> str:
 
 @dataclass(frozen=True)
 class ServedWeights:
-    """What the server's workers report: the verified hash of the last load (None: not verified, `error`
-    says why) and the folder it came from."""
+    """What the workers report: the verified hash of the last load (None: see `error`) and its folder."""
 
     hash: str | None
     path: str | None
@@ -103,11 +98,9 @@ class ServedWeights:
 
 
 class VllmServer:
-    """`start()` launches `python -m vllm.entrypoints.openai.api_server` on `model_dir` (bound to `host`,
-    default loopback: the dev endpoints it needs run any worker method) and returns once it answers and
-    serves `model_dir` verified against `expected_hash` (default: the folder's own `checkpoint_hash`).
-    `base_url` (ending in /v1) is what a gateway upstream or an OpenAI client takes. The defaults are the
-    flags measured on CPU; `extra_args` adds any other `vllm serve` flag."""
+    """`start()` launches the vLLM API server on `model_dir` (bound to `host`, default loopback: the dev
+    endpoints it needs run any worker method) and returns once it serves `model_dir` verified against
+    `expected_hash`. The defaults are the flags measured on CPU; `extra_args` adds any other flag."""
 
     def __init__(
         self,
@@ -151,8 +144,6 @@ class VllmServer:
         self._watch_w: int | None = None
         self._client: httpx.Client | None = None
 
-    # -- life cycle ----------------------------------------------------------------------------------------
-
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
@@ -192,9 +183,8 @@ class VllmServer:
         max_lora_rank: int | None = None,
         work_dir: str | Path | None = None,
     ) -> VllmServer:
-        """A server someone else runs at `url` (started with `command_line()`'s flags and environment; it must
-        read the folders this process writes), used as if it were ours, except that `stop` leaves it running.
-        Raises VllmRequestError if it does not answer."""
+        """A server someone else runs at `url` (started with `command_line()`'s flags and environment), used
+        as if it were ours, except that `stop` leaves it running. VllmRequestError if it does not answer."""
         server = cls.__new__(cls)
         server.__init__(model_dir, name=name, python=sys.executable, request_timeout=request_timeout,
                         max_lora_rank=max_lora_rank, work_dir=work_dir)  # fmt: skip
@@ -240,8 +230,7 @@ class VllmServer:
         return self
 
     def command_line(self) -> tuple[list[str], dict[str, str]]:
-        """The server's command and environment: what `start` runs, and what a server of your own (`attach`)
-        must be started with (its weight-sync extension, dev mode, processed logprobs)."""
+        """The server's command and environment: what `start` runs, and what an `attach`ed one needs."""
         command = [
             str(self.python), "-m", "vllm.entrypoints.openai.api_server",
             *("--model", str(self.model_dir), "--served-model-name", self.name),
@@ -303,8 +292,6 @@ class VllmServer:
         except OSError:
             return "(no server log)"
 
-    # -- requests ------------------------------------------------------------------------------------------
-
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         if self._client is None or not self.alive:
             raise VllmServerDied(self._death_note())
@@ -337,14 +324,10 @@ class VllmServer:
         if not self._request("POST", "/reset_prefix_cache").json().get("success"):
             raise why("the prefix cache could not be reset: cached prompts would keep the old weights' KV")
 
-    # -- weights -------------------------------------------------------------------------------------------
-
     def reload_weights(self, checkpoint_dir: str | Path, expected_hash: str) -> str:
-        """Serve the checkpoint in `checkpoint_dir` (*.safetensors, same architecture) in place, and return
-        its hash once verified. Requests in flight finish first, on the old weights; none starts until
-        the new weights and a cleared prefix cache are in place. WeightsNotVerified if the loaded tensors do
-        not hash to `expected_hash`, a parameter got no tensor or a layer kept computing with old weights:
-        the server then reports no verified hash until a reload succeeds."""
+        """Serve the checkpoint in `checkpoint_dir` in place and return its hash once verified. Requests in
+        flight finish on the old weights; none starts until the new weights and a cleared prefix cache are in
+        place. WeightsNotVerified (no verified hash served until a reload succeeds) otherwise."""
         try:
             self._request("POST", "/pause", params={"mode": "wait"})
             states = self._rpc("ld_load_weights", weights_path=str(Path(checkpoint_dir).resolve()),
@@ -369,12 +352,9 @@ class VllmServer:
             )
             raise WeightsNotVerified(f"the server serves {state}, not {expected_hash}")
 
-    # -- LoRA adapters -------------------------------------------------------------------------------------
-
     def load_adapter(self, name: str, path: str | Path, expected_hash: str) -> Path:
-        """Serve the adapter folder `path` under the model name `name` (replacing an adapter of that name)
-        and return the snapshot it is served from. AdapterNotVerified if the folder's `adapter_hash` is not
-        `expected_hash` (nothing is loaded then) or the server does not report serving the snapshot."""
+        """Serve the adapter folder `path` under the model name `name` and return the snapshot it is served
+        from; AdapterNotVerified if it does not hash to `expected_hash` or the server does not serve it."""
         if not self.max_lora_rank:
             raise LoraNotEnabled("this server was started without max_lora_rank: it serves no adapters")
         actual = adapter_hash(path)
@@ -435,8 +415,7 @@ class VllmServer:
 
 
 def _agreed(states: list[dict[str, Any]]) -> ServedWeights:
-    """The one state every worker reports (tensor-parallel workers each hold a shard): a disagreement is an
-    unverified state."""
+    """The one state every (tensor-parallel) worker reports; a disagreement is an unverified state."""
     distinct = {(s["hash"], s["path"], s["error"]) for s in states}
     if len(distinct) != 1:
         return ServedWeights(

@@ -1,19 +1,15 @@
 """Runs inside the vLLM venv, which lacks lightning_dagster (standard library, torch and safetensors only):
 the launcher that ties a vLLM server's life to its owner, and the worker extension that loads weights by hash.
 
-Launcher: `python ld_vllm_worker.py WATCH_FD -- ARGV...`, started as a process group of its own, runs ARGV in
-that group and ends the whole group (the API server, its engine-core processes, itself) once WATCH_FD reaches
-end of file, which happens when the owner closes its end or dies in any way, SIGKILL included; likewise when
-the server exits. A pipe rather than a parent-death signal on the launcher: PR_SET_PDEATHSIG fires when the
-*thread* that started the child ends, and an owner may start the server from a short-lived thread.
+Launcher: `python ld_vllm_worker.py WATCH_FD -- ARGV...` runs ARGV in its own process group and ends the
+whole group once WATCH_FD reaches end of file (the owner closed it or died, SIGKILL included) or the server
+exits. A pipe, not PR_SET_PDEATHSIG, which fires when the *thread* that started the child ends.
 
-Worker extension (`--worker-extension-cls ld_vllm_worker.WeightsByHash`, this folder on PYTHONPATH): methods
-the owner calls through `POST /collective_rpc`. On CPU, vLLM repacks every linear layer's weight into a kernel
-format and empties `layer.weight`, so the served parameters cannot be hashed back to a checkpoint; instead
-every load goes through `ld_load_weights`, which hashes exactly the tensors it hands to the model (the same
-hash as lightning_dagster's `engine.build.checkpoint_hash` of the folder), checks that every parameter of the
-model received a tensor and that every layer computes with its new weight (`refresh_kernels`), and records
-the result: what `ld_served_weights` reports afterwards.
+Worker extension (`--worker-extension-cls ld_vllm_worker.WeightsByHash`), called through `POST
+/collective_rpc`. On CPU, vLLM repacks linear weights and empties `layer.weight`, so served parameters cannot
+be hashed back; instead `ld_load_weights` hashes exactly the tensors it hands to the model (as
+`engine.build.checkpoint_hash` does), checks every parameter was loaded and every layer computes with its
+new weight, and records what `ld_served_weights` reports.
 """
 
 from __future__ import annotations
@@ -49,10 +45,9 @@ class WeightsByHash:
     ld_served: dict[str, Any] | None = None
 
     def ld_load_weights(self, weights_path: str, expected_hash: str) -> dict[str, Any]:
-        """Load every tensor of the *.safetensors files in `weights_path` into the served model, in name
-        order, hashing each as it passes. The served state counts as verified only if the hash equals
-        `expected_hash`, every model parameter was loaded and every layer computes with its loaded weight;
-        otherwise it is recorded as unverified (the weights may already be half replaced), with the reason."""
+        """Load every tensor of `weights_path`'s *.safetensors files into the served model, in name order,
+        hashing each; verified only if the hash is `expected_hash`, every parameter was loaded and every
+        layer computes with its loaded weight (else recorded as unverified, with the reason)."""
         from safetensors import safe_open
 
         self.ld_served = _state(weights_path, None, "a load is under way or failed")
@@ -115,12 +110,9 @@ UNQUANTIZED = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
 
 def refresh_kernels(model: Any) -> list[str]:
     """Layers whose kernel computes with something other than their weight parameter, after one attempt to
-    rebuild each such kernel from the parameter. Needed because vLLM's CPU backend packs each weight into a
-    kernel-private copy when a layer is processed, and an in-place reload processes only the layers that
-    received tensors: an LM head tied to the embedding receives none (its weight *is* the embedding's) and
-    would go on computing logits with the previous checkpoint's embedding. Only layers that keep their
-    weight can be checked: the CPU backend empties the weight of every linear layer it packs (those are
-    re-packed by the reload itself, and a layer that received no tensor shows as a parameter not loaded)."""
+    rebuild each such kernel. vLLM's CPU backend packs weights into kernel-private copies and an in-place
+    reload repacks only layers that received tensors: an LM head tied to the embedding receives none and
+    would keep the previous embedding. Only layers that keep their weight can be checked."""
     import torch
 
     generator = torch.Generator().manual_seed(0)
