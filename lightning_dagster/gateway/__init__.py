@@ -9,15 +9,6 @@ from lightning_dagster.gateway.server import GatewayServer
 from lightning_dagster.gateway.upstreams import UpstreamBackend, UpstreamPool
 
 __all__ = [
-    "Backend",
-    "Completion",
-    "EngineBackend",
-    "GatewayKeys",
-    "GatewayOptions",
-    "GatewayServer",
-    "UpstreamBackend",
-    "UpstreamPool",
-    "attempt_key",
-    "create_app",
-    "gateway_options",
-]
+    "Backend", "Completion", "EngineBackend", "GatewayKeys", "GatewayOptions", "GatewayServer",
+    "UpstreamBackend", "UpstreamPool", "attempt_key", "create_app", "gateway_options",
+]  # fmt: skip

@@ -49,10 +49,8 @@ def admin_router(gw: Gateway) -> APIRouter:
 
     @router.post("/weights")
     async def load_weights(request: Request) -> dict:
-        """A trainer in another process pushes its new policy: the file is read here, so no tensors travel
-        over HTTP. The push goes through the weight gate (new calls wait, calls in flight finish on the old
-        weights); calls sampled after this returns use the new weights and record `resource_id` and their
-        hash. Only files under the gateway's model roots are read (403 otherwise)."""
+        """A trainer in another process pushes its new policy as a file read here (under the model roots,
+        403 otherwise), through the weight gate: calls sampled after this returns use the new weights."""
         req = schemas.validate(schemas.WeightsRequest, await gw.body(request))
         if not backend.loads_weights:
             raise GatewayError(
@@ -75,16 +73,14 @@ def admin_router(gw: Gateway) -> APIRouter:
 
     @router.post("/weights/verify")
     async def verify_weights() -> dict:
-        """409 unless the engine still serves the weights the gate last verified (a vLLM server someone
-        reloaded or restarted behind the gateway's back); the runner asks before each batch."""
+        """409 unless the engine still serves the weights the gate last verified (the runner asks)."""
         served = gw.weights.current
         await anyio.to_thread.run_sync(backend.verify, served.weights_hash)
         return {"status": "ok", "model": backend.model, "weights": served.attributes()}
 
     @router.get("/weights")
     async def weights_state() -> dict:
-        """What serves now, whether new calls are held and how many are in flight, and this process's
-        report to the fleet (None when it takes no part in weight sync)."""
+        """The weight gate's state and this process's fleet report (None without weight sync)."""
         report = gw.sync.report.model_dump() if gw.sync is not None else None
         return {**gw.weights.state(), "fleet": report}
 

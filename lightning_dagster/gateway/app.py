@@ -1,15 +1,13 @@
 """The gateway's FastAPI app: OpenAI-compatible routes attributed to one attempt each, rewards and Agent
-Lightning events, serve mode and the admin router, over one span writer.
-
-Request flow: size limit (413, before parsing) -> key (401) -> JSON and types (400/422) -> attempt (403 for
-another attempt's key, 404 unknown, 409 not running) -> backend -> span committed -> response.
+Lightning events, serve mode and the admin router, over one span writer. Request flow: size limit (413,
+before parsing) -> key (401) -> JSON and types (400/422) -> attempt (403 for another attempt's key, 404
+unknown, 409 not running) -> backend -> span committed -> response.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -43,30 +41,19 @@ class Gateway:
     """What every route shares: the store, the backend, attribution, the span writer, token-in stats and the
     weight gate (with the fleet's weight sync, when this process takes part in it)."""
 
-    def __init__(
-        self,
-        store,
-        backend: Backend,
-        attempts: Attempts,
-        *,
-        max_body_bytes: int,
-        write_behind_ms: float,
-        fsync_spans: bool,
-        model_names: Sequence[str],
-        model_roots: Sequence[Path],
-        weights_wait_s: float,
-    ):
+    def __init__(self, store, backend: Backend, attempts: Attempts, options: GatewayOptions):
         self.store = store
-        self.model_names = tuple(model_names)
-        self.model_roots = tuple(Path(r).resolve() for r in model_roots)
+        self.model_names = tuple(options.model_names)
+        self.model_roots = tuple(Path(r).resolve() for r in options.model_roots or [paths.models_dir()])
         self.backend = backend
         self.attempts = attempts
-        self.max_body_bytes = max_body_bytes
-        self.durable = write_behind_ms <= 0
-        self.fsync_spans = fsync_spans
-        self.writer = SpanWriter(store, linger_s=max(write_behind_ms, 0) / 1000)
+        self.max_body_bytes = options.max_body_bytes
+        self.durable = options.write_behind_ms <= 0
+        self.fsync_spans = options.fsync_spans
+        self.writer = SpanWriter(store, linger_s=max(options.write_behind_ms, 0) / 1000)
         self.stats = TokenInStats()
-        self.weights = WeightGate(ServedWeights(None, backend.resource_id, None), wait_s=weights_wait_s)
+        wait_s = options.weights_wait_s
+        self.weights = WeightGate(ServedWeights(None, backend.resource_id, None), wait_s=wait_s)
         self.sync: WeightSync | None = None
 
     async def body(self, request: Request) -> bytes:
@@ -106,9 +93,8 @@ class Gateway:
         await self.writer.write([span], wait=wait, sync=sync)
 
     def _write_now(self, span: Span, sync: bool) -> bool:
-        """Commit on the event loop when that cannot block it (an unsynced commit to a SQLite file whose
-        write lock is free, for a known attempt), saving two thread hand-offs per call. Anything else (an
-        fsync takes milliseconds), errors included, is left to the writer thread, which reports them."""
+        """Commit on the event loop when that cannot block it (unsynced, SQLite file, lock free, known
+        attempt), saving two thread hand-offs per call; anything else is left to the writer thread."""
         if sync:
             return False
         try:
@@ -120,36 +106,16 @@ class Gateway:
 def create_app(
     store, backend: Backend, *, keys: GatewayKeys, options: GatewayOptions | None = None
 ) -> FastAPI:
-    """The gateway app: `keys` sign and check its keys (`keys.GatewayKeys`; with an `agl_key` it also
-    serves Agent Lightning v1.0's server surface, `gateway.agl`), `options` say how it serves
-    (`options.GatewayOptions`: body limit, span durability, model names, model roots, weight sync...).
+    """The gateway app: `keys` sign and check its keys (with an `agl_key` it also serves Agent Lightning's
+    server surface, `gateway.agl`), `options` say how it serves.
 
-    Span durability: with `write_behind_ms` > 0, LLM spans are acknowledged before commit and batched for up
-    to that long (rewards, events and admin reads still wait for everything queued before them); at 0 every
-    response follows its span's commit, which survives a crash of the gateway and is flushed to disk by the
-    next synced commit (the attempt's reward or end, a checkpoint), or at every call with `fsync_spans`.
-    `weight_sync` unset: on when the store is shared (PostgreSQL) and the backend loads weights."""
+    Span durability: with `write_behind_ms` > 0, LLM spans are acknowledged before commit (rewards, events
+    and admin reads still wait for everything queued before them); at 0 every response follows its span's
+    commit, flushed to disk by the next synced commit, or at every call with `fsync_spans`. `weight_sync`
+    unset: on when the store is shared (PostgreSQL) and the backend loads weights."""
     options = options or GatewayOptions()
-    attempts = Attempts(
-        store,
-        backend,
-        secret=keys.secret,
-        admin_key=keys.admin_key,
-        serve_keys=keys.serve_keys,
-        state_ttl_s=options.state_ttl_s,
-        max_contexts=options.max_contexts,
-    )
-    gw = Gateway(
-        store,
-        backend,
-        attempts,
-        max_body_bytes=options.max_body_bytes,
-        write_behind_ms=options.write_behind_ms,
-        fsync_spans=options.fsync_spans,
-        model_names=options.model_names,
-        model_roots=options.model_roots or [paths.models_dir()],
-        weights_wait_s=options.weights_wait_s,
-    )
+    attempts = Attempts(store, backend, keys, options)
+    gw = Gateway(store, backend, attempts, options)
     weight_sync = options.weight_sync
     if weight_sync is None:
         weight_sync = attempts.shared and backend.loads_weights

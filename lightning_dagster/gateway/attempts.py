@@ -1,19 +1,14 @@
 """Attribution: which attempt a request writes to (per-attempt key, path, or serve session), and the state the
 gateway keeps per attempt (last call for token-in, span sequence, the rollout's seed and sampling).
 
-That state is a cache of the store: a context loaded for an attempt that already has spans (another gateway
-replica served it, or this gateway restarted) is rebuilt from them: the span sequence, the call count that
-seeds the next call, the token-in statistics and the last call's exact ids; the last call's conversation is
-matched by the digest its span records (`conversation`), so token-in continues exactly. Over a PostgreSQL
-store, where replicas share attempts, every call re-reads the attempt's state and highest span sequence and
-catches up when another replica wrote meanwhile (so an ended attempt is refused at once, too, and so is an
-attempt of a rollout deleted through Agent Lightning's API on another replica: that read also returns the
-rollout's harness, so seeing the delete costs no round trip of its own).
+That state is a cache of the store: a context loaded for an attempt that already has spans is rebuilt from
+them, the last call's conversation matched by the digest its span records (`conversation`), so token-in
+continues exactly. Over a PostgreSQL store every call re-reads the attempt's state, rollout harness and
+highest span sequence, and catches up when another replica wrote meanwhile (or ended or deleted it).
 
-Serve sessions: a serve call names its session in `X-Session-Id` (1 to 256 characters); a call without one
-opens a new session, whose id the response returns in `X-Session-Id` for the client's next call. A session
-belongs to the serve key that opened it: another key naming it is refused with 403. Sessions are never
-matched by content (two clients with the same first message are two sessions)."""
+Serve sessions: a call names its session in `X-Session-Id` (1 to 256 characters); a call without one opens
+a new session, whose id the response returns. A session belongs to the serve key that opened it (another
+key naming it: 403); sessions are never matched by content."""
 
 from __future__ import annotations
 
@@ -33,7 +28,8 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from lightning_dagster.gateway.errors import GatewayError
-from lightning_dagster.gateway.keys import parse_attempt_key, same_key
+from lightning_dagster.gateway.keys import GatewayKeys, parse_attempt_key, request_key, same_key
+from lightning_dagster.gateway.options import GatewayOptions
 from lightning_dagster.gateway.tokenin import LastCall, TokenInStats, normalize_messages
 from lightning_dagster.store.agl_rollouts import DELETED
 from lightning_dagster.store.errors import NotFound
@@ -60,9 +56,8 @@ def _digest(normalized: list[dict], tools: list[dict] | None) -> str:
 
 
 def conversation(last: LastCall) -> dict[str, Any]:
-    """What an LLM span records of its call's conversation so any replica can continue it exactly: the
-    number of messages (the request's plus the reply), their digest, and the reply as rendered, as JSON text
-    (escaped, so a sampled NUL or control character is kept exactly: the store refuses raw NULs)."""
+    """What an LLM span records of its call's conversation so any replica can continue it exactly: message
+    count, digest, and the reply as JSON text (escaped: the store refuses raw NULs)."""
     return {
         "messages": len(last.messages),
         "digest": _digest(last.messages, last.tools),
@@ -71,8 +66,7 @@ def conversation(last: LastCall) -> dict[str, Any]:
 
 
 class RolloutDeleted(GatewayError):
-    """A call to an attempt of a rollout deleted through Agent Lightning's API: 404, answered as that API
-    answers any route of a rollout it no longer shows."""
+    """A call to an attempt of a rollout deleted through Agent Lightning's API: 404, as that API answers."""
 
     def __init__(self, rollout_id: str):
         super().__init__(404, f"rollout {rollout_id!r} not found")
@@ -101,8 +95,7 @@ class AttemptContext:
     recorded: dict[str, Any] | None = None
 
     def resume(self, messages: list[dict], tools: list[dict] | None) -> None:
-        """Rebuild `last` from the recorded last call if `messages` continue its conversation (the same test
-        `tokenin.continues` makes on a live `last`)."""
+        """Rebuild `last` from the recorded last call if `messages` continue its conversation."""
         recorded, self.recorded = self.recorded, None
         if recorded is None or self.last_ids is None:
             return
@@ -130,25 +123,16 @@ class Attempts:
     """Keys -> callers, callers + paths -> attempt contexts; bounded LRU caches of contexts, serve sessions
     and verified keys (a forgotten entry is read again from the store)."""
 
-    def __init__(
-        self,
-        store,
-        backend,
-        *,
-        secret: str,
-        admin_key: str,
-        serve_keys: Sequence[str],
-        state_ttl_s: float,
-        max_contexts: int,
-    ):
-        if not secret or not admin_key:
+    def __init__(self, store, backend, keys: GatewayKeys, options: GatewayOptions):
+        if not keys.secret or not keys.admin_key:
             raise ValueError("the gateway needs a non-empty secret and admin key")
         self.store = store
         self.backend = backend
-        self.secret = secret
-        self.admin_key = admin_key
-        self.serve_keys = tuple(k for k in serve_keys if k)
-        self.state_ttl_s = state_ttl_s
+        self.secret = keys.secret
+        self.admin_key = keys.admin_key
+        self.serve_keys = tuple(k for k in keys.serve_keys if k)
+        self.state_ttl_s = options.state_ttl_s
+        max_contexts = options.max_contexts
         # replicas share attempts only through a server database; a SQLite file is one host's
         self.shared = store.engine.url.get_backend_name() != "sqlite"
         self.contexts: LRUCache[str, AttemptContext] = LRUCache(max_contexts)
@@ -159,8 +143,7 @@ class Attempts:
         self.verified: LRUCache[str, tuple[str, str]] = LRUCache(max_contexts)
 
     def caller(self, request: Request) -> Caller:
-        auth = request.headers.get("authorization", "")
-        key = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+        key = request_key(request)
         if not key:
             raise GatewayError(401, "missing API key (Authorization: Bearer <key>)")
         if same_key(key, self.admin_key):
@@ -271,9 +254,8 @@ class Attempts:
         return ctx
 
     def changed(self, attempt_ids: Sequence[str], *, deleted: bool = False) -> None:
-        """These attempts moved through this gateway (the next call needing one running re-reads its state)
-        or their rollout was deleted (every call to them is refused from now on). The contexts are marked,
-        not dropped: a call in flight keeps its span sequence, and a reload could hand the same one out."""
+        """These attempts moved through this gateway (re-read their state) or their rollout was deleted
+        (refuse them). Marked, not dropped: a reload could hand out a span sequence a call in flight holds."""
         for aid in attempt_ids:
             ctx = self.contexts.get(aid)
             if ctx is not None:
@@ -282,8 +264,7 @@ class Attempts:
                     ctx.harness = DELETED
 
     async def serve_context(self, request: Request, caller: Caller) -> AttemptContext:
-        """The serve session's attempt: the one `X-Session-Id` names (if this caller's key opened it), or a
-        new session's."""
+        """The attempt of the serve session `X-Session-Id` names (opened with this key), or of a new one."""
         session = request.headers.get("x-session-id")
         if session is None:
             session = secrets.token_urlsafe(18)
@@ -340,8 +321,7 @@ class Attempts:
     async def reward_target(
         self, request: Request, caller: Caller, path: dict, rid: str | None, aid: str | None
     ) -> AttemptContext:
-        """The attempt a reward or event is for: the key's own, the path's, or (serve and admin keys) the
-        named rollout's latest attempt."""
+        """The attempt a reward or event is for: the key's, the path's, or the named rollout's latest."""
         if caller.kind == "attempt" and not path:
             if rid not in (None, caller.rollout_id) or aid not in (None, caller.attempt_id):
                 raise GatewayError(403, "this key belongs to another attempt", code="wrong_attempt")

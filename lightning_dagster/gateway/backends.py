@@ -1,9 +1,5 @@
 """Where completions come from: the embedded engine (token-in, exact ids) here, or upstream OpenAI-compatible
-servers such as vLLM (`gateway.upstreams`: ids and logprobs read from their `return_token_ids` / `logprobs`
-response fields).
-
-Both return a `Completion`; the app turns it into one OpenAI response (or SSE stream) and one LLM span, so
-the two modes record the same fields.
+servers (`gateway.upstreams`). Both return a `Completion`, so the two record the same span fields.
 """
 
 from __future__ import annotations
@@ -46,8 +42,7 @@ class Completion:
 
 @dataclass
 class CallSampling:
-    """The sampling of one call, as applied: the request's, with defaults, the rollout's seed and (when the
-    rollout decides it) the rollout's temperature, top_p and max_tokens."""
+    """The sampling of one call, as applied (the request's, with the rollout's seed and decided sampling)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -58,8 +53,7 @@ class CallSampling:
 
 
 class Backend(abc.ABC):
-    """A source of completions. `resource_id` is what spans record as the serving resource. `route` (the
-    rollout id) is what a backend with several servers keeps a rollout's calls together by."""
+    """A source of completions; `route` (the rollout id) keeps a rollout's calls on one server."""
 
     resource_id: str | None = None
     kind: str = "backend"
@@ -68,10 +62,13 @@ class Backend(abc.ABC):
     # upstream serves what its server loaded
     loads_weights: bool = False
     model_dir: Path | None = None  # the checkpoint served at start (a backend that loads weights)
+    codec: Any = (
+        None  # the served model's chat codec, which renders token-in prompts (`engine.chat.ChatCodec`)
+    )
+    _closing: list[int] | None = None  # `tokenin.closing_tokens` of the codec's template
 
     def verify(self, weights: str | None) -> None:  # noqa: B027 - only engines that can drift check
-        """Raise GatewayError unless the weights with hash `weights` (what the weight gate says serves) are
-        still what the engine serves; an engine in this process cannot drift from what it loaded."""
+        """Raise GatewayError unless the engine still serves the weights with hash `weights`."""
 
     @property
     @abc.abstractmethod
@@ -102,6 +99,16 @@ class Backend(abc.ABC):
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         pass
 
+    def _render(
+        self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool
+    ) -> list[int]:
+        return self.codec.render(messages, tools, add_generation_prompt=add_generation_prompt)
+
+    def _chat_prompt(
+        self, messages: list[dict], tools: list[dict] | None, previous: LastCall | None
+    ) -> tuple[list[int], str]:
+        return chat_prompt(self._render, self._closing, messages, tools, previous)
+
 
 def chat_prompt(
     render: Callable[[list[dict], list[dict] | None, bool], list[int]],
@@ -110,8 +117,7 @@ def chat_prompt(
     tools: list[dict] | None,
     previous: LastCall | None,
 ) -> tuple[list[int], str]:
-    """A chat call's prompt ids and their source: the previous call's exact ids plus the new turns when the
-    conversation continues it (`reused`, token-in), else the conversation rendered afresh (`rendered`)."""
+    """A chat call's prompt ids and their source: `reused` (token-in), else `rendered` afresh."""
     ids = continue_prompt(render, closing, previous, messages, tools)
     if ids is not None:
         return ids, "reused"
@@ -145,7 +151,7 @@ class EngineBackend(Backend):
 
     def __init__(self, engine: BatchingEngine, resource_id: str | None = None):
         self.batching = engine
-        self.engine = engine.engine
+        self.engine = self.codec = engine.engine
         self.model_dir = engine.engine.model_dir
         self.resource_id = resource_id
         self._closing = closing_tokens(self._render)
@@ -154,14 +160,8 @@ class EngineBackend(Backend):
     def model(self) -> str:
         return self.resource_id or self.engine.model_dir.name
 
-    def _render(
-        self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool
-    ) -> list[int]:
-        return self.engine.render(messages, tools, add_generation_prompt=add_generation_prompt)
-
     def load_weights(self, state: dict[str, torch.Tensor], resource_id: str | None) -> None:
-        """Blocking (run it off the event loop): waits for the engine's running step, then swaps all
-        weights at once; on any error the old weights keep serving."""
+        """Blocking: swaps all weights at once; on any error the old weights keep serving."""
         from lightning_dagster.engine.engine import StateDictMismatch
 
         try:
@@ -187,43 +187,31 @@ class EngineBackend(Backend):
         except EngineClosed as exc:
             raise GatewayError(503, f"the engine is not serving: {exc}") from exc
 
-    def _texts(self, ids: list[int], sampling: CallSampling) -> list[str] | None:
-        return [self.engine.decode([i]) for i in ids] if sampling.logprobs else None
-
-    def _chat_prompt(
-        self, messages: list[dict], tools: list[dict] | None, previous: LastCall | None
-    ) -> tuple[list[int], str]:
-        return chat_prompt(self._render, self._closing, messages, tools, previous)
+    def _completion(self, gen: Any, sampling: CallSampling, source: str, **fields: Any) -> Completion:
+        """The `Completion` of a `Generation`; `fields` override its text and finish reason."""
+        texts = [self.engine.decode([i]) for i in gen.token_ids] if sampling.logprobs else None
+        return Completion(
+            prompt_ids=list(gen.prompt_token_ids),
+            response_ids=list(gen.token_ids),
+            logprobs=list(gen.logprobs),
+            model=self.model,
+            token_texts=texts,
+            token_source=source,
+            **{"content": gen.text, "finish_reason": gen.finish_reason, **fields},
+        )
 
     async def chat(self, messages, tools, tool_choice, sampling, previous, body, *, route=None) -> Completion:
         prompt_ids, source = await anyio.to_thread.run_sync(self._chat_prompt, messages, tools, previous)
         gen = await self._generate(prompt_ids, sampling)
         content, calls = (gen.text, []) if tool_choice == "none" else self.engine.parse_assistant(gen.text)
         calls = tool_call_ids(calls)
-        return Completion(
-            prompt_ids=list(gen.prompt_token_ids),
-            response_ids=list(gen.token_ids),
-            logprobs=list(gen.logprobs),
-            content=content,
-            finish_reason="tool_calls" if calls else gen.finish_reason,
-            model=self.model,
-            tool_calls=calls,
-            token_texts=self._texts(gen.token_ids, sampling),
-            token_source=source,
+        finish = "tool_calls" if calls else gen.finish_reason
+        return self._completion(
+            gen, sampling, source, content=content, finish_reason=finish, tool_calls=calls
         )
 
     async def complete(self, prompt, sampling, body, *, route=None) -> Completion:
         ids, source = (
             (self.engine.encode(prompt), "text") if isinstance(prompt, str) else (list(prompt), "ids")
         )
-        gen = await self._generate(ids, sampling)
-        return Completion(
-            prompt_ids=list(gen.prompt_token_ids),
-            response_ids=list(gen.token_ids),
-            logprobs=list(gen.logprobs),
-            content=gen.text,
-            finish_reason=gen.finish_reason,
-            model=self.model,
-            token_texts=self._texts(gen.token_ids, sampling),
-            token_source=source,
-        )
+        return self._completion(await self._generate(ids, sampling), sampling, source)

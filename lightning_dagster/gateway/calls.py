@@ -13,7 +13,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from lightning_dagster.gateway import schemas
 from lightning_dagster.gateway.attempts import AttemptContext, conversation
-from lightning_dagster.gateway.backends import CallSampling, Completion
+from lightning_dagster.gateway.backends import CallSampling
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.tokenin import LastCall, continues, extends
 from lightning_dagster.gateway.upstreams import UPSTREAM_REFUSED
@@ -25,8 +25,7 @@ if TYPE_CHECKING:
 
 
 def apply_rollout_sampling(requested: CallSampling, decided: Sampling | None) -> CallSampling:
-    """The sampling a call runs with: the rollout's temperature and top_p, and its max_tokens when it sets
-    one, over whatever the harness asked; the request's own values when the rollout decides nothing."""
+    """The sampling a call runs with: the rollout's decided sampling over whatever the harness asked."""
     if decided is None:
         return requested
     return dataclasses.replace(
@@ -104,7 +103,11 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
     )
     if last is not None:
         attributes["conversation"] = conversation(last)
-    span = _llm_span(ctx, chat, c, started, latency, attributes, served)
+    span = _call_span(
+        ctx, chat, started, served, end_time=started + latency, attributes=attributes,
+        prompt_token_ids=c.prompt_ids, response_token_ids=c.response_ids, response_logprobs=c.logprobs,
+        finish_reason=c.finish_reason,
+    )  # fmt: skip
     await gw.record(ctx, span, wait=gw.durable, sync=gw.fsync_spans)
     ctx.last_ids = array("i", c.prompt_ids)
     ctx.last_ids.extend(c.response_ids)
@@ -124,8 +127,7 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
 
 
 def _call_span(ctx: AttemptContext, chat: bool, started: float, served: ServedWeights, **fields: Any) -> Span:
-    """An LLM span of this attempt's call, sampled from `served`; `fields` are what the call produced (ids,
-    or its error)."""
+    """An LLM span of this attempt's call, sampled from `served`, with what the call produced."""
     return Span(
         trace_id=ctx.attempt_id,
         rollout_id=ctx.rollout_id,
@@ -138,39 +140,9 @@ def _call_span(ctx: AttemptContext, chat: bool, started: float, served: ServedWe
     )
 
 
-def _llm_span(
-    ctx: AttemptContext,
-    chat: bool,
-    c: Completion,
-    started: float,
-    latency: float,
-    attributes: dict[str, Any],
-    served: ServedWeights,
-) -> Span:
-    return _call_span(
-        ctx,
-        chat,
-        started,
-        served,
-        end_time=started + latency,
-        attributes=attributes,
-        prompt_token_ids=c.prompt_ids,
-        response_token_ids=c.response_ids,
-        response_logprobs=c.logprobs,
-        finish_reason=c.finish_reason,
-    )
-
-
 def _error_span(
     gw: Gateway, ctx: AttemptContext, chat: bool, started: float, exc: GatewayError, served: ServedWeights
 ) -> Span:
     attributes = {"backend": gw.backend.kind, "error": exc.message[:500], "http_status": exc.status}
-    return _call_span(
-        ctx,
-        chat,
-        started,
-        served,
-        end_time=time.time(),
-        status="error",
-        attributes={**attributes, "weights": served.attributes()},
-    )
+    attributes["weights"] = served.attributes()
+    return _call_span(ctx, chat, started, served, end_time=time.time(), status="error", attributes=attributes)

@@ -1,13 +1,9 @@
 """`lightning-dagster gateway serve|key`: run the gateway in the foreground, or print an attempt key.
 
-How it serves: the serving settings' flags and one flag per gateway option (`options.GatewayOptions`), or
-the whole options object on standard input. The key-signing secret and the admin key never come from the
-environment or the command line (any process of the user reads those in /proc): `--secret-file` /
-`--admin-key-file` (mode 0600), or `--secrets-stdin` (one JSON object, as a trainer passes them to its
-gateway child, with the store URL and the options); when absent they are generated and printed once on
-stdout (never logged). `LD_GATEWAY_SECRET` or `LD_ADMIN_KEY` set in the environment is refused (exit 2).
-Serve keys and the upstream API key: `--secrets-stdin`, else `LD_SERVE_KEYS` (comma-separated) and
-`LD_UPSTREAM_API_KEY`.
+How it serves: one flag per gateway option, or the options object on standard input. The secret and the
+admin key never come from the environment or the command line (readable in /proc): `--secret-file` /
+`--admin-key-file` (mode 0600) or `--secrets-stdin` (one JSON object); absent, they are generated and printed
+once. Serve keys and the upstream API key: `--secrets-stdin`, else `LD_SERVE_KEYS` and `LD_UPSTREAM_API_KEY`.
 """
 
 from __future__ import annotations
@@ -43,8 +39,7 @@ STDIN_KEYS = (*STDIN_SECRETS, "store_url", "options")
 
 
 class RemovedSecretOption(argparse.Action):
-    """`--secret VALUE`: refused with the new way, without echoing the value (argparse would, for an unknown
-    option)."""
+    """`--secret VALUE`: refused with the new way, without echoing the value (argparse would)."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         parser.error(
@@ -57,14 +52,8 @@ class RemovedSecretOption(argparse.Action):
 def add_removed_secret_option(parser: argparse.ArgumentParser, option: str = "--secret") -> None:
     # its own dest, never set: `--secret` is no setting (`settings.ServingSettings.secret` is not a flag)
     dest = "removed_" + option.strip("-").replace("-", "_")
-    parser.add_argument(
-        option,
-        nargs="?",
-        action=RemovedSecretOption,
-        dest=dest,
-        default=argparse.SUPPRESS,
-        help=argparse.SUPPRESS,
-    )
+    parser.add_argument(option, nargs="?", action=RemovedSecretOption, dest=dest, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)  # fmt: skip
 
 
 def secrets_from_json(line: str) -> dict:
@@ -199,8 +188,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _exit_with_parent() -> None:
-    """A gateway started by a trainer must not outlive it (a killed trainer would leave it serving): once
-    this process is re-parented, stop as on Ctrl-C, and hard after a grace period."""
+    """Once this process is re-parented (its trainer died), stop as on Ctrl-C, and hard after a grace."""
     parent = os.getppid()
 
     def watch() -> None:
@@ -235,20 +223,15 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "as exact token ids (token-in) through the completions API")  # fmt: skip
     p.add_argument("--resource-id", default=None, help="resource id recorded on spans")
     add_flags(p, StoreSettings, ["url"], prefix="store")
-    p.add_argument(
-        "--exit-with-parent", action="store_true", help="stop when the process that started this one exits"
-    )
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="stop when the process that started this one exits")  # fmt: skip
     p.add_argument(
         "--secret-file", help="file holding the attempt-key secret, mode 0600 (default: generated)"
     )
     p.add_argument("--admin-key-file", help="file holding the admin key, mode 0600 (default: generated)")
-    p.add_argument(
-        "--secrets-stdin",
-        action="store_true",
-        help="read one JSON object from standard input with any of: "
-        + ", ".join(STDIN_KEYS)
-        + " (options: the gateway's options by name, instead of their flags)",
-    )
+    p.add_argument("--secrets-stdin", action="store_true", help="read one JSON object from standard "
+                   f"input with any of: {', '.join(STDIN_KEYS)} (options: the gateway's options by name, "
+                   "instead of their flags)")  # fmt: skip
     p.add_argument("--agl-key-file", help="file holding the Agent Lightning server key, mode 0600 (-: standard "
                    "input); serves agl-server's /api and /proxy routes behind it")  # fmt: skip
     add_removed_secret_option(p)
@@ -257,10 +240,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     k = sub.add_parser("key", help="print the attempt key for a rollout attempt")
     k.add_argument("--rollout", required=True)
     k.add_argument("--attempt", required=True)
-    k.add_argument(
-        "--secret-file",
-        required=True,
-        help="file holding the gateway's secret, mode 0600 (-: standard input)",
-    )
+    k.add_argument("--secret-file", required=True,
+                   help="file holding the gateway's secret, mode 0600 (-: standard input)")  # fmt: skip
     add_removed_secret_option(k)
     k.set_defaults(handler=key)

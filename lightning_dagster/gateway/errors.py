@@ -29,9 +29,7 @@ class GatewayError(Exception):
 
 
 def store_error(exc: BaseException) -> GatewayError | None:
-    """The HTTP answer to a named error of the store (None: not one, a 500): input it cannot hold 422 (the
-    message starts with the column), a conflicting write or an illegal attempt move 409, an unknown id
-    404, a locked or read-only store 503."""
+    """The HTTP answer to a named error of the store (None: not one, a 500)."""
     if isinstance(exc, InvalidInput):
         return GatewayError(422, str(exc), param=str(exc).split(":", 1)[0])
     if isinstance(exc, Conflict | IllegalTransition):
@@ -49,8 +47,7 @@ def error_response(request: Request, err: GatewayError) -> Response:
 
 
 async def client_gone(request: Request, exc: ClientDisconnect | None = None) -> Response:
-    """The answer to a request whose client closed the connection before its body arrived: logged at info,
-    never as a server error (nothing is written, the connection is gone)."""
+    """A client gone before its body arrived: logged at info, never as a server error."""
     log.info(
         "%s %s: the client closed the connection before its body arrived", request.method, request.url.path
     )

@@ -1,7 +1,5 @@
-"""A lean keep-alive HTTP/1.1 client for plain-http upstreams (the hot path of upstream mode): one `write`
-per request, responses parsed with httptools (uvicorn's parser). Kept instead of httpx because httpx costs
-several times the CPU per call on this path: `benchmarks/upstream_client.py`, results in
-`benchmarks/README.md` (gateway). TLS upstreams use httpx (`upstreams.HttpxClient`).
+"""A lean keep-alive HTTP/1.1 client for plain-http upstreams: one `write` per request, responses parsed with
+httptools. httpx costs several times the CPU per call here (`benchmarks/README.md`, gateway).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Per-attempt API keys: HMAC-signed and self-describing, so a request is attributed without a lookup.
 
-A key is `ld1.<rollout id>.<attempt id>.<signature>`, the ids base64url-encoded so that any id survives
-the dots; the signature is HMAC-SHA256(secret, rollout id + NUL + attempt id). Keys are compared in
-constant time and never logged. Also: how the key-signing secret and the admin key reach a process (never
-through its environment or command line; see docs/SECURITY.md).
+A key is `ld1.<rollout id>.<attempt id>.<signature>` (ids base64url-encoded), the signature
+HMAC-SHA256(secret, rollout id + NUL + attempt id). Also: how secrets reach a process (docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -56,6 +54,12 @@ def parse_attempt_key(secret: str, key: str) -> tuple[str, str] | None:
     return rollout_id, attempt_id
 
 
+def request_key(request) -> str:
+    """The key a request carries: `Authorization: Bearer <key>`, else `x-api-key` ("" without one)."""
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+
+
 def same_key(given: str, expected: str) -> bool:
     """Constant-time comparison of two secrets."""
     return hmac.compare_digest(given.encode(), expected.encode())
@@ -73,10 +77,8 @@ class SecretError(ValueError):
 
 @dataclass(frozen=True, repr=False)
 class GatewayKeys:
-    """A gateway's secrets: the attempt-key signing secret, the admin key, the serve keys (serve mode), the
-    upstream's API key and Agent Lightning's server key (its surface is served when set). Never among the
-    gateway's options, on a command line or in an environment: a gateway child reads them on its standard
-    input. Its repr shows no value, so a log or traceback never does."""
+    """A gateway's secrets. Never among its options, on a command line or in an environment (a gateway
+    child reads them on its standard input); the repr shows no value."""
 
     secret: str
     admin_key: str
@@ -113,10 +115,8 @@ def refuse_env_secrets(environ: Mapping[str, str] = os.environ) -> None:
 
 
 def read_secret_file(path: str | Path) -> str:
-    """The secret in `path` (surrounding whitespace stripped); `-` reads one line of standard input.
-
-    The file must be a regular file owned by this user that no one else can read or write (mode 0600 or
-    stricter); anything else raises `SecretError` naming the path and the cause."""
+    """The secret in `path` (stripped; `-`: one line of standard input), a regular file of this user's
+    that no one else can read or write; else `SecretError` naming the path and the cause."""
     if str(path) == "-":
         value = sys.stdin.readline().strip()
         if not value:

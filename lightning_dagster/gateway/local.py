@@ -1,6 +1,5 @@
 """The one way to stand up a gateway on this machine: the embedded engine (or an upstream server) behind the
-gateway app, in this process or in a child process, for the runner CLI, the RL loop, the rollback probe and
-`lightning-dagster gateway serve`.
+gateway app, in this process or in a child process.
 """
 
 from __future__ import annotations
@@ -27,23 +26,13 @@ class LocalGateway:
     """A live gateway for `store` serving `model_dir` as `options` say (`options.GatewayOptions`), on `url`,
     signing attempt keys with `keys.secret` (`keys.GatewayKeys`; None: fresh ones, dying with this gateway).
 
-    `child=False`: engine, batching loop and HTTP server in this process. `child=True`: all of it in a child
-    process (`GatewayProcess`), so harness workers and the decode loop do not share one interpreter lock; it
-    needs a store another process can open (a SQLite file or PostgreSQL).
-    With `options.serving.upstream_url` every call goes to that OpenAI-compatible server (or those,
-    comma-separated: sticky per rollout, with failover) instead of the embedded engine; `model_dir` is then
-    optional (the served model's tokenizer: it provides `codec`, and prompts go upstream as exact token ids),
-    and `load_weights` raises `WeightsNotServed`.
-    `options.serving.engine_process` (embedded engine): the model and its batching loop in a process of
-    their own (`engine.remote.EngineProcess`), so the decode loop does not share an interpreter lock with
-    the HTTP server, rendering and span writes; with `child`, in a grandchild of this process.
-    `resource_id`: what spans record until `load_weights` names another.
-    `codec` renders, decodes and parses the checkpoint's chats: the engine itself in this process, a
-    `ChatCodec` otherwise (None without `model_dir`).
-    `reuse` (child, embedded engine, fresh keys): take a child another `reuse` gateway of this process left
-    with the same options and a model of the same family, with `model_dir`'s weights pushed into it, and
-    leave the child for the next one on `close` (`gateway.pool`): a pipeline's stages start one child, not
-    one each.
+    `child=True`: all of it in a child process (`GatewayProcess`), so harness workers and the decode loop do
+    not share one interpreter lock; it needs a store another process can open (a SQLite file or PostgreSQL).
+    With `options.serving.upstream_url` every call goes upstream; `model_dir` is then optional (the served
+    model's tokenizer, for token-in) and `load_weights` raises `WeightsNotServed`. `resource_id`: what spans
+    record until `load_weights` names another. `codec`: the checkpoint's text side (None without
+    `model_dir`). `reuse` (child, embedded engine, fresh keys): take and leave a child in `gateway.pool`,
+    so a pipeline's stages start one child, not one each.
     """
 
     def __init__(
@@ -173,8 +162,7 @@ class LocalGateway:
         return "vllm" if self.options.serving.engine == "vllm" else "engine"
 
     def stats(self) -> dict:
-        """What `/admin/stats` reports: a child's (token-in and engine counters), else the engine's counters
-        (`engine`, absent for an upstream)."""
+        """What `/admin/stats` reports: a child's, else the engine's counters (none for an upstream)."""
         if self._process is not None:
             return self._process.stats()
         return {"engine": self._batching.counters()} if self._batching is not None else {}
@@ -198,8 +186,7 @@ class LocalGateway:
         self.resource_id = resource_id
 
     def verify(self) -> None:
-        """Raise unless the engine still serves the weights last loaded and verified (a vLLM server can be
-        reloaded or restarted behind the gateway's back; the embedded engine cannot)."""
+        """Raise unless the engine still serves the weights last loaded and verified."""
         if self._process is not None:
             self._process.verify()
         elif self._backend is not None:

@@ -1,7 +1,5 @@
-"""The gateway's options as one frozen object: the user's serving settings and the gateway's own, built once
-(`gateway_options`) and passed whole through `RolloutService` and `LocalGateway` to the app, and to a gateway
-child on its standard input. Every field is a `gateway serve` flag (`add_option_flags`); secrets are never
-options (`keys.GatewayKeys`)."""
+"""The gateway's options as one frozen object (the user's serving settings and the gateway's own), passed
+whole to the app and to a gateway child. Every field is a `gateway serve` flag; secrets are never options."""
 
 from __future__ import annotations
 
@@ -23,26 +21,15 @@ from lightning_dagster.settings import (
 
 # What the gateway reads of the user's serving settings (the rest is the runner's, or the secret).
 SERVING_FIELDS = (
-    "engine",
-    "vllm_url",
-    "vllm_args",
-    "vllm_dtype",
-    "vllm_enforce_eager",
-    "upstream_url",
-    "engine_threads",
-    "engine_device",
-    "max_batch",
-    "engine_process",
-    "host",
-    "port",
-)
+    "engine", "vllm_url", "vllm_args", "vllm_dtype", "vllm_enforce_eager", "upstream_url", "engine_threads",
+    "engine_device", "max_batch", "engine_process", "host", "port",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """One LoRA adapter's shape (what RL trains with `training.adapter: lora`, and what a vLLM server must be
-    started able to serve): `rank`, `alpha` (the update is scaled by alpha / rank) and the module names
-    (`targets`, e.g. q_proj) that get one."""
+    """One LoRA adapter's shape (`training.adapter: lora`): `rank`, `alpha` (the update is scaled by
+    alpha / rank) and the module names (`targets`, e.g. q_proj) that get one."""
 
     rank: int
     alpha: float

@@ -1,14 +1,10 @@
 """Gateway processes kept for the next stage of the same process.
 
-A process-mode gateway costs seconds to start (the child imports torch and the web stack and loads the
-model: ~10 s on 2 cores), and a pipeline run starts one per stage that serves a model (the first batch,
-training, evaluation, canary), each for a model of the same architecture and tokenizer. A stage that asks
-for reuse (`LocalGateway(reuse=True)`) parks its child here when it closes instead of stopping it; the next
-stage with the same serving settings and a model of the same family takes it and has its own weights
-pushed into it (the same `POST /admin/weights` the trainer uses between RL steps, through the weight gate,
-which also clears the engine's prefix cache). A child serves one stage at a time: `take` hands it out, only
-`park` makes it available again. Parked children are stopped at interpreter exit, and exit with this
-process anyway (`--exit-with-parent`).
+A process-mode gateway costs ~10 s to start on 2 cores, and a pipeline run starts one per stage, each for
+a model of the same family. A stage that asks for reuse (`LocalGateway(reuse=True)`) parks its child here
+when it closes; the next stage with the same serving settings and model family takes it and pushes its own
+weights into it (`POST /admin/weights`). A child serves one stage at a time. Parked children are stopped at
+interpreter exit, and exit with this process anyway (`--exit-with-parent`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The gateway and its engine in a process of their own, started and fed weights by a trainer.
 
-Why a process: a trainer that samples through the gateway runs the harness workers, the HTTP server and the
-engine's decode loop on one interpreter lock, which starves the decode loop; a child process gives it a lock
-of its own (benchmarks/README.md, training, has the step times). It is also how a real deployment looks:
-the trainer talks to its inference server over HTTP and pushes weights to it.
-
-Weights travel as a safetensors file next to the child (`POST /admin/weights` with its path), never as
-tensors over HTTP; the push returns once the engine serves them.
+Why a process: in the trainer's process the decode loop shares one interpreter lock with the harness workers
+and the HTTP server, which starves it (benchmarks/README.md, training). Weights travel as a safetensors file
+(`POST /admin/weights` with its path), never as tensors over HTTP; the push returns once they are served.
 """
 
 from __future__ import annotations
@@ -43,14 +39,9 @@ def _free_port(host: str) -> int:
 
 
 class GatewayProcess:
-    """`lightning-dagster gateway serve` as a child process, serving `model_dir` with the embedded engine or
-    forwarding to an upstream as `options` say; built by `gateway.local.LocalGateway(child=True)`.
-
-    `keys.secret` signs the attempt keys the runner hands to harnesses; the admin key stays with this
-    object. The keys, the store's URL (it may hold a password) and the options reach the child on its
-    standard input (`gateway serve --secrets-stdin`), never in its environment or command line.
-    Port 0 picks a free port. The child exits with its parent (`--exit-with-parent`), so a killed trainer
-    leaves no server behind.
+    """`lightning-dagster gateway serve` as a child process (`LocalGateway(child=True)`). The keys, the
+    store's URL (it may hold a password) and the options reach the child on its standard input, never in its
+    environment or command line. Port 0 picks a free port. The child exits with its parent.
     """
 
     def __init__(
@@ -91,9 +82,7 @@ class GatewayProcess:
         attempts = PORT_ATTEMPTS if port == 0 else 1
         for attempt in range(1, attempts + 1):
             self.port = port or _free_port(self.host)
-            # The secrets and the store URL (it may hold a password) travel on the child's standard input,
-            # never in its environment or command line, where any process of this user (a harness
-            # included) could read them in /proc; the options go with them, whole.
+            # on standard input, never in the environment or command line (readable in /proc): see above
             handed = {**keys.as_dict(), "store_url": store_url,
                       "options": options.with_serving(port=self.port).model_dump(mode="json")}  # fmt: skip
             argv = [sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", *source,
@@ -143,12 +132,8 @@ class GatewayProcess:
 
     def _request(self, method: str, path: str, body: dict | None = None, timeout: float = 600.0) -> dict:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"Authorization": f"Bearer {self.admin_key}", "Content-Type": "application/json"},
-        )
+        headers = {"Authorization": f"Bearer {self.admin_key}", "Content-Type": "application/json"}
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return json.loads(response.read())
@@ -193,8 +178,7 @@ class GatewayProcess:
         self._push(lambda partial: save_weights(state_dict, partial), resource_id)
 
     def load_weights_file(self, weights: Path, resource_id: str | None = None) -> None:
-        """Have the child serve the weights in a safetensors file (a checkpoint's `model.safetensors`):
-        copied next to the child, so it reads nothing outside its model roots."""
+        """Have the child serve a safetensors file (copied next to it: it reads only its model roots)."""
         self._push(lambda partial: shutil.copyfile(weights, partial), resource_id)
 
     def _push(self, write: Callable[[Path], object], resource_id: str | None) -> None:

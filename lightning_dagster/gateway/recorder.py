@@ -1,11 +1,6 @@
-"""Group commit of spans: one writer thread drains every span queued meanwhile into one `add_spans` call, so
-concurrent requests share transactions and SQLite sees a single writer.
-
-`write(spans, wait=True)` returns once the spans are committed; `wait=False` (write-behind) returns at once
-and the writer lingers up to `linger_s` to fill a batch. A waiting write is a barrier for everything queued
-before it (FIFO): a reward acknowledged for an attempt means the attempt's earlier spans are committed.
-`sync=False` commits without flushing to disk; the next synced commit (a reward, an attempt's end, a
-checkpoint) flushes it. A batch is synced if any of its writes asks for it.
+"""Group commit of spans: one writer thread drains every span queued meanwhile into one `add_spans` call.
+`write(wait=False)` (write-behind) returns at once, and the writer lingers up to `linger_s`; a waiting write
+is a barrier for everything queued before it (FIFO). A batch is synced if any of its writes asks for it.
 """
 
 from __future__ import annotations

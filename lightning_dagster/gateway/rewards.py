@@ -1,17 +1,15 @@
 """Rewards and custom events (ours and Agent Lightning's event URL): each recorded as a span of its attempt,
 a reward also as a `Reward` row, after every span acknowledged before it is committed.
 
-A reward and its span commit in one transaction, both or neither. A client that retries a reward sends the
-same `Idempotency-Key` header (or `X-Request-Id`) on every try: the reward is stored once and each try gets
-the same answer. The openai client sends no such header on its own: pass `extra_headers`, or set
-`client._idempotency_header = "Idempotency-Key"`, which makes it send one key per request, the same on
-each of its retries.
+A reward and its span commit in one transaction. A client that retries a reward sends the same
+`Idempotency-Key` header (or `X-Request-Id`) on every try: it is stored once and each try gets the same
+answer (the openai client: set `client._idempotency_header = "Idempotency-Key"`).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from fastapi import Request
@@ -43,20 +41,12 @@ def request_id(request: Request) -> str | None:
 
 
 async def add_reward(
-    gw: Gateway,
-    ctx: AttemptContext,
-    req: schemas.RewardRequest,
-    extra: dict,
-    retry_id: str | None,
+    gw: Gateway, ctx: AttemptContext, req: schemas.RewardRequest, extra: dict, retry_id: str | None
 ) -> dict:
     reward = Reward(
-        rollout_id=ctx.rollout_id,
-        attempt_id=ctx.attempt_id,
-        value=req.value,
-        judge=req.judge,
-        judge_version=req.judge_version,
-        uncertainty=req.uncertainty,
-    )
+        rollout_id=ctx.rollout_id, attempt_id=ctx.attempt_id, value=req.value, judge=req.judge,
+        judge_version=req.judge_version, uncertainty=req.uncertainty,
+    )  # fmt: skip
     attrs = {"value": req.value, "judge": req.judge, "judge_version": req.judge_version}
     attrs.update({k: v for k, v in extra.items() if isinstance(v, str | int | float | bool)})
     if retry_id is not None:
@@ -72,7 +62,8 @@ async def add_reward(
     return _ack(ctx, stored)
 
 
-def _span(ctx: AttemptContext, name: str, kind: SpanKind, attributes: dict) -> Span:
+def _span(ctx: AttemptContext, name: str, kind: SpanKind, attributes: dict, **fields: Any) -> Span:
+    """A span of the attempt, ending now."""
     return Span(
         trace_id=ctx.attempt_id,
         rollout_id=ctx.rollout_id,
@@ -81,18 +72,12 @@ def _span(ctx: AttemptContext, name: str, kind: SpanKind, attributes: dict) -> S
         kind=kind,
         end_time=time.time(),
         attributes=attributes,
+        **fields,
     )
 
 
 def _ack(ctx: AttemptContext, span_id: str | None) -> dict:
     return {"status": "ok", "rollout_id": ctx.rollout_id, "attempt_id": ctx.attempt_id, "span_id": span_id}
-
-
-async def record_event(gw: Gateway, ctx: AttemptContext, name: str, kind: SpanKind, attributes: dict) -> dict:
-    """Record a custom event as a span of the attempt and acknowledge it."""
-    span = _span(ctx, name, kind, attributes)
-    await gw.record(ctx, span)
-    return _ack(ctx, span.span_id)
 
 
 async def reward(gw: Gateway, request: Request, path: dict) -> dict:
@@ -117,4 +102,6 @@ async def event(gw: Gateway, request: Request, path: dict) -> dict:
         r = schemas.check(schemas.RewardRequest, data, "data.")
         extra = {k: v for k, v in data.items() if k in ("source", "reason", "message")}
         return await add_reward(gw, ctx, r, extra, retry_id)
-    return await record_event(gw, ctx, req.event_type, SpanKind.custom, data)
+    span = _span(ctx, req.event_type, SpanKind.custom, data)  # a custom event
+    await gw.record(ctx, span)
+    return _ack(ctx, span.span_id)

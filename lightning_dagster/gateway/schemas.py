@@ -1,8 +1,7 @@
 """Request validation and OpenAI-shaped responses (JSON and SSE) built from one `Completion`.
 
-Requests are validated strictly (a string where a number belongs is a 422 naming the field); unknown
-fields are allowed, as OpenAI clients send many. Responses carry vLLM's extra fields `prompt_token_ids` and
-per-choice `token_ids`, which the openai client ignores.
+Requests are validated strictly (422 naming the field); unknown fields are allowed. Responses carry vLLM's
+extra fields `prompt_token_ids` and per-choice `token_ids`.
 """
 
 from __future__ import annotations
@@ -258,9 +257,8 @@ def completion_response(c: Completion, logprobs: bool) -> dict[str, Any]:
 
 
 def sse(response: dict[str, Any], *, include_usage: bool) -> Iterator[bytes]:
-    """A finished response replayed as SSE chunks: content (with its ids and logprobs), tool calls, the
-    finish reason, optional usage, `[DONE]`. Generation completes before the first chunk, so the span a
-    streamed call records is the very one the non-streamed call records."""
+    """A finished response replayed as SSE chunks (generation completes before the first chunk, so a
+    streamed call records the very span the non-streamed call records)."""
     chat = response["object"] == "chat.completion"
     choice = response["choices"][0]
     head = {
@@ -307,8 +305,7 @@ class KeyRequest(BaseModel):
 
 
 class WeightsRequest(BaseModel):
-    """`POST /admin/weights`: a safetensors file on the gateway's disk, and the resource id spans record
-    from now on (None: spans record no resource)."""
+    """`POST /admin/weights`: a safetensors file on the gateway's disk, and the resource id spans record."""
 
     model_config = ConfigDict(strict=True)
     path: str = Field(min_length=1)

@@ -14,12 +14,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 def guarded_protocol(timeout_s: float) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol closing a connection whose request has not arrived whole within
-    `timeout_s` of its first byte (or of the connection, for the first request). uvicorn times out only the
-    wait between requests, so a client that never sends a request, or stops inside one (or trickles it a
-    byte at a time), held its connection for good: enough of them take every file descriptor the server may
-    open. A request that has arrived is never cut, however long it is served; nor one the server has stopped
-    reading (a pipelined request behind a running one). Only the asyncio protocol methods are overridden, so
-    it does not depend on uvicorn's internals: the request's framing is read by a parser of its own."""
+    `timeout_s` of its first byte (or of the connection). uvicorn times out only the wait between requests,
+    so a client that stalls inside one held its connection (and a file descriptor) for good. A request that
+    has arrived is never cut. Only the asyncio protocol methods are overridden; framing has its own parser."""
 
     class Framing:
         def __init__(self, guard: GuardedProtocol) -> None:

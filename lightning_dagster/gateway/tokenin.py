@@ -1,14 +1,10 @@
 """Token-in: re-use the exact token ids an attempt already produced when a harness re-sends its history.
 
-Invariant (tested directly): if call k+1's messages begin with call k's messages plus the assistant message
-call k returned, call k+1's prompt ids are `prompt_k + response_k + closing + delta`, where `closing` is the
-end-of-turn the chat template writes after an assistant message (minus the part the model already sampled)
-and `delta` is the suffix that rendering the whole conversation adds after rendering call k's conversation.
-The sampled ids are never decoded and re-encoded, so re-tokenisation drift cannot enter the prompt.
-This relies on the template being prefix-preserving, which is checked on every call: when the template
-rewrites earlier turns (or closes the previous assistant turn otherwise than it closes a probe turn), the
-prompt is rendered afresh, the call is counted in `TokenInStats.fallbacks`, and the span records the
-rendered ids, which are what the model saw. No prompt is ever spliced from ids the template disagrees with.
+Invariant: if call k+1's messages continue call k's plus its reply, call k+1's prompt ids are `prompt_k +
+response_k + closing + delta` (`closing`: the template's end-of-turn not already sampled; `delta`: what
+rendering the whole conversation adds after call k's). Sampled ids are never re-encoded, so re-tokenisation
+drift cannot enter the prompt. The template being prefix-preserving is checked on every call: when it is
+not, the prompt is rendered afresh (`TokenInStats.fallbacks`), never spliced from ids it disagrees with.
 """
 
 from __future__ import annotations
@@ -121,8 +117,7 @@ def extends(prompt_ids: Sequence[int], previous: array | None) -> bool:
 
 
 def closing_tokens(render: Render) -> list[int] | None:
-    """The tokens the template writes after an assistant message's content (e.g. `<|im_end|>` + newline);
-    None when even a one-turn probe is not prefix-preserving (token-in is then never attempted)."""
+    """The tokens the template writes after an assistant message's content; None: not prefix-preserving."""
     probe = [{"role": "user", "content": "x"}]
     head = render(probe, None, True)
     turn = render([*probe, {"role": "assistant", "content": ""}], None, False)
@@ -146,8 +141,7 @@ def continue_prompt(
     messages: list[dict],
     tools: list[dict] | None,
 ) -> list[int] | None:
-    """Prompt ids built on the previous call's exact ids, or None when the conversation does not continue it
-    or the template does not allow an exact continuation (the caller renders afresh)."""
+    """Prompt ids built on the previous call's exact ids, or None (the caller renders afresh)."""
     if closing is None or previous is None or not continues(previous, messages, tools):
         return None
     history = render(previous.raw_messages, tools, False)

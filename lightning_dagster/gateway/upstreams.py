@@ -18,15 +18,14 @@ import httpx
 import pydantic_core
 from cachetools import LRUCache
 
-from lightning_dagster.gateway.backends import Backend, CallSampling, Completion, chat_prompt, tool_call_ids
+from lightning_dagster.gateway.backends import Backend, CallSampling, Completion, tool_call_ids
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.http1 import Http1Client, UpstreamHTTPError
-from lightning_dagster.gateway.tokenin import LastCall, closing_tokens
+from lightning_dagster.gateway.tokenin import closing_tokens
 
 
 def upstream_urls(value: str | Sequence[str]) -> list[str]:
-    """One URL, a comma-separated list, or a list of either -> the distinct base URLs, in order. Each must be
-    an http(s) URL with a host (ValueError naming it otherwise)."""
+    """One URL, a comma-separated list, or a list of either -> the distinct http(s) base URLs, in order."""
     parts = [value] if isinstance(value, str) else list(value)
     urls = [check_upstream_url(u.strip()).rstrip("/") for part in parts for u in part.split(",") if u.strip()]
     urls = [u if u.endswith("/v1") else u + "/v1" for u in urls]
@@ -92,9 +91,8 @@ UPSTREAM_REFUSED = "upstream_refused"
 
 
 class UpstreamPool:
-    """The servers calls may go to; `add` and `remove` change it at run time. A route (the rollout id)
-    goes to the healthy server that ranks highest for it, then stays pinned there while it is healthy, so
-    a rollout that failed over does not move back (its prefix cache lives on the new server)."""
+    """The servers calls may go to. A route (the rollout id) goes to the healthy server that ranks highest
+    for it, then stays pinned there while healthy (its prefix cache lives there)."""
 
     def __init__(self, urls: str | Sequence[str], *, cooldown_s: float = 10.0, max_routes: int = 65536):
         self.cooldown_s = cooldown_s
@@ -169,15 +167,10 @@ class Codec(Protocol):
 
 
 class UpstreamBackend(Backend):
-    """Forwards to OpenAI-compatible servers (`UpstreamPool`) and reads the exact ids from their responses
-    (vLLM shape: top-level or per-choice `prompt_token_ids`, `choices[].token_ids`, `choices[].logprobs`).
-    Plain-http servers go through `Http1Client`, others through httpx.
-
-    Without `codec`, chat calls go to the chat API (the server renders; token-in is only detected). With
-    the served model's `codec`, every chat call goes to the completions API as a token-id prompt: the
-    exact ids of the previous call plus the new turns when the conversation continues it (token-in),
-    else the conversation rendered by the codec's chat template; the reply's tool calls are parsed by the
-    codec, as the engine does. One template and one parser thus serve the whole conversation."""
+    """Forwards to OpenAI-compatible servers (`UpstreamPool`) and reads the exact ids from their vLLM-shaped
+    responses. Without `codec`, chat calls go to the chat API (the server renders). With the served model's
+    `codec`, every chat call goes to the completions API as a token-id prompt (token-in, else rendered by
+    the codec) and the reply's tool calls are parsed by the codec, as the engine does."""
 
     kind = "upstream"
 
@@ -220,8 +213,7 @@ class UpstreamBackend(Backend):
         await self.pool.aclose()
 
     async def _post(self, path: str, payload: dict, route: str | None) -> tuple[dict, str]:
-        """The response of the first server that answers, and its URL. A connection failure, timeout or
-        5xx holds that server down for the cool-down and tries the next; a 4xx is the answer."""
+        """The first answer (a 4xx included) and its server's URL; a failure or 5xx holds a server down."""
         body = pydantic_core.to_json(payload)
         failures = []
         for server in self.pool.candidates(route):
@@ -283,17 +275,6 @@ class UpstreamBackend(Backend):
             token_source="upstream",
             upstream=served_by,
         )
-
-    def _render(
-        self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool
-    ) -> list[int]:
-        assert self.codec is not None
-        return self.codec.render(messages, tools, add_generation_prompt=add_generation_prompt)
-
-    def _chat_prompt(
-        self, messages: list[dict], tools: list[dict] | None, previous: LastCall | None
-    ) -> tuple[list[int], str]:
-        return chat_prompt(self._render, self._closing, messages, tools, previous)
 
     async def _token_chat(self, messages, tools, tool_choice, sampling, previous, route) -> Completion:
         assert self.codec is not None

@@ -1,13 +1,10 @@
 """`engine: vllm`: the policy served by a vLLM server the gateway owns (or one the user runs), token-in, with
 the trainer's weights synced into it and verified by hash before any call samples from them.
 
-Calls go through `UpstreamBackend` (exact prompt ids to `/v1/completions`, the ids and processed logprobs
-vLLM returns recorded as they are). A weight push (`load_weights`, run inside the gateway's weight gate:
-new calls wait, calls in flight finish on the old weights) writes the weights as a checkpoint folder and has
-vLLM reload it (`VllmServer.reload_weights`), or, with LoRA, writes an adapter folder and hot-loads it under
-its own model name (`VllmServer.load_adapter`); either returns only once the server reports serving exactly
-those tensors. A push that does not verify raises, and the gateway keeps serving, and recording, the weights
-it verified before.
+Calls go through `UpstreamBackend`. A weight push (inside the weight gate) writes a checkpoint folder and
+has vLLM reload it, or, with LoRA, writes an adapter folder and hot-loads it under its own model name; either
+returns only once the server reports serving exactly those tensors. A push that does not verify raises, and
+the gateway keeps serving the weights it verified before.
 """
 
 from __future__ import annotations
@@ -74,10 +71,8 @@ class VllmBackend(UpstreamBackend):
         return True  # the gateway's model names decide; every call goes to what was last verified
 
     def load_weights(self, state: dict[str, torch.Tensor], resource_id: str | None) -> None:
-        """Blocking (run it off the event loop). Weights with LoRA names (`lora_A`/`lora_B`) are an
-        adapter, others the whole model's. A push that does not verify raises GatewayError 502 naming why,
-        after putting back the weights verified before (a refused reload may have changed some tensors);
-        if even that does not verify, every later call is refused (`verify`)."""
+        """Blocking. Weights with LoRA names are an adapter, others the whole model's. A push that does not
+        verify raises GatewayError 502, after putting back the weights verified before."""
         from lightning_dagster.engine.build import save_weights, tensors_hash
         from lightning_dagster.engine.vllm_server import VllmError, adapter_hash
 

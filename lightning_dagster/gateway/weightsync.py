@@ -1,19 +1,16 @@
-"""Weights a serving process samples from, exactly per call: a gate that pauses new calls, drains the ones in
-flight, swaps the weights and resumes (`WeightGate`), and the fleet protocol over the shared store that moves
-every gateway replica to each policy version a trainer publishes (`publish`, `WeightSync`).
+"""Weights a serving process samples from, exactly per call: the gate that swaps them (`WeightGate`), and the
+fleet protocol that moves every replica to each policy version a trainer publishes (`publish`, `WeightSync`).
 
-Fleet protocol (see docs/CONTRACTS.md, gateway): the trainer publishes version V (resource id, a checkpoint
-every replica can read, its `checkpoint_hash`) with `publish`; every replica's `WeightSync` sees it within
-`poll_s`, checks the hash of what it read, swaps through its gate and reports in the store that it serves V.
-Runners claim a rollout tagged `metadata["policy_version"] = V` only while every live replica reports V
-(`Store.fleet_version`), and a tagged call reaching a replica on another version is refused (503 while it
-is behind and still loading, after waiting `wait_s`; 409 once it serves a newer version), never sampled
-from the wrong weights.
+Fleet protocol (docs/CONTRACTS.md, gateway): the trainer publishes version V (resource id, checkpoint, its
+hash); every replica's `WeightSync` sees it within `poll_s`, checks the hash, swaps and reports serving V.
+Runners claim a rollout tagged `metadata["policy_version"] = V` only while every live replica reports V, and
+a tagged call on another version is refused (503 while behind, after `wait_s`; 409 once newer).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -75,8 +72,7 @@ def weights_hash(state: dict[str, torch.Tensor]) -> str:
 
 
 def publish(store, checkpoint: Path | str, resource_id: str) -> PolicyVersion:
-    """The trainer's side: publish `checkpoint` (a directory every replica reads under its model roots) as
-    the fleet's next policy version. Rollouts of it are tagged `metadata["policy_version"] = version`."""
+    """The trainer's side: publish `checkpoint` (readable by every replica) as the next policy version."""
     from lightning_dagster.engine.build import checkpoint_hash
 
     path = Path(checkpoint).resolve()
@@ -84,10 +80,8 @@ def publish(store, checkpoint: Path | str, resource_id: str) -> PolicyVersion:
 
 
 class WeightGate:
-    """Pause, drain, swap, resume. Every LLM call holds the gate from before sampling until its completion
-    (`enter` / `leave`), so a swap waits for the calls in flight, which finish on the old weights, and a call
-    records exactly the weights it sampled from. Calls arriving while paused wait up to `wait_s` (503 past
-    it). `pause(reason)` / `resume(reason)` hold new calls for other reasons too (an operator, a proxy)."""
+    """Pause, drain, swap, resume. Every LLM call holds the gate while it samples (`enter` / `leave`), so a
+    call records exactly the weights it sampled from. Calls arriving while paused wait up to `wait_s`."""
 
     def __init__(self, current: ServedWeights, *, wait_s: float = 30.0) -> None:
         self.current = current
@@ -164,8 +158,8 @@ class WeightGate:
             await self._wait_change(3600)
 
     async def swap(self, load: Callable[[], ServedWeights]) -> ServedWeights:
-        """Pause, drain, run the blocking `load` off the loop (it returns what now serves), resume. One swap
-        at a time; if `load` raises, the old weights keep serving."""
+        """Pause, drain, run the blocking `load` (returning what now serves) off the loop, resume. One swap at
+        a time; if `load` raises, the old weights keep serving."""
         if self._swap is None:
             self.bind()
         async with self._swap:
@@ -193,9 +187,8 @@ class WeightGate:
 
 
 class WeightSync:
-    """One serving process's side of the fleet protocol (see the module docstring): a task on the app's
-    event loop that polls the published version every `poll_s`, loads a newer one through the gate, and
-    reports what it serves at least every `REPORT_EVERY_S`."""
+    """One serving process's side of the fleet protocol: polls every `poll_s`, loads a newer version through
+    the gate, and reports what it serves at least every `REPORT_EVERY_S`."""
 
     def __init__(self, gw: Gateway, *, poll_s: float = 0.5) -> None:
         self.gw = gw
@@ -251,12 +244,7 @@ class WeightSync:
         await self._send(state="serving", target=None, error=None)
 
     async def _send(self, **changes: Any) -> None:
-        current = self.gw.weights.current  # what serves now, whoever loaded it
-        served = {
-            "version": current.version,
-            "resource_id": current.resource_id,
-            "weights_hash": current.weights_hash,
-        }
+        served = dataclasses.asdict(self.gw.weights.current)  # what serves now, whoever loaded it
         self.report = self.report.model_copy(update={**changes, **served})
         await anyio.to_thread.run_sync(self.gw.store.report_serving, self.report)
         self._reported_at = time.monotonic()

@@ -1,9 +1,8 @@
 """Agent Lightning v1.0's server surface (`agl-server`'s REST API, proxy paths and management routes) served
 by the gateway from the durable store, so its controller, trainer client and agents run against us unchanged.
 
-`mount(app, gw, settings)` adds `GET /healthz` (no key) and, behind the server key (`Authorization: Bearer`
-or `x-api-key`; 401 without it): `/api/rollouts...` (`rollouts`), the events routes (`events`), the proxy
-paths, `/api/models` and `/proxy/pause|resume|state` (`proxy`).
+`mount(app, gw, settings)` adds `GET /healthz` (no key) and, behind the server key, the routes of `rollouts`,
+`events` and `proxy`.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from fastapi.responses import Response
 
 from lightning_dagster.gateway import schemas
 from lightning_dagster.gateway.errors import GatewayError
-from lightning_dagster.gateway.keys import attempt_key, same_key
+from lightning_dagster.gateway.keys import attempt_key, request_key, same_key
 from lightning_dagster.store import agl_rollouts as store_agl
 from lightning_dagster.store.connection import bad_json, suspect_json
 from lightning_dagster.types import Sampling
@@ -28,15 +27,14 @@ from lightning_dagster.types import Sampling
 if TYPE_CHECKING:
     from lightning_dagster.gateway.app import Gateway
 
-WORKER_ID = "agl"
-CURRENT = "0"  # Agent Lightning's attempt id for "the rollout's current attempt"  # the worker our attempts record when Agent Lightning's controller starts them
+WORKER_ID = "agl"  # the worker our attempts record when Agent Lightning's controller starts them
+CURRENT = "0"  # Agent Lightning's attempt id for "the rollout's current attempt"
 
 
 @dataclass(frozen=True)
 class AglSettings:
-    """The server key and the sampling of each proxy mode (kept in each rollout's `metadata["sampling"]`
-    at creation: `train` for `is_train`, else `val`; the gateway applies it to every call of the rollout).
-    `train` defaults to Agent Lightning's train temperature, `val` to our holdout evaluation's."""
+    """The server key and the sampling of each proxy mode (kept in each rollout's `metadata["sampling"]` at
+    creation: `train` for `is_train`, else `val`)."""
 
     key: str
     train: Sampling = field(default_factory=lambda: Sampling(temperature=1.0))
@@ -58,30 +56,21 @@ class Target:
 
 class Agl:
     """What the Agent Lightning routes share: the settings, the server key check and the attempts their
-    paths name (cached per rollout, by path attempt id; a lifecycle move or a delete drops the rollout's
-    entries, and a lookup that was under way meanwhile is not cached: it may have read the rollout before).
+    paths name (cached per rollout; a move or delete drops the rollout's entries, and a lookup under way
+    meanwhile is not cached).
 
-    Replicas over one PostgreSQL store: a move or delete through another replica leaves this cache as it
-    was, which is safe because nothing is decided from it alone. Every event and proxied call then takes
-    the attempt's context (`gateway.attempts`), which over a shared store re-reads the attempt's state and
-    its rollout's harness on every call (one read it made anyway): an ended attempt refuses proxied calls
-    (409) and a deleted rollout everything (404, `RolloutDeleted`, which drops the entries here too), as
-    on the replica that made the change. The current attempt (`0`) never changes once resolved: Agent
-    Lightning's lifecycle starts one attempt per rollout (queuing -> running)."""
+    Over a shared store, another replica's move or delete leaves this cache as it was, which is safe:
+    every event and proxied call takes the attempt's context (`gateway.attempts`), which re-reads the
+    attempt's state and rollout there. The current attempt (`0`) never changes once resolved."""
 
     def __init__(self, settings: AglSettings, secret: str, max_rollouts: int = 10_000):
         self.settings = settings
         self.secret = secret
         self.targets: LRUCache[str, dict[str, Target]] = LRUCache(max_rollouts)
 
-    @staticmethod
-    def key_of(request: Request) -> str:
-        auth = request.headers.get("authorization", "")
-        return auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-
     def check(self, request: Request) -> None:
         """401 unless the request carries the server key."""
-        key = self.key_of(request)
+        key = request_key(request)
         if not key:
             raise GatewayError(401, "missing API key (Authorization: Bearer <key> or x-api-key)")
         if not self.is_server_key(key):
@@ -91,13 +80,11 @@ class Agl:
         return same_key(key, self.settings.key)
 
     def moved(self, rollout_id: str) -> None:
-        """The rollout moved (its current attempt may have changed) or was deleted (hidden from every route:
-        its attempts are no longer to be resolved from the cache)."""
+        """The rollout moved or was deleted: its attempts are no longer resolved from the cache."""
         self.targets.pop(rollout_id, None)
 
     async def target(self, store, rollout_id: str, attempt_id: str) -> Target:
-        """`0` is the rollout's current attempt (a queuing rollout's first one starts now); any other id
-        must be an attempt of this rollout."""
+        """`0` is the rollout's current attempt (a queuing rollout's starts now); any other is its own."""
         known = self.targets.get(rollout_id)
         if known is None:
             known = self.targets[rollout_id] = {}
@@ -127,8 +114,7 @@ class Agl:
 
 
 def parse_json(raw: bytes) -> Any:
-    """Any JSON value without NaN, Infinity or NUL characters (422 naming the field), as `schemas.parse`
-    accepts for objects."""
+    """Any JSON value without NaN, Infinity or NUL characters (422 naming the field)."""
     try:
         data = pydantic_core.from_json(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -138,11 +124,14 @@ def parse_json(raw: bytes) -> Any:
     return data
 
 
-def invalid(exc: pydantic.ValidationError) -> GatewayError:
-    """A 422 naming the first invalid field (`0.rollout_id`, `retry_after_seconds`; `body` for the whole)."""
-    first = exc.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "body"
-    return GatewayError(422, f"{field}: {first['msg']}", param=field)
+def validated(adapter: pydantic.TypeAdapter, raw: bytes) -> Any:
+    """The JSON body validated; else a 422 naming the first invalid field (`0.rollout_id`; `body`)."""
+    try:
+        return adapter.validate_python(parse_json(raw))
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        raise GatewayError(422, f"{field}: {first['msg']}", param=field) from exc
 
 
 def reply(body: object, status: int = 200) -> Response:

@@ -1,7 +1,6 @@
 """Agent Lightning's events over our spans: `POST /api/rollouts/{rid}/attempt/{aid}/events` records one (a
-`reward` as a reward, a `model_request` carrying token ids as an LLM span, anything else as a custom span)
-and `GET /api/rollouts/{rid}/events` rebuilds them from the spans of the rollout's current attempt, trimmed
-to what training reads with `format=triplet`."""
+reward, an LLM span for a `model_request` with token ids, else a custom span); `GET /api/rollouts/{rid}/
+events` rebuilds them from the rollout's current attempt's spans (`format=triplet`: trimmed for training)."""
 
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ from lightning_dagster.gateway import schemas
 from lightning_dagster.gateway.agl import Agl, reply
 from lightning_dagster.gateway.attempts import RolloutDeleted
 from lightning_dagster.gateway.errors import GatewayError
+from lightning_dagster.gateway.keys import request_key
 from lightning_dagster.store import agl_rollouts as store_agl
 from lightning_dagster.types import Span, SpanKind
 
@@ -25,21 +25,6 @@ if TYPE_CHECKING:
     from lightning_dagster.gateway.app import Gateway
 
 REWARD_EXTRAS = ("source", "reason", "message")
-
-
-def _ids(response: Any) -> tuple[list[int] | None, list[int] | None, list[float] | None]:
-    """Prompt ids, response ids and logprobs of a vLLM-shaped response (`prompt_token_ids` at the top or
-    on the first choice, `choices[0].token_ids`, `choices[0].logprobs`)."""
-    if not isinstance(response, dict) or not response.get("choices"):
-        return None, None, None
-    choice = response["choices"][0]
-    prompt = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
-    lp = choice.get("logprobs") if isinstance(choice.get("logprobs"), dict) else {}
-    if isinstance(lp.get("content"), list):
-        logprobs = [float(t["logprob"]) for t in lp["content"]]
-    else:
-        logprobs = lp.get("token_logprobs")
-    return prompt, choice.get("token_ids"), logprobs
 
 
 def _int_list(value: Any, where: str) -> list[int] | None:
@@ -50,9 +35,10 @@ def _int_list(value: Any, where: str) -> list[int] | None:
     return value
 
 
-def _posted_ids(response: Any) -> tuple[list[int] | None, list[int] | None, list[float] | None]:
-    """`_ids` of a posted event's `data.response`, checked: malformed ids or logprobs are a 422 naming the
-    field (they would otherwise become an LLM span the trainer reads), never a server error."""
+def _ids(response: Any) -> tuple[list[int] | None, list[int] | None, list[float] | None]:
+    """Prompt ids, response ids and logprobs of a vLLM-shaped `data.response` (`prompt_token_ids` at the top
+    or on the first choice, `choices[0].token_ids`, `choices[0].logprobs`), checked: malformed ones are a
+    422 naming the field (they would otherwise become an LLM span the trainer reads)."""
     if not isinstance(response, dict) or not response.get("choices"):
         return None, None, None
     where = "data.response.choices"
@@ -96,26 +82,17 @@ def _number(value: Any) -> bool:
 
 def _model_request_span(ctx, data: dict) -> Span | None:
     """A posted `model_request` with token ids as an LLM span (None: it carries none)."""
-    prompt, response, logprobs = _posted_ids(data.get("response"))
+    prompt, response, logprobs = _ids(data.get("response"))
     if not prompt or not response:
         return None
     attributes = {k: v for k, v in data.items() if k != "response"}
     attributes["posted"] = True
     status = "error" if data.get("status") == "error" else "ok"
-    return Span(
-        trace_id=ctx.attempt_id,
-        rollout_id=ctx.rollout_id,
-        attempt_id=ctx.attempt_id,
-        name="model_request",
-        kind=SpanKind.llm,
-        end_time=time.time(),
-        status=status,
-        attributes=attributes,
-        prompt_token_ids=prompt,
-        response_token_ids=response,
-        response_logprobs=logprobs,
+    return gateway_events._span(
+        ctx, "model_request", SpanKind.llm, attributes, status=status, prompt_token_ids=prompt,
+        response_token_ids=response, response_logprobs=logprobs,
         finish_reason=_finish_reason(data.get("finish_reason")),
-    )
+    )  # fmt: skip
 
 
 def _finish_reason(value: Any) -> str | None:
@@ -161,8 +138,7 @@ def as_event(span: Span) -> dict[str, Any]:
 
 
 def as_triplet(event: dict[str, Any]) -> dict[str, Any]:
-    """The event trimmed as Agent Lightning's `format=triplet`: ids and logprobs of a model request, the
-    value of a reward; other events unchanged."""
+    """The event trimmed as Agent Lightning's `format=triplet` (model requests and rewards)."""
     data = event["data"]
     if event["event_type"] == "model_request":
         prompt, response, logprobs = _ids(data.get("response"))
@@ -204,7 +180,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
 
     async def post_event(request: Request) -> Response:
         path = dict(request.path_params)
-        key = agl.key_of(request)
+        key = request_key(request)
         if key and not agl.is_server_key(key):  # an attempt key: the gateway's own event route
             return reply(await gateway_events.event(gw, request, path))
         agl.check(request)
@@ -256,7 +232,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
                 return ()
             return (rid, attempts[-1], *store_agl.span_marker(store, attempts[-1]), event_type, fmt)
 
-        key = where() if store_agl.fast_reads(store) else await anyio.to_thread.run_sync(where)
+        key = where() if store.raw_reads else await anyio.to_thread.run_sync(where)
         body = rendered.get(key) if key else b"[]"
         if body is None:
             spans = await anyio.to_thread.run_sync(lambda: store.list_spans(attempt_id=key[1]))

@@ -1,14 +1,13 @@
 """Agent Lightning's proxy: `/proxy/rollout/{rid}/attempt/{aid}/mode/{train|val}/openai/v1/(chat/)completions`
-served by the gateway's own LLM route for that attempt (its sampling is the rollout's, decided by its mode at
-creation; train mode returns logprobs), model endpoints registered at run time (`/api/models`, several, each
-rollout sticky to one), and pause/resume around weight updates (`/proxy/pause|resume|state`: new calls get
-429 while in-flight ones drain). Registered endpoints and the pause survive a restart (store flags)."""
+served by the gateway's own LLM route, model endpoints registered at run time (`/api/models`), and
+pause/resume around weight updates (`/proxy/pause|resume|state`: 429 meanwhile). Both survive a restart."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from lightning_dagster.gateway.agl import Agl, invalid, parse_json, reply
+from lightning_dagster.gateway.agl import Agl, parse_json, reply, validated
 from lightning_dagster.gateway.attempts import RolloutDeleted
 from lightning_dagster.gateway.backends import Backend
 from lightning_dagster.gateway.calls import llm_call
@@ -54,7 +53,7 @@ class PauseRequest(BaseModel):
     reason: str | None = Field(None, max_length=1024)
 
 
-MODELS = TypeAdapter(list[ModelEntry])
+MODELS, PAUSE = TypeAdapter(list[ModelEntry]), TypeAdapter(PauseRequest)
 
 
 class RoutedBackend(Backend):
@@ -111,26 +110,19 @@ class Pause:
     inflight: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "paused": self.paused,
-            "retry_after_seconds": self.retry_after_seconds,
-            "reason": self.reason,
-            "inflight": self.inflight,
-        }
+        return dataclasses.asdict(self)
 
 
 class Endpoints:
-    """Registered model endpoints keyed by (model, endpoint), served as one `UpstreamBackend` whose pool holds
-    every registered endpoint: a rollout sticks to one (its calls share that server's prefix cache) and
-    moves to another when it is down. The model name sent upstream is the first registered one's."""
+    """Registered model endpoints keyed by (model, endpoint), served as one `UpstreamBackend` (a rollout
+    sticks to one server); the model name sent upstream is the first registered one's."""
 
     def __init__(self, entries: list[dict]):
         self.entries: dict[tuple[str, str], ModelEntry] = {}
         self.backend: UpstreamBackend | None = None
         valid = []
-        for (
-            e
-        ) in entries:  # registered by an earlier server, maybe one that checked less: skip what is invalid
+        # registered by an earlier server, maybe one that checked less: skip what is invalid
+        for e in entries:
             try:
                 valid.append(ModelEntry.model_validate(e))
             except ValidationError as exc:
@@ -149,9 +141,6 @@ class Endpoints:
         backend, self.backend, self.entries = self.backend, None, {}
         if backend is not None:
             await backend.aclose()
-
-    def pick(self) -> UpstreamBackend | None:
-        return self.backend
 
     def as_list(self) -> list[dict]:
         return [e.model_dump() for e in self.entries.values()]
@@ -207,7 +196,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         body = parse_json(await gw.body(request))
         if not isinstance(body, dict):
             raise GatewayError(400, "the body must be a JSON object")
-        route = endpoints.pick()
+        route = endpoints.backend
         backend = route or routed.default
         if body.get("model") not in gw.model_names and not backend.serves(body.get("model") or ""):
             body["model"] = backend.model
@@ -232,10 +221,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
 
     async def register(request: Request) -> Response:
         agl.check(request)
-        try:
-            entries = MODELS.validate_python(parse_json(await gw.body(request)))
-        except ValidationError as exc:
-            raise invalid(exc) from exc
+        entries = validated(MODELS, await gw.body(request))
         async with changing:
             endpoints.add(entries)
             await anyio.to_thread.run_sync(store.set_flag, MODELS_FLAG, {"models": endpoints.as_list()})
@@ -262,11 +248,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
     async def pause_route(request: Request) -> Response:
         agl.check(request)
         raw = await gw.body(request)
-        try:
-            req = PauseRequest.model_validate(parse_json(raw) if raw.strip() else {})
-        except ValidationError as exc:
-            raise invalid(exc) from exc
-        return await set_pause(True, req)
+        return await set_pause(True, validated(PAUSE, raw) if raw.strip() else PauseRequest())
 
     async def resume_route(request: Request) -> Response:
         agl.check(request)

@@ -10,10 +10,10 @@ import anyio
 from cachetools import LRUCache
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from lightning_dagster.gateway import schemas
-from lightning_dagster.gateway.agl import WORKER_ID, Agl, invalid, parse_json, reply
+from lightning_dagster.gateway.agl import WORKER_ID, Agl, reply, validated
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.store import agl_rollouts as store_agl
 
@@ -88,13 +88,6 @@ def as_agl(r: store_agl.AglRow) -> dict[str, Any]:
     }
 
 
-def _validated(adapter: TypeAdapter, raw: bytes) -> Any:
-    try:
-        return adapter.validate_python(parse_json(raw))
-    except ValidationError as exc:
-        raise invalid(exc) from exc
-
-
 def _int(request: Request, name: str, default: int) -> int:
     value = request.query_params.get(name)
     if value is None:
@@ -109,8 +102,7 @@ def _int(request: Request, name: str, default: int) -> int:
 
 
 class Rendered:
-    """Each rollout's JSON, kept while its status and version stay (a controller polls the same rollouts
-    again and again)."""
+    """Each rollout's JSON, kept while its status and version stay (a controller polls the same ones)."""
 
     def __init__(self, size: int = 10_000):
         self.cache: LRUCache[str, tuple[str, int, bytes]] = LRUCache(size)
@@ -152,11 +144,11 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
 
     async def read(fn, *args):
         """Plain sqlite3 reads of a WAL file never wait for writers: cheaper here than a thread hop."""
-        return fn(*args) if store_agl.fast_reads(store) else await run(fn, *args)
+        return fn(*args) if store.raw_reads else await run(fn, *args)
 
     async def create(request: Request) -> Response:
         agl.check(request)
-        items = _validated(CREATE, await gw.body(request))
+        items = validated(CREATE, await gw.body(request))
         fresh = [
             store_agl.new_rollout(
                 i.rollout_id or uuid.uuid4().hex,
@@ -215,7 +207,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
     async def patch(request: Request) -> Response:
         agl.check(request)
         rid = request.path_params["rollout_id"]
-        body = _validated(PATCH, await gw.body(request))
+        body = validated(PATCH, await gw.body(request))
         fields = body.status.model_dump(exclude_unset=True) if body.status is not None else {}
         if not fields:
             return raw_reply(rendered.one(await read(store_agl.get, store, rid)))
