@@ -1,7 +1,6 @@
 """The runner: claims rollouts, runs harness attempts (subprocess or in-process) with timeouts, heartbeats
-and a declared retry policy, and keeps every attempt's ending and reason; a harness's judge scores an attempt
-that posted no reward from its `transcript`; `RolloutService` runs them through a local gateway and
-collects each rollout's final successful attempt."""
+and a declared retry policy, and keeps every attempt's ending and reason; `RolloutService` runs them
+through a local gateway."""
 
 from lightning_dagster.runner.enqueue import enqueue_tasks, sampling_seed
 from lightning_dagster.runner.retry import InvalidPolicy, RetryPolicy
@@ -10,15 +9,6 @@ from lightning_dagster.runner.service import RolloutBatch, RolloutService, colle
 from lightning_dagster.runner.summary import RunSummary, summarize
 
 __all__ = [
-    "InvalidPolicy",
-    "RetryPolicy",
-    "RolloutBatch",
-    "RolloutService",
-    "RunSummary",
-    "Runner",
-    "collect_batch",
-    "enqueue_tasks",
-    "sampling_seed",
-    "summarize",
-    "WrongHarness",
-]
+    "InvalidPolicy", "RetryPolicy", "RolloutBatch", "RolloutService", "RunSummary", "Runner", "collect_batch",
+    "enqueue_tasks", "sampling_seed", "summarize", "WrongHarness",
+]  # fmt: skip

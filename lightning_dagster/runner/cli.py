@@ -1,8 +1,8 @@
 """`lightning-dagster rollouts run`: enqueue N rollouts of a project's harness (the first N tasks of a split)
-and run them through a gateway (a local one serving the project's model unless `--model`,
-`--upstream-url` or `--gateway` say otherwise); `rollouts enqueue`: only queue them, for `lightning-dagster
-runner` workers. `--run-id` names the run: the same command again resumes its unfinished rollouts (a killed
-run's attempts are ended by the reaper and retried). Exit status: 0 ran, 2 bad arguments or project."""
+and run them through a gateway (by default a local one serving the project's model); `rollouts enqueue`:
+only queue them, for `lightning-dagster runner` workers. `--run-id` names the run: the same command again
+resumes its unfinished rollouts (a killed run's attempts are ended by the reaper and retried). Exit status:
+0 ran, 2 bad arguments or project."""
 
 from __future__ import annotations
 
@@ -176,8 +176,7 @@ class RunMismatch(ValueError):
 
 
 def _check_resumed(args: argparse.Namespace, spec: HarnessSpec, chosen: list, found: list[Rollout]) -> None:
-    """Raise RunMismatch unless `found` is exactly what `enqueue_tasks` queues for this command's harness,
-    split, tasks, group size and seed."""
+    """Raise RunMismatch unless `found` is exactly what `enqueue_tasks` queues for this command."""
     from lightning_dagster.runner.enqueue import sampling_seed
 
     expected = Counter(
@@ -218,8 +217,7 @@ def _check_resumed(args: argparse.Namespace, spec: HarnessSpec, chosen: list, fo
 
 
 def _task_shape(args: argparse.Namespace, command: str) -> bool:
-    """Check `--n` and resolve the group size and seed into `args` (their defaults are the settings'); False,
-    after one line on stderr, for a bad value."""
+    """Check `--n` and resolve the group size and seed into `args`; False, said on stderr, if bad."""
     try:
         shape = from_flags(TrainingSettings(), args, command=command)
     except SettingsError as err:
@@ -332,9 +330,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _project_model(project: Any) -> tuple[Path | None, str | None, Path | None]:
-    """(model folder, upstream URL, its tokenizer folder) of the project's `model` section, as `train` and
-    the pipeline serve it: `model.path`, or `serving.upstream_url` read with `model.tokenizer`, else all None
-    (the embedded default). Said on stderr, so a run never serves another model silently."""
+    """(model folder, upstream URL, its tokenizer folder) the project serves, as `train` does (all None: the
+    embedded default). Said on stderr, so a run never serves another model silently."""
     model, upstream = project.model, project.serving.upstream_url
     if model is not None and model.path is not None:
         print(f"model: {model.path} (the project's model.path)", file=sys.stderr)

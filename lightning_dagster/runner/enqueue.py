@@ -30,11 +30,9 @@ def enqueue_tasks(
     sampling: Sampling | None = None,
     tag: str | None = None,
 ) -> list[Rollout]:
-    """Queue `group_size` rollouts of every task (one group each), in task order.
-
-    `seed`: member i of a task samples with `sampling_seed(seed, task_id, i)` (None: no fixed seed).
-    `sampling`: stored as `metadata["sampling"]`, which the gateway applies to every LLM call of the
-    rollout (None: the harness decides). `tag`: group ids `<tag>-g<task index>` instead of random ones."""
+    """Queue `group_size` rollouts of every task (one group each), in task order. `seed`: member i samples
+    with `sampling_seed(seed, task_id, i)`. `sampling`: `metadata["sampling"]`, which the gateway applies to
+    every LLM call of the rollout. `tag`: group ids `<tag>-g<task index>` instead of random ones."""
     rollouts = []
     for t, task in enumerate(tasks):
         group_id = f"{tag}-g{t}" if tag else new_id("grp")
@@ -60,6 +58,5 @@ def enqueue_tasks(
 
 
 def run_rollouts(store: Store, tag: str, n_tasks: int) -> list[Rollout]:
-    """The rollouts `enqueue_tasks(..., tag=tag)` queued for `n_tasks` tasks (empty: none yet), so a
-    restarted run finds its own rollouts instead of queuing new ones."""
+    """The rollouts `enqueue_tasks(..., tag=tag)` queued for `n_tasks` tasks (empty: none yet)."""
     return store.query_rollouts(group_ids=[f"{tag}-g{t}" for t in range(n_tasks)])

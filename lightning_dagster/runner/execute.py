@@ -167,8 +167,7 @@ def harness_env(
 
 
 def task_note(env: dict[str, str], task_json: str) -> str:
-    """Why a subprocess's task is not in `LD_TASK` / `AGL_TASK` ("" when it is, or the harness runs in
-    process and gets the task as an argument)."""
+    """Why a subprocess's task is not in `LD_TASK` / `AGL_TASK` ("" when it is, or runs in process)."""
     if "LD_TASK" in env or "LD_TASK_FILE" not in env:
         return ""
     size = len(task_json.encode())

@@ -29,8 +29,7 @@ class HarnessSpec:
     in-process entry point (a spec with only one runs that way whatever mode is asked). `prepare(task,
     workdir)` sets up a fresh destination per attempt and returns the task; `verify(task)` re-reads it
     afterwards. `judge` scores an attempt that posted no reward. `expected_span_families`: what every
-    finished rollout must have. `tools`: the tool schemas the agent offers its model (empty: undeclared).
-    """
+    finished rollout must have. `tools`: the tool schemas the agent offers its model (empty: undeclared)."""
 
     name: str
     expected_span_families: tuple[str, ...]

@@ -81,8 +81,7 @@ class _Stream:
 
 
 class Capture:
-    """Drains `pipes` (name -> the read end of a child's pipe) into `workdir/<name>`; `close()` once the
-    child's processes are gone returns what each stream kept."""
+    """Drains `pipes` (name -> read end) into `workdir/<name>`; `close()` returns what each stream kept."""
 
     def __init__(self, pipes: dict[str, IO[bytes]], workdir: Path, max_bytes: int) -> None:
         self._pipes = pipes

@@ -67,8 +67,7 @@ class RetryPolicy:
         return None
 
     def delay_s(self, ended: Attempt, kind: RetryKind) -> float:
-        """How long the retry of `ended` waits before any runner may claim it: none for a sample retry,
-        exponential in the attempt's number with a cap for an infrastructure retry."""
+        """How long the retry of `ended` waits before any runner may claim it (sample retries: none)."""
         if kind is not RetryKind.infrastructure:
             return 0.0
         return min(self.backoff_max_s, self.backoff_s * 2 ** (ended.sequence_id - 1))

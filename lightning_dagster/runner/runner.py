@@ -115,8 +115,6 @@ class Runner:
         self.driven = 0  # rollouts this runner claimed
         self._queued_hint = True  # the last claim found a rollout (so try the next claim without a count)
 
-    # -- public -------------------------------------------------------------------------------------------
-
     def run(self, rollout_ids: list[str] | None = None) -> RunSummary:
         """Run until every given rollout (default: every queued rollout of this harness) is final."""
         started = time.monotonic()
@@ -136,8 +134,8 @@ class Runner:
         )
 
     def work(self, *, until_idle: bool = False, stop: threading.Event | None = None) -> int:
-        """Fleet worker: claim and run this harness's queued rollouts until `stop` is set or, `until_idle`,
-        until none of them is queued or running anywhere. Returns how many rollouts this runner claimed."""
+        """Fleet worker: claim and run this harness's rollouts until `stop` (or, `until_idle`, none is live
+        anywhere). Returns how many rollouts this runner claimed."""
         stop = stop or threading.Event()
         name = self.harness.name
         self._loop(None, lambda: stop.is_set() or (until_idle and self._none_live(harness=name)), stop)
@@ -170,8 +168,6 @@ class Runner:
         if foreign:
             raise WrongHarness(f"rollouts {', '.join(foreign[:5])} are not for harness {self.harness.name!r}")
 
-    # -- workers --------------------------------------------------------------------------------------------
-
     def _none_live(self, **scope) -> bool:
         """No rollout of `scope` is handled here, queued or running anywhere."""
         with self._lock:
@@ -180,8 +176,8 @@ class Runner:
         return self.store.count_rollouts(status=LIVE_ROLLOUT, **scope) == 0
 
     def _next(self, worker_id: str, ids: list[str] | None) -> tuple[Rollout, Attempt] | None:
-        """Claim a queued rollout (with its queued retry attempt, if any). Counted busy from here on, so
-        the run cannot look finished between a claim and the rollout's final status."""
+        """Claim a queued rollout (and its queued retry); counted busy from here on, so the run cannot look
+        finished between a claim and the rollout's final status."""
         with self._lock:
             self._busy += 1
         claimed = None
@@ -271,8 +267,7 @@ class Runner:
             return self.store.get_attempt(attempt.attempt_id)
 
     def _after(self, ended: Attempt) -> Attempt | None:
-        """Apply the policy to an ended attempt: a new queued attempt, or the rollout's final status.
-        Returns the retry when it may start at once (no backoff); a delayed one waits in the queue."""
+        """Apply the policy to an ended attempt; returns the retry when it may start at once (no backoff)."""
         kind = self.policy.retry_kind(ended)
         if kind is not None:
             delay = self.policy.delay_s(ended, kind)
@@ -288,8 +283,6 @@ class Runner:
         self.store.finish_rollout(ended.rollout_id, final)
         return None
 
-    # -- the gateway's health ---------------------------------------------------------------------------
-
     def _unreachable(self) -> str | None:
         """Why the gateway does not answer, or None when it does (any HTTP status counts as an answer)."""
         try:
@@ -301,8 +294,7 @@ class Runner:
         return None
 
     def _blame_gateway(self, outcome: Outcome | None) -> Outcome | None:
-        """A failed or timed-out attempt while the gateway does not answer is the gateway's failure: its
-        ending says so first (the harness's own tail follows), and claims pause (`_holding`)."""
+        """A failed attempt while the gateway does not answer is the gateway's failure; claims pause."""
         if outcome is None or outcome.state not in (AttemptState.failed, AttemptState.timeout):
             return outcome
         why = self._unreachable()
@@ -315,8 +307,7 @@ class Runner:
         return Outcome(outcome.state, "gateway_unreachable", message.strip())
 
     def _holding(self) -> bool:
-        """Whether to start no attempt now: the gateway was found down less than `backoff_max_s` ago and
-        still does not answer. Past that, attempts start again and spend their budget (with backoff)."""
+        """Whether to start no attempt: the gateway, found down under `backoff_max_s` ago, still is."""
         with self._lock:
             since = self._outage_since
         if since is None or time.monotonic() - since >= self.policy.backoff_max_s:
@@ -327,11 +318,9 @@ class Runner:
             self._outage_since = None
         return False
 
-    # -- one attempt ------------------------------------------------------------------------------------------
-
     def _attempt(self, rollout: Rollout, attempt: Attempt) -> Outcome | None:
-        """Prepare, run and check one attempt; None when it was ended by someone else meanwhile. A command
-        harness whose output was cut to `max_output_bytes` has it said at the end of its reason message."""
+        """Prepare, run and check one attempt; None when it was ended by someone else meanwhile. Cut output
+        is said at the end of its reason message."""
         notice: list[str] = []
         outcome = self._run_attempt(rollout, attempt, notice)
         note = "\n".join(line for line in notice if line)
@@ -388,8 +377,7 @@ class Runner:
         return self._judge(task, attempt_id, env)
 
     def _judge(self, task: dict, attempt_id: str, env: dict[str, str]) -> Outcome:
-        """Score a finished attempt that posted no reward with the harness's judge, and post the score
-        through the gateway under the judge's name."""
+        """Score an attempt that posted no reward with the harness's judge, posted through the gateway."""
         try:
             calls = transcript(self.store, attempt_id, self.decode)
             value = reward_value(self.harness.judge(task, calls), f"judge {self.harness.judge_name}")
@@ -405,23 +393,13 @@ class Runner:
         return self.store.get_attempt(attempt_id).state == AttemptState.running
 
     def _record_effect(self, rollout_id: str, attempt_id: str, result: dict) -> None:
-        self.store.add_spans(
-            [
-                Span(
-                    trace_id=attempt_id,
-                    rollout_id=rollout_id,
-                    attempt_id=attempt_id,
-                    sequence=RUNNER_SPAN_SEQUENCE,
-                    name="effect",
-                    kind=SpanKind.custom,
-                    end_time=time.time(),
-                    status="ok" if result.get("verified") else "error",
-                    attributes={**result, "family": "effect", "harness": self.harness.name},
-                )
-            ]
-        )
-
-    # -- reaper -------------------------------------------------------------------------------------------------
+        span = Span(
+            trace_id=attempt_id, rollout_id=rollout_id, attempt_id=attempt_id, sequence=RUNNER_SPAN_SEQUENCE,
+            name="effect", kind=SpanKind.custom, end_time=time.time(),
+            status="ok" if result.get("verified") else "error",
+            attributes={**result, "family": "effect", "harness": self.harness.name},
+        )  # fmt: skip
+        self.store.add_spans([span])
 
     def _reap_loop(self, ids: list[str] | None, stop: threading.Event) -> None:
         interval = min(self.policy.heartbeat_timeout_s / 4, 1.0)
@@ -432,9 +410,8 @@ class Runner:
                 log.exception("reaping failed")
 
     def reap(self, ids: list[str] | None) -> list[str]:
-        """Mark running attempts (of `ids`; None: of this harness, whichever process runs them) with a stale
-        heartbeat `unresponsive` and apply the policy to those no worker of ours is running (ours notice at
-        their next heartbeat). Returns the reaped attempt ids."""
+        """Mark running attempts (of `ids`; None: of this harness) with a stale heartbeat `unresponsive` and
+        apply the policy to those no worker of ours is running. Returns the reaped attempt ids."""
         cutoff = time.time() - self.policy.heartbeat_timeout_s
         scope = {"rollout_ids": ids} if ids is not None else {"harness": self.harness.name}
         reaped = []

@@ -1,5 +1,5 @@
 """Harness rollouts through a local gateway: queue tasks, run them with the `Runner`, collect each rollout's
-final successful attempt. The one serving path of the RL loop, the warm start's probe and the pipeline."""
+final successful attempt."""
 
 from __future__ import annotations
 
@@ -96,27 +96,18 @@ class RolloutService:
         self.store = store
         self.harness = harness if isinstance(harness, HarnessSpec) else example_harness(harness)
         self.retry_policy = retry_policy or self.harness.retry_policy()
+        options = gateway_options(serving, model_names=list(self.harness.model_names), **adapters)
+        keys = GatewayKeys.fresh(serving.secret) if serving.secret else None
         self.gateway = LocalGateway(
-            store,
-            model_dir,
-            gateway_options(serving, model_names=list(self.harness.model_names), **adapters),
-            keys=GatewayKeys.fresh(serving.secret) if serving.secret else None,
-            resource_id=resource_id,
-            child=child,
-            reuse=reuse,
+            store, model_dir, options, keys=keys, resource_id=resource_id, child=child, reuse=reuse
         )
+        decode = self.gateway.codec.decode if self.gateway.codec is not None else None
         try:
             self.runner = Runner(
-                store,
-                self.gateway.url,
-                secret=self.gateway.secret,
-                harness=self.harness,
-                parallel=serving.attempts_at_once(),
-                policy=self.retry_policy,
-                mode=serving.runner_mode,
-                sandbox=serving.sandbox,
-                decode=self.gateway.codec.decode if self.gateway.codec is not None else None,
-            )
+                store, self.gateway.url, secret=self.gateway.secret, harness=self.harness,
+                parallel=serving.attempts_at_once(), policy=self.retry_policy, mode=serving.runner_mode,
+                sandbox=serving.sandbox, decode=decode,
+            )  # fmt: skip
         except BaseException:
             self.gateway.close()
             raise
@@ -154,22 +145,12 @@ class RolloutService:
         tag: str,
         snapshot_key: str | None = None,
     ) -> RolloutBatch:
-        """Run every task `group` times with `sampling` applied to every call. With `seed`, member g of task
-        t samples with `sampling_seed(seed, task_id, g)`: the same seed gives parent and candidate common
-        random numbers. Group ids are `<tag>-g<t>`."""
+        """Run every task `group` times with `sampling` applied to every call; group ids `<tag>-g<t>`."""
         started = time.perf_counter()
         self.gateway.verify()  # no rollout counts on weights the engine does not (or no longer) serve
         rollouts = enqueue_tasks(
-            self.store,
-            self.harness,
-            tasks,
-            kind=kind,
-            group_size=group,
-            seed=seed,
-            resource_id=self.resource_id,
-            snapshot_key=snapshot_key,
-            sampling=sampling,
-            tag=tag,
-        )
+            self.store, self.harness, tasks, kind=kind, group_size=group, seed=seed, tag=tag,
+            resource_id=self.resource_id, snapshot_key=snapshot_key, sampling=sampling,
+        )  # fmt: skip
         self.runner.run([r.rollout_id for r in rollouts])
         return collect_batch(self.store, rollouts, time.perf_counter() - started)

@@ -1,8 +1,6 @@
 """The process a command harness runs under: it starts the harness and, once the harness has ended, kills
-and reaps every process the harness left behind, then exits as the harness did.
-
-Run by path with the standard library only (`python -I -S subreaper.py STATUS_FD -- ARGV...`): it imports
-nothing of lightning-dagster, so it starts in milliseconds.
+and reaps every process the harness left behind, then exits as the harness did. Run by path with the
+standard library only (`python -I -S subreaper.py STATUS_FD -- ARGV...`), so it starts in milliseconds.
 
 Why a process of its own per attempt: a helper that starts a session of its own (`setsid`, a double-forked
 daemon) leaves the harness's process group, and is re-parented to the nearest child subreaper
@@ -44,8 +42,7 @@ def _prctl(option: int, value: int) -> bool:
 
 
 def _parents() -> dict[int, int]:
-    """pid -> parent pid of every process visible in /proc (`/proc/PID/task/*/children` needs a kernel
-    option many kernels lack, so the whole table is read instead: a few hundred small files)."""
+    """pid -> parent pid of every process in /proc (`/proc/PID/task/*/children` needs a kernel option)."""
     table: dict[int, int] = {}
     try:
         names = os.listdir("/proc")
@@ -98,7 +95,7 @@ def sweep(deadline: float) -> None:
 
 
 def _start(command: list[str], parent: int) -> int:
-    """Fork and exec the harness in a session of its own; its pid, or OSError with why it cannot start.
+    """Fork and exec the harness in a session of its own; its pid, or OSError saying why it cannot start.
     (Not `subprocess`: importing it would double this process's start-up.)"""
     errors_r, errors_w = os.pipe()  # close-on-exec: the end of it tells the exec happened
     pid = os.fork()

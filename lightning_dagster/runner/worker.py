@@ -1,8 +1,6 @@
-"""`lightning-dagster runner`: a fleet worker. It claims any queued rollout of its harness from the store
-(`SKIP LOCKED` on PostgreSQL: any number of workers on any machines, no rollout claimed twice), runs it
-against a running gateway, and reaps the stale attempts of workers that died. Rollouts are queued with
-`lightning-dagster rollouts enqueue` (or by a `rollouts run`, which works alongside). Exit status: 0 done
-(`--until-idle`, or SIGTERM/SIGINT), 2 bad arguments or a bad project."""
+"""`lightning-dagster runner`: a fleet worker. It claims any queued rollout of its harness from the store (any
+number of workers on any machines), runs it against a running gateway, and reaps the stale attempts of
+workers that died. Exit status: 0 done (`--until-idle`, or SIGTERM/SIGINT), 2 bad arguments or project."""
 
 from __future__ import annotations
 
