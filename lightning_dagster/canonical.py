@@ -1,8 +1,5 @@
 """Canonical JSON and content hashes: the one serialisation every receipt hash, policy hash, fingerprint and
-signed message goes through, so equal content always hashes (and signs) equal and any change shows.
-
-Standard library only: the gate and the release's signatures both build on it, and neither imports the other
-through it.
+signed message goes through. Standard library only: the gate and the release's signatures both build on it.
 """
 
 from __future__ import annotations

@@ -25,8 +25,7 @@ def _json_file(path: Path) -> tuple[Any, str | None]:
 
 def model_folder_problems(folder: Path | str, *, weights: bool = True) -> list[str]:
     """What keeps `folder` from serving chats, checked from its files without loading anything: a model
-    (`weights`) needs a readable config.json; every folder needs a tokenizer and a chat template (a
-    chat_template.jinja or .json file, or `chat_template` in tokenizer_config.json). Empty: usable."""
+    (`weights`) needs a readable config.json; every folder a tokenizer and a chat template. Empty: usable."""
     folder = Path(folder)
     if not folder.is_dir():
         return ["not a directory" if folder.exists() else "does not exist"]

@@ -39,8 +39,7 @@ class Settings(BaseModel):
             raise SettingsError(_explain(err, where)) from None
 
     def updated(self: S, changes: dict[str, Any], *, where: str = "") -> S:
-        """A copy with `changes` applied and validated like a fresh instance; its `given()` are this one's
-        and `changes`."""
+        """A copy with `changes` applied and validated; its `given()` are this one's and `changes`."""
         return type(self).parse({**self.given(), **changes}, where=where)
 
     def given(self) -> dict[str, Any]:
@@ -356,8 +355,7 @@ def concern_of(cls: type[Settings]) -> type[Settings]:
     return next(base for base in cls.__mro__ if base in CONCERNS.values())
 
 
-# ----------------------------------------------------------------------------------------------------------
-# CLI flags, generated
+# -------------------------------------------------------------------------------------- CLI flags, generated
 
 
 def flag_of(name: str, prefix: str = "") -> str:
@@ -390,9 +388,8 @@ def add_flags(
     *,
     prefix: str | None = None,
 ) -> None:
-    """One flag per setting of `cls` (all, or `names`), each `--setting-name` (`--prefix-setting-name`;
-    `prefix` default: the class's `flag_prefix`), its help the setting's description with its default. A
-    flag not given leaves the setting as the project file or default has it (`from_flags`)."""
+    """One flag per setting of `cls` (all, or `names`), `--[prefix-]setting-name`, its help the setting's
+    description with its default. A flag not given leaves the setting alone (`from_flags`)."""
     prefix = cls.flag_prefix if prefix is None else prefix
     for name in names or list(cls.model_fields):
         field = cls.model_fields[name]
@@ -420,9 +417,7 @@ def _none_or(kind: type) -> Any:
 
 
 def from_flags(base: S, args: argparse.Namespace, *, prefix: str | None = None, command: str = "") -> S:
-    """`base` with the flags given on the command line applied (each validated as the setting is; they are
-    the result's `given()`, which win over the project file in `project.sections.effective`); raises
-    `SettingsError` naming the flag."""
+    """`base` with the flags given on the command line applied; `SettingsError` names a bad flag."""
     prefix = type(base).flag_prefix if prefix is None else prefix
     given = {
         name: getattr(args, _dest(name, prefix))

@@ -1,7 +1,5 @@
 """The shared data model: every record the store keeps and the gateway, runner, trainer and gate exchange.
-
-One module of pydantic classes, in the manner of Agent Lightning: the attempt state machine is an explicit
-table of allowed moves, enforced by `check_transition` (the store calls it; HTTP edges map the error to 409).
+The attempt state machine is an explicit table of allowed moves, enforced by `check_transition`.
 """
 
 from __future__ import annotations
@@ -125,9 +123,8 @@ class Resource(Record):
 
 
 class Sampling(BaseModel):
-    """The sampling the trainer or the evaluator decides for every LLM call of one rollout. Stored in the
-    rollout's `metadata["sampling"]`; the gateway applies it to every call of the rollout's attempts,
-    whatever the harness asks for, and records what it applied on each LLM span. Temperature 0 is greedy."""
+    """The sampling of every LLM call of one rollout (`metadata["sampling"]`), applied by the gateway
+    whatever the harness asks for and recorded on each LLM span. Temperature 0 is greedy."""
 
     model_config = {"extra": "forbid", "frozen": True}
 
@@ -177,8 +174,7 @@ class SpanKind(str, enum.Enum):
 
 
 class Span(Record):
-    """OpenTelemetry-shaped. LLM spans also fill the token fields; those are stored compactly, never as
-    one JSON copy of the prompt per call."""
+    """OpenTelemetry-shaped. LLM spans also fill the token fields, stored compactly."""
 
     span_id: str = Field(default_factory=lambda: new_id("sp"))
     trace_id: str = ""  # by convention the attempt id
@@ -202,8 +198,7 @@ class Span(Record):
 
 def span_family(kind: str, name: str, attributes: dict[str, Any] | None = None) -> str:
     """The family a span counts toward for coverage: its `family` attribute if set, else its name for custom
-    spans (e.g. the runner's `effect`), else its kind (`llm`, `tool`, `reward`). The one definition the
-    runner's summary, the pipeline and the gate's coverage check share."""
+    spans (e.g. the runner's `effect`), else its kind (`llm`, `tool`, `reward`)."""
     family = (attributes or {}).get("family")
     if family:
         return str(family)

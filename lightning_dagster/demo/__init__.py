@@ -1,13 +1,9 @@
 """`lightning-dagster demo`: two continual-learning cycles on the embedded default, through real Dagster runs.
 
-Dagster's default local instance (SQLite, under `$DAGSTER_HOME`, default `<home>/dagster_home`), the SQLite
-store, a SQLite MLflow tracking store and the embedded engine: bootstrap the first parent as
-`approved-default`, let `continual_learning_sensor` cut a snapshot, run the whole graph (the canary step
-approved by the demo's release owner), promote the candidate as the demo's default approver when the gate
-says so, add the project's late train tasks so the sensor cuts snapshot 2, run the graph again from the
-current `approved-default`, and print both verdicts, the pointer history and the commands that open the
-Dagster and MLflow UIs on the same state. The graph runs a working copy (in the home) of the project given
-with `--project PATH` (`LD_PROJECT`), else of the built-in example `examples/calc`.
+Local SQLite state throughout: bootstrap the first parent as `approved-default`, let the sensor cut a
+snapshot, run the whole graph, promote when the gate says so, add the project's late train tasks so the
+sensor cuts snapshot 2, run again, and print both verdicts, the pointer history and the UI commands. The
+graph runs a working copy of `--project PATH` (`LD_PROJECT`), else of `examples/calc`.
 """
 
 from __future__ import annotations
@@ -71,9 +67,8 @@ def run_demo(
     actors: dict[str, str] = DEMO_ACTORS,
     out: Callable[[str], None] = print,
 ) -> list[Any]:
-    """Both cycles on a working copy of `project` with `training` settings (a `TrainingResource`) and
-    `serving` (a `ServingResource`; default the code location's), `actors`
-    (role -> actor) approving; prints stage lines and the summary through `out`. Returns the two cycles."""
+    """Both cycles on a working copy of `project`, `actors` (role -> actor) approving; prints stage lines
+    and the summary through `out`. Returns the two cycles."""
     from lightning_dagster import paths
     from lightning_dagster.demo.cycles import Demo, run_cycles
     from lightning_dagster.demo.progress import StageLines

@@ -72,8 +72,7 @@ def bootstrap(demo: Demo) -> str:
 
 
 def tick(demo: Demo) -> str | None:
-    """One real tick of `continual_learning_sensor` on the demo's instance; a cut snapshot's partition is
-    added as the daemon would. Returns the snapshot key, or None (the skip reason is printed)."""
+    """One real tick of `continual_learning_sensor` on the demo's instance: the key it cut, or None."""
     import dagster as dg
 
     from lightning_dagster.orchestration.sensors import continual_learning_sensor

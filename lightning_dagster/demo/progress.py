@@ -28,8 +28,7 @@ class StageLines:
         self.out(f"[{self.elapsed():4.0f}s] {stage}: {text}")
 
     def warm_start(self, metrics: dict) -> None:
-        """The warm start's progress callback: a line per sampled probe, the first step and every
-        WARM_START_EVERY steps."""
+        """The warm start's progress: a line per probe, the first step and every WARM_START_EVERY steps."""
         step = metrics.get("step", 0)
         if "chosen_step" in metrics:
             self.line(
@@ -156,9 +155,8 @@ def run_snapshot(
     lines: StageLines | None = None,
     label: str = "",
 ) -> list[Any]:
-    """Plan, optionally approve the canary step (signed with the approver's key), then materialize the rest
-    of the snapshot's graph, each as a run of the `continual_learning` / `approve` jobs on `instance`; with
-    `lines`, a stage line per asset as it materializes. Returns the run results."""
+    """Plan, optionally approve the canary step, then materialize the rest of the snapshot's graph, each as
+    a run on `instance`; with `lines`, a stage line per asset. Returns the run results."""
     from lightning_dagster.demo.setup import approval_config
     from lightning_dagster.pipeline import context as ctx
 

@@ -27,10 +27,7 @@ def use_project(path: Path) -> str:
 
 
 def prepare_environment(actors: dict[str, str] = DEMO_ACTORS) -> dict[str, str]:
-    """Point Dagster at a local instance in the demo home and give the demo its approvers (`actors`: role ->
-    actor): each actor's Ed25519 key pair in `<home>/approver-keys` and a roles file naming their public
-    keys, which the code location pins into the demo's store on first use. Both sit outside the learner's
-    write surface (models, MLflow artifacts)."""
+    """Point Dagster at a local instance in the demo home and give the demo its approvers' keys and roles."""
     from lightning_dagster import paths
 
     home = paths.home()
@@ -85,9 +82,7 @@ def approval_config(pipeline: Any, key: str, approver: tuple[str, str]) -> dict[
 
 
 def _not_copied(home: Path) -> Callable[[str, list[str]], set[str]]:
-    """What copying the project folder leaves out: the home (a project run from its own folder keeps its
-    home, and so the copy being made, inside it: copied, the copy would contain itself until the path is too
-    long), any earlier demo copy, and version control."""
+    """What copying the project folder leaves out: the home (it may hold the copy), earlier copies, VCS."""
     home = home.resolve()
 
     def ignore(directory: str, names: list[str]) -> set[str]:
@@ -103,9 +98,7 @@ def _not_copied(home: Path) -> Callable[[str, list[str]], set[str]]:
 
 def _absolute_outside_paths(original: Path, copy: Path) -> None:
     """Rewrite the copied project file `copy` so that every relative path of `original` that points outside
-    its folder (`../shared/demos.jsonl`, a command `../bin/agent`, an argument `../lib/agent.py`) is
-    absolute: relative to the copy's folder it would name another file, or none. Paths inside the folder
-    stay relative (they name the copy's files). The file is left as it is when there are none."""
+    its folder (`../shared/demos.jsonl`) is absolute; paths inside the folder stay relative."""
     import yaml
 
     from lightning_dagster.project.config import PATH_KEYS
@@ -141,8 +134,7 @@ def _absolute_outside_paths(original: Path, copy: Path) -> None:
 
 
 def _drop_jsonl_lines(path: Path, id_column: str, ids: set[str]) -> None:
-    """Remove the tasks whose id is in `ids` from the JSONL file `path`; every other line is kept byte for
-    byte (a re-serialization would change number formats, unicode escapes and key order)."""
+    """Remove the tasks whose id is in `ids` from the JSONL file `path`, keeping every other line as is."""
     import json
 
     from lightning_dagster.project.tasks import key_text

@@ -1,7 +1,5 @@
-"""The seven checks of the release gate, named once: number, machine name, display title and description.
-
-Everything that names a check (policy sections, check results, the verdict, staleness, the CLI, the Dagster
-asset checks) takes it from `Check`, so a check cannot be called two things in two places.
+"""The seven checks of the release gate, named once (number, machine name, title, description) in `Check`,
+so a check cannot be called two things in two places.
 """
 
 from __future__ import annotations
@@ -43,11 +41,7 @@ class Check(IntEnum):
         "held-out vs exact parent",
         "The candidate beats its exact parent on the closed held-out set.",
     )
-    protected_cases = (
-        5,
-        "protected cases",
-        "No protected-case regressions beyond the per-family tolerance.",
-    )
+    protected_cases = (5, "protected cases", "No protected-case regressions beyond the per-family tolerance.")
     canary_verified = (
         6,
         "bounded canary",

@@ -1,14 +1,9 @@
 """The gate's verdict: validate the evidence's consistency, run the seven checks, void the stale ones, and
-decide.
+decide: `PROMOTE TO BOUNDED CANARY` only when all seven pass and none is void, otherwise `HOLD`.
 
-An inconsistency (`consistency`) fails the check it touches whatever that check's own body found; a field
-the validation needs but lacks makes a passing check unavailable. The verdict is `PROMOTE TO BOUNDED
-CANARY` only when all seven pass and none is void by staleness; otherwise `HOLD`, naming every check that
-did not pass.
-
-When a blocking check stopped the graph, the stages after it left no evidence: the checks that need it are
-unavailable and say which stage did not run and which upstream check stopped it (`stages.stop_causes`);
-the checks are judged twice then, the second time with those causes (the statuses cannot change).
+An inconsistency fails the check it touches whatever its own body found. When a blocking check stopped the
+graph, the checks that need the missing evidence are unavailable and name the stage that did not run and
+the check that stopped it (`stages.stop_causes`).
 """
 
 from __future__ import annotations
@@ -56,8 +51,7 @@ def run_check(
     now: float | None = None,
     clock_skew_s: float = CLOCK_SKEW_S,
 ) -> CheckResult:
-    """One check on a receipt under a policy (staleness aside), after the consistency validation (see
-    `consistency.inconsistencies` for `roles`, `now`, `clock_skew_s`); an unknown number is `ValueError`."""
+    """One check on a receipt under a policy (staleness aside), after the consistency validation."""
     check = Check(check)
     found = inconsistencies(receipt, roles=roles, now=now, clock_skew_s=clock_skew_s)
     if all(ran(receipt, stage.name) for stage in STAGES):
@@ -136,8 +130,7 @@ def evaluate(
     now: float | None = None,
     clock_skew_s: float = CLOCK_SKEW_S,
 ) -> Evaluation:
-    """Validate consistency, run the seven checks, void the ones staleness affects, and decide the verdict.
-    `roles`, `now` and `clock_skew_s` as in `consistency.inconsistencies`."""
+    """Validate consistency, run the seven checks, void the ones staleness affects, and decide the verdict."""
     found = inconsistencies(receipt, roles=roles, now=now, clock_skew_s=clock_skew_s)
     judged, causes = _judged_all(receipt, policy, found)
     checks = list(judged.values())

@@ -1,7 +1,5 @@
-"""Evidence that must agree with itself: the cross-field validations the gate runs before it judges.
-
-An inconsistency is charged to the check whose evidence it touches and fails that check; a field these
-validations need but the receipt lacks makes that check unavailable. Neither can read as a pass.
+"""Evidence that must agree with itself: the cross-field validations the gate runs before it judges. An
+inconsistency fails the check whose evidence it touches; a field they need but lack makes it unavailable.
 """
 
 from __future__ import annotations
@@ -33,11 +31,7 @@ def inconsistencies(
     now: float | None = None,
     clock_skew_s: float = CLOCK_SKEW_S,
 ) -> dict[Check, Findings]:
-    """Per check, the contradictions (failures) and missing fields (unavailable) found in the receipt.
-
-    `roles`: when given, every approval must be signed by an actor holding the approved role in it, over
-    this receipt (None: the caller verifies approvals itself). `now` (default: the clock) plus `clock_skew_s` bounds every recorded time.
-    """
+    """Per check, the contradictions (failures) and missing fields (unavailable) found in the receipt."""
     if not math.isfinite(clock_skew_s) or clock_skew_s < 0:
         # a NaN skew would compare false with every time and let any future time through
         raise ValueError(f"clock skew must be a finite number of seconds >= 0, not {clock_skew_s!r}")

@@ -77,10 +77,8 @@ def expected_of_stages_that_ran(
     r: Receipt, causes: Causes, stop: EarlyStop | None
 ) -> tuple[dict[RolloutKind, int], dict[str, dict]]:
     """Per kind, the rollouts the plan expects of the stages that ran; and per stage that did not, the
-    rollouts it would have started and why it did not run. Before training runs only the first batch of
-    train rollouts is expected (all of them when the plan does not say how large that batch is). Training
-    that stopped early (`stop`, from `stages.early_stop`) as its recorded validation justifies is expected
-    to have started the train rollouts of the steps it ran; the rest are named under it with the reason."""
+    rollouts it would have started and why. Before training runs only the first batch of train rollouts is
+    expected; training that stopped early as its validation justifies (`stop`), those of the steps it ran."""
     expected = dict(r.plan.expected_rollouts or {})
     skipped: dict[str, dict] = {}
     for stage in STAGES:
@@ -120,10 +118,7 @@ def _never_started(skipped: dict[str, dict]) -> str:
 
 
 def check_span_coverage(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> CheckResult:
-    """Every rollout the plan expects of the stages that ran finished with at least one span of each
-    expected family for its kind. Unfinished rollouts and rollouts never recorded count as incomplete;
-    unreadable spans as unknown. Rollouts of stages that did not run are named, with why, not counted:
-    those stages' own checks are unavailable, so the verdict holds all the same."""
+    """Every rollout the plan expects of the stages that ran has a span of each expected family."""
     ev, f = r.rollouts, Findings()
     need = policy.checks.span_coverage.min_complete_share
     if ev is None:

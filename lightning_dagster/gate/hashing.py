@@ -12,6 +12,5 @@ __all__ = ["canonical_json", "content_hash", "fingerprint"]
 
 
 def fingerprint(obj: Any) -> str:
-    """A fingerprint for staleness (evaluator config, tool schemas, retry policy, ...): the content hash of
-    its JSON form. Callers pass plain JSON data (dicts, lists, strings, numbers)."""
+    """A fingerprint for staleness: the content hash of plain JSON data (evaluator config, tools, ...)."""
     return content_hash(obj)

@@ -1,10 +1,9 @@
 """Immutable receipts: each version is content-hashed and appended to the store's append-only documents;
-an amendment (an approval, a rollback drill, later evidence) is a new version pointing at the one before.
+an amendment is a new version pointing at the one before.
 
-The hash of a version covers its body *and* its link: `sha256(canonical({"previous_hash", "receipt"}))`,
-so editing a stored body, hash or link breaks `verify_chain`. Amendments may only add: fields that were
-set keep their value, lists only grow at the end. The gate's own record (`gate`) may be replaced, since a
-later evaluation under another policy is a new judgement of the same evidence.
+The hash covers body and link (`sha256(canonical({"previous_hash", "receipt"}))`), so an edit breaks
+`verify_chain`. Amendments may only add; the gate's own record (`gate`) may be replaced, since a later
+evaluation under another policy is a new judgement of the same evidence.
 """
 
 from __future__ import annotations
@@ -79,8 +78,7 @@ class ReceiptLedger:
         self.store = store
 
     def append(self, receipt: Receipt) -> LedgerEntry:
-        """Store a receipt: version 1, or an amendment of the current head (which must only add).
-        A concurrent writer makes the store raise its `Conflict`: re-read the head and retry."""
+        """Store a receipt: version 1, or an amendment of the head (concurrent writers: `Conflict`)."""
         body = receipt.to_json_dict()
         versions = self.store.document_versions(COLLECTION, receipt.receipt_id)
         previous = versions[-1] if versions else None

@@ -1,7 +1,5 @@
-"""The versioned gate policy: every threshold of the seven checks, loaded from YAML or JSON.
-
-A policy of another `schema_version` is invalid input. `Policy.hash` is the sha256 of the policy's
-canonical JSON form (comments and key order do not change it; any threshold does).
+"""The versioned gate policy: every threshold of the seven checks, loaded from YAML or JSON. `Policy.hash` is
+the sha256 of its canonical JSON form (comments and key order do not change it; any threshold does).
 """
 
 from __future__ import annotations
@@ -112,8 +110,7 @@ def parse_policy(data: Any) -> Policy:
     version = data.get("schema_version")
     if version != POLICY_SCHEMA_VERSION:
         raise InvalidInput(
-            "policy",
-            [("schema_version", f"policy schema {version!r} is not supported (this gate reads 1)")],
+            "policy", [("schema_version", f"policy schema {version!r} is not supported (this gate reads 1)")]
         )
     checks = data.get("checks")
     if isinstance(checks, dict):

@@ -1,6 +1,5 @@
-"""The update receipt, in one namespace: its schema (`receipt_models`) and its pure builders
-(`receipt_builders`). Callers write `from lightning_dagster.gate import receipt as R` and use `R.Plan`,
-`R.from_plan`, `R.add_candidate`, ...
+"""The update receipt in one namespace: its schema (`receipt_models`) and pure builders (`receipt_builders`),
+used as `from lightning_dagster.gate import receipt as R`.
 """
 
 from lightning_dagster.gate.receipt_builders import (

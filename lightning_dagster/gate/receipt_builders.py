@@ -1,9 +1,6 @@
-"""Pure builders of the update receipt: each takes a receipt and returns a new, validated one.
-
-`from_plan` (phase 1), `add_rollout_evidence` (phase 2), then `add_candidate`, `add_evaluation`,
-`add_canary`, `add_rollback_drill`, `add_approval`, `set_fingerprints` and `with_gate_record` (phase 3).
-Phase-3 builders stamp the time a stage finished (`at`, default the clock) unless the evidence carries one:
-the gate checks that plan, training, evaluation, canary and approval happened in that order.
+"""Pure builders of the update receipt: each takes a receipt and returns a new, validated one. Phase-3
+builders stamp the time a stage finished (`at`) unless the evidence carries one: the gate checks that
+plan, training, evaluation, canary and approval happened in that order.
 """
 
 from __future__ import annotations
@@ -50,12 +47,7 @@ def rollout_evidence(
     *,
     families: Sequence[str] = (),
 ) -> RolloutEvidence:
-    """Build the columnar phase-2 evidence.
-
-    `spans` yields `Span`s or cheap `(rollout_id, family)` pairs; `None` means the spans could not be read
-    at all (every row unavailable). A rollout with no spans gets zeros (it produced nothing, which is
-    evidence). `families` fixes the column order; families seen in `spans` are added after them.
-    """
+    """Build the columnar phase-2 evidence; `spans` None: unreadable (every row unavailable)."""
     index = {r.rollout_id: i for i, r in enumerate(rollouts)}
     columns: dict[str, int] = {f: j for j, f in enumerate(families)}
     counts: list[list[int]] = [[0] * len(columns) for _ in rollouts]
@@ -108,8 +100,7 @@ def add_rollout_evidence(
     attempts: Sequence[Attempt],
     spans: Iterable[Span | tuple[str, str]] | None,
 ) -> Receipt:
-    """Phase 2: rollouts with every attempt (ending, reason, retry kind) and span counts per family.
-    Columns start with the plan's expected families so that a family never seen still shows as zero."""
+    """Phase 2: rollouts with every attempt and span counts per family (the plan's families first)."""
     expected = [f for fams in receipt.plan.expected_span_families.values() for f in fams]
     families = list(dict.fromkeys(expected))
     evidence = rollout_evidence(rollouts, attempts, spans, families=families)
@@ -117,9 +108,8 @@ def add_rollout_evidence(
 
 
 def _stamped(model: Any, field: str, at: float | None, recorded: BaseModel | None) -> Any:
-    """`model` with its time `field` set (to `at`, else now) unless it already records one (anything but a
-    model is left for validation to refuse). Evidence equal to what the receipt already holds keeps the
-    recorded time, so that re-running a stage amends nothing."""
+    """`model` with its time `field` set (to `at`, else now) unless it already records one. Evidence equal
+    to what the receipt already holds keeps the recorded time, so re-running a stage amends nothing."""
     if not isinstance(model, BaseModel) or getattr(model, field) is not None:
         return model
     if recorded is not None and recorded.model_copy(update={field: None}) == model:
@@ -135,8 +125,7 @@ def family_scores(
     candidate: Mapping[str, Mapping[str, float]], parent: Mapping[str, Mapping[str, float]]
 ) -> list[FamilyScore]:
     """Per-family means from per-task rewards (family -> task id -> reward); a family one side lacks gets
-    None on that side (unavailable). `n` counts the tasks both sides were scored on, and so does
-    `distinct_tasks`, recorded apart so that the gate can tell an edited `n` from the tasks behind it."""
+    None on that side. `n` and `distinct_tasks` (recorded apart, against edits) count the tasks both had."""
     scores = []
     for family in sorted(set(candidate) | set(parent)):
         c, p = candidate.get(family) or {}, parent.get(family) or {}

@@ -1,10 +1,8 @@
 """The update receipt's schema: one machine-readable document that binds a candidate to its exact parent,
 data, evaluator, attempts, span coverage, held-out and protected results, canary, rollback drill, approvals.
 
-Phase 1 (`Plan`) is frozen before training. Phase 2 (`RolloutEvidence`) is columnar so that large runs stay
-small on disk. Phase 3 holds the comparisons against the exact parent, the canary, the rollback drill and
-the approvals. Evidence that does not exist is `None` (or an empty list), never a healthy default; the
-checks report it as unavailable.
+Phase 1 (`Plan`) is frozen before training; phase 2 (`RolloutEvidence`) is columnar; phase 3 holds the
+rest. Evidence that does not exist is `None` (or an empty list), never a healthy default.
 """
 
 from __future__ import annotations
@@ -175,9 +173,8 @@ class ValidationEval(_Model):
 
 
 class TrainingRun(_Model):
-    """How training ran against the plan: the RL steps it took of those planned and, when it stopped early,
-    why, with the validation evaluations that stop rests on (the gate recomputes the stop from them under
-    the plan's `validation_patience`)."""
+    """How training ran against the plan: the steps it took and, when it stopped early, why, with the
+    validation evaluations the gate recomputes the stop from."""
 
     steps_planned: Annotated[int, Field(ge=1)]
     steps_run: Annotated[int, Field(ge=1)]
@@ -405,9 +402,7 @@ def parse_receipt(data: Any) -> Receipt:
 
 
 def read_json(path: str | Path, what: str, max_bytes: int | None = None) -> Any:
-    """Read a JSON file; unreadable, oversized (over `max_bytes`, default `MAX_JSON_BYTES`), undecodable,
-    too deeply nested or malformed JSON is `InvalidInput` (NaN/Infinity parse, then fail validation with
-    their field named)."""
+    """Read a JSON file; anything unreadable, oversized or malformed is `InvalidInput`."""
     limit = MAX_JSON_BYTES if max_bytes is None else max_bytes
     try:
         size = Path(path).stat().st_size

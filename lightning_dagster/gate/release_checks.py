@@ -114,8 +114,7 @@ def check_protected_cases(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES
 
 
 def check_canary_verified(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> CheckResult:
-    """The bounded canary ran the candidate within its limits, every task's destination was verified
-    (at least the policy's share) and no harmful effect was recorded."""
+    """The bounded canary ran the candidate within its limits, verified and without harm."""
     c, f, need = r.canary, Findings(), policy.checks.canary_verified.min_verified_share
     if c is None:
         f.miss(not_run(CANARY, causes, "no canary recorded"))
@@ -180,8 +179,7 @@ def check_canary_verified(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES
 
 
 def check_rollback_and_approval(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> CheckResult:
-    """The rollback drill resolved and loaded the exact parent and routed back to it, and every role the
-    policy requires approved the canary step, each role being one the plan authorises."""
+    """The rollback drill returned to the exact parent, and every required role approved the canary step."""
     d, f, plan = r.rollback_drill, Findings(), r.plan
     required = policy.checks.rollback_and_approval.required_roles
     if d is None:

@@ -1,9 +1,6 @@
 """The graph's stages as the gate sees them: which evidence each produces, which rollout kinds it starts,
-and which blocking checks stop every stage after it. With it a stopped graph reads as a diagnosis: a stage
-whose evidence is absent after a stage whose checks did not pass "did not run" because of those checks.
-
-The names are the Dagster assets that produce the evidence (`assets.checks.JUDGED_ASSET` judges each
-check on the same stage; a test keeps the two tables equal).
+and which blocking checks stop every stage after it, so a stopped graph reads as a diagnosis. The names are
+the Dagster assets that produce the evidence (a test keeps this and `assets.checks.JUDGED_ASSET` equal).
 """
 
 from __future__ import annotations
@@ -69,8 +66,7 @@ def ran(receipt: Receipt, name: str) -> bool:
 
 
 def first_batch_size(receipt: Receipt) -> int | None:
-    """Train rollouts the first batch starts (`tasks_per_step` x `group_size` of the plan's algorithm, when
-    it declares both as integers): what the plan expects of train rollouts before training runs."""
+    """Train rollouts the first batch starts (`tasks_per_step` x `group_size`, when both are declared)."""
     algorithm = receipt.plan.algorithm
     tasks, group = algorithm.get("tasks_per_step"), algorithm.get("group_size")
     if type(tasks) is int and type(group) is int and tasks >= 0 and group >= 0:
@@ -80,8 +76,7 @@ def first_batch_size(receipt: Receipt) -> int | None:
 
 def stop_causes(receipt: Receipt, statuses: Mapping[Check, str]) -> dict[str, str]:
     """For each stage that did not run, why: the blocking checks that did not pass on the last stage before
-    it that ran. A stage missing after a stage whose checks all passed gets no cause (it has not run yet,
-    or its evidence was lost: the checks that need it stay unavailable, naming what is missing)."""
+    it that ran (none did: no cause, it has not run yet or its evidence was lost)."""
     causes: dict[str, str] = {}
     last_ran: Stage | None = None
     for stage in STAGES:
@@ -121,9 +116,7 @@ def _first_stop(regressed: list[bool], patience: int) -> int | None:
 
 @dataclass(frozen=True)
 class EarlyStop:
-    """Training's recorded early stop as the gate judges it: the train rollouts of the steps it did not run,
-    why it stopped, and `problem` when the recorded validation does not justify the stop (then the whole
-    plan's train rollouts stay expected)."""
+    """Training's recorded early stop as the gate judges it (`problem`: validation does not justify it)."""
 
     not_started: int
     why: str
@@ -131,11 +124,10 @@ class EarlyStop:
 
 
 def early_stop(receipt: Receipt) -> EarlyStop | None:
-    """The early stop training recorded (None: it ran every planned step, or recorded nothing). The stop is
-    recomputed from the recorded validation evaluations under the plan's `validation_patience` with the
-    same rule the trainer uses (`training.selection.stop_reason`, computed in one pass): it must first hold
-    at the last evaluation, which must be the last step run. A stop the evidence does not support leaves every planned
-    train rollout expected, so a run cannot shorten its own plan by claiming one."""
+    """The early stop training recorded (None: none). The stop is recomputed from the recorded validation
+    under the trainer's rule (`training.selection.stop_reason`): it must first hold at the last evaluation,
+    the last step run. One the evidence does not support leaves every planned train rollout expected, so a
+    run cannot shorten its own plan by claiming one."""
     from lightning_dagster.training.selection import CheckpointEval, regressions
 
     run = receipt.candidate.training if receipt.candidate is not None else None

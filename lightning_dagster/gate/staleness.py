@@ -48,8 +48,7 @@ def void_checks(
     *,
     required: Iterable[str] = (),
 ) -> dict[Check, list[str]]:
-    """Map each void check to the reasons it is void (empty mapping: nothing stale). A `Check` is an int,
-    so the keys also match plain check numbers."""
+    """Map each void check to the reasons it is void (empty mapping: nothing stale)."""
     cur = current.model_dump() if isinstance(current, Fingerprints) else dict(current or {})
     unknown = sorted(set(cur) - set(VOIDS))
     if unknown:
@@ -71,9 +70,8 @@ def void_checks(
 
 
 def changed_settings(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, list[str]]:
-    """Which settings behind each fingerprint changed, from the inputs a fingerprint hashes (recorded with
-    the plan, and now): `{"evaluator": ["holdout_tasks: 128 -> 64"]}`. A fingerprint's reasons say only
-    that it changed; these say what to set back."""
+    """Which settings behind each fingerprint changed between the plan and now, e.g.
+    `{"evaluator": ["holdout_tasks: 128 -> 64"]}`: what to set back."""
     out: dict[str, list[str]] = {}
     for name in sorted(set(recorded) & set(current)):
         was, now = recorded[name], current[name]

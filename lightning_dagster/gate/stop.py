@@ -1,10 +1,8 @@
 """Stop conditions for continual learning: pause on evidence that training is no longer useful progress.
 
-"The trainer is running" describes activity, not progress. Given the latest receipt (and optionally the
-previous one), pause when span coverage dropped, retry debt crossed its limit, the protected set regressed,
-the parent became unavailable, or the canary could not verify an external effect. The figures come from
-the same check functions the gate uses, so the two never disagree. Missing evidence does not pause by
-itself (training may simply not have reached that phase); it is listed in `unavailable`.
+Pause when span coverage dropped, retry debt crossed its limit, the protected set regressed, the parent
+became unavailable, or the canary could not verify an external effect, judged by the gate's own check
+functions. Missing evidence does not pause by itself; it is listed in `unavailable`.
 """
 
 from __future__ import annotations

@@ -44,8 +44,7 @@ class ApproveConfig(dg.Config):
     signature: str = Field(description="The Ed25519 signature `registry sign` prints")
 
     def approval(self):
-        """The approval these fields make; `InvalidInput` naming each bad field (an empty actor, a step
-        other than canary or default, an infinite time), which the job refuses in one line."""
+        """The approval these fields make; `InvalidInput` naming each bad field."""
         from pydantic import ValidationError
 
         from lightning_dagster.gate.errors import from_validation_error
@@ -98,8 +97,7 @@ class RollbackConfig(dg.Config):
 
 @contextmanager
 def refusals(action: str) -> Iterator[None]:
-    """A refusal (wrong actor, HOLD or stale receipt, unknown version, a lost compare-and-set) is an expected
-    stop: a one-line `dg.Failure` with its reason as metadata, not a traceback of the registry's frames."""
+    """A refusal is an expected stop: a one-line `dg.Failure` with its reason as metadata, not a traceback."""
     from lightning_dagster.gate.errors import InvalidInput, TamperedReceipt
     from lightning_dagster.pipeline.context import ForeignReceipt, StageMissing
     from lightning_dagster.pipeline.loop_history import ResumeRefused, TamperedHistory
@@ -183,9 +181,7 @@ def rollback() -> None:
 class ResumeConfig(dg.Config):
     """An authorized actor's signed resume of the paused continual-learning loop: the fields
     `lightning-dagster loop sign --actor --role --key --reason` prints (the signature covers them and the
-    pause in force). The actor must hold one of the roles the pause in force names: the deployment's
-    default-approver roles (`GateResource.default_approver_roles`) when the sensor recorded it, the same
-    roles `loop resume` checks."""
+    pause in force). The actor must hold one of the roles the pause in force names."""
 
     actor: str
     role: str = Field(
@@ -206,9 +202,7 @@ def resume_loop(config: ResumeConfig, pipeline: PipelineResource) -> dg.Output:
     store = pipeline.get_store()
     with refusals("resume"):
         recorded = loop_history.resume(
-            store,
-            loop_history.resume_request(config.model_dump()),
-            actors=approvers(pipeline),
+            store, loop_history.resume_request(config.model_dump()), actors=approvers(pipeline)
         )
     return dg.Output(None, metadata=to_metadata(loop_history.decision_metadata(store, recorded)))
 

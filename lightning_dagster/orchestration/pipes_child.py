@@ -1,9 +1,8 @@
 """The training process the `candidate_resource` asset launches through Dagster Pipes: it rebuilds the
-pipeline settings from the Pipes extras, runs the core stage (`pipeline.stages.training.candidate_resource`)
-and reports its result (metrics, checkpoint, MLflow version) back as one Pipes message. Under
-torch.distributed.run (the training resource's `nproc`), rank 0 does this and the other ranks train its steps
-(`training.loop.followed`).
-Lives outside the core packages: it imports `dagster_pipes` and the Dagster resources."""
+settings from the Pipes extras, runs `pipeline.stages.training.candidate_resource` and reports its result
+as one Pipes message (under torch.distributed.run, from rank 0; the other ranks follow).
+Lives outside the core packages: it imports `dagster_pipes` and the Dagster resources.
+"""
 
 from __future__ import annotations
 
@@ -50,9 +49,7 @@ def pipes_settings(pipeline: Any) -> dict[str, Any]:
 
 
 def main(device: str) -> int:
-    """`device`: the training resource's, given on the command line: every rank joins the process group
-    before rank 0 has read the Pipes extras. Rank 0 runs the stage and reports each step's metrics as a Pipes
-    log line and the stage's result as one message; the other ranks follow it (`training.loop.followed`)."""
+    """`device` comes on the command line: every rank joins the process group before Pipes is read."""
     from lightning_dagster.training.loop import followed, join
 
     group = join(device)

@@ -1,9 +1,5 @@
 """Triggers: the continual-learning sensor, the stale-evidence and alias-watch sensors, the nightly schedule.
-
-Switched on at start: `stale_evidence_sensor` and `approved_alias_sensor` (cheap, and they can only make
-receipts stricter or put MLflow's alias back where the store says). The
-continual-learning sensor and the nightly schedule start stopped: each of their runs trains a model, so an
-operator turns them on in the UI (Automation) or with `dagster sensor start` / `dagster schedule start`.
+The continual-learning sensor and the nightly schedule start stopped: each of their runs trains a model.
 """
 
 import datetime as dt
@@ -111,8 +107,7 @@ def stale_evidence_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
 
 def _verified_at(cursor: str | None, now: float) -> float | None:
     """When the alias was last seen to agree, from the cursor; None (the incident window stays open) for a
-    cursor that holds no such time: corrupt, of another shape, NaN or in the future, so it never narrows an
-    incident's window wrongly nor stops the sensor."""
+    corrupt cursor, NaN or a time in the future."""
     try:
         seen = json.loads(cursor) if cursor else {}
     except ValueError:

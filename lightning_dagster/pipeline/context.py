@@ -1,6 +1,5 @@
-"""The pieces every stage needs, built from the pipeline resource: the run's effective settings, store,
-registry, policy, the harness and its tasks, the per-snapshot documents the stages hand to each other, and
-the fingerprints staleness compares."""
+"""The pieces every stage needs, built from the pipeline resource: effective settings, registry, policy,
+the harness and its tasks, the per-snapshot stage documents, and the fingerprints staleness compares."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ class StageMissing(LookupError):
 
 
 class ForeignReceipt(ValueError):
-    """The ledger holds a receipt under a snapshot's receipt id that the pipeline did not write (brought in
-    by hand before the snapshot was planned): its plan is not the pipeline's, so no stage builds on it."""
+    """The ledger holds a receipt under a snapshot's receipt id that the pipeline did not write."""
 
     def __init__(self, key: str, rid: str):
         super().__init__(
@@ -52,9 +50,7 @@ class ForeignReceipt(ValueError):
 
 
 class CandidateRecorded(ValueError):
-    """The snapshot's receipt already records its candidate: training again would register another version,
-    move `latest-candidate` and overwrite the checkpoint the receipt's evaluations ran on, then be refused by
-    the ledger (a receipt records one candidate)."""
+    """The snapshot's receipt already records its candidate (a receipt records one)."""
 
     def __init__(self, key: str, version: str | None):
         super().__init__(
@@ -68,9 +64,7 @@ class NotRegistered(LookupError):
 
 
 def settings(p: Pipeline) -> PipelineSettings:
-    """The settings the run's stages read: per concern, the resource's own fields over the pipeline
-    project's `training:` / `serving:` / `gate:` section over the defaults (`project.sections.effective`).
-    Read from the project file at each call, as the harness and tasks are."""
+    """The settings the run's stages read (`project.sections.effective`), the project file read now."""
     from lightning_dagster.project.sections import effective
     from lightning_dagster.settings import CONCERNS, PipelineSettings
 
@@ -81,17 +75,12 @@ def settings(p: Pipeline) -> PipelineSettings:
 def registry(p: Pipeline) -> Registry:
     from lightning_dagster.registry.core import Registry
 
-    return Registry(
-        p.mlflow.resolved_uri(),
-        p.get_store(),
-        p.mlflow.model_name,
-        roles_file=settings(p).gate.roles_path or None,
-    )
+    roles_file = settings(p).gate.roles_path or None
+    return Registry(p.mlflow.resolved_uri(), p.get_store(), p.mlflow.model_name, roles_file=roles_file)
 
 
 def approvers(p: Pipeline) -> Mapping[str, ActorKey]:
-    """The deployment's pinned approvers, whose signatures check 7 verifies; none (so every approval fails
-    check 7, never passes unverified) when no roles are configured or pinned."""
+    """The deployment's pinned approvers; none (every approval fails check 7) when no roles are pinned."""
     from lightning_dagster.release.errors import RolesConfigError
     from lightning_dagster.release.roles import registry_roles
 
@@ -144,8 +133,7 @@ def project_source(path: Path | str) -> HarnessSource:
 
 
 def project_file(p: Pipeline) -> Path | str:
-    """The pipeline's project: the one named by `project.project`, else the built-in example named by
-    `project.harness` (`examples/<name>`)."""
+    """The pipeline's project: `project.project`, else the built-in example `project.harness`."""
     from lightning_dagster.project.examples import example_file
 
     return p.project.project or example_file(p.project.harness)
@@ -164,8 +152,7 @@ def harness_source(p: Pipeline) -> HarnessSource:
 
 
 def canary_source(p: Pipeline, source: HarnessSource) -> HarnessSource:
-    """The canary runs a harness whose effect can be re-read at its destination: the pipeline's own (with
-    its tasks) when it can (`verify`), else the built-in example named by the gate's `canary_harness`."""
+    """The pipeline's harness when its effect can be re-read (`verify`), else the gate's `canary_harness`."""
     from lightning_dagster.project.examples import example_file
 
     canary_harness = settings(p).gate.canary_harness
@@ -173,8 +160,7 @@ def canary_source(p: Pipeline, source: HarnessSource) -> HarnessSource:
 
 
 def harness_tools(spec: HarnessSpec) -> list[dict]:
-    """The tool schemas a harness offers its model: the tool contract staleness watches (empty when the
-    project's agent declares none)."""
+    """The tool schemas a harness offers its model: the tool contract staleness watches."""
     return list(spec.tools)
 
 
@@ -249,8 +235,7 @@ def head_receipt(store: Store, key: str) -> Receipt:
 
 
 def append_receipt(store: Store, key: str, receipt: Receipt) -> LedgerEntry:
-    """A new version of the snapshot's receipt (amendments may only add); returns the ledger entry (version,
-    content_hash). The first one also records which snapshot the receipt belongs to."""
+    """A new version of the snapshot's receipt; the first also records which snapshot it belongs to."""
     from lightning_dagster.gate import ReceiptLedger
 
     if receipt.receipt_id != receipt_id(key):
@@ -277,8 +262,7 @@ def registered_version(ref: ParentRef | CandidateArtifact) -> str:
 
 
 def fingerprint_inputs(p: Pipeline) -> dict[str, Any]:
-    """The settings each setting-derived fingerprint hashes, kept beside the receipt (`update_plan` saves
-    them) so a changed fingerprint can say which setting changed (`gate.staleness.changed_settings`)."""
+    """The settings each setting-derived fingerprint hashes, kept so a change can be named."""
     from lightning_dagster.pipeline.serving import retry_policy
 
     source, s = harness_source(p), settings(p)
@@ -302,8 +286,7 @@ def fingerprint_inputs(p: Pipeline) -> dict[str, Any]:
 def global_fingerprints(
     p: Pipeline, parent_weights_hash: str | None, inputs: Mapping[str, Any] | None = None
 ) -> dict[str, str | None]:
-    """What the evidence of any receipt depends on right now, except the model it served (per receipt):
-    the hash of each of `inputs` (default: `fingerprint_inputs(p)`), the task pool and the parent."""
+    """What the evidence of any receipt depends on right now, except the model it served."""
     from lightning_dagster.gate.hashing import fingerprint
 
     inputs = fingerprint_inputs(p) if inputs is None else inputs
@@ -319,8 +302,7 @@ def save_fingerprint_inputs(store: Store, key: str, inputs: Mapping[str, Any]) -
 
 
 def changed_settings(p: Pipeline, key: str) -> dict[str, list[str]]:
-    """Per fingerprint, the settings that differ between the snapshot's plan and now (`"holdout_tasks: 128
-    -> 64"`); a receipt planned before the inputs were kept has none to compare."""
+    """Per fingerprint, the settings that differ between the snapshot's plan and now."""
     from lightning_dagster.gate.staleness import changed_settings as diff
 
     recorded = load_doc(p.get_store(), STAGES, f"{key}/{FINGERPRINT_INPUTS}")
@@ -343,8 +325,7 @@ def canary_destinations(canary: HarnessSpec) -> list[str]:
 
 
 def current_fingerprints(p: Pipeline, key: str) -> dict[str, str | None]:
-    """Fingerprints now: a moved `approved-default`, a changed evaluator or tool contract, or candidate bytes
-    that no longer hash to what the canary served, each void the checks that depended on them."""
+    """The fingerprints now, the served candidate's bytes included."""
     from lightning_dagster.engine import checkpoint_hash
     from lightning_dagster.registry.core import APPROVED
     from lightning_dagster.registry.errors import RegistryError

@@ -1,9 +1,6 @@
 """The continual-learning loop's pauses and resumes, kept in the store as one hash-chained document
-(collection `loop_decisions`, one version per decision), and the signed resume an authorized actor records.
-
-The decisions themselves are the release's (`release.pauses`); this module reads and appends them. Each
-version's content hash covers the decision and the previous version's hash, so an edited history does not
-verify.
+(collection `loop_decisions`), and the signed resume an authorized actor records. The decisions
+themselves are `release.pauses`'s; this module reads and appends them.
 """
 
 from __future__ import annotations
@@ -57,8 +54,7 @@ def when(ts: float) -> str:
 
 
 def resume_request(data: Mapping[str, Any]) -> ResumeRequest:
-    """A resume's fields as a `ResumeRequest`; a field that is missing, blank, too long or holds a control
-    character raises the gate's `InvalidInput` naming it."""
+    """A resume's fields as a `ResumeRequest`; a bad field raises the gate's `InvalidInput` naming it."""
     try:
         return ResumeRequest.model_validate(dict(data))
     except ValidationError as err:
@@ -132,9 +128,8 @@ def tick(
     *,
     resume_roles: Sequence[str] | None = None,
 ) -> LoopState:
-    """Record the decision the gate's rule makes now (if any) and return the loop's state after it. A pause
-    recorded now names `resume_roles` (the deployment's default-approver roles, `GateSettings`) as the roles
-    whose signed resume lifts it."""
+    """Record the decision the gate's rule makes now (if any) and return the loop's state after it; a pause
+    names `resume_roles` as the roles whose signed resume lifts it."""
     from lightning_dagster.store.errors import Conflict
 
     for _ in range(3):  # a concurrent tick or resume moved the head: decide again on the new history
@@ -166,9 +161,7 @@ def current_pause(store: Store, loop: str = LOOP) -> Recorded | None:
 
 
 def pause_roles(pause: Recorded) -> list[str]:
-    """The roles whose signed resume lifts the recorded `pause`: the ones the deployment configured when it
-    was recorded (`release.pauses.resume_roles_of`). The one answer the `resume` job and `loop resume`
-    give."""
+    """The roles whose signed resume lifts the recorded `pause` (`release.pauses.resume_roles_of`)."""
     return resume_roles_of(pause.decision)
 
 
@@ -181,8 +174,7 @@ def sign_resume(
     reason: str,
     at: float | None = None,
 ) -> ResumeRequest:
-    """`actor`'s resume of the pause in force in `role` (default: the first role the pause lets resume it),
-    signed with the private key file `key`."""
+    """`actor`'s resume of the pause in force in `role`, signed with the private key file `key`."""
     from lightning_dagster.release.signing import LOOP_RESUME, load_private_key, sign
 
     pause = current_pause(store)
@@ -200,18 +192,10 @@ def sign_resume(
     return request.model_copy(update={"signature": signature})
 
 
-def resume(
-    store: Store,
-    request: ResumeRequest,
-    *,
-    actors: Mapping[str, ActorKey],
-) -> Recorded:
-    """Record `request` as the resume of the pause in force once it verifies against the deployment's
-    pinned approvers (`actors`) and the roles the pause names as those that may resume it (`pause_roles`:
-    the deployment's default-approver roles when it was recorded, so the `resume` job and `loop resume`
-    decide alike); otherwise `ResumeRefused`, nothing recorded.
-    A decision recorded meanwhile (another resume, a clearing receipt, a new pause) refuses it too: it
-    signed a pause that is no longer the one in force."""
+def resume(store: Store, request: ResumeRequest, *, actors: Mapping[str, ActorKey]) -> Recorded:
+    """Record `request` as the resume of the pause in force once it verifies against the pinned approvers
+    (`actors`) and the roles the pause names; otherwise `ResumeRefused`, nothing recorded. A decision
+    recorded meanwhile refuses it too: it signed a pause that is no longer the one in force."""
     from lightning_dagster.store.errors import Conflict
 
     pause = current_pause(store)

@@ -41,8 +41,7 @@ def markdown_checks(evaluation: Evaluation) -> str:
 
 
 def mlflow_links(p: Pipeline, reg: Registry, run_id: str, version: str) -> dict[str, Any]:
-    """The run and version ids, and links into the MLflow UI when its address is known (`LD_MLFLOW_UI_URL`,
-    an HTTP tracking server, else where the demo's printed `mlflow ui` command serves)."""
+    """The run and version ids, and links into the MLflow UI when its address is known."""
     links = reg.ui_links(run_id, version, ui=p.mlflow.ui_url or None)
     ids = {"mlflow_run_id": run_id, "mlflow_version": version}
     return {**ids, **{f"{name}_link": Link(url) for name, url in links.items()}}
@@ -54,9 +53,8 @@ def run_config(op: str, **config: Any) -> str:
 
 
 def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
-    """What `release_receipt` shows besides the verdict: the model it judged (candidate and parent versions,
-    snapshot, evaluator), MLflow links, and the values the approve / promote / rollback jobs take: the run
-    config to paste, the actors of the pinned roles, the versions a rollback may target."""
+    """What `release_receipt` shows besides the verdict: the model it judged, MLflow links, and the values
+    the approve / promote / rollback jobs take."""
     from lightning_dagster.pipeline import context as ctx
     from lightning_dagster.registry.errors import RegistryError
     from lightning_dagster.release.promotion import DEFAULT_APPROVER

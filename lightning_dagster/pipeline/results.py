@@ -22,8 +22,7 @@ class Link:
 
 @dataclass
 class Table:
-    """A value the UI should render as a table (rows per split and family, a preview of the tasks): column
-    names, and rows of plain JSON-able values in that order."""
+    """A value the UI should render as a table: column names, and rows of plain JSON-able values."""
 
     columns: list[str]
     rows: list[list[Any]]

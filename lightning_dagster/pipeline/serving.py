@@ -18,18 +18,15 @@ if TYPE_CHECKING:
 
 
 def retry_policy(p: Pipeline, spec: HarnessSpec) -> RetryPolicy:
-    """The retry policy a stage's rollouts of `spec` run under: the harness's own timeout and attempt budget
-    (its project file's `training.attempt_timeout_s` / `max_attempts`, else the defaults: `harness_spec`)
-    unless the training resource sets them (`training.configs.retry_policy`); the canary's example keeps its
-    own file's. Staleness fingerprints the policy this same function gives for the training harness."""
+    """The retry policy a stage's rollouts of `spec` run under (`training.configs.retry_policy`); staleness
+    fingerprints what this gives for the training harness."""
     from lightning_dagster.training.configs import retry_policy as of_settings
 
     return of_settings(p.training, spec)
 
 
 class SnapshotService:
-    """A gateway, engine and runner serving one model for one snapshot's rollouts: every rollout it
-    enqueues carries the snapshot key, so the snapshot's rollouts are found by `Rollout.snapshot_key`."""
+    """A gateway, engine and runner serving one model for one snapshot's rollouts (tagged with its key)."""
 
     def __init__(self, service: RolloutService, snapshot_key: str) -> None:
         self.service = service
@@ -80,12 +77,9 @@ def rollout_service(
     resource_id: str,
     serves_parent: bool,
 ) -> SnapshotService:
-    """The service for one stage, built from the pipeline's settings. A stage that only serves the parent
-    may use an upstream (`serving.upstream_url`, read with the project's `model.tokenizer`), forwarded from
-    a gateway in this process. Otherwise the gateway and
-    engine run in a child process, so the harness workers, the HTTP server and the decode loop do not share
-    the trainer's interpreter lock, and the child is reused: the next stage of this process with the same
-    settings takes it with its own weights pushed in (`gateway.pool`), instead of starting one (~10 s)."""
+    """The service for one stage. A stage that only serves the parent may use an upstream, forwarded from a
+    gateway in this process. Otherwise gateway and engine run in a child process (no interpreter lock shared
+    with the trainer), reused by the next stage with the same settings instead of starting one (~10 s)."""
     from lightning_dagster.gateway.options import serving_settings
     from lightning_dagster.runner.service import RolloutService
     from lightning_dagster.training.configs import lora_spec
@@ -108,9 +102,8 @@ def rollout_service(
 
 
 def upstream_of(p: Pipeline) -> tuple[str | None, Path | None]:
-    """The OpenAI-compatible server that serves the parent (`serving.upstream_url`), and the tokenizer
-    folder its token ids are read with, the project's `model.tokenizer` (None: no upstream, or one whose ids
-    the gateway does not decode)."""
+    """The upstream that serves the parent (`serving.upstream_url`), and the project's `model.tokenizer`
+    its token ids are read with (None: no upstream, or ids the gateway does not decode)."""
     upstream = ctx.settings(p).serving.upstream_url
     model = ctx.pipeline_project(p).model
     return (upstream, model.tokenizer if model is not None else None) if upstream else (None, None)
@@ -124,8 +117,7 @@ def spans_tokenizer(p: Pipeline, parent_dir: Path) -> Path:
 
 
 def collect(store: Store, rollouts: list[Rollout]) -> RolloutBatch:
-    """Finished rollouts read back from the store: the spans and reward of each one's final successful
-    attempt, by the same rule a live batch uses."""
+    """Finished rollouts read back from the store, by the same rule a live batch uses."""
     from lightning_dagster.runner.service import collect_batch
 
     return collect_batch(store, rollouts)

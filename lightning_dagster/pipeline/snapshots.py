@@ -1,10 +1,8 @@
 """Snapshots: the task sets of one partition, frozen by content hash in the store, and their keys.
 
-Train tasks (and the serve rollouts a sensor saw) change from snapshot to snapshot; the held-out and
-protected sets are closed: drawn with the evaluation seed, identical for every snapshot (of one dataset),
-so candidates of different snapshots are judged on the same cases. Tasks come from the project's dataset
-(`TaskSet.draw` says how rows are drawn); the manifest records the dataset's content hash, so the digest,
-and with it the key, changes when any row does.
+Train tasks change from snapshot to snapshot; the held-out and protected sets are drawn with the evaluation
+seed, identical for every snapshot of one dataset, so candidates of different snapshots are judged on the
+same cases. The manifest records the dataset's content hash, so the key changes when any row does.
 """
 
 from __future__ import annotations
@@ -74,8 +72,7 @@ class Splits(BaseModel):
 
 
 class Dataset(BaseModel):
-    """The user project a snapshot drew its tasks from: its tasks file, content hash and rows per split and
-    family when the snapshot was cut."""
+    """The user project a snapshot drew its tasks from, as it was when the snapshot was cut."""
 
     model_config = {"extra": "forbid", "frozen": True}
 
@@ -129,15 +126,10 @@ class Manifest(BaseModel):
 
 
 def build_manifest(p: Pipeline, *, train_seed: int, serve_rollout_ids: list[str] | None = None) -> Manifest:
-    """The task sets a snapshot freezes, with digests over all of them. A dataset split the plan draws from
-    that has no rows raises `TaskDataError` (nothing is frozen)."""
+    """The task sets a snapshot freezes, with digests over all of them (an empty split: `TaskDataError`)."""
     t, source = ctx.settings(p).training, ctx.harness_source(p)
     canary = ctx.canary_source(p, source)
-    wanted = {
-        "train": t.steps * t.tasks_per_step,
-        "holdout": t.holdout_tasks,
-        "protected": t.protected_tasks,
-    }
+    wanted = {"train": t.steps * t.tasks_per_step, "holdout": t.holdout_tasks, "protected": t.protected_tasks}
     source.require_splits([split for split, n in wanted.items() if n > 0])
     canary.require_splits(["canary"] if t.canary_tasks > 0 else [])
     splits = Splits(

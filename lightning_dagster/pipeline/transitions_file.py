@@ -1,15 +1,10 @@
 """The training transitions of one snapshot as a gzipped JSON-lines file (rows, then advantages).
 
-A plain file referenced by URI keeps the asset inspectable and avoids pickling through an IO manager. The
-first line carries the format `version` (files written before it had none: version 1, the same layout), the
-number of rows, the fingerprint of the tokenizer whose ids the rows hold (`engine.tokenizer_fingerprint`) and
-the rollouts left out for an invalid span. A truncated file, one of another version, or one whose rows do not
-fit `Row` raises `TransitionsFileError` instead of training on part of the data or failing deep inside a
-constructor; read for a trainer whose tokenizer has another fingerprint, it raises `TokenizerMismatch`.
-
-A file written before fingerprints were recorded (no `tokenizer` in its header) is still read, with a
-warning: it cannot be checked, and only ids beyond the model's vocabulary are caught (by the trainer).
-Re-materializing `training_transitions` rebuilds it with a fingerprint."""
+The first line carries the format `version` (none: version 1), the number of rows, the tokenizer's
+fingerprint and the excluded rollouts. A truncated file, one of another version, or one whose rows do not
+fit `Row` raises `TransitionsFileError`; read for a trainer with another tokenizer, `TokenizerMismatch`.
+A file without a fingerprint (written before they were recorded) is read with a warning.
+"""
 
 from __future__ import annotations
 
@@ -34,8 +29,7 @@ class TransitionsFileError(ValueError):
 
 
 class TokenizerMismatch(ValueError):
-    """A transitions file built with one tokenizer, read to train a model with another: its ids would mean
-    other tokens. `recorded` is the file's fingerprint, `expected` the trainer's."""
+    """A transitions file built with another tokenizer than the trainer's: its ids would mean other tokens."""
 
     def __init__(self, message: str, *, recorded: str = "", expected: str = "") -> None:
         super().__init__(message)

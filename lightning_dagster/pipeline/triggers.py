@@ -1,8 +1,6 @@
 """What the sensors and the schedule decide, without Dagster: new evidence, stop conditions, stale receipts.
-
 The continual-learning cursor is a small watermark (the newest serve rollout consumed and the task pool's
-fingerprint: a project's dataset content hash, so an edited tasks file cuts a snapshot), never the set of
-everything seen.
+fingerprint, so an edited tasks file cuts a snapshot), never the set of everything seen.
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ class Watermark:
 
     @classmethod
     def from_cursor(cls, cursor: str | None) -> Watermark:
-        """The watermark a cursor holds (an older one without `pool` too); `InvalidCursor` for anything else.
-        Never a guess: from zero the sensor would snapshot serve rollouts that earlier snapshots hold, and a
-        NaN or future `serve_after` would silently never see new ones."""
+        """The watermark a cursor holds (an older one without `pool` too); `InvalidCursor` for anything else,
+        never a guess (from zero the sensor would snapshot rollouts earlier snapshots hold)."""
         if not cursor:
             return cls()
         try:
@@ -137,9 +134,7 @@ def _gated(store: Store, keys: list[str]) -> list[tuple[str, Receipt]]:
 
 def stop_decision(p: Pipeline, keys: list[str]) -> Stop:
     """The loop's state after this tick: a stop condition of the latest judged receipt (or a parent that
-    does not resolve now) pauses it as a recorded decision naming the conditions and the receipt; it stays
-    paused until an authorized actor resumes it (`pipeline.pauses.resume`) or a newer judged receipt meets
-    no stop condition (recorded as a resume by that receipt). See `release.pauses`."""
+    does not resolve now) pauses it until an authorized resume or a clearing receipt (`release.pauses`)."""
     from lightning_dagster.gate.stop import stop_decision as gate_stop
     from lightning_dagster.pipeline.loop_history import tick
     from lightning_dagster.registry.core import APPROVED
@@ -172,10 +167,8 @@ class StaleMark:
 
 
 def stale_receipts(p: Pipeline, keys: list[str], cursor: str | None) -> tuple[str, list[StaleMark]]:
-    """Receipts whose evidence a changed evaluator, tool contract, task distribution or parent voids.
-
-    Each receipt is marked once (flag `stale/<receipt_id>`); the cursor is the hash of the fingerprints
-    and snapshot count last examined, so an unchanged world costs one hash per tick."""
+    """Receipts whose evidence a changed fingerprint voids, each marked once (flag `stale/<receipt_id>`);
+    the cursor hashes what was last examined, so an unchanged world costs one hash per tick."""
     from lightning_dagster.gate.hashing import content_hash
     from lightning_dagster.gate.staleness import void_checks
 

@@ -1,7 +1,5 @@
-"""Code versions for the lineage view: a hash of the source of the core packages an asset calls.
-
-Computed from the files on disk without importing them, so loading the definitions stays cheap; changing the
-trainer's code then marks `candidate_resource` (and what follows) as needing a re-run in the UI.
+"""Code versions for the lineage view: a hash of the source of the core packages an asset calls, read from
+the files on disk without importing them, so loading the definitions stays cheap.
 """
 
 from __future__ import annotations

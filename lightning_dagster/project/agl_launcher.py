@@ -1,12 +1,11 @@
-"""Agent Lightning's side of a harness: `post_reward` (its reward event, the one way lightning-dagster posts
-a reward on a harness's behalf), `read_task` (a harness's task from its environment) and the launcher that
-runs an Agent Lightning v1.0-style class unchanged:
+"""Agent Lightning's side of a harness: `post_reward`, `read_task` and the launcher that runs an Agent
+Lightning v1.0-style class unchanged:
 
     python -m lightning_dagster.project.agl_launcher ROOT module:Class
 
-imports the class with ROOT on sys.path, instantiates it without arguments and calls `run()` (awaiting it
-when it is a coroutine); `run()` reads the AGL_* variables of its attempt. A number it returns is posted as
-the attempt's reward. The standard library only, so each attempt's process starts fast.
+It instantiates the class without arguments and calls (or awaits) `run()`, which reads the AGL_* variables
+of its attempt; a number it returns is posted as the reward. The standard library only, so each attempt's
+process starts fast.
 """
 
 from __future__ import annotations
@@ -57,8 +56,7 @@ def reward_value(value: Any, source: str) -> float | None:
 
 
 def post_reward(event_url: str, key: str, value: float, *, judge: str | None = None) -> None:
-    """POST Agent Lightning's reward event to `event_url` with the attempt key; `judge` names who scored it
-    (the gateway records `harness` without one)."""
+    """POST Agent Lightning's reward event to `event_url` with the attempt key; `judge`: who scored it."""
     data: dict[str, Any] = {"value": value}
     if judge is not None:
         data["judge"] = judge

@@ -1,9 +1,6 @@
 """`lightning-dagster project check [--project PATH]`: load and validate a project, print its summary.
-Exit status: 0 valid, 2 invalid (the message names the file and key).
-
-`add_project_option`, `command_project` and `exits_2_on_project_error` give every sub-command that takes
-`--project` the same option (generated from the setting `ProjectSettings.project`), the same project and
-the same handling of a bad project.
+Exit status: 0 valid, 2 invalid. Also the `--project` option, project lookup and error handling every
+sub-command shares.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ def add_project_option(parser: argparse.ArgumentParser | Any) -> None:
 
 
 def command_project(args: argparse.Namespace) -> Project:
-    """The project a command's `--project` / `--harness NAME` (a built-in example) name; with neither, the
-    working directory's project file. Raises ProjectError."""
+    """The project a command's `--project` / `--harness NAME` name, else the working directory's."""
     from lightning_dagster.project.examples import project_file
 
     # Read as given, not through `from_flags`: a command may still declare --harness with a default of None.

@@ -1,9 +1,6 @@
 """The project file `lightning-dagster.yaml`: the user's harness, tasks, judge and model, and optional
-`training:`, `serving:` and `gate:` sections of settings (`project.sections`).
-
-`load_project(path)` parses and validates it, resolving every path relative to the file's folder and
-importing every `module:function` it names, so that a project that loads can be run. Every problem is a
-`ProjectError` naming the file, the dotted key and what is wrong.
+settings sections. `load_project(path)` resolves every path and `module:function` it names, so a project
+that loads can be run; every problem is a `ProjectError` naming the file, the dotted key and what is wrong.
 """
 
 from __future__ import annotations
@@ -26,11 +23,7 @@ from pydantic import (
 )
 
 from lightning_dagster.project.errors import ProjectError
-from lightning_dagster.project.references import (
-    resolve_agent_class,
-    resolve_callable,
-    resolve_program,
-)
+from lightning_dagster.project.references import resolve_agent_class, resolve_callable, resolve_program
 from lightning_dagster.project.sections import (
     RENAMED,
     SECTIONS,
@@ -69,11 +62,9 @@ class _Section(BaseModel):
 
 
 class Harness(_Section):
-    """How to run the agent: exactly one of `command` (any program, run as a subprocess with the project
-    folder as its working directory; `python` names the interpreter running lightning-dagster), `python`
-    (`module:function` called in-process with the task and a ready OpenAI client) or `agl` (an Agent
-    Lightning v1.0-style `module:Class` whose `run()` reads the AGL_* variables). How long an attempt may
-    run and how many a rollout gets are settings (`training.attempt_timeout_s`, `training.max_attempts`)."""
+    """How to run the agent: exactly one of `command` (any program, run as a subprocess in the project
+    folder; `python` names the interpreter running lightning-dagster), `python` (`module:function` called
+    in-process with the task and an OpenAI client) or `agl` (an Agent Lightning v1.0-style `module:Class`)."""
 
     command: tuple[str, ...] | None = None
     python: str | None = None
@@ -211,11 +202,9 @@ class Tasks(_Section):
 
 
 class Model(_Section):
-    """The policy model: a Hugging Face causal-LM folder (`path`), or the `tokenizer` folder of the model an
-    OpenAI-compatible server serves (the server is a setting, `serving.upstream_url`), or neither: the
-    embedded default. `warm_start` is a JSONL file of demonstrations, one conversation a line
-    (`{"messages": [...], "tools": [...]}`, OpenAI's chat fine-tuning shape) the first parent is trained
-    on before RL."""
+    """The policy model: a Hugging Face causal-LM folder (`path`), or the `tokenizer` folder of the model
+    `serving.upstream_url` serves, or neither: the embedded default. `warm_start` is a JSONL file of
+    demonstrations (OpenAI's chat fine-tuning shape) the first parent is trained on before RL."""
 
     path: Path | None = None
     tokenizer: Path | None = None
@@ -250,9 +239,8 @@ class Model(_Section):
 
 
 class Project(_Section):
-    """A validated project. `file` is the project file, `root` its folder (every relative path's base).
-    `training`, `serving` and `gate` are its settings sections: each one's `given()` are the keys the file
-    sets, which `project.sections.effective` lays under a surface's own."""
+    """A validated project. `file` is the project file, `root` its folder (every relative path's base);
+    `training`, `serving` and `gate` its settings sections (`given()`: the keys the file sets)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     harness: Harness
@@ -283,24 +271,18 @@ class Project(_Section):
         return value
 
     def model_source_problems(self) -> list[tuple[str, str]]:
-        """What is wrong with the model source the file names, as (dotted key, message): a model folder and
-        an upstream server both, or an upstream without the tokenizer its token ids are read with."""
+        """What is wrong with the model source the file names, as (dotted key, message)."""
         model, upstream = self.model or Model(), self.serving.upstream_url
         if upstream and model.path is not None:
             return [("serving.upstream_url", "give at most one of model.path, serving.upstream_url")]
         if upstream and model.tokenizer is None:
-            return [
-                (
-                    "model.tokenizer",
-                    "serving.upstream_url needs it: the folder of the served model's tokenizer",
-                )
-            ]
+            problem = "serving.upstream_url needs it: the folder of the served model's tokenizer"
+            return [("model.tokenizer", problem)]
         return []
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping that gives one key twice (PyYAML keeps the last silently: a
-    second `harness:` section would replace the first)."""
+    """YAML's safe loader, refusing a mapping that gives one key twice (PyYAML keeps the last silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -339,8 +321,7 @@ def _problems(err: ValidationError) -> list[tuple[str, str]]:
 
 
 def find_project_file(path: Path | str | None = None) -> Path:
-    """The project file: `path` itself, `path/lightning-dagster.yaml` for a folder, else the one in the
-    working directory."""
+    """The project file: `path`, `path/lightning-dagster.yaml` for a folder, else the working directory's."""
     candidate = Path.cwd() if path is None else Path(path)
     if candidate.is_dir():
         candidate = candidate / PROJECT_FILE

@@ -21,6 +21,5 @@ class TaskDataError(ProjectError):
 
 
 class TaskFieldConflict(TaskDataError):
-    """A task row has a column named `task_id`, `family` or `split` that is not the configured source of
-    that field, with another value than the one the loader sets: one of the two would silently win. The
-    message names each task, the field, both values and where the loader's value comes from."""
+    """A task row's own `task_id`, `family` or `split` column (not the configured source of that field)
+    holds another value than the one the loader sets: one of the two would silently win."""

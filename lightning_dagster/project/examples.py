@@ -1,8 +1,5 @@
-"""The built-in example projects, `examples/calc` and `examples/ledger`: ordinary project files in the
-repository's `examples/` folder, which `--harness NAME` and the pipeline's `harness` setting name.
-
-They have no code path of their own: `example_file(name)` is a path that `load_project` reads like any
-user's project file.
+"""The built-in example projects, `examples/calc` and `examples/ledger`: ordinary project files that
+`--harness NAME` and the pipeline's `harness` setting name; `example_file(name)` is their path.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ def example_file(name: str) -> Path:
 
 
 def project_file(project: Path | str | None, harness: str | None) -> Path | str | None:
-    """What a command's `--project` / `--harness NAME` pair names: the example's file for a harness name,
-    else the project path as given (None: the working directory's project file)."""
+    """What a command's `--project` / `--harness NAME` pair names (None: the working directory's project)."""
     return example_file(harness) if harness is not None else project
 
 

@@ -3,13 +3,8 @@
 - `command: [...]`: any program, a subprocess started in the project folder.
 - `python: module:function`: `function(task, client)` called in-process with an `openai.OpenAI` client for
   the attempt; a number it returns is posted as the attempt's reward, None means it posted its own.
-- `agl: module:Class`: an Agent Lightning v1.0-style class run unchanged in its own process by the launcher
-  in `project.agl` (its `run()` reads the process-wide AGL_* variables, so it cannot share a process).
-
-Every kind gets the project's `training.attempt_timeout_s` and `training.max_attempts` (its file's, else
-the settings' defaults) as its retry policy's defaults, `expected_spans`, the `prepare`/`verify` hooks and
-the project's `reward` judge. A `python` or `agl` harness whose module declares
-`TOOLS` (OpenAI tool schemas) has them as its tool contract.
+- `agl: module:Class`: an Agent Lightning v1.0-style class run unchanged in its own process (its `run()`
+  reads the process-wide AGL_* variables, so it cannot share a process).
 """
 
 from __future__ import annotations
@@ -37,13 +32,10 @@ _HTTP_LOCK = threading.Lock()
 
 
 def http_client() -> httpx.Client:
-    """This thread's connection pool, one of `_STRIPES` per process shared by every in-process episode. A
-    new `OpenAI` client per episode would build its own pool and TLS context each time (most of an episode's
-    client-side CPU) and open fresh connections; the per-attempt key still goes with each client. Not one
-    pool for the process: httpcore hands each request a connection by walking every connection of its pool
-    (polling each idle socket) under one lock, so with the runner's 64 worker threads on one pool each call
-    paid for all 64 connections (`benchmarks/harness_pool.py`). Threads are striped by their native id, so
-    a runner's workers mostly get a pool each and keep its connection alive across episodes."""
+    """This thread's connection pool, one of `_STRIPES` per process shared by every in-process episode: a
+    client per episode would build its own pool and TLS context each time (most of an episode's client-side
+    CPU). Not one pool for the process: httpcore walks every connection of a pool under one lock, so with 64
+    worker threads on one pool each call paid for all 64 (`benchmarks/harness_pool.py`)."""
     stripe = threading.get_native_id() % _STRIPES
     client = _HTTP[stripe]
     if client is None:

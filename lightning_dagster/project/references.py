@@ -22,8 +22,7 @@ def _put_on_path(root: Path) -> None:
 
 
 def _forget_shadowed(module_name: str, root: Path) -> None:
-    """Drop a cached module of the same name from another folder, so the project's own file is the one used
-    (two projects loaded by one process may both have an `agent.py`)."""
+    """Drop a cached module of the same name from another folder (two projects may have an `agent.py`)."""
     top = module_name.split(".")[0]
     cached: ModuleType | None = sys.modules.get(top)
     local = [root / f"{top}.py", root / top / "__init__.py"]
@@ -37,9 +36,7 @@ def _forget_shadowed(module_name: str, root: Path) -> None:
 
 
 def resolve_reference(ref: str, root: Path) -> Any:
-    """The object `module:attr` names (`attr` may be dotted), importing modules from `root` first.
-
-    Raises ValueError with a message fit for the project file's reader."""
+    """The object `module:attr` names (`attr` may be dotted), importing modules from `root` first."""
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name.strip() or not attr.strip():
         raise ValueError(f"expected 'module:function', got {ref!r}")

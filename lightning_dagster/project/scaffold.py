@@ -19,8 +19,7 @@ OPERATIONS = {"add": "+", "subtract": "-", "multiply": "*"}
 
 
 def starter_tasks(n: int = STARTER_TASKS) -> list[dict[str, Any]]:
-    """`n` arithmetic tasks, the same every time; families and splits interleave so every split gets
-    every family."""
+    """`n` arithmetic tasks, the same every time, every split getting every family."""
     rng = random.Random(0)
     families = list(OPERATIONS)
     tasks = []
@@ -41,8 +40,7 @@ def starter_tasks(n: int = STARTER_TASKS) -> list[dict[str, Any]]:
 
 
 def write_starter(folder: Path) -> list[Path]:
-    """Write the starter project into `folder` (created if missing); raises FileExistsError unless it is
-    empty. Returns the files written."""
+    """Write the starter project into an empty or new `folder`; returns the files written."""
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise FileExistsError(f"{folder} is not an empty folder; init writes only into a new or empty one")
     folder.mkdir(parents=True, exist_ok=True)

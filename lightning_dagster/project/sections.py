@@ -1,10 +1,6 @@
-"""The project file's settings sections (`training:`, `serving:`, `gate:`, each key a field of that concern's
-class in `lightning_dagster.settings`) and `effective`, the one way every surface gets the settings it runs
-with.
-
-Precedence, lowest first: the settings class's defaults, the project file's section, then the surface's own
-values (`Settings.given()`: a CLI flag given, a Dagster resource field set in code or by an environment
-variable).
+"""The project file's settings sections (`training:`, `serving:`, `gate:`) and `effective`, the one way every
+surface gets the settings it runs with: the class's defaults < the file's section < the surface's own
+values (`Settings.given()`).
 """
 
 from __future__ import annotations
@@ -110,11 +106,9 @@ def unknown_key(section: str) -> str:
 
 
 def effective(project: Project | None, surface: S) -> S:
-    """The settings `surface` runs with, of its concern (`surface` is a settings instance, e.g.
-    `from_flags(TrainingSettings(), args)`, or a Dagster resource): the class defaults, under the project
-    file's section of that concern, under what the surface set itself (`surface.given()`). Returns an
-    instance of the concern's settings class (a resource's: the class it inherits), whose `given()` are the
-    file's keys and the surface's, so resolving it again changes nothing."""
+    """The settings `surface` (a settings instance or a Dagster resource) runs with: the class defaults,
+    under the project file's section of its concern, under `surface.given()`. Returns an instance of the
+    concern's settings class whose `given()` are the file's keys and the surface's (idempotent)."""
     concern = concern_of(type(surface))
     name = next(key for key, cls in CONCERNS.items() if cls is concern)
     section: Settings | None = getattr(project, name, None) if name in SECTIONS else None

@@ -1,8 +1,6 @@
-"""Deterministic task sets whose split is a function of the task's content, so splits never overlap.
-
-A task's id is a hash of its content; the split is read off a second hash of that id. Drawing `n` tasks of
-one split walks a seeded candidate stream and keeps those that hash into the split, so train, holdout,
-protected and canary are disjoint for every seed, and the same (split, n, seed) always gives the same list.
+"""Deterministic task sets whose split is a function of the task's content (a second hash of its id), so
+train, holdout, protected and canary are disjoint for every seed and the same (split, n, seed) always gives
+the same list.
 """
 
 from __future__ import annotations
@@ -46,11 +44,7 @@ def draw_tasks(
     candidate: Callable[[random.Random], dict[str, Any]],
     assign: Callable[[dict[str, Any]], str],
 ) -> list[dict[str, Any]]:
-    """`n` distinct tasks of `split` from a stream seeded by (harness, seed).
-
-    `candidate(rng)` returns a task's content (with `family`); `assign(task)` names its split and must be a
-    pure function of the content. Each returned task gains `task_id` (content hash) and `split`.
-    """
+    """`n` distinct tasks of `split` from a stream seeded by (harness, seed); `assign` must be pure."""
     if split not in SPLITS:
         raise UnknownSplit(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
     if n < 0:

@@ -1,12 +1,9 @@
-"""The project's tasks (`.jsonl` read line by line, `.csv` and `.parquet` through pandas with nullable
-dtypes, so values keep their types) and split four ways.
+"""The project's tasks (`.jsonl`, `.csv` and `.parquet`, the latter through pandas with nullable dtypes, so
+values keep their types), split four ways.
 
-Every task is a plain JSON-able dict with every column of its row (missing values as None) and three keys
-set by the loader: `task_id` and `family` (as strings, from the configured columns) and `split`. A row whose
-own column of one of these names (not the configured source) holds another value is refused
-(`TaskFieldConflict`, naming the task and field) rather than overwritten. The set's
-`content_hash` covers the tasks sorted by id: row order and column order do not change it, any value, id
-or split assignment does. Messages count rows from 1, header not counted.
+Every task is a JSON-able dict of its row plus `task_id`, `family` and `split`; a row whose own column of
+one of these names holds another value is refused (`TaskFieldConflict`). The set's `content_hash` covers the
+tasks sorted by id: row and column order do not change it. Messages count rows from 1, header not counted.
 """
 
 from __future__ import annotations
@@ -118,10 +115,8 @@ class TaskSet:
         return Counter(task["family"] for task in self.splits[split])
 
     def draw(self, split: str, n: int, seed: int, *, exclude: Collection[str] = ()) -> list[dict[str, Any]]:
-        """`n` tasks of `split` drawn with `seed`. Train repeats the split in passes, each in its own seeded
-        order, until `n` are drawn (every row once before any repeats); the other splits take at most `n`
-        rows, without repeats, in the seeded order (all rows when the split has fewer). Tasks whose id is in
-        `exclude` are never drawn (a train split's reserved validation cases)."""
+        """`n` tasks of `split` drawn with `seed`, never one whose id is in `exclude`. Train repeats the split
+        in seeded passes until `n` are drawn; the other splits take at most `n` rows, without repeats."""
         if split not in SPLITS:
             raise UnknownSplit(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
         excluded = frozenset(exclude)
@@ -190,8 +185,7 @@ def _rows_text(numbers: list[int]) -> str:
 
 
 def _key_value(value: Any) -> bool:
-    """Whether `value` can be a task id, family or split: text, a number or missing (not a boolean, list or
-    object, whose text form would be a made-up id)."""
+    """Whether `value` can be a task id, family or split: text, a number or missing."""
     return value is None or (isinstance(value, str | int | float) and not isinstance(value, bool))
 
 
@@ -257,8 +251,7 @@ def _sources(project: Project) -> dict[str, tuple[str | None, str]]:
 def _conflicts(
     row: dict[str, Any], number: int, task: dict[str, Any], sources: dict
 ) -> list[tuple[str, str]]:
-    """A (field, message) for each loader-set field whose same-named column in `row` holds another value
-    (a missing value, None, is no conflict: the loader fills it)."""
+    """A (field, message) for each loader-set field whose same-named column in `row` holds another value."""
     found = []
     for field, (column, source) in sources.items():
         if column == field or row.get(field) is None:

@@ -1,8 +1,5 @@
-"""MLflow lineage of every candidate and the two pointers: `latest-candidate` (moves at every update) and
-`approved-default` (moved only by `lightning_dagster.release`'s authorized promotion and rollback,
-compare-and-set in the store, mirrored to MLflow here), the receipt tags on model versions and the rollback
-drill.
-
+"""MLflow lineage of every candidate and the two pointers: `latest-candidate` and `approved-default`
+(compare-and-set in the store, mirrored to MLflow), receipt tags on model versions and the rollback drill.
 Core package: imports nothing from Dagster, nor from `lightning_dagster.release` (which builds on it).
 """
 

@@ -1,8 +1,6 @@
 """What serving loads: `approved-default` only while MLflow's alias agrees with the store; and the probe that
-proves a checkpoint serves (a local gateway with the embedded engine, one question).
-
-Rollback and the rollback drill share the probe. It runs a temporary gateway over a scratch store so
-that the probe's span never lands among real serve rollouts (which the continual-learning sensor counts).
+proves a checkpoint serves, shared by rollback and the drill (a temporary gateway over a scratch store, so
+its span never lands among the serve rollouts the sensor counts).
 """
 
 from __future__ import annotations
@@ -23,11 +21,8 @@ if TYPE_CHECKING:
 
 def approved_for_serving(reg: Registry, *, download: bool = True) -> pointers.ResolvedVersion:
     """`approved-default` with its verified checkpoint, refused with `AliasDiverged` while MLflow's alias
-    names another version than the store's pointer.
-
-    A consumer reading `models:/<name>@approved-default` from MLflow gets the alias's version; serving
-    refuses rather than deciding between the two, until the watch has restored the alias (and recorded
-    the incident). That includes the instant between a promotion's store move and its mirror write."""
+    names another version than the store's pointer (a consumer of MLflow would get the alias's version),
+    until the watch has restored the alias."""
     reg.connect()
     mv = reg.alias_version(pointers.APPROVED)
     alias = None if mv is None else str(mv.version)
@@ -44,11 +39,8 @@ def serve_once(
     timeout: float = 60.0,
     serving: ServingSettings | None = None,
 ) -> str:
-    """Load `checkpoint_dir`, serve it on 127.0.0.1, make one chat completion, return the reply text.
-
-    `serving`: the engine the pipeline serves with (`engine: vllm` loads the checkpoint into a vLLM server,
-    verified by hash); default the embedded engine. `on_loaded` is called once the gateway serves the loaded
-    weights, so a caller can tell "did not load" from "did not answer". Any failure raises."""
+    """Load `checkpoint_dir`, serve it on 127.0.0.1 with `serving`'s engine, make one chat completion, return
+    the reply text. `on_loaded` is called once the weights are served ("did not load" vs "did not answer")."""
     import openai
 
     from lightning_dagster.gateway.keys import GatewayKeys

@@ -1,13 +1,9 @@
 """A registered version's checkpoint on local disk, its bytes verified against the registered hashes.
 
-Two hashes pin a checkpoint: `weights_hash` (`engine.checkpoint_hash`, over the tensors) and `files_hash`,
-over every other file (tokenizer files, chat template, `config.json`, `generation_config.json`, ...), which
-change what a model says as surely as its weights do. `files_hash` is sha256 over the sorted relative paths
-(POSIX separators) and each file's sha256, so it does not depend on the order a file system lists them.
-Symlinks: a link to a regular file inside the checkpoint is hashed as that file's content under the link's
-own path (what an upload that copies the target stores); a link leaving the checkpoint, to a directory, or
-to nothing is refused (`CheckpointFilesMismatch`), so a checkpoint cannot point at a file outside what was
-hashed and uploaded.
+Two hashes pin a checkpoint: `weights_hash` (over the tensors) and `files_hash` (sha256 over the sorted
+relative paths and each file's sha256) over every other file (tokenizer, chat template, configs), which
+change what a model says as surely as its weights do. A symlink to a regular file inside the checkpoint is
+hashed as that file under the link's path; any other link is refused (`CheckpointFilesMismatch`).
 
 The cache is keyed by weights hash and re-verified on every use: a cache can be tampered with too.
 """
@@ -50,8 +46,7 @@ def weight_files(root: Path) -> set[str]:
 
 
 def files_manifest(checkpoint_dir: Path | str, *, version: str = "?") -> dict[str, str]:
-    """Relative path -> sha256 of every file of the checkpoint except its weight files; a symlink leaving
-    the checkpoint (or dangling, or to a directory) raises `CheckpointFilesMismatch`."""
+    """Relative path -> sha256 of every non-weight file of the checkpoint (see the module on symlinks)."""
     root = Path(checkpoint_dir)
     real_root = root.resolve()
     skip = weight_files(root)
@@ -110,8 +105,7 @@ def changed_files(registered: dict[str, str] | None, actual: dict[str, str]) -> 
 
 
 def verify_files(version: CandidateVersion, checkpoint_dir: Path) -> None:
-    """`CheckpointFilesMismatch` unless the checkpoint's non-weight files hash to the version's `files_hash`
-    (a version registered before files were hashed has none and is checked by its weights only)."""
+    """`CheckpointFilesMismatch` unless the non-weight files hash to the version's `files_hash` (if any)."""
     if not version.files_hash:
         return
     actual = files_manifest(checkpoint_dir, version=version.version)
@@ -135,10 +129,7 @@ def _verified(version: CandidateVersion, checkpoint_dir: Path) -> bool:
 def cached_checkpoint(
     version: CandidateVersion, cache_dir: Path, fetch: Callable[[str, Path], None], *, fresh: bool = False
 ) -> Path:
-    """The version's checkpoint under `cache_dir`, fetched with `fetch(run_id, into)` when the cache lacks
-    it or holds other bytes (with `fresh`, always: what the registry serves to others is verified, not
-    only this host's copy); a download whose weights do not match raises `WeightsMismatch`, whose other
-    files do not match the version's `files_hash` `CheckpointFilesMismatch` naming the changed files."""
+    """The version's checkpoint under `cache_dir`, fetched unless it is cached and verifies."""
     expected = version.weights_hash
     if not expected:
         raise RegistryError(

@@ -1,8 +1,7 @@
 """The `Registry` facade: one registered model's lineage in MLflow and its two pointers.
 
-It holds the connection (MLflow client, store, cache, the deployment's roles file) and the MLflow plumbing
-every concern shares; lineage, pointers, the drill and the local cache live in their own modules. Moving
-`approved-default` (approval, promotion, rollback) is `lightning_dagster.release`'s, given a `Registry`.
+It holds the connection and the MLflow plumbing every concern shares; lineage, pointers, the drill and the
+local cache live in their own modules, and moving `approved-default` is `lightning_dagster.release`'s.
 """
 
 from __future__ import annotations
@@ -145,8 +144,7 @@ class Registry:
             raise
 
     def fetch(self, version: CandidateVersion, *, fresh: bool = False) -> Path:
-        """The version's checkpoint in the local cache, its bytes verified against its weights hash; with
-        `fresh`, downloaded and verified even when the cache already holds those bytes."""
+        """The version's checkpoint in the local cache, verified; `fresh`: downloaded even if cached."""
 
         def download(run_id: str, into: Path) -> None:
             self.call_mlflow(
@@ -176,11 +174,9 @@ class Registry:
     ) -> CandidateVersion:
         """Log a trained candidate as a run and a registered version, then move `latest-candidate` to it.
 
-        The parent must be a registered version: its weights hash is copied into the lineage. `receipt` is
-        a gate `Receipt` (its id is taken from it) or its JSON dict. The version's receipt tags name the
-        ledger's head of that receipt now (`receipt_version`, `receipt_hash`, verdict `pending`); each
-        later receipt version rewrites them (`record_receipt`). `started_at`/`ended_at` (epoch seconds,
-        both or neither) are when the training ran: the MLflow run spans them."""
+        The parent must be a registered version. `receipt` is a gate `Receipt` or its JSON dict; the version's
+        receipt tags name the ledger's head of it now (verdict `pending`) until `record_receipt` rewrites
+        them. `started_at`/`ended_at` (both or neither) are when the training ran."""
         self.reconcile()
         if receipt is not None and hasattr(receipt, "to_json_dict"):
             receipt_id = receipt_id or receipt.receipt_id
@@ -233,9 +229,7 @@ class Registry:
         code_revision: str = "",
         note: str = "initial parent",
     ) -> CandidateVersion:
-        """Register the first parent and make it `approved-default` (a pointer move by `actor`).
-
-        Refused with `PointerConflict` if `approved-default` is already set: bootstrapping happens once."""
+        """Register the first parent and make it `approved-default`, once (else `PointerConflict`)."""
         self.reconcile()
         current, seq = self.store.pointer_state(self.pointer_name())
         if current is not None:
@@ -262,8 +256,7 @@ class Registry:
 
     # ---- pointers ----------------------------------------------------------------------------------
     def reconcile(self, *, last_verified: float | None = None) -> ReconcileResult:
-        """Make MLflow's `approved-default` alias and tags agree with the store, recording an alias moved
-        outside the registry as an incident (see `pointers.reconcile`)."""
+        """Make MLflow's `approved-default` mirror agree with the store (see `pointers.reconcile`)."""
         return pointers.reconcile(self, last_verified=last_verified)
 
     def current(self, alias: str = APPROVED) -> str | None:
@@ -293,20 +286,17 @@ class Registry:
 
     # ---- receipts and the drill ---------------------------------------------------------------------
     def record_receipt(self, receipt: str | StoredReceipt) -> ReceiptTags | None:
-        """Tag the receipt's candidate version with the ledger's head of the receipt (id, version, hash,
-        verdict); call after appending a receipt version. None while the receipt names no candidate."""
+        """Tag the receipt's candidate version with the ledger's head of the receipt (None: no candidate)."""
         self.connect()
         return receipt_tags.write(self, receipt)
 
     def rollback_drill(self, parent_version: str, *, record: bool = True, serving=None) -> DrillResult:
-        """Resolve, verify, load and serve `parent_version` in a temporary gateway on `serving`'s engine;
-        the pointer stays put."""
+        """Resolve, verify, load and serve `parent_version` in a temporary gateway; the pointer stays put."""
         return rollback_drill(self, parent_version, record=record, serving=serving)
 
     # ---- inspection --------------------------------------------------------------------------------
     def ui_links(self, run_id: str, version: str, ui: str | None = None) -> dict[str, str]:
-        """MLflow UI addresses of a lineage run and a model version (`mlflow_run`, `mlflow_model_version`)
-        under `ui` (default: `links.ui_url`); {} when no UI address is known."""
+        """MLflow UI addresses of a lineage run and a model version; {} when no UI address is known."""
         base = links.ui_url(self.tracking_uri) if ui is None else ui
         if not base:
             return {}

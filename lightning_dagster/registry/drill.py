@@ -1,7 +1,4 @@
-"""The rollback drill: prove a version still resolves, verifies, loads and serves, without moving a pointer.
-
-`DrillResult.to_receipt_drill` is the one mapping of a drill into the gate receipt's `RollbackDrill`.
-"""
+"""The rollback drill: prove a version still resolves, verifies, loads and serves; no pointer moves."""
 
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ class DrillResult:
         return self.resolved and self.hash_ok and self.loaded and self.served
 
     def to_receipt_drill(self, parent_id: str, environment: str | None = None) -> RollbackDrill:
-        """The receipt's `RollbackDrill`. A step is None (unavailable) when the drill never reached it or
-        could not because MLflow was unreachable; False only when it was tried and failed."""
+        """The receipt's `RollbackDrill`: a step not reached is None (unavailable), one that failed False."""
         from lightning_dagster.gate.receipt import RollbackDrill
 
         def step(done: bool, tried: bool) -> bool | None:
@@ -69,11 +65,8 @@ class DrillResult:
 def rollback_drill(
     reg: Registry, parent_version: str, *, record: bool = True, serving: ServingSettings | None = None
 ) -> DrillResult:
-    """Resolve, verify, load and serve `parent_version` in a temporary gateway on the pipeline's engine
-    (`serving`; default the embedded one); the pointer stays put.
-
-    Every failure is captured in the result, never raised: an unreachable MLflow is `unavailable`, with the
-    error, never a healthy-looking result."""
+    """Resolve, verify, load and serve `parent_version` in a temporary gateway on `serving`'s engine; the
+    pointer stays put. Every failure is captured in the result, never raised."""
     from lightning_dagster.registry.approved import serve_once
 
     result = DrillResult(version=str(parent_version), engine=serving.engine if serving else "embedded")

@@ -55,9 +55,8 @@ class WeightsMismatch(RegistryError):
 
 
 class CheckpointFilesMismatch(WeightsMismatch):
-    """The checkpoint's other files (tokenizer, chat template, configs) do not hash to the registered
-    `files_hash`, or one of them is a symlink that does not stay inside the checkpoint; `changed` names the
-    files that differ (added, removed or edited) when the registered file list is known."""
+    """The checkpoint's other files do not hash to the registered `files_hash` (or a symlink leaves the
+    checkpoint); `changed` names the files that differ when the registered file list is known."""
 
     def __init__(self, version: str, expected: str, actual: str, changed: list[str] | None = None):
         RegistryError.__init__(

@@ -1,10 +1,7 @@
-"""Pointer incidents: a store-backed pointer's MLflow alias found moved behind the registry's back.
-
-Kept next to the pointer's compare-and-set history, in the store's append-only documents (collection
-`pointer_incidents`, one hash-chained document per pointer, one version per incident). MLflow 3.17 records
-neither who nor when an alias changed (its alias table holds model, alias and version only, and its alias
-webhook payload the same), so the actor is "unknown" and the time is a window: after the registry last
-wrote or verified the mirror (`not_before`), at or before the watch found it (`detected_at`).
+"""Pointer incidents: a store-backed pointer's MLflow alias found moved behind the registry's back, kept in
+the store's append-only documents (`pointer_incidents`, one version per incident). MLflow 3.17 records
+neither who nor when an alias changed, so the actor is "unknown" and the time is a window: after the
+registry last wrote or verified the mirror (`not_before`), at or before the watch found it (`detected_at`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Registering a version: one MLflow run with its whole lineage (parameters, curve, snapshots, checkpoint,
-receipt, plot) written before the version exists, whose tags repeat the identifiers consumers filter on.
-
-Version numbers restart if the registered model is re-created, so the weights hash is the key that survives.
+receipt, plot) written before the version exists. Version numbers restart if the registered model is
+re-created, so the weights hash is the key that survives.
 """
 
 from __future__ import annotations
@@ -34,8 +33,8 @@ FILES_MANIFEST_TAG = "files_manifest"
 
 @dataclass(frozen=True)
 class SnapshotRef:
-    """A frozen data snapshot: its name (partition key), content hash and row count; with its `records`
-    (the task dicts) MLflow shows their schema, and `uri` names the file they were read from, if any."""
+    """A frozen data snapshot: its name (partition key), content hash, row count, optionally its `records`
+    (the task dicts, whose schema MLflow shows) and the `uri` of the file they were read from."""
 
     name: str
     content_hash: str
@@ -165,8 +164,8 @@ def training_plot_png(metrics_per_step: Sequence[Mapping[str, float]]) -> bytes:
 
 
 def dataset_input(snapshot: SnapshotRef, context: str) -> DatasetInput:
-    """A snapshot as an MLflow dataset (`mlflow.data.from_pandas` over its records: name, digest, schema):
-    the digest is the hash's first 36 hex digits; the source holds the full hash and the tasks file."""
+    """A snapshot as an MLflow dataset; the digest is the hash's first 36 hex digits, the source the full
+    hash and the tasks file."""
     import mlflow.data
     import pandas as pd
 
@@ -228,9 +227,8 @@ def log_lineage_run(
     receipt: Mapping[str, Any] | None = None,
     timing: Timing | None = None,
 ) -> LineageRun:
-    """Log a finished run holding the checkpoint (under `checkpoint/`), spanning `timing` when given (else
-    the logging itself), with an MLflow logged model as its output: MLflow 3 files a run with a model
-    output as a training run, and one without as an evaluation run."""
+    """Log a finished run holding the checkpoint (under `checkpoint/`), spanning `timing` when given, with an
+    MLflow logged model as its output (MLflow 3 files a run without one as an evaluation run)."""
     from mlflow.entities import LoggedModelOutput
 
     metrics = step_metrics(metrics_per_step)  # validate before anything is written
@@ -283,19 +281,9 @@ def _log_bytes(client: MlflowClient, run_id: str, data: bytes, artifact_file: st
 
 
 def register_version(
-    reg: Registry,
-    checkpoint_dir: Path,
-    *,
-    run_name: str,
-    tags: Mapping[str, str],
-    params: Mapping[str, Any],
-    metrics_per_step: Sequence[Mapping[str, float]] = (),
-    snapshots: Sequence[tuple[SnapshotRef, str]] = (),
-    receipt: Mapping[str, Any] | None = None,
-    timing: Timing | None = None,
+    reg: Registry, checkpoint_dir: Path, *, tags: Mapping[str, str], **lineage: Any
 ) -> CandidateVersion:
-    """One function for every kind of version: hash the weights, log the run with its lineage, then register
-    the version with the same tags (the weights hash among them); the run's logged model names the version."""
+    """Hash the weights, log the run (`lineage`: `log_lineage_run`'s arguments), register the version."""
     from lightning_dagster.registry import checkpoints
 
     if not checkpoint_dir.is_dir():
@@ -315,14 +303,9 @@ def register_version(
         log_lineage_run,
         reg.client,
         reg.experiment_id,
-        run_name=run_name,
         checkpoint_dir=checkpoint_dir,
-        params=params,
         tags=all_tags,
-        metrics_per_step=metrics_per_step,
-        snapshots=snapshots,
-        receipt=receipt,
-        timing=timing,
+        **lineage,
     )
     mv = reg.call_mlflow(
         "create model version",

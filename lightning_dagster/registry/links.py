@@ -1,7 +1,5 @@
-"""Addresses in the MLflow UI of an experiment, a run and a model version, for links in asset metadata.
-
-Every address asks for MLflow's classic ML view (`workflowType=machine_learning`): MLflow 3's UI otherwise
-opens in the GenAI view it remembers per browser, on an empty traces page.
+"""Addresses in the MLflow UI of an experiment, a run and a model version, for links in asset metadata, each
+asking for the classic ML view (MLflow 3's UI otherwise may open on an empty GenAI traces page).
 """
 
 from __future__ import annotations
@@ -18,9 +16,8 @@ WORKFLOW = "workflowType=machine_learning"
 
 
 def ui_url(tracking_uri: str) -> str:
-    """The MLflow UI's base URL: `$LD_MLFLOW_UI_URL` when set (empty: no links), else the tracking server
-    itself when the tracking URI is one, else `DEFAULT_UI_URL` (the demo's `mlflow ui` over the local
-    store)."""
+    """The MLflow UI's base URL: `$LD_MLFLOW_UI_URL` when set (empty: no links), else the tracking server,
+    else `DEFAULT_UI_URL`."""
     if UI_URL_ENV in os.environ:
         return os.environ[UI_URL_ENV].rstrip("/")
     return tracking_uri.rstrip("/") if is_http(tracking_uri) else DEFAULT_UI_URL

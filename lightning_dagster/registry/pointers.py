@@ -110,8 +110,7 @@ def mirror_flag(pointer: str) -> str:
 
 @dataclass(frozen=True)
 class MirrorState:
-    """What MLflow shows of `approved-default`, read in three calls: the alias's version (with its tags), the
-    registered model (its tags and description) and the versions flagged `approved_default=true`."""
+    """What MLflow shows of `approved-default`, read in three calls."""
 
     alias_version: Any  # MLflow's ModelVersion behind the alias, None when the alias is unset
     model_tags: dict[str, str]
@@ -161,9 +160,7 @@ def _shown(value: Any) -> str:
 
 
 def mirror_differences(history: list, found: MirrorState) -> list[str]:
-    """Every mirrored field MLflow shows otherwise than the store's history says: the alias, the pointer
-    version's tags, the registered model's tags and description, the versions flagged approved. [] when
-    the mirror is exact (a pointer never set: no alias and no flagged version)."""
+    """Every mirrored field MLflow shows otherwise than the store's history says; [] when exact."""
     last = history[-1] if history else None
     diffs: list[str] = []
 
@@ -188,15 +185,10 @@ def mirror_differences(history: list, found: MirrorState) -> list[str]:
 def reconcile(reg: Registry, *, last_verified: float | None = None) -> ReconcileResult:
     """Make MLflow's `approved-default` mirror agree with the store's pointer and history.
 
-    The whole mirror is compared (`mirror_differences`: the alias, the pointer version's tags, the
-    registered model's history tags and description, which versions carry the approved flag) in three MLflow
-    calls, and rewritten when anything differs. Idempotent; re-reads the store after writing so that a move
-    made meanwhile is mirrored too. A mirror the registry did not leave that way is recorded as a
-    `PointerIncident` (`tampered=True`, `differences` naming each field) before it is restored: an alias
-    the registry cannot have left where it is (see `_explained`), or any difference while the store's
-    mirror flag says the registry already wrote (or verified) the mirror of the newest move. A mirror merely
-    behind the store (a write lost to an outage or still under way) is repaired without an incident.
-    `last_verified` (when a watcher last saw the mirror agree) narrows the incident's time window."""
+    The whole mirror is compared (`mirror_differences`) in three MLflow calls and rewritten when anything
+    differs; idempotent. A mirror the registry cannot have left that way (`_explained`, `_written`) is
+    recorded as a `PointerIncident` before it is restored; one merely behind the store (a write lost to an
+    outage) is repaired without. `last_verified` narrows the incident's time window."""
     reg.connect()
     name = reg.pointer_name()
     incident = None
@@ -237,9 +229,8 @@ def _written(last: Any, mirrored: dict | None) -> bool:
 
 
 def _explained(alias: str | None, history: list, mirrored: dict | None) -> bool:
-    """Whether the registry itself can have left the alias where it is: unset while the mirror was never
-    written, or a value the store held since the registry's last mirror write (a write lost or still under
-    way). Anything else was moved outside the registry."""
+    """Whether the registry itself can have left the alias where it is: unset while never mirrored, or a
+    value the store held since the registry's last mirror write."""
     if mirrored is None:
         return alias is None or alias in {m.to_value for m in history}
     return alias is not None and alias in {m.to_value for m in history if m.seq >= mirrored["seq"]}
@@ -322,8 +313,7 @@ def description(last: Any) -> str:
 
 
 def mirror_after_move(reg: Registry) -> str | None:
-    """Mirror a move the store already made; an MLflow failure is reported, not raised (the move stands and
-    the next operation's reconcile repairs the mirror)."""
+    """Mirror a move the store already made; an MLflow failure is reported, not raised."""
     try:
         reconcile(reg)
         return None
@@ -344,10 +334,9 @@ def move(
     files_hash: str = "",
     **extra,
 ) -> Any:
-    """Compare-and-set `approved-default` in the store on its value and its move number: `expected_seq` is
-    the `seq` of the newest move the caller decided on (0: never set), so a move made since, even one that
-    brought the pointer back to `expected` (A -> B -> A), refuses this one (`PointerSeqConflict`). The note
-    records the approved weights hash and, when the version has one, its checkpoint files hash."""
+    """Compare-and-set `approved-default` in the store on its value and its move number `expected_seq`
+    (0: never set), so even a move back to `expected` (A -> B -> A) since refuses this one. The note records
+    the approved weights and files hashes."""
     body = {"weights_hash": weights_hash, "model": reg.model_name, "note": note, **extra}
     if files_hash:
         body["files_hash"] = files_hash
@@ -372,10 +361,8 @@ def current(reg: Registry, alias: str = APPROVED) -> str | None:
 
 
 def resolve(reg: Registry, alias: str = APPROVED, *, download: bool = True) -> ResolvedVersion:
-    """The version behind `alias`, with its verified local checkpoint when `download`.
-
-    `approved-default` comes only from the store's pointer: if it was never set this raises `PointerNotSet`;
-    it never falls back to `latest-candidate` or to the newest version."""
+    """The version behind `alias`, with its verified local checkpoint when `download`. `approved-default`
+    comes only from the store's pointer (never set: `PointerNotSet`, no fallback)."""
     check_alias(alias)
     reg.connect()
     # Only the newest move is read; the full history is read (by `reconcile`) only when the MLflow mirror

@@ -1,8 +1,6 @@
 """The receipt on the model version it judged: MLflow version tags repeating the ledger's head of that
-receipt (its id, ledger version, ledger hash and the gate's verdict), rewritten at every new receipt version.
-
-`receipt_hash` is the ledger's hash of the version named by `receipt_version` (`StoredReceipt.content_hash`,
-the hash `release_receipt` reports and a promotion records), never the gate's evidence hash.
+receipt (id, ledger version, ledger hash, verdict), rewritten at every new receipt version. `receipt_hash`
+is the ledger's hash of that version, never the gate's evidence hash.
 """
 
 from __future__ import annotations
@@ -34,8 +32,7 @@ class StoredReceipt:
 
 
 def stored_head(store: Any, receipt_id: str) -> StoredReceipt | None:
-    """The ledger's head version of a receipt, its chain verified (a tampered chain raises
-    `TamperedReceipt` instead of acting on edited evidence); None if the ledger has none of it."""
+    """The ledger's head version of a receipt, its chain verified; None if the ledger has none of it."""
     ledger = ReceiptLedger(store)
     entries = ledger.history(receipt_id)
     if not entries:
@@ -84,9 +81,8 @@ def head(store: Any, receipt_id: str) -> tuple[int, str] | None:
 
 
 def write(reg: Registry, value: str | StoredReceipt) -> ReceiptTags | None:
-    """Tag the receipt's candidate version with the ledger head of the receipt (given by id, or as the
-    `StoredReceipt` just appended). Refused with `WeightsMismatch` when the version holds other weights than
-    the receipt names (a re-created registered model reuses version numbers)."""
+    """Tag the receipt's candidate version with the ledger head of the receipt; `WeightsMismatch` when the
+    version holds other weights than the receipt names."""
     stored = value if isinstance(value, StoredReceipt) else stored_head(reg.store, value)
     if stored is None:
         raise RegistryError(f"receipt {value!r} is not in the ledger")
@@ -105,8 +101,7 @@ def write(reg: Registry, value: str | StoredReceipt) -> ReceiptTags | None:
 
 
 def write_after(reg: Registry, value: str | StoredReceipt) -> str | None:
-    """`write` after the store already changed (an approval, a promotion): an MLflow failure is reported,
-    not raised; the next receipt operation writes the tags again."""
+    """`write` after the store already changed: an MLflow failure is reported, not raised."""
     try:
         write(reg, value)
         return None

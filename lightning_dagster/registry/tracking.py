@@ -1,8 +1,5 @@
-"""Connecting to an MLflow tracking store: SQLite initialised once under a file lock, servers probed fast.
-
-MLflow's SQLite store runs its schema migrations on first use; several processes doing that at once on a
-fresh file fail with "table already exists" or "database is locked". `ensure_tracking_store` does it once,
-under an exclusive lock next to the database, before any concurrent worker opens it.
+"""Connecting to an MLflow tracking store: SQLite initialised once under a file lock (several processes
+migrating a fresh file at once fail with "table already exists"), servers probed fast.
 """
 
 from __future__ import annotations
@@ -47,10 +44,7 @@ def is_http(uri: str) -> bool:
 
 
 def ensure_tracking_store(uri: str) -> None:
-    """Create the tracking and registry schema of a SQLite store once; probe an HTTP server's health.
-
-    Safe to call from many processes at once: the first one under the lock migrates, the rest find the
-    schema in place (MLflow's own check is then a no-op)."""
+    """Create a SQLite store's schema once (safe from many processes); probe an HTTP server's health."""
     if uri in _initialised:
         return
     db = sqlite_path(uri)
@@ -73,9 +67,8 @@ def ensure_tracking_store(uri: str) -> None:
 
 
 def probe(uri: str, timeout: float = 3.0) -> None:
-    """Raise `RegistryUnavailable` at once if an MLflow server does not answer `/health`.
-
-    Without this, MLflow's client retries a refused connection with exponential backoff for minutes."""
+    """Raise `RegistryUnavailable` at once if an MLflow server does not answer `/health` (MLflow's client
+    would retry a refused connection for minutes)."""
     if not is_http(uri):
         return
     try:

@@ -1,10 +1,9 @@
-"""What an approval signs and how it is verified: an Ed25519 signature by the actor's key, in the one
-signed-message format (`signing.APPROVAL`), over the receipt's id and evidence hash, the step, the actor,
-the role and the time. Pure: keys come from the caller's trust root.
+"""What an approval signs and how it is verified: an Ed25519 signature by the actor's key (`signing.APPROVAL`)
+over the receipt's id and evidence hash, the step, the actor, the role and the time. Pure.
 
-The evidence hash is the receipt's content hash without its approvals and the gate's record, so approvals
-added later do not change what earlier ones signed, while any added or edited evidence does. The gate's
-check 7 verifies approvals through this module, so it imports nothing of the gate.
+The evidence hash leaves out the approvals and the gate's record, so approvals added later do not change
+what earlier ones signed, while any added or edited evidence does. Imports nothing of the gate (check 7
+verifies approvals through this module).
 """
 
 from __future__ import annotations
@@ -61,9 +60,7 @@ def approval_problem(
 def approval_problems(
     receipt: Receipt, actors: Mapping[str, ActorKey], earlier: Collection[str] = ()
 ) -> list[str]:
-    """Every approval of `receipt` that does not verify. A default-step approval must sign the evidence as
-    it stands; a canary approval may sign it or an earlier version's (`earlier`): the canary is approved
-    before its own evidence exists."""
+    """Every approval of `receipt` that does not verify (a canary approval may sign an `earlier` version)."""
     current = evidence_hash(receipt)
     problems = []
     for approval in receipt.approvals:

@@ -1,8 +1,5 @@
-"""The release's named refusals: an actor without the role, a signature that does not verify, roles or keys
-that cannot be used, a receipt that may not be promoted.
-
-Each is a `RegistryError`: they refuse moves of the registry's pointer, and every caller that reports a
-refused registry operation (the CLI's exit status 1, the Dagster jobs' one-line failure) catches that class.
+"""The release's named refusals. Each is a `RegistryError`: every caller that reports a refused registry
+operation (the CLI's exit status 1, the Dagster jobs' one-line failure) catches that class.
 """
 
 from __future__ import annotations
@@ -27,9 +24,7 @@ class NotAuthorized(RegistryError):
 
 
 class RollbackRefused(NotAuthorized):
-    """A rollback that is not an authorized actor's signed decision over exactly this move: a role that may
-    not move the pointer, an actor without it, no signature, one that does not verify with the actor's
-    pinned key, or one over another target, another pointer value or another time (`release.rollbacks`)."""
+    """A rollback that is not an authorized actor's signed decision over exactly this move."""
 
     def __init__(self, actor: str, role: str, reason: str):
         RegistryError.__init__(self, f"rollback refused: {reason}")
@@ -39,8 +34,7 @@ class RollbackRefused(NotAuthorized):
 
 
 class RolesConfigError(RegistryError):
-    """The roles are missing or malformed, the file sits inside the learner's write surface, or it is not
-    the roles the deployment pinned in the store."""
+    """The roles are missing, malformed, inside the learner's write surface, or not the pinned ones."""
 
 
 class KeyFileError(RegistryError):

@@ -1,12 +1,11 @@
 """Pause and resume of the continual-learning loop as recorded decisions: what each says, what a resume
-signs (`signing.LOOP_RESUME`, the one signed-message format), and what the next tick decides. Pure: the
-history comes from the caller (`pipeline.loop_history`).
+signs (`signing.LOOP_RESUME`), and what the next tick decides. Pure: the history comes from the caller
+(`pipeline.loop_history`).
 
-A pause names its stop conditions, the receipt that met them and the roles that may lift it (the
-deployment's default-approver roles when it was recorded: the `resume` job and `loop resume` both read them
-from the pause in force, so both give one answer). It is lifted by an authorized actor's signed resume (which accepts that receipt's conditions: the same receipt does not pause the loop again), or
-by itself when a newer judged receipt meets no stop condition. Conditions that are not a receipt's (the
-parent cannot be resolved now) pause again on every tick while they hold.
+A pause names its stop conditions, the receipt that met them and the roles that may lift it. It is lifted
+by an authorized actor's signed resume (the same receipt then does not pause the loop again), or by itself
+when a newer judged receipt meets no stop condition. Conditions that are not a receipt's (the parent cannot
+be resolved now) pause again on every tick while they hold.
 """
 
 from __future__ import annotations
@@ -30,12 +29,9 @@ DEFAULT_RESUME_ROLES = ("default-approver",)
 
 class LoopDecision(BaseModel):
     """One pause or resume. `by`: the sensor (a stop condition held), an actor (signed resume) or a
-    receipt (a newer judged receipt cleared the conditions). `receipt_id`: for a pause, the latest judged
-    receipt then (None: there was none); for an actor's resume, the paused receipt whose conditions it
-    accepts; for a receipt's resume, the clearing receipt. A resume names the pause it lifts by the hash
-    under which the history recorded it (`pause_hash`). `resume_roles`: for a pause, the roles whose signed
-    resume lifts it, as the deployment configured them when it was recorded (None: a pause recorded before
-    pauses named them, `DEFAULT_RESUME_ROLES`; see `resume_roles_of`)."""
+    receipt (a newer judged receipt cleared the conditions). A resume names the pause it lifts by its hash
+    in the history (`pause_hash`). `resume_roles`: for a pause, the roles whose signed resume lifts it
+    (None: recorded before pauses named them; see `resume_roles_of`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -59,8 +55,7 @@ def resume_roles_of(pause: LoopDecision) -> list[str]:
 
 
 class ResumeRequest(BaseModel):
-    """What an actor signs to resume (`resume_fields`), as the `resume` job's config and `loop sign` print
-    it."""
+    """What an actor signs to resume (`resume_fields`), as `loop sign` prints it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -84,8 +79,7 @@ class ResumeRequest(BaseModel):
 
 
 def resume_fields(request: ResumeRequest) -> dict[str, Any]:
-    """What a resume's Ed25519 signature binds (`signing.LOOP_RESUME`): one recorded pause, so a signature
-    cannot lift a later pause, and who resumed it, in which role, why and when."""
+    """What a resume's signature binds (`signing.LOOP_RESUME`): one recorded pause, who, role, why, when."""
     return {
         "pause_hash": request.pause_hash,
         "actor": request.actor,
@@ -106,9 +100,7 @@ def resume_problem(
     clock_skew_s: float = CLOCK_SKEW_S,
 ) -> str | None:
     """Why `request` may not resume the loop (None: it may). `current_pause`: the hash of the pause in
-    force (None: the loop is not paused), recorded at `paused_at`. The resume's time becomes the
-    decision's: it may not precede the pause it lifts nor lie ahead of `now` (default: the clock), beyond
-    `clock_skew_s` either way."""
+    force, recorded at `paused_at`; the resume's time may not precede it nor lie ahead of `now`."""
     who = f"resume by {request.actor} as {request.role}"
     if current_pause is None:
         return f"{who}: the loop is not paused"
@@ -154,9 +146,8 @@ def next_decision(
     *,
     resume_roles: Sequence[str] | None = None,
 ) -> LoopDecision | None:
-    """The decision a tick records, None when the state stays as it is. `receipt_conditions` are the stop
-    conditions `latest_receipt` meets; `live_conditions` those holding now whatever the receipts say. A pause
-    names `resume_roles`, the deployment's roles that may lift it (None: `DEFAULT_RESUME_ROLES`)."""
+    """The decision a tick records, None when the state stays as it is. `live_conditions` are the stop
+    conditions holding now whatever the receipts say."""
     last = history[-1] if history else None
     if last is not None and last.action == "pause":
         cleared = not receipt_conditions and not live_conditions

@@ -1,9 +1,7 @@
-"""Moving `approved-default` forward: promotion to a passing receipt's candidate, authorized by an actor's
-Ed25519-signed default-step approval on the receipt (`receipts`), once the gate passes it again now.
-
-The move is a compare-and-set in the store (`PointerConflict` if another move came first), mirrored to
-MLflow afterwards (alias, `approved_default` flag, receipt tags); a failed mirror leaves the move standing
-and is repaired by the next operation. Rollback, the move back, is `rollbacks`."""
+"""Moving `approved-default` forward to a passing receipt's candidate, authorized by an actor's signed
+default-step approval, once the gate passes it again now. The move is a compare-and-set in the store,
+mirrored to MLflow afterwards; a failed mirror leaves the move standing and the next operation repairs it.
+"""
 
 from __future__ import annotations
 
@@ -54,10 +52,8 @@ def _registered(value: str | None, field: str, receipt: Receipt, model_name: str
 
 
 def facts(receipt: Receipt, model_name: str) -> ReceiptFacts:
-    """The identities promotion checks; a receipt that does not name them is refused, naming the field.
-
-    The parent is named by `plan.parent.model_version` and/or `plan.parent.weights_hash` (at least one);
-    the candidate by `candidate.model_version`."""
+    """The identities promotion checks (the parent's version and/or weights hash, the candidate's version);
+    a receipt that does not name them is refused, naming the field."""
     plan = receipt.plan
     parent = _registered(plan.parent.model_version, "plan.parent.model_version", receipt, model_name)
     if parent is None and not plan.parent.weights_hash:
@@ -82,8 +78,7 @@ def facts(receipt: Receipt, model_name: str) -> ReceiptFacts:
 
 def require_pipeline_written(store: Any, receipt: Receipt) -> str:
     """The receipt's snapshot key, or `PromotionRefused` unless the pipeline wrote the receipt and its gate
-    judged it. A receipt brought in by hand carries figures (held-out means, coverage, retry debt, canary
-    results, approvals of its own invention) that no stage recorded; the gate would judge them as written."""
+    judged it: a receipt brought in by hand carries figures no stage recorded."""
     key = receipts.planned_snapshot(store, receipt.receipt_id)
     if key is None:
         raise PromotionRefused(
@@ -120,11 +115,10 @@ def promote(
 ) -> PromotionResult:
     """Move `approved-default` from the receipt's parent to its candidate, or refuse with the reason.
 
-    Requires: a receipt the pipeline wrote (`require_pipeline_written`) and judged, under exactly
-    the policy of its gate record; the gate, run now on the ledger's head version under `policy` (default: the packaged one) with
-    `current_fingerprints`, says promote and voids no check; every approval on it verifies against the
-    deployment's roles and `actor` signed the default step on this evidence; the candidate is registered with the receipt's weights; and `approved-default` is exactly
-    the receipt's parent (version and weights)."""
+    Requires: a receipt the pipeline wrote and judged under exactly `policy`; the gate, run now on the
+    ledger's head with `current_fingerprints`, says promote and voids no check; every approval verifies and
+    `actor` signed the default step on this evidence; the candidate is registered with the receipt's
+    weights; and `approved-default` is exactly the receipt's parent (version and weights)."""
     pointers.reconcile(reg)
     stored = receipts.load(reg.store, receipt)
     named = facts(stored.receipt, reg.model_name)

@@ -1,9 +1,6 @@
 """Approvals on the gate's receipt ledger: a receipt's verified head (ingesting one the ledger lacks once
 every approval it carries verifies), an actor's approval signed over the evidence as it stands, and signed
 approvals recorded as new receipt versions after they verify against the deployment's roles.
-
-The receipt's schema, hashing, ledger and verdict belong to `lightning_dagster.gate`; what an approval signs
-is `approvals`; the version tags naming the ledger's head are the registry's (`registry.receipt_tags`).
 """
 
 from __future__ import annotations
@@ -44,11 +41,9 @@ def _as_receipt(value: Any) -> Receipt:
 
 
 def load(store: Any, value: Any, *, ingest: Roles | None = None) -> StoredReceipt:
-    """The ledger's verified head version of a receipt given by id, `Receipt` or dict.
-
-    A receipt passed by value must equal the stored head: acting on a copy that differs from the ledger
-    (older, or edited) is refused. With `ingest` (the deployment's roles), a receipt the ledger has never
-    seen becomes version 1, once every approval it carries verifies against those roles."""
+    """The ledger's verified head version of a receipt given by id, `Receipt` or dict; one passed by value
+    must equal it. With `ingest` (the deployment's roles), a receipt the ledger has never seen becomes
+    version 1, once every approval it carries verifies against those roles."""
     if isinstance(value, str):
         stored = stored_head(store, value)
         if stored is None:
@@ -108,8 +103,7 @@ def sign_approval(
 
 
 def verify_approvals(store: Any, receipt: Receipt, roles: Roles) -> None:
-    """Raise `ApprovalRefused` unless every approval of `receipt` verifies against `roles`; a canary
-    approval may sign the evidence of any stored version of the same receipt (see `approvals`)."""
+    """Raise `ApprovalRefused` unless every approval of `receipt` verifies against `roles`."""
     versions = store.document_versions(LEDGER, receipt.receipt_id)
     earlier = {evidence_hash(parse_receipt(v.body)) for v in versions}
     if problems := approval_problems(receipt, roles.actors, earlier):
@@ -117,8 +111,7 @@ def verify_approvals(store: Any, receipt: Receipt, roles: Roles) -> None:
 
 
 def record_approval(store: Any, value: Any, approval: Approval, roles: Roles) -> StoredReceipt:
-    """Append a signed approval as a new receipt version after the current head, once it verifies (as do
-    the approvals already there). A receipt given by value that the ledger lacks is ingested first."""
+    """Append a signed approval as a new receipt version, once it (and those already there) verifies."""
     stored = load(store, value, ingest=roles)
     amended = add_approval(stored.receipt, approval)
     verify_approvals(store, amended, roles)
@@ -127,9 +120,8 @@ def record_approval(store: Any, value: Any, approval: Approval, roles: Roles) ->
 
 
 def approve(reg: Registry, receipt: Any, approval: Approval) -> StoredReceipt:
-    """Record a signed approval (`sign_approval`) as a new version of the receipt in `reg`'s store; refuse
-    one that does not verify against the deployment's roles or names a role the receipt does not. The
-    candidate's version tags then name the new receipt version (best effort: `receipt_tags.write_after`)."""
+    """Record a signed approval as a new version of the receipt, once it verifies against the deployment's
+    roles; the candidate's version tags then name the new version (best effort)."""
     stored = record_approval(reg.store, receipt, approval, registry_roles(reg))
     receipt_tags.write_after(reg, stored)
     return stored

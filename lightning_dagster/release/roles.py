@@ -6,18 +6,12 @@ actors:
     roles: [default-approver, release-owner]
     key: ed25519:<base64>    # from `lightning-dagster registry keygen --actor alice --out DIR`
 ```
-Design. The roles are a deployment-time setting, not a caller's choice. A deployment names its roles file
-once (the Dagster code location's `GateResource.roles_path`, or `registry roles pin FILE`); the first use
-against a store pins that file's content (hash and body) in the store: pointer `approval-roles`, documents
-`approval_roles`. From then on the pinned roles are the only ones that authorize: the release reads them
-from the store, and a roles file given later is accepted only if it hashes to the pin, so a file a caller
-writes (or an environment variable pointing at one) authorizes no one. Changing the pin needs an Ed25519
-signature in the one signed-message format (`signing.ROLES_PIN`, `pin_fields`) over the old and new hashes
-and the pin's move number (`pin_seq`), by an actor holding `roles-admin` in the pinned roles; every pin is a
-recorded move in the pointer's history. The move number makes a signature good for one change from one pin
-state: after the pins A -> B -> A, the signature that once moved A to B no longer verifies. A roles file
-inside the learner's write surface (the models directory, the MLflow artifact root) is refused before
-anything is pinned.
+The first use against a store pins the deployment's roles file (hash and body: pointer `approval-roles`,
+documents `approval_roles`); from then on only the pinned roles authorize, and a roles file given later is
+accepted only if it hashes to the pin, so a file a caller writes authorizes no one. Changing the pin needs a
+`signing.ROLES_PIN` signature over the old and new hashes and the pin's move number (`pin_seq`, so it is
+good for one change) by a `roles-admin` of the pinned roles. A roles file inside the learner's write
+surface (the models directory, the MLflow artifact root) is refused before anything is pinned.
 """
 
 from __future__ import annotations
@@ -117,21 +111,18 @@ def pinned_roles(store: Any) -> Roles | None:
 
 def pin_fields(previous: str | None, new: str, *, pin_seq: int) -> dict[str, Any]:
     """What a roles-admin signs (`signing.ROLES_PIN`) to change the pin from `previous` to `new`: both hashes
-    and the pin's newest move number as it stands (`pin_seq`, `pin_state`), so the signature changes that
-    one state and cannot be replayed after the pin moved, even back to `previous`."""
+    and the pin's move number, so the signature cannot be replayed after the pin moved."""
     return {"from": previous, "to": new, "pin_seq": pin_seq}
 
 
 def pin_state(store: Any) -> tuple[str | None, int]:
-    """The pinned roles' hash and the pin's newest move number ((None, 0): never pinned): what a roles-admin
-    signs over (`pin_fields`)."""
+    """The pinned roles' hash and the pin's newest move number ((None, 0): never pinned)."""
     return store.pointer_state(PIN)
 
 
 def pin_roles(store: Any, roles: Roles, *, actor: str = DEPLOYMENT, signature: str | None = None) -> Roles:
     """Pin `roles` in the store. The first pin needs no signature; replacing one needs `signature` (see
-    `pin_fields`, over the pin as it stands now) by `actor` holding `roles-admin` in the pinned roles.
-    Pinning the same roles is a no-op. The move is a compare-and-set on the move number that was signed."""
+    `pin_fields`) by `actor` holding `roles-admin` in the pinned roles. Pinning the same roles is a no-op."""
     _, pin_seq = pin_state(store)  # read before the roles: a pin moved in between fails the move below
     current = pinned_roles(store)
     if current is not None and current.digest == roles.digest:
@@ -165,8 +156,7 @@ def pin_roles(store: Any, roles: Roles, *, actor: str = DEPLOYMENT, signature: s
 
 
 def deployment_roles(store: Any, configured: Path | str | None = None) -> Roles:
-    """The roles that authorize on this store: the pin. `configured` is the deployment's roles file: pinned
-    if the store has no pin yet, else accepted only when it is the pinned content."""
+    """The roles that authorize on this store: the pin (`configured` is pinned if there is none yet)."""
     if configured is None:
         pinned = pinned_roles(store)
         if pinned is None:
@@ -188,6 +178,5 @@ def deployment_roles(store: Any, configured: Path | str | None = None) -> Roles:
 
 
 def registry_roles(reg: Registry) -> Roles:
-    """The roles that authorize moves of `reg`'s pointer: the pin in its store (`reg.roles_file`, the
-    deployment's, pinned on first use; see `deployment_roles`)."""
+    """The roles that authorize moves of `reg`'s pointer (`deployment_roles` of its store)."""
     return deployment_roles(reg.store, reg.roles_file)

@@ -1,13 +1,6 @@
-"""Moving `approved-default` back: what a rollback signs (`signing.ROLLBACK`, the one signed-message format)
-and how it is verified, and the move itself once it is.
-
-A rollback is an authorized actor's Ed25519 signature over the exact decision (this pointer, from the version
-it holds at its newest move, to the target, by whom, in which role, why, when), checked against the roles
-pinned in the store, as approvals and resumes are. The signature names the pointer's newest move
-(`from_seq`), so it rolls back once: after any move of the pointer (this rollback, a promotion, another
-rollback) it no longer verifies, and a signature for another model's pointer or another target never does.
-`registry sign-rollback` prints a signed request (the `rollback` job's run config); `registry rollback --key`
-signs and records in one step.
+"""Moving `approved-default` back: what a rollback signs (`signing.ROLLBACK`), how it is verified against the
+pinned roles, and the move itself. The signature names the pointer's newest move (`from_seq`), so it rolls
+back once: after any move of the pointer it no longer verifies.
 """
 
 from __future__ import annotations
@@ -64,8 +57,7 @@ class RollbackRequest(BaseModel):
 
 
 def rollback_request(data: Mapping[str, Any]) -> RollbackRequest:
-    """A rollback's fields as a `RollbackRequest`; a missing, blank, oversized or control-character field
-    raises the gate's `InvalidInput` naming it."""
+    """A rollback's fields as a `RollbackRequest`; a bad field raises the gate's `InvalidInput` naming it."""
     try:
         return RollbackRequest.model_validate(dict(data))
     except ValidationError as err:
@@ -73,8 +65,7 @@ def rollback_request(data: Mapping[str, Any]) -> RollbackRequest:
 
 
 def rollback_fields(pointer: str, request: RollbackRequest) -> dict[str, Any]:
-    """What a rollback's signature binds (`signing.ROLLBACK`): the pointer, the value and move it undoes,
-    the target, who in which role, why and when."""
+    """What a rollback's signature binds (`signing.ROLLBACK`): pointer, move, target, who, why, when."""
     return {"pointer": pointer, **request.model_dump(exclude={"signature"})}
 
 
@@ -88,11 +79,9 @@ def rollback_problem(
     now: float | None = None,
     clock_skew_s: float = CLOCK_SKEW_S,
 ) -> str | None:
-    """Why `request` does not authorize rolling `pointer` back (None: it does). `head`: the pointer's newest
-    move (a `PointerMove`; None: never set). The role must be one of `allowed_roles` and held by the actor
-    in the pinned roles (`actors`), the request must name the pointer's newest move and value, its time may
-    not precede that move nor lie ahead of `now` (beyond `clock_skew_s`), and the signature must verify
-    with the actor's key over exactly these fields."""
+    """Why `request` does not authorize rolling `pointer` back (None: it does): the role must be allowed and
+    held by the actor, the request must name the pointer's newest move (`head`) and value at a time not
+    before it nor ahead of `now`, and the signature must verify over exactly these fields."""
     who = f"rollback to {request.target_version} by {request.actor} as {request.role}"
     if request.role not in allowed_roles:
         return f"{who}: moving approved-default back needs one of the roles {sorted(allowed_roles)}"
@@ -126,8 +115,7 @@ def sign_rollback(
     role: str = DEFAULT_APPROVER,
     at: float | None = None,
 ) -> RollbackRequest:
-    """`actor`'s rollback of `approved-default` to `target_version` in `role`, from the pointer's newest move
-    as it stands, signed with the private key file `key`. Nothing moves; `rollback` records it."""
+    """`actor`'s signed rollback of `approved-default` to `target_version`; nothing moves until `rollback`."""
     moves = reg.store.pointer_history(reg.pointer_name(), last=1)
     if not moves:
         raise RollbackRefused(
@@ -149,9 +137,8 @@ def sign_rollback(
 
 
 def rollback_roles(reg: Registry, head: Any) -> list[str]:
-    """Who may move the pointer back by default: `default-approver`, and the roles the receipt of the move
-    being undone named for its default step (a deployment's `default_approver_roles`, recorded in its plan):
-    whoever may move the default forward may also take that move back."""
+    """Who may move the pointer back: `default-approver`, and the roles the receipt of the move being undone
+    named for its default step (whoever may move the default forward may also take that move back)."""
     roles = [DEFAULT_APPROVER]
     if head is not None and head.receipt_id:
         try:
@@ -164,21 +151,13 @@ def rollback_roles(reg: Registry, head: Any) -> list[str]:
 
 
 def rollback(
-    reg: Registry,
-    request: RollbackRequest,
-    *,
-    allowed_roles: Collection[str] | None = None,
+    reg: Registry, request: RollbackRequest, *, allowed_roles: Collection[str] | None = None
 ) -> PromotionResult:
     """Move `approved-default` back to a version it held before, after proving that version serves.
 
-    `request` is an actor's signed rollback (`sign_rollback`): its role must be one of the
-    `allowed_roles` that may move the pointer and held by the actor in the pinned roles (holding some other
-    role, `ml-lead` or `roles-admin`, and naming it authorizes nothing), and its signature must verify with
-    that actor's pinned key over exactly this decision (this pointer, its newest move, the target, role,
-    reason and time); otherwise `RollbackRefused` and nothing moves. The target must appear in the pointer
-    history as an earlier approved value (never "the newest version"); its bytes are verified, it is loaded
-    and answers one chat completion through a gateway, and only then does the pointer move, with a history
-    entry naming the verified actor, role, reason and signature."""
+    `request` must be authorized (`rollback_problem`), else `RollbackRefused` and nothing moves. The target
+    must be an earlier approved value in the pointer history; its bytes are verified, it is loaded and
+    answers one chat completion through a gateway, and only then does the pointer move."""
     pointers.reconcile(reg)
     name = reg.pointer_name()
     history = reg.history()

@@ -1,14 +1,9 @@
 """The one signed-message format, Ed25519 signatures over it, and the actors' keys.
 
-Every authorization decision (an approval, a resume of the paused loop, a rollback, a change of the pinned
-roles) is signed over `signed_message(purpose, fields)`: the canonical JSON of
-`{"format": FORMAT, "version": VERSION, "purpose": ..., "fields": {...}}`. The purpose names the kind, so a
-signature of one kind never verifies as another; `PURPOSES` fixes the fields each kind binds, and a message
-with a field missing or added is refused before anything is signed or verified. Field order does not matter
-(canonical JSON sorts keys); any changed value does.
-
-A private key is a PKCS#8 PEM file readable by its owner only (written 0600, refused if group or others can
-read it); the public key is one line, `ed25519:<base64>`, pasted into the deployment's roles file.
+Every authorization decision (an approval, a resume, a rollback, a change of the pinned roles) is signed
+over `signed_message(purpose, fields)`, canonical JSON naming the purpose, so a signature of one kind never
+verifies as another; `PURPOSES` fixes the fields each kind binds. A private key is a PKCS#8 PEM file
+readable by its owner only; the public key is one line, `ed25519:<base64>`, for the roles file.
 Imports nothing of the gate or the registry: the gate's check 7 verifies approvals through this module.
 """
 
@@ -58,8 +53,7 @@ ACTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def signed_message(purpose: str, fields: Mapping[str, Any]) -> bytes:
-    """The exact bytes a signature of `purpose` covers; `ValueError` for an unknown purpose or fields other
-    than the ones `PURPOSES` names for it."""
+    """The exact bytes a signature of `purpose` covers; `ValueError` for fields `PURPOSES` does not name."""
     expected = PURPOSES.get(purpose)
     if expected is None:
         raise ValueError(f"unknown signed-message purpose {purpose!r} (known: {sorted(PURPOSES)})")
@@ -75,8 +69,7 @@ def sign(key: Ed25519PrivateKey, purpose: str, fields: Mapping[str, Any]) -> str
 
 
 def verify(public_key: str, purpose: str, fields: Mapping[str, Any], signature: str) -> bool:
-    """Whether `signature` is `public_key`'s over `fields` as a `purpose` message; a malformed key or
-    signature verifies nothing."""
+    """Whether `signature` is `public_key`'s over `fields` as a `purpose` message (malformed: False)."""
     message = signed_message(purpose, fields)
     try:
         raw = base64.b64decode(signature, validate=True)

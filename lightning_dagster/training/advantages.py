@@ -5,10 +5,9 @@ Modes, for rollouts sampled in groups (same task, `group_id`):
 - `dr_grpo`: r - mean(group)                                   (Dr. GRPO: no division by the std)
 - `rloo`:    r - mean(group without r) = n/(n-1) * (r - mean)  (leave-one-out baseline)
 - `whiten`:  (r - mean(batch)) / (std(batch) + eps), ignoring groups
-Rollouts without a group (`serve` traffic) are always whitened together over the batch. A group (or the
-ungrouped batch) whose rewards are all equal carries no signal: its rollouts get no advantage at all, are
-counted in `skipped_groups` / `skipped_rollouts`, and the trainer leaves their rows out entirely, so they
-add nothing to the loss's numerator or denominator. std is the population std.
+Rollouts without a group (`serve` traffic) are always whitened together over the batch. A group whose
+rewards are all equal carries no signal: its rollouts get no advantage at all (counted in `skipped_*`),
+and the trainer leaves their rows out entirely. std is the population std.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ MODES: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "whiten")
 
 
 class AdvantageError(ValueError):
-    """Inconsistent input: one rollout listed with two rewards or two groups, a reward that is not a finite
-    number (NaN or infinite: its group's mean and every advantage of it would be NaN), or an unknown mode."""
+    """Inconsistent input: a rollout listed twice, a non-finite reward, or an unknown mode."""
 
 
 @dataclass(frozen=True)

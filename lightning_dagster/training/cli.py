@@ -1,9 +1,7 @@
 """`lightning-dagster train [--project PATH | --harness calc] [--steps N] [--nproc N] [--json] ...`: warm-start a
 parent if there is none, run RL (`training.loop.train_rl`) on the project's train split, print the parent's
-and the candidate's success on its holdout split. Every other flag is a setting of `lightning_dagster.settings`
-(the training settings, the serving settings that apply to training, the store URL), generated from it, so it
-has the name and default it has everywhere. `--nproc N` runs the same command as N ranks under
-torch.distributed.run (training.distributed). Exit status 2 on a bad project or setting."""
+and the candidate's success on its holdout split. Other flags are generated from `lightning_dagster.settings`.
+`--nproc N` runs the same command as N ranks under torch.distributed.run. Exit status 2 on a bad setting."""
 
 from __future__ import annotations
 
@@ -38,20 +36,10 @@ PIPELINE_ONLY = ("protected_tasks", "canary_tasks", "min_serve_rollouts")
 TRAINING = [name for name in TrainingSettings.model_fields if name not in PIPELINE_ONLY]
 # How rollouts run; the gateway itself is always a child process on loopback, as the pipeline's training stage
 # serves, so its address, secret and upstream are not `train`'s.
-SERVING = [
-    "engine",
-    "vllm_url",
-    "vllm_args",
-    "vllm_dtype",
-    "vllm_enforce_eager",
-    "engine_process",
-    "engine_threads",
-    "engine_device",
-    "max_batch",
-    "runner_mode",
-    "sandbox",
-    "parallel",
-]
+SERVING = (
+    "engine vllm_url vllm_args vllm_dtype vllm_enforce_eager engine_process engine_threads engine_device "
+    "max_batch runner_mode sandbox parallel"
+).split()
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -91,9 +79,8 @@ def _rank_argv(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
 def settings_of(
     args: argparse.Namespace, project: Project | None = None
 ) -> tuple[TrainingSettings, ServingSettings, StoreSettings]:
-    """The settings `train` runs with: the flags given, over the project file's `training:` / `serving:`
-    sections (`project.sections.effective`) when a project is given, over the defaults. Raises
-    `SettingsError` naming the flag (or the section's key) of a bad value."""
+    """The settings `train` runs with: the flags given, over the project file's sections, over the defaults.
+    Raises `SettingsError` naming the flag (or the section's key) of a bad value."""
     from lightning_dagster.project.sections import effective
     from lightning_dagster.training.configs import trainer_config
     from lightning_dagster.training.loss import LossConfigError
@@ -147,9 +134,7 @@ def sampling_service(
     training: TrainingSettings,
     serving: ServingSettings,
 ) -> RolloutService:
-    """What `train` samples and evaluates through: the engine (`serving.engine`) serving the weights it trains
-    (never an upstream), its gateway in a child process as the pipeline's training stage has it (parked on close for
-    the next run of this process with the same settings)."""
+    """What `train` samples through: the engine serving the weights it trains, its gateway a child process."""
     from lightning_dagster.gateway.options import serving_settings
     from lightning_dagster.runner.service import RolloutService
     from lightning_dagster.training.configs import lora_spec, retry_policy

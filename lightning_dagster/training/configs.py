@@ -1,8 +1,6 @@
-"""The one place the user's settings become the trainer's internal configs: `TrainingSettings` (and
-`ServingSettings` for how the warm start's probe is served) in, the step, loss, trainer, validation, retry
-and warm-start configs out. `train`, the pipeline's stages and the Pipes child all build them here, so a
-setting has one name and one default (`lightning_dagster.settings`) and the internal configs none of their
-own for it."""
+"""The one place the user's settings (`TrainingSettings`, and `ServingSettings` for the warm start's probe)
+become the trainer's internal configs, so those configs have no name or default of their own for a setting.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ def step_settings(t: TrainingSettings) -> StepSettings:
 
 
 def loss_config(t: TrainingSettings) -> LossConfig:
-    """The RL loss; raises `LossConfigError` for `constant` normalization without its constant (or a
-    constant another normalization would not read)."""
+    """The RL loss; `LossConfigError` when `loss_constant` does not go with the normalization."""
     return LossConfig(kl_coef=t.kl_coef, normalization=t.loss_normalization, constant=t.loss_constant)
 
 
@@ -61,9 +58,7 @@ def validation_settings(t: TrainingSettings) -> ValidationSettings:
 
 
 def retry_policy(t: TrainingSettings, spec: HarnessSpec) -> RetryPolicy:
-    """The retry policy rollouts of `spec` run under: the harness's own timeout and attempt budget (its
-    project file's `training.attempt_timeout_s` / `max_attempts`, else the defaults: `harness_spec`) unless
-    `t` was given them (`Settings.given()`: a flag, a resource field, or the same file's section)."""
+    """The retry policy rollouts of `spec` run under: the harness's own unless `t` was given them."""
     given = t.given()
     overrides = {"max_attempts": given.get("max_attempts"), "timeout_s": given.get("attempt_timeout_s")}
     return spec.retry_policy(**{name: value for name, value in overrides.items() if value is not None})

@@ -1,10 +1,9 @@
 """Data-parallel training with torch.distributed: the process group `torchrun` describes, each rank's share of
 a step's rows, the step's global normalizers and metrics (all_reduce), and the launcher of `train --nproc N`.
 
-Rank 0 drives: it samples, evaluates and saves; each `Trainer.step` it calls first sends the step's rows to
-the other ranks, which wait in `follow` and run the same step on their share. Rows are shared out by
-rollout (all rows of a rollout on one rank), so a rank knows each of its rollouts' token counts and only the
-step's totals need an all_reduce; the loss weights are then exactly the single-process ones.
+Rank 0 drives; the other ranks wait in `follow` and run each step on their share. Rows are shared out by
+rollout, so only the step's totals need an all_reduce and the loss weights are exactly the single-process
+ones.
 """
 
 from __future__ import annotations
@@ -50,8 +49,7 @@ def launched_world_size() -> int:
 
 
 def join(device: torch.device) -> Group:
-    """Join the process group `torchrun` (or a test) describes in the environment: NCCL on CUDA, else gloo.
-    On CUDA each rank takes the GPU of its local rank."""
+    """Join the process group `torchrun` describes in the environment: NCCL on CUDA, else gloo."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = "nccl" if device.type == "cuda" else "gloo"
     if backend == "nccl":
@@ -91,32 +89,19 @@ def step_totals(rows: Sequence[Row], group: Group) -> tuple[int, int]:
     return int(total_tokens), int(total_rollouts)
 
 
+SUMMED_PARTS = ("tokens", "clipped", "kl_sum", "is_ratio_sum", "is_capped", "abs_log_ratio_sum")
+
+
 def reduce_parts(parts: LossParts, group: Group) -> LossParts:
     """The step's loss sums over every rank: sums added, extremes taken."""
-    sums = _all_reduce(
-        [
-            float(parts.loss.detach()),
-            parts.tokens,
-            parts.clipped,
-            parts.kl_sum,
-            parts.is_ratio_sum,
-            parts.is_capped,
-            parts.abs_log_ratio_sum,
-        ],  # fmt: skip
-        dist.ReduceOp.SUM,
-        group,
-    )
+    summed = [float(parts.loss.detach()), *(getattr(parts, name) for name in SUMMED_PARTS)]
+    sums = _all_reduce(summed, dist.ReduceOp.SUM, group)
     highs = _all_reduce(
         [parts.is_ratio_max, parts.abs_log_ratio_max, -parts.is_ratio_min], dist.ReduceOp.MAX, group
     )
     return LossParts(
         loss=torch.tensor(sums[0]),
-        tokens=sums[1],
-        clipped=sums[2],
-        kl_sum=sums[3],
-        is_ratio_sum=sums[4],
-        is_capped=sums[5],
-        abs_log_ratio_sum=sums[6],
+        **dict(zip(SUMMED_PARTS, sums[1:], strict=True)),
         is_ratio_max=highs[0],
         abs_log_ratio_max=highs[1],
         is_ratio_min=-highs[2],
@@ -131,8 +116,7 @@ def broadcast(value: Any, group: Group) -> Any:
 
 
 def follow(trainer: Trainer) -> int:
-    """A non-zero rank's whole run: take each step rank 0 sends and run it, until rank 0 calls `release`.
-    Returns the number of steps run."""
+    """A non-zero rank's whole run: each step rank 0 sends, until it calls `release`; returns the steps."""
     group = trainer.group
     if group is None or group.leader:
         raise DistributedError("follow() runs on ranks 1.. of a process group; rank 0 drives the steps")
@@ -150,8 +134,7 @@ def release(group: Group) -> None:
 
 
 def command(nproc: int, module: str, *argv: str) -> list[str]:
-    """`python -m MODULE ARGV`, as `nproc` ranks under `torch.distributed.run` on this machine (rendezvous on
-    a free local port) when nproc > 1."""
+    """`python -m MODULE ARGV`, as `nproc` ranks under `torch.distributed.run` on this machine when > 1."""
     if nproc < 1:
         raise DistributedError(f"nproc must be >= 1, got {nproc}")
     python = [sys.executable, "-m", module, *argv]

@@ -1,22 +1,16 @@
 """The RL loop: `train_rl`, the one loop `lightning-dagster train`, the pipeline's `candidate_resource` and
-its Pipes child (`orchestration.pipes_child`) run, each keeping only its own bookkeeping.
+its Pipes child run, each keeping only its own bookkeeping.
 
-    settings   TrainingSettings -> StepSettings, TrainerConfig, ValidationSettings   (training.configs)
-    pools      train (steps x tasks_per_step, in step order), validation, holdout     (`draw_pools`)
-
-    [rank 0 of a process group: the parent and the trainer config to every follower (`followed`)]
-    trainer <- the parent checkpoint
-    step 1 on a batch sampled before the run, when one is given (`FirstBatch`: the pipeline's
-        `training_transitions`, the snapshot's first batch)
-    holdout: the parent's success, sampled at T=1.0 with the evaluation seed, greedy beside it
+    trainer <- the parent checkpoint (rank 0 of a process group first sends it to every follower)
+    step 1 on a batch sampled before the run, when one is given (`FirstBatch`)
+    holdout: the parent's success at T=1.0 with the evaluation seed, greedy beside it
     validation: the parent decoded greedily (`CheckpointKeeper`)
     for step in 1..steps:
-        `rl_step`: sample with `step_seed(base_seed, step)`, rows, advantages, one update, serve the weights
+        `rl_step` with `step_seed(base_seed, step)`: sample, rows, advantages, one update, serve the weights
         validation every `validation_every` steps and the last; stop after `validation_patience`
             evaluations in a row that regressed
         holdout every `eval_every` steps and the last (greedy at the last)
-    restore the checkpoint `selection.select` proposes; holdout on it when it is not the last
-    [release the followers]; save
+    restore the checkpoint `selection.select` proposes; holdout on it when it is not the last; save
 """
 
 from __future__ import annotations
@@ -57,9 +51,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Pools:
-    """The tasks of one run: `train` in step order (step s trains on its s-th `tasks_per_step`),
-    `validation` the cases each checkpoint is judged on (empty: the last checkpoint is the candidate),
-    `holdout` the held-out evaluation (empty: none; the pipeline evaluates in its own asset)."""
+    """The tasks of one run: `train` in step order; `validation` empty: the last checkpoint is the
+    candidate; `holdout` empty: no held-out evaluation (the pipeline evaluates in its own asset)."""
 
     train: list[dict]
     validation: list[dict] = field(default_factory=list)
@@ -69,10 +62,8 @@ class Pools:
 def draw_pools(
     tasks: TaskSet, t: TrainingSettings, *, train: list[dict] | None = None, holdout: bool = True
 ) -> Pools:
-    """A run's pools from the project's tasks: `train` (default: `steps x tasks_per_step` drawn with the
-    seed, never a case reserved for validation), the validation cases it leaves, and `holdout_tasks` of the
-    holdout split drawn with the evaluation seed (the closed set a snapshot freezes), unless `holdout` is
-    False."""
+    """A run's pools: `train` (default: `steps x tasks_per_step` drawn with the seed, never a validation
+    case), the validation cases it leaves, and `holdout_tasks` drawn with the evaluation seed."""
     if train is None:
         n = t.steps * t.tasks_per_step
         train = train_tasks(tasks, n, t.seed, validation=t.validation_tasks, eval_seed=t.eval_seed)
@@ -120,11 +111,9 @@ def train_rl(
     log: Callable[[dict], None] | None = None,
     group: distributed.Group | None = None,
 ) -> RLResult:
-    """RL from `parent_dir` as the module docstring says. `serve()` starts the service that serves the
-    parent (entered only when a step samples or a pool is evaluated); train rollouts carry `snapshot_key`,
-    the weights after step s are served as `<candidate_id>@s`, rollout tags start with `tag`. `log` gets
-    every step's metrics and every evaluation. With `out_dir` the proposed checkpoint is saved there. With
-    `group` this is rank 0 of a process group: every step is also trained by the other ranks."""
+    """RL from `parent_dir` as the module docstring says. `serve()` starts the parent's service (entered
+    only when something samples); the weights after step s are served as `<candidate_id>@s`. With `out_dir`
+    the proposed checkpoint is saved there; with `group` this is rank 0 of a process group."""
     started = time.perf_counter()
     step_config, validation, config = step_settings(t), validation_settings(t), trainer_config(t)
     if group is not None:  # the one payload every follower takes (`followed`)
@@ -196,13 +185,11 @@ def train_rl(
     )
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the other ranks
+# ------------------------------------------------------------------------------------------- the other ranks
 
 
 def join(device: str) -> distributed.Group | None:
-    """This process's place among the ranks `torchrun` started (`train --nproc`, the training resource's
-    `nproc`); None in a single process."""
+    """This process's place among the ranks `torchrun` started; None in a single process."""
     from lightning_dagster.engine.engine import resolve_device
 
     if distributed.launched_world_size() == 1:
@@ -211,9 +198,8 @@ def join(device: str) -> distributed.Group | None:
 
 
 def followed(group: distributed.Group | None) -> bool:
-    """On ranks 1..: the rank's whole run, then True. It takes the parent and trainer config rank 0's
-    `train_rl` sends, and trains every step rank 0 drives until rank 0 releases it. On rank 0, or in a single
-    process: False at once (the caller runs `train_rl`)."""
+    """On ranks 1..: train every step rank 0's `train_rl` drives until it releases this rank, then True.
+    On rank 0, or in a single process: False at once (the caller runs `train_rl`)."""
     if group is None or group.leader:
         return False
     parent_dir, config = distributed.broadcast(None, group)
@@ -221,24 +207,20 @@ def followed(group: distributed.Group | None) -> bool:
     return True
 
 
-# ----------------------------------------------------------------------------------------------------------
-# validation and checkpoint selection
+# ----------------------------------------------------------------------- validation and checkpoint selection
 
 
 def greedy_solved(
     service: RolloutService, tasks: list[dict], *, seed: int, tag: str, threshold: float
 ) -> frozenset[str]:
-    """The validation cases the served model solves greedily. These rollouts carry no snapshot key: they are
-    the trainer's own evidence, not part of the snapshot's planned rollouts."""
+    """The validation cases the served model solves greedily (rollouts outside any snapshot)."""
     batch = service.run(tasks, group=1, kind=RolloutKind.validation, sampling=GREEDY, seed=seed, tag=tag)
     return solved_cases({r.task_id: batch.rewards.get(r.rollout_id) for r in batch.rollouts}, threshold)
 
 
 class CheckpointKeeper:
     """Judges checkpoints on the validation split as training goes, keeps the weights of the one
-    `selection.select` proposes, and says when validation regressed for `patience` evaluations in a row.
-    Built while `service` serves the parent (it is judged first); after each step the service must serve
-    the trainer's current weights."""
+    `selection.select` proposes, and says when to stop early. Built while `service` serves the parent."""
 
     def __init__(
         self, service: RolloutService, tasks: list[dict], settings: ValidationSettings, *, seed: int, tag: str
@@ -300,10 +282,7 @@ def selection_summary(
     *,
     asked: int = 0,
 ) -> dict[str, Any]:
-    """What a run records of its regularization and choice: the KL weight, the steps it ran, the validation
-    size, the parent's and every checkpoint's validation, the proposed step and why, and any early stop.
-    Without validation the last checkpoint is the candidate; when `asked` validation tasks and none was left
-    to validate on, `selection` says so."""
+    """What a run records of its regularization and checkpoint choice."""
     if keeper is None or chosen is None:
         summary = {"kl_coef": kl_coef, "steps_run": steps_run, "validation_tasks": 0, "chosen_step": steps_run,
                    "early_stop": None}  # fmt: skip

@@ -1,7 +1,7 @@
 """RL on a LoRA adapter (`training.adapter: lora`): the parent's weights stay frozen and only the adapter's
-low-rank updates train. What an engine serves is either the adapter itself (vLLM hot-loads it by name) or
-the merged weights (the embedded engine, and every checkpoint: the registry, the drill and a later parent
-load a plain Hugging Face model; the adapter is saved beside it in `adapter/`)."""
+low-rank updates train. An engine serves the adapter itself (vLLM hot-loads it) or the merged weights, which
+every checkpoint holds as a plain Hugging Face model, the adapter saved beside it in `adapter/`.
+"""
 
 from __future__ import annotations
 
@@ -52,8 +52,7 @@ def load_adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -
 
 
 def merged(model: torch.nn.Module) -> torch.nn.Module:
-    """A plain copy of the model with the adapter's update added into its weights (the wrapped model is
-    left as it is)."""
+    """A plain copy of the model with the adapter's update added into its weights."""
     return copy.deepcopy(model).merge_and_unload()
 
 

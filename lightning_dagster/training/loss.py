@@ -21,25 +21,21 @@ rows (a prefix break, a `length` cut, a temperature change) still weighs 1 / rol
 exactly as if it had stayed one row. Weighing rows instead would give a rollout more say the more often its
 merge broke. `token_mean` and `constant` weigh tokens, so splitting changes nothing there either.
 
-The KL term keeps the policy near its exact parent (`ref`: the parent's logprobs from a frozen copy of the
-parent, scored at each row's temperature; the recorded behaviour logprobs are the parent's only at the first
-step, so they cannot serve). k3 on the sampled tokens is zero with zero gradient where policy == parent, and
-its gradient per token, (1 - exp(ref - logp)) * grad(logp), moves each sampled token's logprob toward the
-parent's; in expectation over on-policy samples it is the gradient of KL(parent || policy), which grows when
-the policy drops what the parent did: the protected greedy cases a candidate must keep. `kl_coef = 0` leaves
-the loss, and so the update, exactly as without the term (no parent copy is even loaded).
+The KL term keeps the policy near its exact parent (`ref`: a frozen copy of the parent, scored at each row's
+temperature; the behaviour logprobs are the parent's only at the first step). In expectation over on-policy
+samples its gradient is that of KL(parent || policy), which grows when the policy drops what the parent did:
+the protected greedy cases a candidate must keep. `kl_coef = 0` leaves the update exactly as without it.
 
-`constant` is Dr. GRPO's fixed denominator: each trained token weighs 1 / C whatever the step holds, so a
-response's weight does not shrink with its length nor with its batch mates'. Dr. GRPO's "sum over a
-sequence / max response tokens, mean over sequences" is C = rollouts per step * max response tokens. Rows
-of zero-variance groups are dropped before weighing, so under `constant` they just add nothing.
+`constant` is Dr. GRPO's fixed denominator: C = rollouts per step * max response tokens reproduces its "sum
+over a sequence / max response tokens, mean over sequences".
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import torch
@@ -54,9 +50,7 @@ class LossConfigError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class LossConfig:
-    """The loss of one RL step. `kl_coef`, `normalization` and `constant` are the user's settings
-    (`TrainingSettings.kl_coef`, `loss_normalization`, `loss_constant`; `training.configs.loss_config`), so
-    they have no default here; the clip range and importance-sampling cap are the loss's own."""
+    """The loss of one RL step; the fields without a default are the user's (`configs.loss_config`)."""
 
     kl_coef: float  # weight of the k3 KL to the parent; 0: off
     normalization: Normalization
@@ -96,9 +90,8 @@ def row_weights(
     *,
     totals: tuple[int, int] | None = None,
 ) -> list[float]:
-    """The per-token weight of every row of one optimizer step (see the module docstring). When the rows are
-    one rank's share of the step (`training.distributed`, each rollout whole on one rank), `totals` are the
-    whole step's trained tokens and rollouts, so every rank weighs its tokens as one process would."""
+    """The per-token weight of every row of one optimizer step (see the module docstring). For one rank's
+    share of the step, `totals` are the whole step's trained tokens and rollouts."""
     mode = config.normalization
     if mode == "token_mean":
         total = totals[0] if totals is not None else sum(trained_tokens)
@@ -129,18 +122,13 @@ class LossParts:
     abs_log_ratio_sum: float = 0.0  # |trainer - engine logprob| over the step's tokens (the engine gap)
 
     def merge(self, other: LossParts) -> LossParts:
-        return LossParts(
-            loss=self.loss.detach() + other.loss.detach(),
-            tokens=self.tokens + other.tokens,
-            clipped=self.clipped + other.clipped,
-            kl_sum=self.kl_sum + other.kl_sum,
-            is_ratio_sum=self.is_ratio_sum + other.is_ratio_sum,
-            is_ratio_max=max(self.is_ratio_max, other.is_ratio_max),
-            is_ratio_min=min(self.is_ratio_min, other.is_ratio_min),
-            is_capped=self.is_capped + other.is_capped,
-            abs_log_ratio_max=max(self.abs_log_ratio_max, other.abs_log_ratio_max),
-            abs_log_ratio_sum=self.abs_log_ratio_sum + other.abs_log_ratio_sum,
-        )
+        extremes = {"is_ratio_max": max, "is_ratio_min": min, "abs_log_ratio_max": max}
+        merged = {
+            f.name: extremes.get(f.name, operator.add)(getattr(self, f.name), getattr(other, f.name))
+            for f in fields(self)
+            if f.name != "loss"
+        }
+        return LossParts(loss=self.loss.detach() + other.loss.detach(), **merged)
 
     def metrics(self) -> dict[str, float]:
         n = max(self.tokens, 1.0)

@@ -31,12 +31,9 @@ class EmptyValidationSplit(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class ValidationSettings:
-    """Checkpoint selection as the user set it (`TrainingSettings.validation_*`, `success_threshold`;
-    `training.configs.validation_settings`)."""
+    """Checkpoint selection as the user set it (`training.configs.validation_settings`)."""
 
-    # tasks of the train split, outside the run's own train tasks, every checkpoint is judged on greedily;
-    # 0: no validation, the last checkpoint is the candidate (and no early stop)
-    tasks: int
+    tasks: int  # 0: no validation, the last checkpoint is the candidate (and no early stop)
     every: int  # evaluate every `every` steps, and the last step
     patience: int  # evaluations in a row that regressed before training stops (0: never stop early)
     success_threshold: float  # a validation case is solved at or above this reward
@@ -126,28 +123,24 @@ def stop_reason(evals: Sequence[CheckpointEval], parent_success: float, patience
     return f"validation regressed at {patience} evaluation(s) in a row (steps {steps})"
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the validation split
+# -------------------------------------------------------------------------------------- the validation split
 
 
 def reserved_validation(tasks: TaskSet, n: int, seed: int) -> frozenset[str]:
-    """The ids of the train-split tasks held back for validation before the train tasks are drawn: the first
-    `n` in `seed`'s order, but at most half the split, so a small project still trains on the rest (a split
-    of one task reserves none, and the run has no checkpoint selection)."""
+    """The train-split task ids held back for validation: the first `n` in `seed`'s order, but at most half
+    the split, so a small project still trains on the rest."""
     rows = tasks.splits["train"]
     pool = tasks.draw("train", len(rows), seed)
     return frozenset(task["task_id"] for task in pool[: min(n, len(rows) // 2)])
 
 
 def train_tasks(tasks: TaskSet, n: int, seed: int, *, validation: int, eval_seed: int) -> list[dict]:
-    """The `n` train tasks a run trains on (`TaskSet.draw` with `seed`), never one of the validation cases
-    `reserved_validation(tasks, validation, eval_seed)` holds back."""
+    """The `n` train tasks a run trains on, never one `reserved_validation` holds back."""
     return tasks.draw("train", n, seed, exclude=reserved_validation(tasks, validation, eval_seed))
 
 
 def validation_split(tasks: TaskSet, n: int, seed: int, trained: list[dict]) -> list[dict]:
-    """Up to `n` tasks of the train split (the training distribution; disjoint from holdout, protected and
-    canary by the project's split) that the run does not train on, in `TaskSet.draw`'s seeded order."""
+    """Up to `n` tasks of the train split that the run does not train on, in `TaskSet.draw`'s seeded order."""
     taken = {task["task_id"] for task in trained}
     pool = tasks.draw("train", len(tasks.splits["train"]), seed)
     return [task for task in pool if task["task_id"] not in taken][:n]

@@ -1,14 +1,7 @@
-"""One RL step through the real runner and gateway, in its two halves, and the held-out evaluation:
-
-    sample_step:       tasks x group_size train rollouts, sampled with `Sampling(temperature)` and seed
-                       `step_seed(base, step)` -> RolloutService (Runner -> LocalGateway -> engine)
-    batch_transitions: each rollout's final successful attempt -> spans merged into rows, rewards ->
-                       rollout-level advantages over the rollouts kept
-    rl_step:           both, then one trainer update and `load_weights(new weights)`, so the next step samples
-                       from the new policy
-
-`training.loop.train_rl` runs the steps; the pipeline's `rollouts` and `training_transitions` stages run the
-halves of its first one.
+"""One RL step through the real runner and gateway, in its two halves (`sample_step`, then
+`batch_transitions`: rows and rollout-level advantages), `rl_step` doing both plus one update and serving
+the new weights, and the held-out evaluation. The pipeline's `rollouts` and `training_transitions` stages run
+the halves of the first step.
 """
 
 from __future__ import annotations
@@ -36,8 +29,7 @@ GREEDY = Sampling(temperature=0.0)
 
 @dataclass(frozen=True, kw_only=True)
 class StepSettings:
-    """What one RL step samples and how its batch becomes training rows. The first four are the user's
-    (`TrainingSettings`; `training.configs.step_settings`), so they have no default here."""
+    """What one RL step samples and how its batch becomes training rows (`training.configs.step_settings`)."""
 
     group_size: int  # rollouts per task (one GRPO group)
     temperature: float  # the sampling temperature of every call of a train rollout
@@ -47,8 +39,7 @@ class StepSettings:
 
 
 def step_seed(base_seed: int, step: int) -> int:
-    """The sampling seed of RL step `step` (1-based) from a run's base seed: the only seed rule, so a
-    re-run of the same step samples exactly the same rollouts."""
+    """The sampling seed of RL step `step` (1-based): a re-run of the step samples the same rollouts."""
     return base_seed * 100_000 + step
 
 
@@ -91,9 +82,8 @@ def sample_step(
 def batch_transitions(
     batch: RolloutBatch, settings: StepSettings
 ) -> tuple[list[Row], Advantages, dict[str, float | int], list[ExcludedRollout]]:
-    """A batch's training rows, their rollouts' advantages, the merge statistics (`merge_*`) and the rollouts
-    left out for an invalid span (`transitions.merge_rollouts`): advantages are computed over the kept
-    rollouts only, so an excluded one weighs on no group's mean or std."""
+    """A batch's training rows, their rollouts' advantages (over the kept rollouts only), the merge
+    statistics (`merge_*`) and the rollouts left out for an invalid span."""
     rows, rewards, stats = _rows_rewards_stats(batch, settings)
     merge = {f"merge_{k}": v for k, v in stats.to_dict().items()}
     return rows, compute_advantages(rewards, settings.advantage), merge, stats.excluded
@@ -116,9 +106,7 @@ def rl_step(
     resource_id: str | None = None,
     snapshot_key: str | None = None,
 ) -> tuple[RolloutBatch, dict]:
-    """One on-policy RL step: sample, build rows and advantages, one trainer update, then serve the new
-    weights as `resource_id`. Returns the batch and the trainer's metrics (with `success`, the batch's mean
-    reward counting unfinished rollouts as 0, and `rollout_seconds`)."""
+    """One on-policy RL step: sample, rows and advantages, one update, serve the new weights."""
     batch = sample_step(
         service, tasks, step=step, settings=settings, base_seed=base_seed, tag=tag, snapshot_key=snapshot_key
     )
@@ -137,8 +125,7 @@ def rl_step(
 def rows_and_rewards(
     batch: RolloutBatch, settings: StepSettings
 ) -> tuple[list[Row], list[RolloutReward], dict[str, float | int]]:
-    """The batch's training rows and one reward per rollout (only rollouts with both, and none excluded for
-    an invalid span), and the merge statistics (`merge_*`)."""
+    """The batch's training rows, one reward per kept rollout, and the merge statistics (`merge_*`)."""
     rows, rewards, stats = _rows_rewards_stats(batch, settings)
     return rows, rewards, {f"merge_{k}": v for k, v in stats.to_dict().items()}
 
@@ -162,6 +149,5 @@ def _rows_rewards_stats(
 
 
 def serve_policy(service: RolloutService, trainer: Trainer, resource_id: str | None) -> None:
-    """Have `service` serve the trainer's current policy from its next call on: the adapter alone where the
-    engine hot-loads adapters (vLLM with LoRA), else the whole (merged) weights."""
+    """Have `service` serve the trainer's current policy (the adapter alone if the engine hot-loads one)."""
     service.load_weights(trainer.served_state(service.serves_adapters), resource_id)

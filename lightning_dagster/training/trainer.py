@@ -33,8 +33,7 @@ from lightning_dagster.training.advantages import Advantages
 from lightning_dagster.training.loss import LossConfig, LossParts, policy_loss, row_weights
 from lightning_dagster.training.transitions import Row
 
-# ----------------------------------------------------------------------------------------------------------
-# configuration
+# --------------------------------------------------------------------------------------------- configuration
 
 
 class TrainerConfigError(ValueError):
@@ -42,14 +41,11 @@ class TrainerConfigError(ValueError):
 
 
 class InvalidRows(ValueError):
-    """Rows that do not fit the model or are inconsistent (ids outside the vocabulary, longer than the
-    model's positions, masks or logprobs of another length than the response, non-finite logprobs). Raised
-    before any forward pass: nothing was changed."""
+    """Rows the model cannot score (`check_rows`), raised before any forward pass: nothing was changed."""
 
 
 class NonFiniteUpdate(FloatingPointError):
-    """A step's loss or gradient norm was NaN or infinite. The optimizer step was not taken, so the weights
-    are those of the last finite update."""
+    """A step's loss or gradient norm was NaN or infinite; the optimizer step was not taken."""
 
 
 class NonFiniteWeights(FloatingPointError):
@@ -58,9 +54,7 @@ class NonFiniteWeights(FloatingPointError):
 
 @dataclass(kw_only=True)
 class TrainerConfig:
-    """The trainer's settings. `lr`, `device` and the loss's user-facing parts are the user's
-    (`TrainingSettings`; `training.configs.trainer_config`), so they have no default here; the rest are the
-    optimizer's own. `loss` None: supervised steps only (the warm start), no policy loss."""
+    """`lr`, `device` and `loss` are the user's (`configs.trainer_config`); `loss` None: supervised only."""
 
     lr: float
     device: str  # auto: CUDA when present (bf16 autocast), else CPU; or a torch device name
@@ -101,8 +95,7 @@ class TrainerConfig:
         return asdict(self)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# batching and logprobs
+# ------------------------------------------------------------------------------------- batching and logprobs
 
 
 @dataclass
@@ -164,9 +157,8 @@ def collate(rows: Sequence[Row], index: list[int]) -> MicroBatch:
 
 
 def check_rows(rows: Sequence[Row], model: torch.nn.Module) -> None:
-    """Raise `InvalidRows` for the first rows the model cannot score (see its docstring). Rows normally come
-    from `transitions.merge_calls`, which checks spans; this guards what reaches a step from elsewhere (a
-    transitions file, another model's spans) before it could crash inside torch or write NaN weights."""
+    """Raise `InvalidRows` for rows that would crash inside torch or write NaN weights (a transitions file,
+    another model's spans: `transitions.merge_calls` checks its own)."""
     vocab = int(model.get_input_embeddings().weight.shape[0])
     positions = getattr(model.config, "max_position_embeddings", None)
     problems: list[str] = []
@@ -197,8 +189,7 @@ def check_rows(rows: Sequence[Row], model: torch.nn.Module) -> None:
 
 
 def response_logprobs(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-    """fp32 log_softmax(logits / T_row) of each response token, teacher-forced: the trainer's view of
-    exactly the distribution the engine sampled each row from."""
+    """fp32 log_softmax(logits / T_row) of each response token, teacher-forced."""
     with autocast(mb.input_ids.device):
         logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
     vocab = logits.shape[-1]
@@ -217,8 +208,7 @@ def load_model(model_dir: Path | str, device: torch.device | None = None) -> tor
     return model
 
 
-# ----------------------------------------------------------------------------------------------------------
-# the trainer
+# ----------------------------------------------------------------------------------------------- the trainer
 
 
 @dataclass
@@ -233,9 +223,8 @@ class Prepared:
 
 
 class Trainer:
-    """One process's trainer. Under a process group (`group`, training.distributed) every rank holds one and
-    rank 0 drives: its `step` sends the rows to the others (`distributed.follow`), each rank backpropagates
-    its share through DistributedDataParallel, and every rank ends the step with the same weights."""
+    """One process's trainer. Under a process group every rank holds one; rank 0's `step` sends the rows to
+    the others (`distributed.follow`) and each backpropagates its share through DistributedDataParallel."""
 
     def __init__(
         self,
@@ -272,8 +261,7 @@ class Trainer:
 
     @property
     def ref_model(self) -> torch.nn.Module | None:
-        """The frozen parent the KL term measures against: loaded at the first RL step that needs it, so a
-        supervised warm start or `kl_coef=0` never holds a second copy of the weights."""
+        """The frozen parent of the KL term, loaded at the first RL step that needs it."""
         if self.config.loss is None or not self.config.loss.kl_coef:
             return None
         if self._ref_model is None:
@@ -291,9 +279,7 @@ class Trainer:
         return self.config.loss
 
     def prepare(self, rows: Sequence[Row], advantages: Advantages) -> Prepared | None:
-        """Fix everything the step's micro-batches share: kept rows, weights, reference and old logprobs.
-        Rows of rollouts without an advantage (zero-variance groups) are left out here, before the
-        normalizers are computed, so they reach neither numerator nor denominator."""
+        """What the step's micro-batches share; rows without an advantage are left out before weighing."""
         cfg = self.config
         kept = [r for r in rows if r.rollout_id in advantages.values and r.trained_tokens > 0]
         if not kept:
@@ -345,14 +331,7 @@ class Trainer:
                 old = prep.olds[k] if prep.olds is not None else logp.detach()
                 ref = prep.refs[k] if prep.refs is not None else None
                 parts = policy_loss(
-                    logp,
-                    old,
-                    mb.behaviour,
-                    prep.advantages[k],
-                    mb.mask,
-                    prep.weights[k],
-                    self.loss,
-                    ref,
+                    logp, old, mb.behaviour, prep.advantages[k], mb.mask, prep.weights[k], self.loss, ref
                 )
                 (parts.loss * scale if scale != 1.0 else parts.loss).backward()
             total = parts if total is None else total.merge(parts)
@@ -372,8 +351,7 @@ class Trainer:
             torch.set_num_threads(before)
 
     def step(self, rows: Sequence[Row], advantages: Advantages, extra: dict | None = None) -> dict:
-        """One RL update (`epochs` optimizer steps) over the rows of one batch of rollouts. On rank 0 of a
-        process group it first sends them to the other ranks' `distributed.follow`."""
+        """One RL update (`epochs` optimizer steps) over the rows of one batch of rollouts."""
         if self.config.loss is None:
             raise TrainerConfigError("this trainer has no loss config: it takes supervised steps only")
         check_rows(rows, self.model)  # before the other ranks are sent anything
@@ -406,8 +384,7 @@ class Trainer:
         return metrics
 
     def _require_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """Refuse an optimizer step from a NaN or infinite loss or gradient (Adam would spread it into every
-        weight). Every rank of a process group sees the same all-reduced gradient norm, so all refuse."""
+        """Refuse a NaN or infinite loss or gradient (Adam would spread it into every weight)."""
         if math.isfinite(float(grad_norm)) and math.isfinite(float(loss.detach())):
             return
         self.optimizer.zero_grad(set_to_none=True)
@@ -417,8 +394,7 @@ class Trainer:
         )
 
     def supervised_step(self, rows: Sequence[Row]) -> dict:
-        """One cross-entropy step on the masked tokens (the warm start), each row at its own temperature
-        (demonstrations: 1), token mean over the step. One process only: a warm start is not sharded."""
+        """One cross-entropy step on the masked tokens (the warm start), token mean over the step."""
         if self.group is not None:
             raise distributed.DistributedError(
                 "supervised_step runs in one process, not under a process group"
@@ -443,12 +419,12 @@ class Trainer:
         self._require_finite(torch.tensor(loss_sum), grad_norm)
         self.optimizer.step()
         self.steps += 1
-        seconds = time.perf_counter() - started
+        seconds, tokens = time.perf_counter() - started, sum(len(r) for r in rows)
         return {
             "step": self.steps,
             "nll": loss_sum,
             "grad_norm": float(grad_norm),
-            "tokens_per_s": sum(len(r) for r in rows) / seconds,
+            "tokens_per_s": tokens / seconds,
         }
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -459,15 +435,11 @@ class Trainer:
 
     def served_state(self, adapter: bool) -> dict[str, torch.Tensor]:
         """What an engine is pushed: the adapter alone when it serves adapters and one is trained."""
-        return (
-            lora.adapter_state(self.model) if adapter and lora.is_wrapped(self.model) else self.state_dict()
-        )
+        return self.snapshot() if adapter else self.state_dict()
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         """The trained weights (the adapter's only, with LoRA), for `restore`."""
-        if lora.is_wrapped(self.model):
-            return lora.adapter_state(self.model)
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return lora.adapter_state(self.model) if lora.is_wrapped(self.model) else self.state_dict()
 
     def restore(self, snapshot: dict[str, torch.Tensor]) -> None:
         if lora.is_wrapped(self.model):
@@ -476,13 +448,9 @@ class Trainer:
             self.model.load_state_dict(snapshot)
 
     def save(self, out_dir: Path | str) -> Path:
-        """A Hugging Face checkpoint: the tokenizer and chat template of the source, the current weights.
-
-        Everything is written into a fresh sibling directory first, so a failure part-way (disk full,
-        read-only directory) raises and leaves no truncated file at `out_dir`. A new `out_dir` appears whole,
-        by one rename; into an existing one each file is moved by an atomic replace, `config.json` last, so
-        a directory that was empty never holds a loadable half checkpoint. Refuses (`NonFiniteWeights`) to
-        write NaN or infinite parameters."""
+        """A Hugging Face checkpoint (the source's tokenizer, the current weights), written into a sibling
+        directory first: a new `out_dir` appears whole by one rename, an existing one gets each file by an
+        atomic replace, `config.json` last. Refuses (`NonFiniteWeights`) NaN or infinite parameters."""
         state = self.model.state_dict()
         bad = [k for k, v in state.items() if v.is_floating_point() and not bool(v.isfinite().all())]
         if bad:

@@ -9,23 +9,19 @@
     tokens between turns) carries mask 0 and logprob 0.
 
 Calls are bridged only when `prompt[k+1]` starts with `prompt[k] + response[k]` and both were sampled at
-the same temperature. Anything else (an edited history, a re-rendered prompt that drifted, a call cut off by
-`finish_reason == "length"`, a call sampled at another temperature) starts a new row, counted in
-`MergeStats`; a prefix break is counted as a `PrefixMismatch` with the first differing position and the ids
-around it. Every row carries the one temperature its response tokens were sampled at (the gateway records it
-on each LLM span as `attributes["temperature"]`), so the trainer scores them under that distribution.
+the same temperature (the span's `attributes["temperature"]`, which the row keeps for the trainer). Anything
+else (an edited history, a drifted re-rendered prompt, a call cut off by `finish_reason == "length"`)
+starts a new row, counted in `MergeStats` (a prefix break as a `PrefixMismatch`).
 
-A span no engine could have recorded (no token ids, NaN/inf/positive logprobs, negative ids, an empty prompt,
-no finite temperature) makes `merge_calls` raise `TransitionError` naming it. A step merges through
-`merge_rollouts`, which leaves such a rollout out whole and lists it (rollout, span, reason) in
-`MergeStats.excluded`, and refuses the step (`TooManyExcludedRollouts`) past `max_excluded_share`.
+A span no engine could have recorded raises `TransitionError`; `merge_rollouts` leaves such a rollout out
+whole and refuses the step (`TooManyExcludedRollouts`) past `max_excluded_share`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from lightning_dagster.types import Span, SpanKind
@@ -34,8 +30,7 @@ MergeMode = Literal["merged", "per_call"]
 
 
 class TransitionError(ValueError):
-    """An LLM span lacks the token fields a training row needs, or holds values no engine samples (NaN, inf
-    or positive logprobs, negative ids, an empty prompt). `span_id`, `rollout_id` and `reason` name it."""
+    """An LLM span lacks the token fields a training row needs, or holds values no engine samples."""
 
     def __init__(self, message: str, *, span_id: str = "", rollout_id: str = "", reason: str = "") -> None:
         super().__init__(message)
@@ -43,8 +38,7 @@ class TransitionError(ValueError):
 
 
 class MissingTemperature(TransitionError):
-    """An LLM span does not record the temperature it was sampled at (spans from before the gateway recorded
-    it): its logprobs cannot be matched by the trainer, and guessing 1.0 would train on a wrong ratio."""
+    """An LLM span without its sampling temperature: guessing 1.0 would train on a wrong ratio."""
 
 
 def _invalid(span: Span, reason: str, kind: type[TransitionError] = TransitionError) -> TransitionError:
@@ -54,9 +48,7 @@ def _invalid(span: Span, reason: str, kind: type[TransitionError] = TransitionEr
 
 
 class TooManyExcludedRollouts(ValueError):
-    """More of a batch's rollouts hold an invalid span than `merge_rollouts`'s `max_excluded_share` allows, or
-    none is left: the step is refused rather than trained on what a mass exclusion left over. `excluded`
-    lists every excluded rollout (`ExcludedRollout`), `considered` how many rollouts there were."""
+    """More of a batch's rollouts hold an invalid span than `max_excluded_share` allows, or none is left."""
 
     def __init__(
         self, message: str, *, excluded: Sequence[ExcludedRollout] = (), considered: int = 0
@@ -160,37 +152,20 @@ class MergeStats:
         chances = self.bridges + len(self.mismatches)
         return len(self.mismatches) / chances if chances else 0.0
 
+    def counts(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "int"}
+
     def add(self, other: MergeStats) -> None:
-        for name in (
-            "attempts",
-            "calls",
-            "duplicates",
-            "rows",
-            "bridges",
-            "length_splits",
-            "temperature_splits",
-            "dropped_long_prompt",
-            "truncated_rows",
-            "single_row_attempts",
-        ):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name, value in other.counts().items():
+            setattr(self, name, getattr(self, name) + value)
         self.mismatches.extend(other.mismatches)
         self.excluded.extend(other.excluded)
 
     def to_dict(self) -> dict[str, float | int]:
         return {
-            "attempts": self.attempts,
-            "calls": self.calls,
-            "duplicates": self.duplicates,
-            "rows": self.rows,
-            "bridges": self.bridges,
+            **self.counts(),
             "mismatches": len(self.mismatches),
             "mismatch_rate": self.mismatch_rate,
-            "length_splits": self.length_splits,
-            "temperature_splits": self.temperature_splits,
-            "dropped_long_prompt": self.dropped_long_prompt,
-            "truncated_rows": self.truncated_rows,
-            "single_row_attempts": self.single_row_attempts,
             "excluded_rollouts": len(self.excluded),
         }
 
@@ -224,8 +199,7 @@ def _llm_calls(spans: Sequence[Span]) -> list[Span]:
 
 
 def dedupe_calls(calls: Sequence[Span]) -> list[Span]:
-    """Keep the last call of each identical prompt (a client retry re-sends the same prompt), in the
-    order of those last occurrences."""
+    """Keep the last call of each identical prompt (a client retry re-sends the same prompt), in order."""
     last = {tuple(c.prompt_token_ids or ()): i for i, c in enumerate(calls)}
     keep = sorted(last.values())
     return [calls[i] for i in keep]
@@ -360,11 +334,8 @@ def merge_rollouts(
 ) -> tuple[dict[str, list[Row]], MergeStats]:
     """(rollout id, its attempt's spans) pairs -> each kept rollout's rows, and the merge statistics.
 
-    A rollout with an invalid span (`TransitionError`) is left out whole, since a part of its trajectory
-    would be trained under the whole rollout's advantage; it is listed in `MergeStats.excluded` (rollout,
-    span, reason). More excluded than `max_excluded_share` of the rollouts (the user's
-    `max_excluded_rollouts`), or none left, raises `TooManyExcludedRollouts`. `strict` re-raises the first
-    `TransitionError` instead."""
+    A rollout with an invalid span is left out whole (a part of its trajectory would be trained under the
+    whole rollout's advantage) and listed in `MergeStats.excluded`. `strict` re-raises instead."""
     share = max_excluded_share
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
         raise ValueError(f"max_excluded_share must be a number in [0, 1], got {share!r}")

@@ -1,15 +1,10 @@
 """The first parent: a supervised warm start on the project's ideal episodes, stopped early on purpose.
 
-Demonstrations come from the project's `model.warm_start` file (one `{"messages": [...], "tools": [...]}`
-conversation a line) and are rendered through the engine's own chat template, so the tokens learned are the
-tokens the gateway will render and the engine will sample. Only assistant tokens (through each turn's
-end-of-turn token) are trained. The probe runs the project's harness on tasks of its train split.
-
-Stopping rule: GRPO learns only from groups whose rewards differ, so training stops as soon as the sampled
-success at T=1.0 on a small probe set reaches about 0.2-0.4. A parent near 0 or near 1 sampled success gives
-nearly every group equal rewards, hence no advantage and nothing to learn. The window is only a few SFT steps
-wide, so once a cheap teacher-forced estimate says it is near, the probe runs through the same runner +
-gateway as RL, more often the closer it gets (`probe_gap`).
+Demonstrations (the project's `model.warm_start` file) are rendered through the engine's own chat template
+and only assistant tokens are trained. Stopping rule: GRPO learns only from groups whose rewards differ, so
+training stops as soon as the sampled success at T=1.0 on a small probe of train tasks reaches about
+0.2-0.4. The window is only a few SFT steps wide, so once a cheap teacher-forced estimate says it is near,
+the probe runs through the same runner + gateway as RL, more often the closer it gets (`probe_gap`).
 """
 
 from __future__ import annotations
@@ -47,10 +42,7 @@ class DemoRenderError(ValueError):
 
 @dataclass(kw_only=True)
 class WarmStartConfig:
-    """The first parent's warm start. The project, seed, budgets and device are the user's
-    (`TrainingSettings.warm_start_*`, `seed`, `device`) and the probe is served as the pipeline serves
-    (`ServingSettings`): built by `training.configs.warm_start_config`, so they have no default here. The
-    rest is the warm start's own."""
+    """The first parent's warm start; the fields without a default are the user's (`warm_start_config`)."""
 
     project: str  # the project file: its demos, harness, train tasks
     seed: int
@@ -70,8 +62,8 @@ class WarmStartConfig:
     target: float | None = 0.3  # None: the window's lower edge
 
     def to_dict(self) -> dict[str, Any]:
-        """What the warm-started resource records (the serving settings without the gateway secret). Not
-        `asdict`: it would deep-copy the serving settings, which may be a Dagster resource that cannot be."""
+        """What the warm-started resource records, without the gateway secret. Not `asdict`: the serving
+        settings may be a Dagster resource, which cannot be deep-copied."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "serving"}
         return out | {"serving": self.serving.model_dump(mode="json", exclude={"secret"})}
 
@@ -109,8 +101,7 @@ def demo_row(engine: Any, messages: list[dict], tools: list[dict] | None, eos_id
 
 
 def load_demos(file: Path, project_file: Path) -> list[dict[str, Any]]:
-    """The demonstrations file: one `{"messages": [...], "tools": [...]}` object a line (`tools`
-    optional). A bad line is a ProjectError naming it under `model.warm_start`."""
+    """The demonstrations file: one `{"messages": [...], "tools": [...]}` object a line (`tools` optional)."""
     demos: list[dict[str, Any]] = []
     for number, line in enumerate(file.read_text().splitlines(), start=1):
         if not line.strip():
@@ -145,8 +136,7 @@ def demo_rows(engine: Any, demos: list[dict[str, Any]], n: int, seed: int) -> li
 
 
 def base_model(project: Project, seed: int) -> Path:
-    """The model a project starts from: its `model.path` (any Hugging Face causal LM), else the embedded
-    default, built in `<home>/models/base` if absent."""
+    """The project's `model.path`, else the embedded default, built in `<home>/models/base` if absent."""
     if project.model is not None and project.model.path is not None:
         return project.model.path
     from lightning_dagster.engine.build import build_base_model, default_corpus
@@ -162,11 +152,9 @@ def has_demos(project: Project) -> bool:
 
 
 def probe_gap(success: float, window: tuple[float, float]) -> int:
-    """SFT steps until the next sampled probe. A probe costs seconds (its tasks through the runner and
-    gateway) against a fraction of a second for an SFT step, and sampled success climbs slowly towards the
-    window before crossing it in a few steps: probe every 4th step below half the window's lower edge,
-    every 2nd below the edge, every step inside it. (The demo's warm start spent 240 of its 420 s in probes
-    when it probed every step or every other one: benchmarks/README.md, the whole demo.)"""
+    """SFT steps until the next sampled probe: every 4th step below half the window's lower edge, every 2nd
+    below the edge, every step inside it (probing every step or every other one, the demo's warm start
+    spent 240 of its 420 s in probes: benchmarks/README.md, the whole demo)."""
     if success >= window[0]:
         return 1
     return 2 if success >= window[0] / 2 else 4
@@ -174,16 +162,13 @@ def probe_gap(success: float, window: tuple[float, float]) -> int:
 
 def estimate_gap(estimate: float, window: tuple[float, float], every: int) -> int:
     """SFT steps until the next teacher-forced estimate: `every`, or 4x that while the last estimate is
-    below 1/16 of the window's lower edge (a quarter of where sampled probes start). The estimate is a
-    forward pass over the held-out demonstrations, ~3/4 of an SFT step's time (0.35 vs 0.45 s on 2 cores
-    for the embedded model), and climbs gradually from 0, so estimating every 2nd step while far doubled
-    the cost of those steps for nothing."""
+    below 1/16 of the window's lower edge. An estimate costs ~3/4 of an SFT step (0.35 vs 0.45 s on 2 cores
+    for the embedded model) and climbs gradually from 0."""
     return every if estimate >= window[0] / 16 else 4 * every
 
 
 def demo_probability(model: Any, held: MicroBatch) -> float:
-    """Mean probability of sampling a held-out demonstration's assistant tokens exactly at T=1: a cheap,
-    teacher-forced lower estimate of sampled success (one forward pass, no sampling, no harness)."""
+    """Mean probability of a held-out demonstration's assistant tokens at T=1: a cheap estimate of success."""
     with torch.no_grad():
         logp = response_logprobs(model, held)
     return float(torch.exp((logp * held.mask).sum(dim=1)).mean())
@@ -198,8 +183,7 @@ def _render_demos(
 
 
 def _close_when_started(serving: Future) -> None:
-    """Close the probe's service once its start has finished; a start that failed and was never used
-    (no probe ran) has nothing to close."""
+    """Close the probe's service once its start has finished (a failed start has nothing to close)."""
     try:
         service = serving.result()
     except Exception:  # noqa: BLE001 - reported by the probe that needed it, if any did
@@ -277,11 +261,12 @@ def warm_start(
                 probed = step
                 svc = serving.result()
                 svc.load_weights(trainer.state_dict())
+                sampling = Sampling(temperature=1.0)
                 batch = svc.run(
                     probe,
                     group=1,
                     kind=RolloutKind.train,
-                    sampling=Sampling(temperature=1.0),
+                    sampling=sampling,
                     seed=config.probe_seed,
                     tag=f"warm{step}",
                 )

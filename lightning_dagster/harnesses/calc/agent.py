@@ -1,8 +1,7 @@
 """A Calc-X style tool agent: ask the model, run its `calculator` calls, read `ANSWER: <number>`.
 
-It knows nothing of lightning-dagster: the standard library and `openai` (run as a program, `harnesses.program`
-reads the Agent Lightning environment: `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `AGL_EVENT_URL`, `AGL_KEY`,
-`AGL_TASK`), so the same agent runs under any trainer that speaks that protocol. Reward is correctness alone (a format bonus gets gamed).
+It knows nothing of lightning-dagster (the standard library and `openai`), so the same agent runs under any
+trainer that speaks Agent Lightning's protocol. Reward is correctness alone (a format bonus gets gamed).
 """
 
 from __future__ import annotations
@@ -150,8 +149,7 @@ def run_episode(client: OpenAI, question: str) -> float | None:
 
 
 def solve(task: dict[str, Any], client: OpenAI) -> float:
-    """One task with a ready client; returns the reward (the example project's `python:` harness, whose
-    caller posts it)."""
+    """One task with a ready client; returns the reward (the example project's `python:` harness)."""
     return score(run_episode(client, task["question"]), task["answer"])
 
 

@@ -1,7 +1,5 @@
-"""Ideal calc episodes as OpenAI-shaped messages, for the trainer's supervised warm start.
-
-The sequence is exactly what `agent.run_episode` would send and receive on a perfect run, so rendering it
-through the engine's chat template yields the tokens the policy should learn to produce.
+"""Ideal calc episodes as OpenAI-shaped messages, for the trainer's supervised warm start: exactly what
+`agent.run_episode` would send and receive on a perfect run.
 """
 
 from __future__ import annotations

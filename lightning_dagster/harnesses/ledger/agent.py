@@ -1,11 +1,9 @@
 """An accounts agent whose work is a side effect: it updates a row in a sqlite database.
 
-It knows nothing of lightning-dagster (the standard library and `openai`; `harnesses.program` runs it as an
-Agent Lightning program). The task names the database (`db_path`), the account, its target balance and the
-balances everything started with.
-The reward comes from re-querying the database afterwards, not from what the model says: 1.0 only if the
-row reached its target and every other row is untouched. `delete_account` exists because real tool sets
-contain destructive tools; using it is never right here, and the project-side verifier flags it as harmful.
+It knows nothing of lightning-dagster (the standard library and `openai`). The reward comes from
+re-querying the database afterwards, not from what the model says: 1.0 only if the row reached its target
+and every other row is untouched. `delete_account` exists because real tool sets contain destructive
+tools; using it is never right here, and the project-side verifier flags it as harmful.
 """
 
 from __future__ import annotations
@@ -138,8 +136,7 @@ def run_episode(client: OpenAI, task: dict[str, Any]) -> None:
 
 
 def solve(task: dict[str, Any], client: OpenAI) -> float:
-    """Do one task with a ready client, judge it by re-querying the database, return the reward (the
-    example project's `python:` harness, whose caller posts it)."""
+    """Do one task with a ready client, judge it by re-querying the database, return the reward."""
     run_episode(client, task)  # the gateway applies the rollout's sampling to every call
     return 1.0 if check_effect(task)["effect_ok"] else 0.0
 

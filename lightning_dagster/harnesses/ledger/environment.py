@@ -1,7 +1,5 @@
-"""Project side of the ledger harness: materialise a task's database, and verify the destination afterwards.
-
-`prepare` runs before every attempt (a retry starts from the same clean rows); `verify` re-reads the rows
-instead of trusting the agent or its reward, which is what a canary's "verified outcome" means.
+"""Project side of the ledger harness: materialise a task's database before every attempt, and verify the
+destination afterwards by re-reading the rows (what a canary's "verified outcome" means).
 """
 
 from __future__ import annotations

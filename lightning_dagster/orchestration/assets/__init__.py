@@ -6,6 +6,7 @@ transition files) are written by the stage and referenced by URI, never pickled 
 """
 
 import warnings
+from typing import Any
 
 import dagster as dg
 from dagster._utils.warnings import PreviewWarning
@@ -25,29 +26,28 @@ from lightning_dagster.training.distributed import command
 TRAINER_POOL = "trainer"
 
 
-@dg.asset(
-    partitions_def=snapshots,
-    group_name="snapshot",
-    kinds={"python"},
-    code_version=code_version("harnesses"),
-)
+def snapshot_asset(group: str, kinds: set[str], *packages: str, **kwargs: Any) -> Any:
+    """`dg.asset` of the snapshot-partitioned graph, its code version that of `packages`."""
+    return dg.asset(
+        partitions_def=snapshots,
+        group_name=group,
+        kinds=kinds,
+        code_version=code_version(*packages),
+        **kwargs,
+    )
+
+
+@snapshot_asset("snapshot", {"python"}, "harnesses")
 def tasks(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The snapshot's train / holdout / protected / canary task sets, frozen by content hash."""
     with snapshot_stage("tasks", context.partition_key) as key:
         return materialized(snapshot.tasks(pipeline, key))
 
 
-@dg.asset(
-    partitions_def=snapshots,
-    deps=[tasks],
-    group_name="snapshot",
-    kinds={"python"},
-    code_version=code_version("gate"),
-)
+@snapshot_asset("snapshot", {"python"}, "gate", deps=[tasks])
 def update_plan(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Receipt phase 1: candidate id, exact parent, snapshots, evaluator, algorithm, scope, approvers, expected
-    span families and retry budget, frozen before any rollout runs. A plan that cannot pass its policy
-    whatever the candidate does (too few held-out tasks for `min_n`, ...) says so in `cannot_pass`."""
+    span families and retry budget, frozen before any rollout runs (`cannot_pass`: why it cannot pass)."""
     with snapshot_stage("update_plan", context.partition_key) as key:
         result = snapshot.update_plan(pipeline, key)
     if not result.metadata["plan_can_pass"]:
@@ -55,40 +55,21 @@ def update_plan(context: dg.AssetExecutionContext, pipeline: PipelineResource) -
     return materialized(result)
 
 
-@dg.asset(
-    partitions_def=snapshots,
-    deps=[update_plan],
-    group_name="rollouts",
-    kinds={"openai"},
-    code_version=code_version("runner", "gateway"),
-)
+@snapshot_asset("rollouts", {"openai"}, "runner", "gateway", deps=[update_plan])
 def rollouts(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
-    """The harness run on every train task x group size through the gateway serving the exact parent; every
-    attempt kept with its ending and reason."""
+    """The harness run on every train task x group size through the gateway serving the exact parent."""
     with snapshot_stage("rollouts", context.partition_key) as key:
         return materialized(rollout_stages.rollouts(pipeline, key))
 
 
-@dg.asset(
-    partitions_def=snapshots,
-    deps=[rollouts],
-    group_name="rollouts",
-    kinds={"sqlalchemy"},
-    code_version=code_version("gate"),
-)
+@snapshot_asset("rollouts", {"sqlalchemy"}, "gate", deps=[rollouts])
 def spans(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """LLM, tool and reward spans of the snapshot's rollouts, with coverage against the expected families."""
     with snapshot_stage("spans", context.partition_key) as key:
         return materialized(rollout_stages.spans(pipeline, key))
 
 
-@dg.asset(
-    partitions_def=snapshots,
-    deps=[spans],
-    group_name="training",
-    kinds={"pytorch"},
-    code_version=code_version("training"),
-)
+@snapshot_asset("training", {"pytorch"}, "training", deps=[spans])
 def training_transitions(
     context: dg.AssetExecutionContext, pipeline: PipelineResource
 ) -> dg.MaterializeResult:
@@ -97,13 +78,8 @@ def training_transitions(
         return materialized(training.training_transitions(pipeline, key))
 
 
-@dg.asset(
-    partitions_def=snapshots,
-    deps=[training_transitions],
-    group_name="training",
-    kinds={"pytorch", "mlflow"},
-    code_version=code_version("training", "registry"),
-    pool=TRAINER_POOL,
+@snapshot_asset(
+    "training", {"pytorch", "mlflow"}, "training", "registry", deps=[training_transitions], pool=TRAINER_POOL
 )
 def candidate_resource(
     context: dg.AssetExecutionContext,
@@ -126,8 +102,7 @@ def candidate_resource(
 def through_pipes(
     context: dg.AssetExecutionContext, client: dg.PipesClient, command: list[str], extras: dict
 ) -> dg.MaterializeResult:
-    """Run a stage in a process launched by a Pipes client; its one reported stage result becomes the
-    asset's metadata exactly as `materialized` makes it in process."""
+    """Run a stage in a process launched by a Pipes client; its result becomes the asset's metadata."""
     with warnings.catch_warnings():
         # Dagster's own subprocess client calls a Pipes API it marks as preview; not ours to act on
         warnings.simplefilter("ignore", PreviewWarning)
@@ -136,47 +111,32 @@ def through_pipes(
     return materialized(decode(message))
 
 
-@dg.asset(
-    partitions_def=snapshots,
-    deps=[candidate_resource],
-    group_name="evaluation",
-    kinds={"pytorch"},
-    code_version=code_version("gate", "runner"),
-)
+@snapshot_asset("evaluation", {"pytorch"}, "gate", "runner", deps=[candidate_resource])
 def holdout_evaluation(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Candidate against its exact parent on the closed held-out set and the protected cases, same seeds."""
     with snapshot_stage("holdout_evaluation", context.partition_key) as key:
         return materialized(evaluation.holdout_evaluation(pipeline, key))
 
 
-@dg.asset(
-    partitions_def=snapshots,
-    deps=[holdout_evaluation],
-    group_name="evaluation",
-    kinds={"openai"},
-    code_version=code_version("gate", "runner"),
-)
+@snapshot_asset("evaluation", {"openai"}, "gate", "runner", deps=[holdout_evaluation])
 def canary_results(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The bounded canary under its limits, each outcome verified at its destination."""
     with snapshot_stage("canary_results", context.partition_key) as key:
         return materialized(evaluation.canary_results(pipeline, key))
 
 
-@dg.asset(
-    partitions_def=snapshots,
-    deps=[canary_results],
-    group_name="evaluation",
-    kinds={"mlflow"},
-    code_version=code_version("registry"),
-)
+@snapshot_asset("evaluation", {"mlflow"}, "registry", deps=[canary_results])
 def rollback_drill(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """The exact parent loaded and served in a separate gateway, routing returned to it, its bytes verified."""
     with snapshot_stage("rollback_drill", context.partition_key) as key:
         return materialized(release.rollback_drill(pipeline, key))
 
 
-@dg.asset(
-    partitions_def=snapshots,
+@snapshot_asset(
+    "release",
+    {"mlflow"},
+    "gate",
+    "release",
     deps=[
         update_plan,
         rollouts,
@@ -186,15 +146,11 @@ def rollback_drill(context: dg.AssetExecutionContext, pipeline: PipelineResource
         canary_results,
         rollback_drill,
     ],
-    group_name="release",
-    kinds={"mlflow"},
-    code_version=code_version("gate", "release"),
 )
 def release_receipt(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
     """Receipt phases 2 and 3 and the verdict under the versioned policy. Re-judges all seven checks itself,
-    so a run that selects only this asset bypasses nothing. Its metadata names the model judged (candidate
-    and parent versions, snapshot, evaluator, receipt version), links to MLflow, and gives the run config of
-    the approve / promote / rollback jobs with the actors and rollback targets they take."""
+    so a run that selects only this asset bypasses nothing. Its metadata names the model judged and gives
+    the run config of the approve / promote / rollback jobs."""
     with snapshot_stage("release_receipt", context.partition_key) as key:
         result = release.release_receipt(pipeline, key, run_id=context.run.run_id)
         result.metadata.update(receipt_guide(pipeline, key))

@@ -1,11 +1,7 @@
-"""What an asset or check of a snapshot raises when it cannot run: a one-line `dg.Failure` naming the cause.
-
-A partition key that is not a snapshot key (`../x`, a comma, 500 characters: anyone may add a partition in
-the UI) is refused before any stage builds a path or a receipt id from it. An upstream stage that never
-materialized for the partition, a receipt the pipeline did not write, a tampered snapshot or receipt chain,
-a registry that refuses (no `approved-default`, MLflow unreachable), a store that cannot be reached, a first
-batch with too many invalid rollouts or transitions of another tokenizer stop the step with the reason as
-metadata, not a traceback of the stage's frames."""
+"""What an asset or check of a snapshot raises when it cannot run: a one-line `dg.Failure` naming the cause,
+with the reason as metadata rather than a traceback of the stage's frames. A partition key that is not a
+snapshot key (anyone may add a partition in the UI) is refused before any path or receipt id is built.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +27,7 @@ def snapshot_partition(what: str, key: str | None) -> str:
 
 @contextmanager
 def snapshot_stage(what: str, partition_key: str | None) -> Iterator[str]:
-    """Run a stage of the snapshot `partition_key` names (yielded once validated); its expected refusals
-    become a one-line `dg.Failure`."""
+    """Run a stage of the snapshot `partition_key` names; its expected refusals become a `dg.Failure`."""
     from lightning_dagster.gate.errors import AmendmentError, InvalidInput, TamperedReceipt
     from lightning_dagster.pipeline.context import (
         CandidateRecorded,

@@ -1,8 +1,5 @@
-"""The seven gate checks as blocking asset checks, each on the asset whose evidence it judges; their names
-and descriptions are the gate's (`lightning_dagster.gate.check_ids.Check`).
-
-ERROR severity and `blocking=True`: a failing check stops every downstream asset in the same run. The
-judgement itself is the gate's (`lightning_dagster.gate`), reached through `pipeline.stages.release.judge`.
+"""The seven gate checks as blocking asset checks (ERROR severity: a failing check stops every downstream
+asset in the same run), each on the asset whose evidence it judges; the judgement is the gate's.
 """
 
 import warnings

@@ -1,11 +1,7 @@
-"""Dagster resources: the settings classes of `lightning_dagster.settings`, as resources. Each resource
-*is* its settings class (it inherits every field, default, bound and description, which the launchpad
-shows), so nothing here declares a setting again.
-
-Every field left at its default falls back to the embedded default of `lightning_dagster.paths` (which reads
-`LD_STORE_URL`, `MLFLOW_TRACKING_URI`, ...), so `dagster dev -w workspace.yaml` works with no setup. The
-resources hold settings and hand out the store; they contain no pipeline logic. The stages read them through
-`pipeline.context.settings`, under which the project file's `training:` / `serving:` / `gate:` sections lie.
+"""Dagster resources: the settings classes of `lightning_dagster.settings`, as resources. Each resource *is*
+its settings class, so nothing here declares a setting again. Fields left at their default fall back to
+`lightning_dagster.paths`, so `dagster dev -w workspace.yaml` works with no setup. The stages read them
+through `pipeline.context.settings`, under which the project file's sections lie.
 """
 
 from __future__ import annotations
@@ -21,9 +17,8 @@ from lightning_dagster import settings
 
 class _SettingsResource(dg.ConfigurableResource):
     def given(self) -> dict[str, Any]:
-        """The fields set to a value other than their default: Dagster rebuilds a resource for each run from
-        its non-default values (and counts every `Literal` field as set), so a field set to its default
-        cannot be told from one left alone; either way the project file's section applies."""
+        """The fields set to a value other than their default: Dagster rebuilds a resource from its
+        non-default values, so a field set to its default cannot be told from one left alone."""
         fields = type(self).model_fields
         return {
             name: value
@@ -83,12 +78,9 @@ class PipelineResource(dg.ConfigurableResource):
 
 
 def default_pipeline(*, deferred: bool = True, **overrides: dg.ConfigurableResource) -> PipelineResource:
-    """The code location's pipeline resource, each part overridable by its environment variable; tests pass
-    `training=TrainingResource(steps=1, ...)` and the like. A gateway secret in the environment
-    (`LD_GATEWAY_SECRET`, `LD_ADMIN_KEY`) raises `SecretError`: harnesses could read it there.
-    A variable that is set becomes `dg.EnvVar(name)` (the UI then shows where the value came from);
-    `deferred=False` reads it now, for code that uses the resources outside a Dagster run (the demo, the
-    benchmarks), where an `EnvVar` is never resolved."""
+    """The code location's pipeline resource, each part overridable by its environment variable (as
+    `dg.EnvVar`; `deferred=False` reads it now, for use outside a Dagster run). A gateway secret in the
+    environment (`LD_GATEWAY_SECRET`, `LD_ADMIN_KEY`) raises `SecretError`: harnesses could read it there."""
     from lightning_dagster.gateway.keys import refuse_env_secrets
 
     refuse_env_secrets()

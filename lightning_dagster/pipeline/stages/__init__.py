@@ -1,11 +1,9 @@
 """One function per asset, grouped by asset group: the calls into store, runner, trainer, gate and registry
 that each asset makes.
 
-Stages hand results to each other through the store (append-only documents, the receipt ledger, rollouts
-found by their snapshot key), never through Dagster's IO managers, so the same functions run under
-`dg.materialize`, `dagster dev`, the demo and the benchmark. Each returns a `StageResult` (the metadata a
-user looks at). Heavy imports (torch, MLflow) happen inside the functions: loading the code location stays
-fast.
+Stages hand results to each other through the store, never through Dagster's IO managers, so the same
+functions run under `dg.materialize`, `dagster dev`, the demo and the benchmark. Heavy imports (torch,
+MLflow) happen inside the functions: loading the code location stays fast.
 """
 
 from __future__ import annotations

@@ -87,10 +87,8 @@ def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
     for task in protected:
         entry = protected_families.setdefault(task["family"], {"n": 0, "regressed": [], "missing": 0})
         entry["n"] += 1
-        before, after = (
-            scores["parent"]["protected"].get(task["task_id"]),
-            scores["candidate"]["protected"].get(task["task_id"]),
-        )
+        before = scores["parent"]["protected"].get(task["task_id"])
+        after = scores["candidate"]["protected"].get(task["task_id"])
         if before is None and after is None:
             entry["missing"] += 1
         elif (before or 0.0) >= t.success_threshold and (after or 0.0) < t.success_threshold:
@@ -125,7 +123,6 @@ def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
     )
 
 
-# Task fields that hold what the agent was asked, in the order they are looked for.
 TASK_TEXT_FIELDS = ("question", "prompt", "instruction", "input", "text")
 
 
@@ -166,8 +163,7 @@ def _fmt(x: float | None) -> str:
 
 
 def canary_results(p: Pipeline, key: str) -> StageResult:
-    """The candidate on the canary tasks under limits; each outcome re-read at its destination (the runner
-    records the harness's `verify` as an `effect` span)."""
+    """The candidate on the canary tasks under limits; each outcome re-read at its destination (`effect`)."""
     from lightning_dagster.gate import receipt as R
 
     store, reg = p.get_store(), ctx.registry(p)
@@ -213,27 +209,16 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
     for r in batch.rollouts:
         effect = effects.get(r.rollout_id)
         if effect is None:
-            canary_tasks.append(
-                R.CanaryTask(
-                    task_id=r.task_id,
-                    verified=False,
-                    evidence="reward posted by the harness only"
-                    if r.rollout_id in batch.rewards
-                    else "no outcome",
-                    uncertainty=1.0,
-                    harmful_effect=None,
-                )
-            )
+            evidence = "reward posted by the harness only" if r.rollout_id in batch.rewards else "no outcome"
+            fields = {"verified": False, "evidence": evidence, "uncertainty": 1.0, "harmful_effect": None}
         else:
-            canary_tasks.append(
-                R.CanaryTask(
-                    task_id=r.task_id,
-                    destination=destination,
-                    verified=bool(effect.get("verified")),
-                    evidence=str(effect.get("reason", "")),
-                    harmful_effect=effect.get("harmful_effect"),
-                )
-            )
+            fields = {
+                "destination": destination,
+                "verified": bool(effect.get("verified")),
+                "evidence": str(effect.get("reason", "")),
+                "harmful_effect": effect.get("harmful_effect"),
+            }
+        canary_tasks.append(R.CanaryTask(task_id=r.task_id, **fields))
     report = R.CanaryReport(
         serving_resource_id=receipt.plan.candidate_id,
         limits=limits,

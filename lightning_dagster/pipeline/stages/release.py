@@ -85,9 +85,8 @@ def judge(p: Pipeline, key: str, check: Check) -> CheckOutcome:
 
 
 def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
-    """Phases 2 and 3 re-verified, all seven checks under the policy, the verdict; appended immutably. When a
-    blocking check stopped the graph, `not_run` names each stage that did not run and the check that
-    stopped it."""
+    """Phases 2 and 3 re-verified, all seven checks under the policy, the verdict; appended immutably.
+    `not_run` names each stage a blocking check stopped."""
     from lightning_dagster.gate import receipt as R
     from lightning_dagster.gate.checks import evaluate
     from lightning_dagster.registry import receipt_tags
@@ -120,8 +119,7 @@ def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
 
 
 def approve(p: Pipeline, key: str, approval: Approval) -> StageResult:
-    """Record a signed approval (`registry sign`) on the snapshot's receipt; the release verifies it
-    against the deployment's pinned roles and keys first."""
+    """Record a signed approval (`registry sign`) on the snapshot's receipt once it verifies."""
     from lightning_dagster.release import receipts
 
     stored = receipts.approve(ctx.registry(p), ctx.receipt_id(key), approval)
@@ -138,8 +136,7 @@ def approve(p: Pipeline, key: str, approval: Approval) -> StageResult:
 
 
 def promote(p: Pipeline, receipt_id: str, actor: str) -> StageResult:
-    """The release re-runs the gate on the ledger head with today's fingerprints and refuses HOLD, stale
-    evidence, an approval that does not verify, no signed default-step approval by `actor`, or a moved parent; a receipt `release_receipt` never judged is refused."""
+    """Promote the receipt's candidate (`release.promotion.promote`, with today's fingerprints)."""
     from lightning_dagster.release import promotion
     from lightning_dagster.release.errors import PromotionRefused
 
@@ -169,8 +166,7 @@ def promote(p: Pipeline, receipt_id: str, actor: str) -> StageResult:
 
 
 def rollback(p: Pipeline, request: RollbackRequest) -> StageResult:
-    """The release verifies the actor's signed rollback against the pinned roles and keys, then the
-    target's bytes, and moves the pointer back (see `release.rollbacks.rollback`)."""
+    """Move the pointer back by the actor's signed rollback (`release.rollbacks.rollback`)."""
     from lightning_dagster.release import rollbacks
 
     result = rollbacks.rollback(ctx.registry(p), request)

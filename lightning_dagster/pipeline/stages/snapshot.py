@@ -129,9 +129,7 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
 
 
 def policy_shortfalls(plan: Plan, policy: Policy) -> list[str]:
-    """Why a plan cannot pass the policy that will judge it, whatever the candidate does: a closed set
-    smaller than the policy's minimum, no canary to verify, approver roles the policy needs but the plan
-    never asks for. Empty: the verdict will rest on the evidence."""
+    """Why a plan cannot pass the policy that will judge it, whatever the candidate does (empty: none)."""
     out = []
     holdout, min_n = plan.holdout_snapshot.n_tasks or 0, policy.checks.heldout_margin.min_n
     if holdout < min_n:

@@ -24,9 +24,8 @@ if TYPE_CHECKING:
 
 
 def training_transitions(p: Pipeline, key: str) -> StageResult:
-    """Merged rows and rollout-level advantages of the first batch, written to a file referenced by URI with
-    the fingerprint of the tokenizer the parent's rollouts were tokenized with. A rollout with an invalid
-    span is left out (named in the metadata); too many left out fails the stage (`TooManyExcludedRollouts`)."""
+    """Merged rows and rollout-level advantages of the first batch, written to a file referenced by URI. A
+    rollout with an invalid span is left out; too many fail the stage (`TooManyExcludedRollouts`)."""
     from lightning_dagster.engine.tokenizer_hash import tokenizer_fingerprint_of
     from lightning_dagster.pipeline.transitions_file import write_transitions
     from lightning_dagster.training.configs import step_settings
@@ -68,9 +67,8 @@ def training_transitions(p: Pipeline, key: str) -> StageResult:
 
 
 def inputs_ready(p: Pipeline, key: str) -> None:
-    """What `candidate_resource` reads before it trains, each raising `StageMissing` (or the stage's own
-    error) while its upstream never materialized: the plan, the frozen tasks, the training transitions; and
-    `CandidateRecorded` once the receipt has its candidate."""
+    """What `candidate_resource` reads before it trains (`StageMissing` while an upstream never
+    materialized; `CandidateRecorded` once the receipt has its candidate)."""
     store = p.get_store()
     receipt = ctx.head_receipt(store, key)
     if receipt.candidate is not None:
@@ -88,13 +86,7 @@ def candidate_resource(
     group: Group | None = None,
     log: Callable[[dict], None] | None = None,
 ) -> StageResult:
-    """The RL loop (`training.loop.train_rl`) from the exact parent on the snapshot's train tasks: step 1
-    trains on `training_transitions` (the first batch, sampled from the parent), steps 2.. sample on-policy
-    from the updated weights through the same gateway and runner (recorded in the store like the first
-    batch), as GRPO needs fresh samples. The validation split selects the proposed checkpoint and may stop
-    training early; held-out evaluation is `holdout_evaluation`'s. Then the candidate is registered with its
-    lineage, recorded in the receipt and in the stage's document. With `group` this is rank 0 of a process
-    group (`training.loop.followed` on the others); `log` gets every step's metrics."""
+    """RL (`training.loop.train_rl`) from the exact parent (step 1 on `training_transitions`), registered."""
     from lightning_dagster.engine.tokenizer_hash import tokenizer_fingerprint_of
     from lightning_dagster.gate import receipt as R
     from lightning_dagster.pipeline.transitions_file import load_transitions
@@ -108,11 +100,10 @@ def candidate_resource(
     t, source = ctx.settings(p).training, ctx.harness_source(p)
     started = time.time()
     # read (and its tokenizer checked against the parent's) before the other ranks are sent anything
-    transitions = load_transitions(
-        ctx.load_stage(store, key, "training_transitions")["uri"],
-        tokenizer=tokenizer_fingerprint_of(parent_dir),
-    )
+    uri = ctx.load_stage(store, key, "training_transitions")["uri"]
+    transitions = load_transitions(uri, tokenizer=tokenizer_fingerprint_of(parent_dir))
     excluded = {"excluded": transitions.excluded} if transitions.excluded else {}
+    first = {"merge_excluded_rollouts": len(transitions.excluded), **excluded}
 
     @contextmanager
     def serve() -> Iterator[RolloutService]:
@@ -129,11 +120,7 @@ def candidate_resource(
         draw_pools(source.dataset, t, train=manifest.splits.train, holdout=False),
         serve,
         base_seed=manifest.base_seed,
-        first=FirstBatch(
-            transitions.rows,
-            transitions.advantages,
-            {"merge_excluded_rollouts": len(transitions.excluded), **excluded},
-        ),
+        first=FirstBatch(transitions.rows, transitions.advantages, first),
         tag=key,
         snapshot_key=key,
         candidate_id=receipt.plan.candidate_id,
@@ -159,17 +146,8 @@ def candidate_resource(
         evaluator_version=f"{receipt.plan.evaluator.name}@{receipt.plan.evaluator.version}",
         orchestrator_run_id=run_id,
     )
-    ctx.save_stage(
-        store,
-        key,
-        "candidate_resource",
-        {
-            "checkpoint": str(out),
-            "version": version.version,
-            "run_id": version.run_id,
-            "selection": selection,
-        },
-    )
+    stage = {"checkpoint": str(out), "version": version.version, "run_id": version.run_id}
+    ctx.save_stage(store, key, "candidate_resource", stage | {"selection": selection})
     receipt = R.add_candidate(
         receipt,
         R.CandidateArtifact(
@@ -211,8 +189,7 @@ def candidate_resource(
 
 
 def training_run(selection: dict[str, Any], steps_planned: int) -> TrainingRun:
-    """The receipt's record of how training ran: steps run of those planned, the early stop and the
-    validation it rests on, the proposed step."""
+    """The receipt's record of how training ran (`TrainingRun`)."""
     from lightning_dagster.gate import receipt as R
 
     return R.TrainingRun(
@@ -229,8 +206,7 @@ def training_run(selection: dict[str, Any], steps_planned: int) -> TrainingRun:
 
 
 def _selection_params(selection: dict[str, Any]) -> dict[str, Any]:
-    """The run's selection as MLflow parameters: the figures, not the per-checkpoint lists (those are the
-    `validation_*` metrics of each evaluated step)."""
+    """The run's selection as MLflow parameters, without the per-checkpoint lists (logged as metrics)."""
     return {k: v for k, v in selection.items() if k != "checkpoints"}
 
 
@@ -246,8 +222,7 @@ def _dataset(manifest: Manifest, key: str, split: Split, ref: SnapshotRef) -> di
 
 
 def curve_table(curve: list[dict[str, Any]]) -> str:
-    """Sampled success (the reward curve), loss and, at checkpoints judged on the validation split, greedy
-    validation success and the parent's validation cases lost, per RL step: a table the UI renders."""
+    """Sampled success, loss and validation figures per RL step: a table the UI renders."""
 
     def validation(m: dict[str, Any]) -> str:
         if "validation_success" not in m:
