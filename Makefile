@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-learning lint install system-deps vllm
+.PHONY: demo test test-vllm-graph test-learning lint install system-deps vllm
 
 # The CPU wheel of torch 2.13.0 lies on this machine's disk; installing it first by its exact version keeps
 # pip from fetching a multi-GB CUDA build for the project's torch requirement.
@@ -43,6 +43,11 @@ lint: install
 # suite waits on child processes, servers and a browser, so both fit on two cores.
 test: install system-deps lint vllm
 	bash scripts/test.sh $(BIN)/python
+
+# The calc graph with every stage on vLLM (full weights and LoRA); it does not pass yet: the span-coverage
+# check fails on the vLLM-served snapshot (see the issue's note), and it takes ~30 min on two loaded cores.
+test-vllm-graph: install vllm
+	$(BIN)/python -m pytest -q -ra -m vllm_graph tests/dagster/test_vllm_pipeline.py
 
 test-learning: install
 	$(BIN)/python -m pytest -q -ra -m learning

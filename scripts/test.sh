@@ -6,7 +6,7 @@ set -uo pipefail
 python=$1
 shift
 logs=$(mktemp -d)
-common=(-q -ra --durations=15 -m "not learning" "$@")
+common=(-q -ra --durations=15 -m "not learning and not vllm_graph" "$@")
 # Two suites share the cores: a trainer's second OpenMP thread would spin against the other suite
 # (LD_TRAINER_THREADS, see training.trainer.TrainerConfig.threads); engines already default to one thread.
 export LD_TRAINER_THREADS="${LD_TRAINER_THREADS:-1}"

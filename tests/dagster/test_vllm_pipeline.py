@@ -17,7 +17,7 @@ from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.types import SpanKind
 from tests.dagster.conftest import TINY_POLICY, pipeline_for, tiny_training
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.vllm_graph, pytest.mark.timeout(2400)]
 KEYS = {"full": "snap-20261204T0900Z-0000f011", "lora": "snap-20261204T0900Z-00001a0a"}
 
 
