@@ -220,7 +220,7 @@ class UpstreamBackend(Backend):
             try:
                 status, raw = await self._http(server).post(path, body)
             except (UpstreamHTTPError, TimeoutError) as exc:
-                failures.append(f"{server.url}: {type(exc).__name__}")
+                failures.append(f"{server.url}: {type(exc).__name__}: {exc}")
                 self.pool.failed(server)
                 continue
             if status >= 500:
