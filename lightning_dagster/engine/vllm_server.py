@@ -133,6 +133,11 @@ class VllmServer:
         self._args = [
             *("--dtype", dtype, "--max-model-len", str(max_model_len)),
             *(["--enforce-eager"] if enforce_eager else []),
+            # Seeded requests (every rollout's call carries its seed) crash vLLM 0.32's CPU engine when a
+            # prompt's prefill is split over two steps: it rewinds the request's generator by an offset,
+            # which CPU generators do not have ("CPU Generator does not use offset"), and the engine dies
+            # for every request in flight. Seen with 32 concurrent calc rollouts; whole prefills avoid it.
+            "--no-enable-chunked-prefill",
             *(["--enable-lora", "--max-lora-rank", str(max_lora_rank)] if max_lora_rank else []),
             *extra_args,
         ]

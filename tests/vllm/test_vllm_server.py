@@ -121,6 +121,25 @@ def test_a_seeded_request_replays_the_same_ids_and_logprobs(server, client, prom
     assert _sample(client, server.name, prompt) == first_sample
 
 
+def test_concurrent_seeded_requests_longer_than_a_steps_budget_are_all_served(server, client, prompt):
+    """Seeded prompts whose prefills do not fit one engine step together (as a rollout batch's do): with
+    vLLM's chunked prefill the CPU engine died on them, failing every request in flight."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    long_prompt = (prompt * (160 // len(prompt) + 1))[:160]
+
+    def call(seed: int) -> list[int]:
+        return client.completions.create(  # a first token of its own: no prompt is in the prefix cache
+            model=server.name, prompt=[100 + seed, *long_prompt], max_tokens=8, temperature=1.0, seed=seed,
+            extra_body={"return_token_ids": True},
+        ).choices[0].model_extra["token_ids"]  # fmt: skip
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(call, range(32)))
+    assert all(answers) and server.alive
+    assert call(5) == answers[5]  # and each seed still replays
+
+
 def test_start_serves_the_model_folder_verified_by_its_checkpoint_hash(server, checkpoints):
     folder, expected = checkpoints["base"]
     assert server.served_weights().hash == expected
