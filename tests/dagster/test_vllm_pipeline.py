@@ -55,7 +55,7 @@ def test_every_stage_runs_on_vllm_and_the_receipt_has_evidence_for_every_check(v
     store = p.get_store()
     receipt = ctx.find_receipt(store, key)
     assert receipt.gate is not None, "\n".join(failures)
-    assert receipt.gate.unavailable_checks == [], (receipt.gate, "\n".join(failures))
+    assert receipt.gate.unavailable_checks == [], "\n".join(failures)
     assert receipt.rollback_drill is not None and receipt.rollback_drill.environment.endswith(", vllm")
     rollouts = store.query_rollouts(snapshot_key=key)
     kinds = {r.kind for r in rollouts}
