@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # (sub-command, module providing `register(subparsers)`); modules are imported lazily so that
@@ -49,7 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     from lightning_dagster.store.errors import StoreUnavailable
 
     try:
-        return int(handler(args) or 0)
+        status = int(handler(args) or 0)
+        sys.stdout.flush()  # here, so a reader gone away (`| head`) is caught below, not at exit
+        return status
+    except BrokenPipeError:  # the reader of our output stopped reading: stop quietly, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error flushing at exit
+        return 1
     except StoreUnavailable as err:  # locked or read-only: one line that names the store and the cause
         print(f"lightning-dagster: {err}", file=sys.stderr)
         return 2
