@@ -22,8 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "loop": ("lightning_dagster.pipeline.cli", "the continual-learning loop: status, history, signed resume"),
     "demo": (
         "lightning_dagster.demo",
-        "two release cycles of the Dagster pipeline (plan, train, gate, promote; new tasks; again) on a "
-        "project, by default examples/calc",
+        "two release cycles of the Dagster pipeline on a project (by default examples/calc); cycle 1's "
+        "candidate is promoted when the gate says so",
     ),
 }
 
