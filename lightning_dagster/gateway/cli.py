@@ -3,7 +3,8 @@
 How it serves: one flag per gateway option, or the options object on standard input. The secret and the
 admin key never come from the environment or the command line (readable in /proc): `--secret-file` /
 `--admin-key-file` (mode 0600) or `--secrets-stdin` (one JSON object); absent, they are generated into new
-0600 files under <home>/secrets, whose paths (never the values) are printed. Serve keys and the upstream API key: `--secrets-stdin`, else `LD_SERVE_KEYS` and `LD_UPSTREAM_API_KEY`.
+0600 files under <home>/secrets, whose paths (never the values) are printed. Serve keys and the upstream API
+key: `--secrets-stdin`, else `LD_SERVE_KEYS` and `LD_UPSTREAM_API_KEY`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`lightning-dagster project check [--project PATH]`: load and validate a project (the script files its
-command names included), print its summary. Exit status: 0 valid, 2 invalid. Also the `--project` option, project lookup and error handling every
-sub-command shares.
+command names included), print its summary. Exit status: 0 valid, 2 invalid. Also the `--project` option,
+project lookup and error handling every sub-command shares.
 """
 
 from __future__ import annotations
