@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # (sub-command, module providing `register(subparsers)`); modules are imported lazily so that
@@ -21,8 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "loop": ("lightning_dagster.pipeline.cli", "the continual-learning loop: status, history, signed resume"),
     "demo": (
         "lightning_dagster.demo",
-        "two release cycles of the Dagster pipeline (plan, train, gate, promote; new tasks; again) on a "
-        "project, by default examples/calc",
+        "two release cycles of the Dagster pipeline on a project (by default examples/calc); cycle 1's "
+        "candidate is promoted when the gate says so",
     ),
 }
 
@@ -49,7 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     from lightning_dagster.store.errors import StoreUnavailable
 
     try:
-        return int(handler(args) or 0)
+        status = int(handler(args) or 0)
+        sys.stdout.flush()  # here, so a reader gone away (`| head`) is caught below, not at exit
+        return status
+    except BrokenPipeError:  # the reader of our output stopped reading: stop quietly, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error flushing at exit
+        return 1
     except StoreUnavailable as err:  # locked or read-only: one line that names the store and the cause
         print(f"lightning-dagster: {err}", file=sys.stderr)
         return 2

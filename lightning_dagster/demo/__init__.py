@@ -52,6 +52,16 @@ DEMO_SERVING = ["engine", "vllm_url", "vllm_args", "vllm_dtype", "vllm_enforce_e
 
 
 def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Two release cycles of the Dagster pipeline on a working copy of a project (default examples/calc) "
+        "in a local home. The first parent (warm-started when the project has demonstrations) becomes "
+        "approved-default. Cycle 1: a snapshot is cut and the whole graph runs (plan, rollouts, RL training, "
+        "held-out evaluation, canary, rollback drill, gate verdict); if the verdict is PROMOTE TO BOUNDED "
+        "CANARY, its candidate is promoted to approved-default. Then the project's held-back train tasks are "
+        "added and cycle 2 runs on a new snapshot from approved-default. Prints both verdicts and the pointer "
+        "history; cycle 2's candidate is not promoted (the command that would is printed). Exit status 0 "
+        "when both cycles were judged, else 1."
+    )
     add_flags(parser, TrainingSettings, ["steps", "adapter"])
     add_flags(parser, ServingSettings, DEMO_SERVING)
     parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run, not a learning one")

@@ -54,9 +54,10 @@ def asset_figures(asset: str, meta: dict[str, Any], training: Any) -> str:
     if asset == "update_plan":
         return f"parent {m('parent')}, expected rollouts {m('expected_rollouts')}"
     if asset == "rollouts":
+        failed = "".join(f"\n  {line}" for line in m("failures") or [])
         return (
             f"{m('rollouts')} rollouts from the parent ({m('rollouts_per_s')}/s), "
-            f"reward mean {_fmt(m('reward_mean'))}, retries {m('retries')}"
+            f"reward mean {_fmt(m('reward_mean'))}, retries {m('retries')}{failed}"
         )
     if asset == "spans":
         return f"{m('spans')} spans, coverage {m('coverage')}"

@@ -69,14 +69,18 @@ class Gateway:
         return b"".join(chunks)
 
     def check_model(self, name: str | None) -> None:
-        """A request naming no model gets the served one; any other name is a 404, as OpenAI answers."""
-        if name is not None and name not in self.model_names and not self.backend.serves(name):
-            raise GatewayError(
-                404,
-                f"The model `{name}` does not exist or you do not have access to it.",
-                param="model",
-                code="model_not_found",
-            )
+        """Any name is served the policy unless `model_names` restricts them: then a name neither listed nor
+        the backend's own is a 404, as OpenAI answers, naming the setting."""
+        if name is None or not self.model_names or name in self.model_names or self.backend.serves(name):
+            return
+        allowed = ", ".join(dict.fromkeys([self.backend.model, *self.model_names]))
+        raise GatewayError(
+            404,
+            f"The model `{name}` does not exist or you do not have access to it: the gateway's model_names "
+            f"setting (a project's harness.model_names) allows only {allowed}; leave it unset to serve any.",
+            param="model",
+            code="model_not_found",
+        )
 
     def weights_file(self, path: str) -> Path:
         """The weights file a push names, if it lies under a model root (symbolic links resolved first)."""

@@ -80,6 +80,7 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
     gw.stats.count(previous_ids is not None, extended, fallback)
     attributes = {
         "model": c.model,
+        "requested_model": req.model,  # the name the agent sent (None: none)
         "backend": backend.kind,
         "upstream": c.upstream,
         "temperature": sampling.temperature,

@@ -2,8 +2,9 @@
 
 How it serves: one flag per gateway option, or the options object on standard input. The secret and the
 admin key never come from the environment or the command line (readable in /proc): `--secret-file` /
-`--admin-key-file` (mode 0600) or `--secrets-stdin` (one JSON object); absent, they are generated and printed
-once. Serve keys and the upstream API key: `--secrets-stdin`, else `LD_SERVE_KEYS` and `LD_UPSTREAM_API_KEY`.
+`--admin-key-file` (mode 0600) or `--secrets-stdin` (one JSON object); absent, they are generated into new
+0600 files under <home>/secrets, whose paths (never the values) are printed. Serve keys and the upstream API
+key: `--secrets-stdin`, else `LD_SERVE_KEYS` and `LD_UPSTREAM_API_KEY`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import sys
 import threading
 import time
 
+from lightning_dagster import paths
 from lightning_dagster.gateway.keys import (
     GatewayKeys,
     SecretError,
     attempt_key,
     read_secret_file,
     refuse_env_secrets,
+    write_secret_file,
 )
 from lightning_dagster.gateway.options import (
     GatewayOptions,
@@ -84,10 +87,13 @@ def _stdin_secrets() -> dict:
     return secrets_from_json(line)
 
 
-def _generated(value: str | None, what: str) -> str:
+def _generated(value: str | None, what: str, name: str) -> str:
+    """`value`, else a new one in a new 0600 file whose path is printed: the value never is (stdout may go
+    to a log others read). Pass the file on with `--secret-file` (e.g. `rollouts run --gateway`)."""
     if not value:
         value = secrets.token_hex(32)  # hex: never starts with "-", which argparse would read as a flag
-        print(f"no {what} given; generated one: {value}", flush=True)
+        path = write_secret_file(paths.home() / "secrets" / f"gateway-{os.getpid()}.{name}", value)
+        print(f"no {what} given; generated one into {path} (mode 0600)", flush=True)
     return value
 
 
@@ -109,8 +115,8 @@ def _handed(args: argparse.Namespace) -> tuple[GatewayKeys, dict]:
             "agl_key": read_secret_file(args.agl_key_file) if args.agl_key_file else "",
         }
     keys = GatewayKeys(
-        _generated(given.get("secret"), "key-signing secret"),
-        _generated(given.get("admin_key"), "admin key"),
+        _generated(given.get("secret"), "key-signing secret", "secret"),
+        _generated(given.get("admin_key"), "admin key", "admin-key"),
         serve_keys=tuple(given.get("serve_keys", ())),
         upstream_api_key=given.get("upstream_api_key", ""),
         agl_key=given.get("agl_key") or "",

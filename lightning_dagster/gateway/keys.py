@@ -114,6 +114,17 @@ def refuse_env_secrets(environ: Mapping[str, str] = os.environ) -> None:
         )
 
 
+def write_secret_file(path: Path, value: str) -> Path:
+    """`value` in a new file `path` only this user can read: created with mode 0600, so it is never readable
+    by others, not even for a moment (its folder made 0700 if absent; a file there before is replaced)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+    return path
+
+
 def read_secret_file(path: str | Path) -> str:
     """The secret in `path` (stripped; `-`: one line of standard input), a regular file of this user's
     that no one else can read or write; else `SecretError` naming the path and the cause."""

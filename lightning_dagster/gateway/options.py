@@ -45,9 +45,10 @@ class GatewayOptions(Settings):
     )
     upstream_model: str = Field("", description="the model name sent upstream; empty: the upstream's own")
     model_names: list[str] = Field(
-        default_factory=lambda: ["policy"],
-        description="a model name the harness sends (repeatable; a project's harness.model_names), served "
-        "besides the model's own; any other is a 404 model_not_found",
+        default_factory=list,
+        description="restricts the model names served (repeatable; a project's harness.model_names): "
+        "empty, any name the agent sends is served the policy; else only these and the model's own, any "
+        "other is a 404 model_not_found",
     )
     max_body_bytes: int = Field(4 << 20, ge=1, description="the largest request body taken (413 beyond)")
     write_behind_ms: float = Field(

@@ -1,6 +1,6 @@
-"""`lightning-dagster project check [--project PATH]`: load and validate a project, print its summary.
-Exit status: 0 valid, 2 invalid. Also the `--project` option, project lookup and error handling every
-sub-command shares.
+"""`lightning-dagster project check [--project PATH]`: load and validate a project (the script files its
+command names included), print its summary. Exit status: 0 valid, 2 invalid. Also the `--project` option,
+project lookup and error handling every sub-command shares.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from lightning_dagster.project.config import Project, load_project
 from lightning_dagster.project.errors import ProjectError
+from lightning_dagster.project.references import missing_scripts
 from lightning_dagster.project.splits import SPLITS
 from lightning_dagster.project.tasks import TaskSet, load_tasks
 from lightning_dagster.settings import ProjectSettings, add_flags
@@ -98,6 +99,10 @@ def _check(args: argparse.Namespace) -> int:
     project = command_project(args)
     tasks = load_tasks(project)
     print(summary(project, tasks))
+    missing = missing_scripts(project.harness.command or (), project.root)
+    if missing:  # a script the program runs: every rollout would fail on it
+        why = [f"script {n!r} not found ({project.root / n} does not exist)" for n in missing]
+        raise ProjectError(project.file, [("harness.command", problem) for problem in why])
     # The pipeline trains on train, compares on holdout and protected, and releases through canary.
     tasks.require_splits(SPLITS)
     print("ok")

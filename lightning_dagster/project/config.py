@@ -73,9 +73,9 @@ class Harness(_Section):
     env_map: dict[str, str] = Field(default_factory=dict)
     prepare: str | None = None
     verify: str | None = None
-    # The model names the agent sends (e.g. the one it uses in production): the gateway serves the policy
-    # under each, and answers any other name with 404 model_not_found, as OpenAI does.
-    model_names: tuple[str, ...] = ("policy",)
+    # The gateway serves the policy under any model name the agent sends. Given, these are the only names
+    # served (besides the model's own): any other is a 404 model_not_found, as OpenAI answers.
+    model_names: tuple[str, ...] = ()
     # Variables of the launching environment a `command` harness inherits besides the basic allowlist
     # (PATH, HOME, locale, ...), e.g. a tool's API key; LD_* and MLFLOW_* are never passed.
     env_passthrough: tuple[str, ...] = ()
@@ -111,8 +111,6 @@ class Harness(_Section):
     @field_validator("model_names")
     @classmethod
     def _names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
-            raise ValueError("needs at least one model name")
         for name in value:
             if not name.strip() or len(name) > 256 or "\x00" in name:
                 raise ValueError(f"{name!r} is not a model name (1-256 characters, no NUL)")

@@ -71,6 +71,22 @@ def resolve_agent_class(ref: str, root: Path) -> type:
     return target
 
 
+SCRIPT_SUFFIXES = (".py", ".mjs", ".cjs", ".js", ".ts", ".mts", ".sh", ".rb", ".pl")
+INLINE_CODE = ("-c", "-e", "--eval", "-p", "--print")  # interpreter options whose next argument is code
+
+
+def missing_scripts(command: tuple[str, ...], root: Path) -> list[str]:
+    """The arguments after a command's program that look like a script file (a script suffix, or a path
+    separator; not an option, URL or inline code) and do not exist relative to `root`."""
+    return [
+        arg
+        for before, arg in zip(command, command[1:], strict=False)
+        if (arg.endswith(SCRIPT_SUFFIXES) or "/" in arg or os.sep in arg) and before not in INLINE_CODE
+        and not (arg.startswith("-") or "://" in arg or any(c.isspace() for c in arg))
+        and not (root / Path(arg).expanduser()).exists()
+    ]
+
+
 def resolve_program(program: str, root: Path) -> str:
     """The absolute path of a command's program: a file relative to `root`, else a name on PATH."""
     if program in PYTHON_NAMES:

@@ -1,8 +1,9 @@
 """`lightning-dagster rollouts run`: enqueue N rollouts of a project's harness (the first N tasks of a split)
 and run them through a gateway (by default a local one serving the project's model); `rollouts enqueue`:
 only queue them, for `lightning-dagster runner` workers. `--run-id` names the run: the same command again
-resumes its unfinished rollouts (a killed run's attempts are ended by the reaper and retried). Exit status:
-0 ran, 2 bad arguments or project."""
+resumes its unfinished rollouts (a killed run's attempts are ended by the reaper and retried). Each failure
+reason is said on stderr with a count, an example and the attempt's folder. Exit status: 0 ran, 1 no rollout
+succeeded, 2 bad arguments or project."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from lightning_dagster.project.splits import SPLITS
 from lightning_dagster.runner.execute import SandboxUnavailable, check_sandbox
 from lightning_dagster.runner.harness_spec import HarnessSpec
 from lightning_dagster.runner.retry import RetryPolicy
+from lightning_dagster.runner.summary import failure_lines
 from lightning_dagster.settings import (
     ProjectSettings,
     ServingSettings,
@@ -296,7 +298,12 @@ def _run(args: argparse.Namespace) -> int:
         )  # fmt: skip
         with _stdout_to_stderr():
             summary = runner.run([r.rollout_id for r in rollouts])
+        for line in failure_lines(summary.failures):
+            print(line, file=sys.stderr)
         print(summary.to_json() if args.json else _text(summary.to_dict()))
+        if summary.rollouts_by_status.get("succeeded", 0) == 0:
+            print(f"error: no rollout succeeded (0 of {summary.rollouts})", file=sys.stderr)
+            return 1
         return 0
 
     if args.gateway:

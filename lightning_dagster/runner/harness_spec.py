@@ -47,7 +47,7 @@ class HarnessSpec:
     timeout_s: float = TrainingSettings.model_fields["attempt_timeout_s"].default
     max_attempts: int = TrainingSettings.model_fields["max_attempts"].default
     tools: list[dict[str, Any]] = field(default_factory=list, hash=False)
-    model_names: tuple[str, ...] = ("policy",)  # the model names the agent sends; the gateway serves each
+    model_names: tuple[str, ...] = ()  # if given, the only model names the gateway serves (else any)
     env_passthrough: tuple[
         str, ...
     ] = ()  # variables of ours a subprocess harness inherits besides the allowlist

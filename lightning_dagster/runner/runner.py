@@ -131,6 +131,7 @@ class Runner:
             policy=self.policy,
             wall_s=time.monotonic() - started,
             mode=self.mode,
+            workdir=self.workdir,
         )
 
     def work(self, *, until_idle: bool = False, stop: threading.Event | None = None) -> int:

@@ -4,7 +4,7 @@ final successful attempt."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ class RolloutBatch:
     rewards: dict[str, float]  # rollout_id -> reward; rollouts without a successful attempt are absent
     spans: dict[str, list[Span]]  # rollout_id -> spans of the rewarded attempt
     seconds: float
+    failures: dict[str, dict[str, Any]] = field(default_factory=dict)  # `runner.summary.failures`
 
     def success(self) -> float:
         """Mean reward counting rollouts that never finished as 0."""
@@ -152,5 +153,7 @@ class RolloutService:
             self.store, self.harness, tasks, kind=kind, group_size=group, seed=seed, tag=tag,
             resource_id=self.resource_id, snapshot_key=snapshot_key, sampling=sampling,
         )  # fmt: skip
-        self.runner.run([r.rollout_id for r in rollouts])
-        return collect_batch(self.store, rollouts, time.perf_counter() - started)
+        summary = self.runner.run([r.rollout_id for r in rollouts])
+        batch = collect_batch(self.store, rollouts, time.perf_counter() - started)
+        batch.failures = summary.failures
+        return batch

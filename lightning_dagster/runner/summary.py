@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lightning_dagster.runner.harness_spec import HarnessSpec
@@ -34,6 +35,8 @@ class RunSummary:
     wall_s: float
     rollouts_per_s: float
     policy: dict[str, Any]
+    # reason -> rollouts with an attempt that ended so, an example's message and that attempt's files
+    failures: dict[str, dict[str, Any]] = field(default_factory=dict)
     rollout_ids: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -51,6 +54,47 @@ def _final_attempts(attempts: list[Attempt]) -> dict[str, Attempt]:
     return final
 
 
+EXAMPLE_CHARS = 500  # of a failure's example message
+
+
+def _example(attempt: Attempt, error: str | None, folder: Path | None) -> str:
+    """What went wrong, in a line: the gateway's error text of a refused call, else the harness's last stderr
+    line, else the first line of the attempt's reason."""
+    if error:
+        return error
+    stderr = folder / "stderr" if folder is not None else None
+    text = stderr.read_text(errors="replace") if stderr is not None and stderr.is_file() else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[-1] if lines else (attempt.reason_message or "").strip().split("\n")[0])[:EXAMPLE_CHARS]
+
+
+def failures(attempts: list[Attempt], spans: list, workdir: Path | None) -> dict[str, dict[str, Any]]:
+    """Per failure reason: how many rollouts had an attempt end so, and one such attempt's message and
+    folder (its files: stdout, stderr, task; None when it has none, e.g. in-process)."""
+    errors = {s.attempt_id: s.attributes["error"] for s in spans if "error" in s.attributes}
+    rollouts: dict[str, set[str]] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for a in attempts:
+        if a.state in (AttemptState.succeeded, AttemptState.cancelled) or not a.reason_code:
+            continue
+        rollouts.setdefault(a.reason_code, set()).add(a.rollout_id)
+        if a.reason_code not in out:
+            folder = workdir / a.rollout_id / a.attempt_id if workdir is not None else None
+            folder = folder if folder is not None and folder.is_dir() else None
+            example = _example(a, errors.get(a.attempt_id), folder)
+            out[a.reason_code] = {"example": example, "dir": str(folder) if folder else None}
+    return {reason: {"rollouts": len(rollouts[reason]), **found} for reason, found in out.items()}
+
+
+def failure_lines(found: dict[str, dict[str, Any]]) -> list[str]:
+    """A line per failure reason, for the screen."""
+    return [
+        f"failed: {reason} in {f['rollouts']} rollout(s), e.g. {f['example']!r}"
+        + (f" (files: {f['dir']})" if f.get("dir") else "")
+        for reason, f in found.items()
+    ]
+
+
 def summarize(
     store: Store,
     rollout_ids: list[str],
@@ -59,6 +103,7 @@ def summarize(
     policy: RetryPolicy,
     wall_s: float,
     mode: str,
+    workdir: Path | None = None,
 ) -> RunSummary:
     rollouts = store.query_rollouts(rollout_ids=rollout_ids) if rollout_ids else []
     attempts = store.list_attempts(rollout_ids=rollout_ids) if rollout_ids else []
@@ -113,5 +158,6 @@ def summarize(
         wall_s=round(wall_s, 3),
         rollouts_per_s=round(len(rollouts) / wall_s, 3) if wall_s > 0 else 0.0,
         policy=policy.to_dict(),
+        failures=failures(attempts, spans, workdir),
         rollout_ids=list(rollout_ids),
     )

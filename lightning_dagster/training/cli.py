@@ -161,6 +161,7 @@ def _train(args: argparse.Namespace) -> int:
     from lightning_dagster.store import Store
     from lightning_dagster.training import distributed
     from lightning_dagster.training.loop import draw_pools, followed, join, train_rl
+    from lightning_dagster.training.step import step_warnings
     from lightning_dagster.types import Resource
 
     try:
@@ -185,8 +186,10 @@ def _train(args: argparse.Namespace) -> int:
         if metrics_file:
             metrics_file.write(json.dumps(entry) + "\n")
             metrics_file.flush()
-        if not args.json:
-            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in entry.items()}))
+        rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in entry.items()}
+        print(json.dumps(rounded), file=sys.stderr)  # progress on stderr: stdout carries only the result
+        for line in step_warnings(entry):
+            print(line, file=sys.stderr)
 
     if args.parent:
         parent_dir, parent_id = args.parent, None

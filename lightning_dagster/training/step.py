@@ -116,10 +116,28 @@ def rl_step(
         **excluded_metrics(excluded),
         "success": batch.success(),
         "rollout_seconds": batch.seconds,
+        **({"failures": batch.failures} if batch.failures else {}),
     }
     metrics = trainer.step(rows, advantages, extra=extra)
     serve_policy(service, trainer, resource_id)
     return batch, metrics
+
+
+def step_warnings(m: dict) -> list[str]:
+    """What a step's metrics must say on screen: each failure reason of its rollouts (`runner.summary`), and
+    a warning when no group had a learning signal (the step changed no weight)."""
+    from lightning_dagster.runner.summary import failure_lines
+
+    lines = failure_lines(m.get("failures") or {})
+    if "groups" in m and m.get("skipped_groups") == m["groups"]:
+        why = (
+            f"in each of its {m['groups']} group(s) every rollout got the same reward (mean "
+            f"{m['reward_mean']:.3f}), so every group was skipped"
+            if m["groups"]
+            else "no rollout posted a reward"
+        )
+        lines.append(f"warning: step {m['step']} had no learning signal: {why}; no weight changed")
+    return lines
 
 
 def rows_and_rewards(

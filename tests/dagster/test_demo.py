@@ -99,3 +99,15 @@ def test_demo_runs_two_cycles_promotes_between_them_and_summarizes(demo_env):
         rf"\s+\d+\s+\S+\s+{before} -> {promoted}\s+bob receipt {first.receipt_id}", history[-1]
     )
     assert any(line.startswith("  Dagster UI:") for line in lines)
+
+
+def test_demo_help_says_it_runs_two_cycles_and_which_one_may_promote(capsys):
+    from lightning_dagster.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert done.value.code == 0 and "Two release cycles of the Dagster pipeline" in text
+    assert "Cycle 1:" in text and "cycle 2 runs on a new snapshot from approved-default" in text
+    assert "if the verdict is PROMOTE TO BOUNDED CANARY, its candidate is promoted" in text
+    assert "cycle 2's candidate is not promoted" in text and "once" not in text

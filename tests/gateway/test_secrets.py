@@ -6,8 +6,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import stat
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,7 +24,7 @@ from lightning_dagster.gateway.local import LocalGateway
 from lightning_dagster.settings import ServingSettings
 from lightning_dagster.store import Store
 from tests.gateway.conftest import ADMIN, SECRET
-from tests.support.secrets import secret_file, serve_upstream_cli, wait_healthy
+from tests.support.secrets import free_port, secret_file, serve_upstream_cli, wait_healthy
 
 
 def proc_text(pid: int, part: str) -> str:
@@ -181,3 +185,33 @@ def test_the_pipeline_resources_refuse_a_gateway_secret_in_the_environment(monke
     monkeypatch.setenv("LD_GATEWAY_SECRET", "env-secret-value")
     with pytest.raises(SecretError, match="LD_GATEWAY_SECRET set in the environment"):
         default_pipeline()
+
+
+def test_a_generated_secret_and_admin_key_go_to_0600_files_whose_paths_alone_are_printed(tmp_path, stub):
+    port, home, log = free_port(), tmp_path / "home", tmp_path / "gateway.log"
+    cmd = [sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", "--port", str(port)]
+    cmd += ["--upstream-url", stub.url, "--store-url", f"sqlite:///{tmp_path / 'cli.db'}"]
+    env = {**os.environ, "LIGHTNING_DAGSTER_HOME": str(home)}
+    with log.open("w") as out:  # its stdout is its log, as a service manager keeps it
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while log.read_text().count("generated one into") < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        said = re.findall(r"no (key-signing secret|admin key) given; generated one into (\S+) \(mode 0600\)",
+                          log.read_text())  # fmt: skip
+        files = {what: Path(path) for what, path in said}
+        assert set(files) == {"key-signing secret", "admin key"}
+        for path in files.values():
+            assert path.parent == home / "secrets" and stat.S_IMODE(path.stat().st_mode) == 0o600
+        secret, admin = (read_secret_file(files[w]) for w in ("key-signing secret", "admin key"))
+        assert wait_healthy(proc, f"http://127.0.0.1:{port}", admin).status_code == 200
+        key = attempt_key(secret, "ro-x", "at-x")  # the file's secret is the one the gateway signs with
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {key}"})
+        assert models.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    text = log.read_text()
+    assert secret not in text and admin not in text

@@ -9,11 +9,11 @@ import httpx
 import openai
 import pytest
 
-from lightning_dagster.gateway import attempt_key
+from lightning_dagster.gateway import EngineBackend, attempt_key
 from lightning_dagster.gateway.keys import parse_attempt_key
 from lightning_dagster.store import Store
 from lightning_dagster.types import AttemptState
-from tests.gateway.conftest import ADMIN, SECRET, SERVE, SERVE2
+from tests.gateway.conftest import ADMIN, SECRET, SERVE, SERVE2, Gateway, _serve
 
 CHAT = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "seed": 1}
 
@@ -215,20 +215,32 @@ def test_serve_clients_are_never_merged_by_content_and_sessions_belong_to_their_
     assert too_long.status_code == 422 and too_long.json()["error"]["param"] == "X-Session-Id"
 
 
-def test_an_unknown_model_is_a_404_model_not_found_as_openai_answers(gateway):
+def test_an_unmodified_agent_is_served_under_any_model_name_it_sends_and_the_name_is_recorded(gateway):
     _, aid, key = gateway.attempt()
-    with pytest.raises(openai.NotFoundError) as refused:
-        gateway.client(key).chat.completions.create(**{**CHAT, "model": "gpt-4o"})
-    error = refused.value.body
-    assert (error["code"], error["type"], error["param"]) == (
-        "model_not_found",
-        "invalid_request_error",
-        "model",
-    )
-    assert "gpt-4o" in error["message"] and gateway.spans(aid, kind=None) == []
-    for name in ("policy", "res-base"):  # the alias and the served model's own name
-        gateway.client(key).chat.completions.create(**{**CHAT, "model": name})
-    assert len(gateway.spans(aid)) == 2
+    for name in ("default", "gpt-4o", "policy"):
+        reply = gateway.client(key).chat.completions.create(**{**CHAT, "model": name})
+        assert reply.choices[0].message is not None
+    assert [s.attributes["requested_model"] for s in gateway.spans(aid)] == ["default", "gpt-4o", "policy"]
+    assert {s.attributes["model"] for s in gateway.spans(aid)} == {"res-base"}  # the policy served each
+
+
+def test_with_model_names_set_any_other_name_is_a_404_naming_the_setting(store, batching):
+    with _serve(store, EngineBackend(batching, resource_id="res-base"), model_names=["policy"]) as server:
+        gateway = Gateway(server, store, server.url)
+        _, aid, key = gateway.attempt()
+        with pytest.raises(openai.NotFoundError) as refused:
+            gateway.client(key).chat.completions.create(**{**CHAT, "model": "gpt-4o"})
+        error = refused.value.body
+        assert (error["code"], error["type"], error["param"]) == (
+            "model_not_found",
+            "invalid_request_error",
+            "model",
+        )
+        assert "`gpt-4o`" in error["message"] and "model_names" in error["message"]
+        assert "allows only res-base, policy" in error["message"] and gateway.spans(aid, kind=None) == []
+        for name in ("policy", "res-base"):  # the listed name and the served model's own name
+            gateway.client(key).chat.completions.create(**{**CHAT, "model": name})
+        assert len(gateway.spans(aid)) == 2
 
 
 BAD_INPUT = {
@@ -344,4 +356,4 @@ def test_admin_routes_need_the_admin_key(gateway):
     assert parse_attempt_key(SECRET, minted) == ("ro-x", "at-y")
     assert httpx.get(gateway.url + "/admin/health").status_code == 401
     models = gateway.client(key).models.list()
-    assert [m.id for m in models.data] == ["res-base", "policy"]
+    assert [m.id for m in models.data] == ["res-base"]  # the model's own name (any other is served too)

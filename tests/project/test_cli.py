@@ -144,3 +144,40 @@ def test_python_m_lightning_dagster_runs_the_cli_with_its_exit_status(tmp_path):
 
     done = _python_m("--help", cwd=tmp_path)
     assert done.returncode == 0 and "usage: lightning-dagster" in done.stdout and "rollouts" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "missing"),
+    [
+        (["node", "agnet.mjs"], ["agnet.mjs"]),
+        (["python", "src/agent.py", "--model", "gpt-4o"], ["src/agent.py"]),
+        (["python", "agent.py", "tools/run.sh", "https://example.com/x", "-c", "print('a/b')"], ["tools/run.sh"]),
+    ],
+)
+def test_project_check_fails_when_a_script_the_command_runs_is_missing(tmp_path, capsys, command, missing):
+    if command[0] == "node":
+        command[0] = sys.executable  # any program on this machine: only the script's absence is judged
+    file = write_project(tmp_path, {"harness.command": command}, rows=task_rows())
+    assert main(["project", "check", "--project", str(file)]) == 2
+    err = capsys.readouterr().err
+    for name in missing:
+        assert f"harness.command: script {name!r} not found ({tmp_path / name} does not exist)" in err
+    assert err.count("script ") == len(missing)
+    (tmp_path / missing[0]).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / missing[0]).write_text("")
+    assert main(["project", "check", "--project", str(file)]) == 0  # present: ok
+
+
+def test_project_check_into_a_closed_pipe_exits_quietly(tmp_path):
+    file = write_project(tmp_path, rows=task_rows())
+    read, write = os.pipe()
+    os.close(read)  # the reader (`| head`) is gone before anything is written
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "lightning_dagster", "project", "check", "--project", str(file)],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=write, stderr=subprocess.PIPE,
+            text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == 1 and done.stderr == ""

@@ -33,3 +33,16 @@ def test_a_candidate_no_step_trained_says_why_it_equals_its_parent():
     )
     # metadata written before the figure existed says nothing about it
     assert "learning signal" not in asset_figures("candidate_resource", META, TRAINING)
+
+
+def test_the_rollouts_line_says_each_failure_reason_with_its_example_and_folder():
+    from lightning_dagster.runner.summary import failure_lines
+
+    found = {"exit_nonzero": {"rollouts": 8, "example": "Error: 404 model", "dir": "/h/attempts/ro-1/at-1"}}
+    meta = {"rollouts": 8, "rollouts_per_s": 2.0, "reward_mean": 0.0, "retries": 0}
+    line = asset_figures("rollouts", {**meta, "failures": failure_lines(found)}, TRAINING)
+    assert line.splitlines() == [
+        "8 rollouts from the parent (2.0/s), reward mean 0.000, retries 0",
+        "  failed: exit_nonzero in 8 rollout(s), e.g. 'Error: 404 model' (files: /h/attempts/ro-1/at-1)",
+    ]
+    assert asset_figures("rollouts", meta, TRAINING).count("\n") == 0  # none failed: one line

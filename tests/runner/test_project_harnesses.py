@@ -204,39 +204,52 @@ print(json.dumps({
 """
 
 
-NAMED = (
-    CHAT.replace('"model": "policy"', '"model": sys.argv[1]')
-    + """
-import sys
-chat("hi")  # an unknown model name raises HTTPError (404): the attempt fails
+# An agent as it runs in production: the `openai` client, configured by OPENAI_BASE_URL / OPENAI_API_KEY,
+# asking for its own model name (argv[1]), then posting its reward.
+NAMED = """
+import json, os, sys, urllib.request
+import openai
+
+openai.OpenAI(max_retries=0).chat.completions.create(
+    model=sys.argv[1], messages=[{"role": "user", "content": "hi"}], max_tokens=4)
 req = urllib.request.Request(os.environ["AGL_EVENT_URL"], method="POST",
     data=json.dumps({"event_type": "reward", "data": {"value": 1.0}}).encode(),
     headers={"Authorization": "Bearer " + os.environ["AGL_KEY"], "Content-Type": "application/json"})
 urllib.request.urlopen(req).read()
 """
-)
 
 
-def test_the_model_names_a_project_declares_are_served_and_any_other_is_404_model_not_found(
-    store, model_dir, tmp_path, capsys
+def test_an_unmodified_agent_runs_under_its_own_model_name_and_model_names_restricts_with_a_404(
+    store, model_dir, tmp_path, capsys, monkeypatch
 ):
-    harness = {"command": [sys.executable, "named.py", "gpt-4o-mini"], "model_names": ["gpt-4o-mini"]}
+    monkeypatch.setenv("LIGHTNING_DAGSTER_HOME", str(tmp_path / "home"))
+    harness = {"command": ["python", "named.py", "default"]}
     folder = make_project(tmp_path / "named", harness, {"named.py": NAMED})
-    assert harness_spec(load_project(folder)).model_names == ("gpt-4o-mini",)
+    assert harness_spec(load_project(folder)).model_names == ()
     argv = ["rollouts", "run", "--project", str(folder), "--model", str(model_dir), "--store-url", store.url]
-    argv += ["--group-size", "1"]
-    assert main([*argv, "--n", "1", "--json"]) == 0
+    assert main([*argv, "--group-size", "1", "--n", "1", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["rollouts_by_status"] == {"succeeded": 1} and summary["rewards"] == 1
+    assert summary["failures"] == {}
+    (span,) = store.list_spans(rollout_ids=summary["rollout_ids"], kind="llm")
+    assert span.attributes["requested_model"] == "default"  # the name the agent sent, on the record
 
-    # Without the declaration only the default name `policy` is served: the agent's own name is a 404.
-    make_project(tmp_path / "named", {"command": harness["command"]}, {"named.py": NAMED})
-    main([*argv, "--n", "1", "--json"])
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["rollouts_by_status"] == {"failed": 1} and summary["rewards"] == 0
-    (rollout_id,) = summary["rollout_ids"]
-    (attempt,) = store.list_attempts(rollout_id=rollout_id)
-    assert attempt.reason_code == "exit_nonzero" and "404" in (attempt.reason_message or "")
+    # Restricted to other names, the agent's is a 404 naming the setting: every rollout fails, the run exits 1,
+    # and each failure reason is said with its count, the example message and the attempt's folder.
+    make_project(tmp_path / "named", {**harness, "model_names": ["gpt-4o-mini"]}, {"named.py": NAMED})
+    assert main([*argv, "--group-size", "2", "--n", "1", "--json"]) == 1
+    out, err = capsys.readouterr()
+    summary = json.loads(out)  # stdout: the JSON alone
+    assert summary["rollouts_by_status"] == {"failed": 2} and summary["rewards"] == 0
+    failure = summary["failures"]["exit_nonzero"]
+    assert failure["rollouts"] == 2 and failure["example"].startswith("openai.NotFoundError: Error code: 404")
+    assert "model_names" in failure["example"] and "allows only" in failure["example"]
+    folder = Path(failure["dir"])
+    assert folder.parent.parent == tmp_path / "home" / "attempts" and (folder / "stderr").is_file()
+    assert failure["example"] == (folder / "stderr").read_text().strip().splitlines()[-1]
+    said = f"failed: exit_nonzero in 2 rollout(s), e.g. {failure['example']!r} (files: {folder})"
+    assert said in err.splitlines()
+    assert err.splitlines()[-1] == "error: no rollout succeeded (0 of 2)"
 
 
 ASK_AND_REWARD = (
@@ -450,8 +463,8 @@ def test_a_judge_that_breaks_fails_the_attempt_with_its_message(store, gateway, 
             "harness.env_passthrough: LD_STORE_URL: LD_* and MLFLOW_* variables",
         ),
         (
-            {"command": ["python", "a.py"], "model_names": []},
-            "harness.model_names: needs at least one model name",
+            {"command": ["python", "a.py"], "model_names": [""]},
+            "harness.model_names: '' is not a model name",
         ),
     ],
 )

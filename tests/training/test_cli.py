@@ -130,3 +130,49 @@ def test_train_project_samples_its_train_split_and_evaluates_on_its_holdout_spli
 def test_train_with_a_missing_project_file_exits_2_naming_it(tmp_path, capsys):
     assert main(["train", "--project", str(tmp_path / "none")]) == 2
     assert str(tmp_path / "none") in capsys.readouterr().err
+
+
+# One chat call, then reward 0 (every group's rewards equal); a task with answer 1 fails, saying why on stderr.
+FLAT_AGENT = """
+import json, os, sys, urllib.request
+task = json.loads(os.environ["LD_TASK"])
+if task["answer"] == 1:
+    sys.exit("boom: this agent has no tool for " + task["task_id"])
+def post(url, body):
+    req = urllib.request.Request(url, method="POST", data=json.dumps(body).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+    return urllib.request.urlopen(req).read()
+post(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+     {"model": "anything", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+post(os.environ["AGL_EVENT_URL"], {"event_type": "reward", "data": {"value": 0.0}})
+"""
+
+
+def test_train_says_each_failure_and_warns_of_a_step_without_learning_signal_on_stderr(
+    tmp_path, base_model_dir, monkeypatch, capsys
+):
+    from tests.project.helpers import task_rows, write_jsonl
+
+    monkeypatch.setenv("LIGHTNING_DAGSTER_HOME", str(tmp_path / "home"))
+    project = tmp_path / "flat"
+    project.mkdir()
+    (project / "agent.py").write_text(FLAT_AGENT)
+    write_jsonl(project / "tasks.jsonl", [r for r in task_rows(2) if r["split"] in ("train", "holdout")])
+    (project / "lightning-dagster.yaml").write_text(
+        json.dumps({"name": "flat", "harness": {"command": ["python", "agent.py"]}, "tasks": {"path": "tasks.jsonl"}})
+    )
+    argv = ["train", "--project", str(project), "--parent", str(base_model_dir), "--steps", "1", "--group-size",
+            "2", "--tasks-per-step", "2", "--holdout-tasks", "2", "--validation-tasks", "0",
+            "--store-url", f"sqlite:///{tmp_path / 'store.db'}", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["steps"] == 1  # stdout: the result alone; the progress went to stderr
+    assert '"step": 1' in err
+    lines = err.splitlines()
+    failed = [line for line in lines if line.startswith("failed: exit_nonzero in 2 rollout(s), e.g. ")]
+    assert failed and "'boom: this agent has no tool for train-1'" in failed[0]
+    assert f"(files: {tmp_path / 'home' / 'attempts'}/" in failed[0]
+    assert (
+        "warning: step 1 had no learning signal: in each of its 1 group(s) every rollout got the same reward "
+        "(mean 0.000), so every group was skipped; no weight changed"
+    ) in lines

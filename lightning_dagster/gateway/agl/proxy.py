@@ -198,7 +198,8 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
             raise GatewayError(400, "the body must be a JSON object")
         route = endpoints.backend
         backend = route or routed.default
-        if body.get("model") not in gw.model_names and not backend.serves(body.get("model") or ""):
+        name = body.get("model")
+        if gw.model_names and name not in gw.model_names and not backend.serves(name or ""):
             body["model"] = backend.model
         if mode == "train":
             body["logprobs"] = True if chat else max(1, int(body.get("logprobs") or 0))

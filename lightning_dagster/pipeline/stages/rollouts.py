@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 def rollouts(p: Pipeline, key: str) -> StageResult:
     """The first batch: every train task of step 1 x group size, sampled from the exact parent."""
     from lightning_dagster.gate import receipt as R
+    from lightning_dagster.runner.summary import failure_lines
     from lightning_dagster.training.configs import step_settings
     from lightning_dagster.training.step import sample_step
 
@@ -58,6 +59,7 @@ def rollouts(p: Pipeline, key: str) -> StageResult:
             "reward_mean": batch.success(),
             "seconds": round(batch.seconds, 2),
             "rollouts_per_s": round(n / batch.seconds, 2) if batch.seconds else None,
+            **({"failures": failure_lines(batch.failures)} if batch.failures else {}),  # a line per reason
         }
     )
 
