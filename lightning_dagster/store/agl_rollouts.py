@@ -4,11 +4,15 @@ reads. Functions over a `Store`.
 
 An Agent Lightning rollout is one of ours: `task = {"input": <its input>}`, kind `train` when `is_train`,
 else `holdout`; `metadata["agl"]` keeps its `config`, `metadata`, `is_train` and the status fields our
-rollout has no column for. `queuing` is our `queued`; `cancelled` reads as `failed`.
+rollout has no column for. `queuing` is our `queued`; `cancelled` reads as `failed`. The API names an
+attempt as Agent Lightning does, by its sequence within its rollout ("0" first, "1" its retry: our
+`sequence_id - 1`); our attempt ids stay internal. A deleted rollout's id can be created again: its old
+record is renamed to a tombstone id first (`retire`), attempts, spans and rewards with it.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -97,7 +101,8 @@ def create(store, rollouts: list[Rollout], *, nowait: bool = False) -> list[AglR
         try:
             with store._write() as c:
                 rows = c.execute(sa.select(*_COLUMNS, R.harness).where(R.rollout_id.in_(ids))).all()
-                out, fresh = _plan(rollouts, {row[0]: (row[-1], AglRow(*row[:-1])) for row in rows})
+                out, fresh, retired = _plan(rollouts, {row[0]: (row[-1], AglRow(*row[:-1])) for row in rows})
+                _retire(lambda sql, params: c.execute(sa.text(sql), params), retired)
                 if fresh:
                     c.execute(schema.rollouts.insert(), fresh)
             return out
@@ -107,17 +112,18 @@ def create(store, rollouts: list[Rollout], *, nowait: bool = False) -> list[AglR
                 raise
 
 
-def _plan(rollouts: list[Rollout], found: dict[str, tuple[str, AglRow]]) -> tuple[list[AglRow], list[dict]]:
-    """(what to answer, rows to insert) given the stored rollouts with these ids (id -> harness, row)."""
-    out, fresh = [], []
+def _plan(
+    rollouts: list[Rollout], found: dict[str, tuple[str, AglRow]]
+) -> tuple[list[AglRow], list[dict], list[str]]:
+    """(what to answer, rows to insert, deleted ids to retire first) given the stored rollouts with these
+    ids (id -> harness, row)."""
+    out, fresh, retired = [], [], []
     for r in rollouts:
+        if r.rollout_id in found and found[r.rollout_id][0] == DELETED:
+            del found[r.rollout_id]  # created again, as Agent Lightning does: the old record is renamed
+            retired.append(r.rollout_id)
         if r.rollout_id in found:
             harness, row = found[r.rollout_id]
-            if harness == DELETED:
-                raise Conflict(
-                    f"rollout_id: {r.rollout_id!r} belonged to a rollout deleted through this API; ids are not"
-                    " reused (its attempts, spans and rewards are kept as lineage)"
-                )
             if harness != HARNESS:
                 raise Conflict(f"rollout_id: {r.rollout_id!r} is taken by a rollout not of this API")
             out.append(row)
@@ -126,7 +132,30 @@ def _plan(rollouts: list[Rollout], found: dict[str, tuple[str, AglRow]]) -> tupl
             found[r.rollout_id] = (HARNESS, row)  # a repeated id within one batch is created once
             fresh.append(checked(schema.rollouts, to_row(r)))
             out.append(row)
-    return out, fresh
+    return out, fresh, retired
+
+
+_ROLLOUT_COLUMNS = ", ".join(c.name for c in schema.rollouts.c if c.name not in ("id", "rollout_id"))
+RETIRE = (  # one statement list for SQLAlchemy (`sa.text`) and plain sqlite3 (named parameters alike)
+    f"INSERT INTO rollouts (rollout_id, {_ROLLOUT_COLUMNS}) SELECT :tomb, {_ROLLOUT_COLUMNS} FROM rollouts"
+    " WHERE rollout_id = :rid",
+    *(f"UPDATE {t} SET rollout_id = :tomb WHERE rollout_id = :rid" for t in ("attempts", "spans", "rewards")),
+    "DELETE FROM rollouts WHERE rollout_id = :rid",
+)
+
+
+def tombstone_id(rollout_id: str) -> str:
+    """The id a deleted rollout's record keeps once its id is created again (at most 64 characters)."""
+    return f"{rollout_id[:39]}~deleted~{uuid.uuid4().hex[:16]}"
+
+
+def _retire(execute: Callable[[str, dict], Any], ids: list[str]) -> None:
+    """Rename each deleted rollout (and its attempts, spans and rewards) to a tombstone id, in the caller's
+    transaction: the lineage stays, under a name this API never shows, and the id is free again."""
+    for rid in ids:
+        params = {"rid": rid, "tomb": tombstone_id(rid)}
+        for sql in RETIRE:
+            execute(sql, params)
 
 
 _INSERTED = [c for c in schema.rollouts.c if c.name != "id"]
@@ -142,7 +171,8 @@ def _create_raw(store, rollouts: list[Rollout], ids: list[str], nowait: bool) ->
             return None
         sql = f"SELECT {_COLUMNS_SQL}, harness FROM rollouts WHERE rollout_id IN ({','.join('?' * len(ids))})"
         found = {r[0]: (r[6], _raw_row(r)) for r in conn.execute(sql, ids).fetchall()}
-        out, fresh = _plan(rollouts, found)
+        out, fresh, retired = _plan(rollouts, found)
+        _retire(conn.execute, retired)
         params = [
             tuple([dump_json(row[name]) if json else row.get(name) for name, json in _INSERTED_JSON])
             for row in fresh
@@ -174,30 +204,44 @@ def exists(store, rollout_id: str) -> bool:
 
 
 def attempt_ids(store, rollout_id: str) -> list[str]:
-    """The rollout's attempts, oldest first."""
+    """The rollout's attempts (our ids), oldest first: Agent Lightning's name of each is its index."""
     if store.raw_reads:
-        sql = "SELECT attempt_id FROM attempts WHERE rollout_id = ? ORDER BY id"
+        sql = "SELECT attempt_id FROM attempts WHERE rollout_id = ? ORDER BY sequence_id"
         return [r[0] for r in store.raw_read(sql, (rollout_id,))]
     with store.engine.connect() as c:
         return _attempt_ids(c, rollout_id)
 
 
+def agl_names(attempts: list) -> list[str]:
+    """Agent Lightning's names of a rollout's attempts, oldest first: "0", "1", ..."""
+    return [str(i) for i in range(len(attempts))]
+
+
+def attempt_index(name: str) -> int | None:
+    """The sequence an Agent Lightning attempt name gives ("0" -> 0); None: not such a name."""
+    return int(name) if name.isdecimal() and name.isascii() and (name == "0" or name[0] != "0") else None
+
+
 def _attempt_ids(c: sa.Connection, rollout_id: str) -> list[str]:
-    return list(c.execute(sa.select(A.attempt_id).where(A.rollout_id == rollout_id).order_by(A.id)).scalars())
+    q = sa.select(A.attempt_id).where(A.rollout_id == rollout_id).order_by(A.sequence_id)
+    return list(c.execute(q).scalars())
 
 
-def query(store, states: list[str], limit: int) -> list[tuple[str, str, int]]:
-    """(rollout id, status, version) of this API's rollouts in the given Agent Lightning states, oldest
-    first (the status index): a rollout's content changes only with its status or version."""
+def query(store, states: list[str], limit: int) -> list[tuple[str, str, int, float]]:
+    """(rollout id, status, version, created_at) of this API's rollouts in the given Agent Lightning states,
+    oldest first (the status index): a rollout's content changes only with its status or version (and a
+    deleted id created again is another rollout)."""
     statuses = sorted({s.value for state in states for s in OUR_STATUS[state]})
     if store.raw_reads:
         sql = (
-            "SELECT rollout_id, status, json_extract(metadata, '$.agl.status.version') FROM rollouts "
+            "SELECT rollout_id, status, json_extract(metadata, '$.agl.status.version'), created_at FROM rollouts "
             f"WHERE status IN ({','.join('?' * len(statuses))}) AND harness = ? ORDER BY id LIMIT ?"
         )
         return store.raw_read(sql, (*statuses, HARNESS, limit))
     version = R.metadata[("agl", "status", "version")].as_integer()
-    q = sa.select(R.rollout_id, R.status, version).where(R.status.in_(statuses), R.harness == HARNESS)
+    q = sa.select(R.rollout_id, R.status, version, R.created_at).where(
+        R.status.in_(statuses), R.harness == HARNESS
+    )
     with store.engine.connect() as c:
         return [tuple(row) for row in c.execute(q.order_by(R.id).limit(limit))]
 
@@ -289,21 +333,25 @@ def _step(store, c, rollout: Rollout, target: str, worker_id: str, error: str | 
     return _bump_counter(c)
 
 
-def current_attempt(store, rollout_id: str, worker_id: str) -> Attempt:
-    """The rollout's latest attempt; a rollout still queuing gets its first attempt started now."""
-    rollout = get(store, rollout_id)
-    attempts = store.list_attempts(rollout_id=rollout_id)
-    if attempts and attempts[-1].state != AttemptState.queued:
-        return attempts[-1]
-    if rollout.status == RolloutStatus.queued.value:
+def named_attempt(store, rollout_id: str, name: str, worker_id: str) -> Attempt:
+    """The rollout's attempt Agent Lightning names `name` (its sequence, "0" first). The rollout's next
+    attempt of a rollout still queuing starts now (Agent Lightning's agents post to "0" before any move)."""
+    index, rollout = attempt_index(name), get(store, rollout_id)
+    if index is None:
+        raise NotFound(
+            f"attempt {name!r} of rollout {rollout_id!r}: attempts are named by their sequence, '0' first"
+        )
+    attempts = sorted(store.list_attempts(rollout_id=rollout_id), key=lambda a: a.sequence_id)
+    waiting = len(attempts) - (1 if attempts and attempts[-1].state == AttemptState.queued else 0)
+    if index == waiting and rollout.status == RolloutStatus.queued.value:
         try:
             move(store, rollout_id, {"state": "running"}, worker_id)
         except IllegalMove:
             pass  # another request started it first
-        attempts = store.list_attempts(rollout_id=rollout_id)
-    if not attempts:
-        raise Conflict(f"rollout {rollout_id!r} has no attempt")
-    return attempts[-1]
+        attempts = sorted(store.list_attempts(rollout_id=rollout_id), key=lambda a: a.sequence_id)
+    if index >= len(attempts):
+        raise NotFound(f"rollout {rollout_id!r} has no attempt {name!r} (it has {len(attempts)})")
+    return attempts[index]
 
 
 def delete(store, rollout_id: str) -> list[str]:

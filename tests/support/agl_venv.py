@@ -7,6 +7,7 @@ import glob
 import os
 import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 
 AGL_VERSION = "1.0.2"
@@ -44,3 +45,33 @@ def ensure_agl_venv(venv: Path = VENV) -> Path:
     subprocess.run([python312(), "-m", "venv", "--clear", str(venv)], check=True)
     subprocess.run([str(python), "-m", "pip", "install", "-q", f"agentlightning=={AGL_VERSION}"], check=True)
     return python
+
+
+def agl_rest_tests(venv: Path = VENV) -> Path:
+    """Agent Lightning 1.0.2's own REST tests (`tests/server/test_endpoints.py` of its source distribution,
+    which its wheel leaves out), unpacked once beside its venv, with pytest installed in that venv to run
+    them. Returns the unpacked file."""
+    python = ensure_agl_venv(venv)
+    target = venv.parent / f"agl-tests-{AGL_VERSION}" / "tests" / "server" / "test_endpoints.py"
+    if not target.exists():
+        sdists = venv.parent / "agl-sdist"
+        pip = [
+            str(python),
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "-d",
+            str(sdists),
+        ]
+        subprocess.run([*pip, f"agentlightning=={AGL_VERSION}"], check=True)
+        with tarfile.open(sdists / f"agentlightning-{AGL_VERSION}.tar.gz") as tar:
+            member = tar.getmember(f"agentlightning-{AGL_VERSION}/tests/server/test_endpoints.py")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(tar.extractfile(member).read())
+    if subprocess.run([str(python), "-c", "import pytest"], capture_output=True).returncode != 0:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "pytest"], check=True)
+    return target

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from lightning_dagster.gateway.app import Gateway
 
 WORKER_ID = "agl"  # the worker our attempts record when Agent Lightning's controller starts them
-CURRENT = "0"  # Agent Lightning's attempt id for "the rollout's current attempt"
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,10 @@ class AglSettings:
 
 @dataclass(frozen=True)
 class Target:
-    """The attempt an Agent Lightning path names, the rollout's mode and that attempt's key."""
+    """The attempt an Agent Lightning path names (`name`, its sequence: "0" first) by our id, the rollout's
+    mode and that attempt's key."""
 
+    name: str
     attempt_id: str
     mode: str  # train | val
     key: str
@@ -61,7 +62,7 @@ class Agl:
 
     Over a shared store, another replica's move or delete leaves this cache as it was, which is safe:
     every event and proxied call takes the attempt's context (`gateway.attempts`), which re-reads the
-    attempt's state and rollout there. The current attempt (`0`) never changes once resolved."""
+    attempt's state and rollout there. A name never changes its attempt once resolved."""
 
     def __init__(self, settings: AglSettings, secret: str, max_rollouts: int = 10_000):
         self.settings = settings
@@ -84,7 +85,7 @@ class Agl:
         self.targets.pop(rollout_id, None)
 
     async def target(self, store, rollout_id: str, attempt_id: str) -> Target:
-        """`0` is the rollout's current attempt (a queuing rollout's starts now); any other is its own."""
+        """The attempt Agent Lightning names `attempt_id` ("0" the first; a queuing rollout's starts now)."""
         known = self.targets.get(rollout_id)
         if known is None:
             known = self.targets[rollout_id] = {}
@@ -93,14 +94,9 @@ class Agl:
 
             def resolve() -> Target:
                 rollout = store_agl.get(store, rollout_id)
-                if attempt_id == CURRENT:
-                    aid = store_agl.current_attempt(store, rollout_id, WORKER_ID).attempt_id
-                elif store.get_attempt(attempt_id).rollout_id == rollout_id:
-                    aid = attempt_id
-                else:
-                    raise GatewayError(404, f"attempt {attempt_id} is not an attempt of rollout {rollout_id}")
+                aid = store_agl.named_attempt(store, rollout_id, attempt_id, WORKER_ID).attempt_id
                 mode = "train" if rollout.metadata.get("agl", {}).get("is_train", True) else "val"
-                return Target(aid, mode, attempt_key(self.secret, rollout_id, aid))
+                return Target(attempt_id, aid, mode, attempt_key(self.secret, rollout_id, aid))
 
             try:
                 found = await anyio.to_thread.run_sync(resolve)

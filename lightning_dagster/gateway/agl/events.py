@@ -101,11 +101,11 @@ def _finish_reason(value: Any) -> str | None:
     return value
 
 
-def as_event(span: Span) -> dict[str, Any]:
-    """Agent Lightning's raw `Event` for one span."""
+def as_event(span: Span, name: str) -> dict[str, Any]:
+    """Agent Lightning's raw `Event` for one span of the attempt it names `name`."""
     attrs = span.attributes or {}
     when = span.end_time or span.start_time
-    base = {"rollout_id": span.rollout_id, "attempt_id": span.attempt_id, "timestamp": when}
+    base = {"rollout_id": span.rollout_id, "attempt_id": name, "timestamp": when}
     if span.kind is SpanKind.reward:
         data = {"value": attrs.get("value"), **{k: attrs[k] for k in REWARD_EXTRAS if k in attrs}}
         return {"event_type": "reward", **base, "data": data}
@@ -206,7 +206,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         event = {
             "event_type": req.event_type,
             "rollout_id": ctx.rollout_id,
-            "attempt_id": ctx.attempt_id,
+            "attempt_id": target.name,
             "timestamp": time.time(),
             "data": data,
         }
@@ -230,13 +230,14 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
             attempts = store_agl.attempt_ids(store, rid)
             if not attempts:
                 return ()
-            return (rid, attempts[-1], *store_agl.span_marker(store, attempts[-1]), event_type, fmt)
+            latest = (attempts[-1], str(len(attempts) - 1))  # our id, Agent Lightning's name
+            return (rid, *latest, *store_agl.span_marker(store, attempts[-1]), event_type, fmt)
 
         key = where() if store.raw_reads else await anyio.to_thread.run_sync(where)
         body = rendered.get(key) if key else b"[]"
         if body is None:
             spans = await anyio.to_thread.run_sync(lambda: store.list_spans(attempt_id=key[1]))
-            events = [as_event(s) for s in spans]
+            events = [as_event(s, key[2]) for s in spans]
             if event_type is not None:
                 events = [e for e in events if e["event_type"] == event_type]
             if fmt == "triplet":

@@ -102,27 +102,29 @@ def _int(request: Request, name: str, default: int) -> int:
 
 
 class Rendered:
-    """Each rollout's JSON, kept while its status and version stay (a controller polls the same ones)."""
+    """Each rollout's JSON, kept while its status, version and creation stay (a controller polls the same
+    ones; a deleted id created again, maybe through another replica, is another rollout)."""
 
     def __init__(self, size: int = 10_000):
-        self.cache: LRUCache[str, tuple[str, int, bytes]] = LRUCache(size)
+        self.cache: LRUCache[str, tuple[tuple, bytes]] = LRUCache(size)
 
     def one(self, row: store_agl.AglRow) -> bytes:
         version = row.metadata.get("agl", {}).get("status", {}).get("version", 1)
-        hit = self.cache.get(row.rollout_id)
-        if hit is not None and hit[:2] == (row.status, version):
-            return hit[2]
+        hit, stamp = self.cache.get(row.rollout_id), (row.status, version, row.created_at)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
         body = schemas.dumps(as_agl(row))
-        self.cache[row.rollout_id] = (row.status, version, body)
+        self.cache[row.rollout_id] = (stamp, body)
         return body
 
-    def many(self, store, keys: list[tuple[str, str, int]]) -> bytes:
-        """A JSON list of the rollouts `keys` name (id, status, version), reading only the changed ones."""
+    def many(self, store, keys: list[tuple[str, str, int, float]]) -> bytes:
+        """A JSON list of the rollouts `keys` name (id, status, version, created), reading only the changed
+        ones."""
         parts = {}
-        for rid, status, version in keys:
+        for rid, *stamp in keys:
             hit = self.cache.get(rid)
-            if hit is not None and hit[:2] == (status, version):
-                parts[rid] = hit[2]
+            if hit is not None and hit[0] == tuple(stamp):
+                parts[rid] = hit[1]
         missing = [k[0] for k in keys if k[0] not in parts]
         for row in store_agl.get_many(store, missing) if missing else ():
             parts[row.rollout_id] = self.one(row)
@@ -197,11 +199,11 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         rid = request.path_params["rollout_id"]
 
         def both() -> tuple[store_agl.AglRow, list[str]]:
-            return store_agl.get(store, rid), store_agl.attempt_ids(store, rid)
+            return store_agl.get(store, rid), store_agl.agl_names(store_agl.attempt_ids(store, rid))
 
-        rollout, attempts = await read(both)
+        rollout, names = await read(both)
         return raw_reply(
-            b'{"rollout":' + rendered.one(rollout) + b',"attempts":' + schemas.dumps(attempts) + b"}"
+            b'{"rollout":' + rendered.one(rollout) + b',"attempts":' + schemas.dumps(names) + b"}"
         )
 
     async def patch(request: Request) -> Response:
@@ -223,6 +225,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         rid = request.path_params["rollout_id"]
         attempts = await run(store_agl.delete, store, rid)
         agl.moved(rid)  # its cached attempts would still take events and proxied calls
+        rendered.cache.pop(rid, None)  # the id may be created again, at the same status and version
         # and their contexts calls by attempt key (a file store's are never read again while cached); other
         # replicas (PostgreSQL) see the delete in the attempt read every call makes there (`gateway.attempts`)
         gw.attempts.changed(attempts, deleted=True)
