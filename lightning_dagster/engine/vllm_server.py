@@ -97,6 +97,18 @@ class ServedWeights:
     error: str | None
 
 
+# `--max-lora-rank` takes only these (vLLM 0.32 refuses 4 at start); an adapter of a smaller rank serves
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def served_lora_rank(rank: int) -> int:
+    """The smallest `--max-lora-rank` vLLM accepts that serves adapters of `rank`."""
+    for allowed in LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise VllmError(f"a LoRA rank of {rank} is over vLLM's largest --max-lora-rank ({LORA_RANKS[-1]})")
+
+
 class VllmServer:
     """`start()` launches the vLLM API server on `model_dir` (bound to `host`, default loopback: the dev
     endpoints it needs run any worker method) and returns once it serves `model_dir` verified against
@@ -127,7 +139,7 @@ class VllmServer:
         self.expected_hash = expected_hash
         self.host = host
         self.port = port
-        self.max_lora_rank = max_lora_rank
+        self.max_lora_rank = served_lora_rank(max_lora_rank) if max_lora_rank else None
         self.start_timeout = start_timeout
         self.request_timeout = request_timeout
         self._args = [
@@ -138,7 +150,7 @@ class VllmServer:
             # which CPU generators do not have ("CPU Generator does not use offset"), and the engine dies
             # for every request in flight. Seen with 32 concurrent calc rollouts; whole prefills avoid it.
             "--no-enable-chunked-prefill",
-            *(["--enable-lora", "--max-lora-rank", str(max_lora_rank)] if max_lora_rank else []),
+            *(["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)] if self.max_lora_rank else []),
             *extra_args,
         ]
         self._kv_cache_gib = kv_cache_gib

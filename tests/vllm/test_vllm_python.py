@@ -59,3 +59,14 @@ def test_a_server_that_exits_at_start_fails_with_its_log(tmp_path):
     with pytest.raises(VllmStartError, match="(?s)exited during start-up.*No module named 'vllm'"):
         server.start()
     assert not server.alive
+
+
+def test_a_lora_rank_vllm_does_not_offer_is_served_under_the_next_one_it_does(vllm_interpreter, tmp_path):
+    from lightning_dagster.engine.vllm_server import VllmError, VllmServer, served_lora_rank
+
+    assert [served_lora_rank(r) for r in (1, 2, 4, 8, 9, 512)] == [1, 8, 8, 8, 16, 512]
+    with pytest.raises(VllmError, match="largest --max-lora-rank"):
+        served_lora_rank(513)
+    command, env = VllmServer(tmp_path, python=vllm_interpreter, max_lora_rank=4).command_line()
+    assert command[command.index("--max-lora-rank") + 1] == "8"
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
