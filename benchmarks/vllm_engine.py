@@ -74,8 +74,8 @@ def main() -> int:
         f"{'run':>14} {'step s':>7} {'rollouts/s':>10} {'gap mean':>9} {'gap max':>8} {'held-out':>15} {'lift':>7}"
     )
     for r in rows:
-        print(f"{r['run']:>14} {r['step_s']:>7.1f} {r['rollouts_per_s']:>10.1f} {r['gap_mean']:>9.4f} "
-              f"{r['gap_max']:>8.3f} {r['parent']:>7.3f}->{r['candidate']:.3f} "
+        print(f"{r['run']:>14} {r['step_s']:>7.1f} {r['rollouts_per_s']:>10.1f} {r['gap_mean']:>9.1e} "
+              f"{r['gap_max']:>8.1e} {r['parent']:>7.3f}->{r['candidate']:.3f} "
               f"{r['candidate'] - r['parent']:>+7.3f}")  # fmt: skip
     base = next((r for r in rows if r["run"] == "embedded/full"), None)
     if base is not None:
