@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd_parser.print_help()
         return 2
     from lightning_dagster.model_folder import ModelFolderError
+    from lightning_dagster.settings import UsageError
     from lightning_dagster.store.errors import StoreUnavailable
 
     try:
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of our output stopped reading: stop quietly, as Python's docs advise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error flushing at exit
         return 1
+    except UsageError as err:  # a flag, setting or file the command cannot use: what is wrong, exit 2
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except StoreUnavailable as err:  # locked or read-only: one line that names the store and the cause
         print(f"lightning-dagster: {err}", file=sys.stderr)
         return 2

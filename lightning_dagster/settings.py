@@ -19,7 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 S = TypeVar("S", bound="Settings")
 
 
-class SettingsError(ValueError):
+class UsageError(Exception):
+    """What the user gave (a flag, a setting, a file) cannot be used: the command says why and exits 2."""
+
+
+class SettingsError(ValueError, UsageError):
     """A setting given a value it does not take; the message names the setting and the flag or key."""
 
 

@@ -98,7 +98,7 @@ DECLARED: dict[str, set[str]] = {
     },
     "orchestration": {"gate", "gateway", "pipeline", "registry", "release", "settings", "store", "training"},
     "demo": {"orchestration", "paths", "pipeline", "project", "registry", "release", "settings"},
-    "cli": {"model_folder", "store"},
+    "cli": {"model_folder", "settings", "store"},
     "__main__": {"cli"},
 }
 # The imports against the layering, module by module (names below `lightning_dagster.`).
@@ -106,7 +106,6 @@ UPWARD: dict[str, set[str]] = {
     # The runner's commands take a project; the runner posts rewards the Agent Lightning way and runs a
     # built-in example when given no harness.
     "runner.cli": {"project", "project.cli", "project.harness", "project.splits"},
-    "runner.worker": {"project.cli"},
     "runner.runner": {"project.agl_launcher"},
     "runner.service": {"project.examples"},
     # A project's `gate.policy_path` is checked by loading it (in a function: only when one is given).

@@ -25,7 +25,7 @@ from lightning_dagster.demo.setup import (
     use_project,
     write_approvers,
 )
-from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
+from lightning_dagster.project.cli import add_project_option
 from lightning_dagster.settings import (
     ProjectSettings,
     ServingSettings,
@@ -102,7 +102,6 @@ def run_demo(
             defs.resources["pipeline"].get_store().engine.dispose()
 
 
-@exits_2_on_project_error
 def run(args: argparse.Namespace) -> int:
     from lightning_dagster.orchestration.resources import ServingResource
     from lightning_dagster.project.examples import example_file

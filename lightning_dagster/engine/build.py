@@ -15,13 +15,14 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lightning_dagster.engine.chat import IM_END, MARKER_TOKENS, PAD_TOKEN, SPECIAL_TOKENS
+from lightning_dagster.settings import UsageError
 
 
 class EmptyCorpus(ValueError):
     """`build_base_model` was given no texts (or one string) to train its tokenizer on."""
 
 
-class UnknownArchitecture(ValueError):
+class UnknownArchitecture(ValueError, UsageError):
     """`build_base_model` was asked for a shape it cannot build, or a size setting the shapes do not have."""
 
 

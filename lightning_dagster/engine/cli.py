@@ -27,14 +27,10 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from lightning_dagster.engine.build import UnknownArchitecture, build_base_model, default_corpus
+    from lightning_dagster.engine.build import build_base_model, default_corpus
 
     seed = from_flags(TrainingSettings(), args).seed
-    try:
-        out = build_base_model(args.out, corpus=default_corpus(), seed=seed, architecture=args.architecture)
-    except UnknownArchitecture as exc:
-        print(f"error: {exc}")
-        return 2
+    out = build_base_model(args.out, corpus=default_corpus(), seed=seed, architecture=args.architecture)
     print(json.dumps(describe(out), indent=2))
     return 0
 

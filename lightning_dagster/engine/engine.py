@@ -19,13 +19,14 @@ from lightning_dagster.engine.chat import ChatCodec, eos_ids
 from lightning_dagster.engine.kv import plain_kv_layers
 from lightning_dagster.engine.prefix_cache import PrefixCache, RowKV
 from lightning_dagster.engine.sampling import EngineError, Generation, SamplingParams
+from lightning_dagster.settings import UsageError
 
 
 class StateDictMismatch(ValueError):
     """`load_weights` got a state dict that does not fit the model; nothing was changed."""
 
 
-class DeviceUnavailable(RuntimeError):
+class DeviceUnavailable(RuntimeError, UsageError):
     """A device was asked for that this machine's torch cannot use (not a device name, or no such GPU)."""
 
 

@@ -52,17 +52,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def _evaluate(args: argparse.Namespace) -> int:
     gate = from_flags(GateSettings(), args)
-    try:
-        policy = _policy(gate.policy_path or None)
-        receipt = load_receipt(args.receipt)
-        current = read_json(args.fingerprints, "fingerprints") if args.fingerprints else None
-        if current is not None and not isinstance(current, dict):
-            raise InvalidInput("fingerprints", [("", "expected a JSON object")])
-        roles = _roles(gate.roles_path or None)
-        result = evaluate(receipt, policy, current, roles=roles, clock_skew_s=args.clock_skew)
-    except InvalidInput as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    policy = _policy(gate.policy_path or None)
+    receipt = load_receipt(args.receipt)
+    current = read_json(args.fingerprints, "fingerprints") if args.fingerprints else None
+    if current is not None and not isinstance(current, dict):
+        raise InvalidInput("fingerprints", [("", "expected a JSON object")])
+    roles = _roles(gate.roles_path or None)
+    result = evaluate(receipt, policy, current, roles=roles, clock_skew_s=args.clock_skew)
     print(json.dumps(result.to_json_dict(), indent=2) if args.json else render(result))
     return 0 if result.verdict == PROMOTE else 1
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from lightning_dagster.settings import UsageError
+
 # Prefix of a validator message that names a sub-field of the location pydantic reports.
 SUBFIELD = "Value error, @"
 
@@ -13,7 +15,7 @@ def subfield_error(field: str, message: str) -> ValueError:
     return ValueError(f"@{field}: {message}")
 
 
-class InvalidInput(ValueError):
+class InvalidInput(ValueError, UsageError):
     """A receipt, policy or fingerprint file that cannot be judged. `fields` lists the dotted paths at fault."""
 
     def __init__(self, what: str, problems: list[tuple[str, str]]):

@@ -146,7 +146,6 @@ def _check_upstream(urls: str) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from lightning_dagster.engine.engine import DeviceUnavailable
     from lightning_dagster.gateway.local import LocalGateway
     from lightning_dagster.store import Store
 
@@ -172,17 +171,13 @@ def serve(args: argparse.Namespace) -> int:
     # Ctrl-C, a SIGTERM from whoever started us, or `_exit_with_parent`: stop serving and shut down cleanly.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
-    try:
-        gateway = LocalGateway(
-            Store(store.resolved_url()),
-            args.model or args.tokenizer,
-            options,
-            keys=keys,
-            resource_id=args.resource_id,
-        )
-    except DeviceUnavailable as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    gateway = LocalGateway(
+        Store(store.resolved_url()),
+        args.model or args.tokenizer,
+        options,
+        keys=keys,
+        resource_id=args.resource_id,
+    )
     with gateway:
         print(f"gateway on {gateway.url}/v1 ({gateway.backend_kind})", flush=True)
         if keys.agl_key:
@@ -208,13 +203,8 @@ def _exit_with_parent() -> None:
 
 
 def key(args: argparse.Namespace) -> int:
-    try:
-        refuse_env_secrets()
-        secret = read_secret_file(args.secret_file)
-    except SecretError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(attempt_key(secret, args.rollout, args.attempt))
+    refuse_env_secrets()
+    print(attempt_key(read_secret_file(args.secret_file), args.rollout, args.attempt))
     return 0
 
 

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lightning_dagster.settings import UsageError
+
 _PREFIX = "ld1"
 
 
@@ -71,7 +73,7 @@ SECRET_ENV_NAMES = ("LD_GATEWAY_SECRET", "LD_ADMIN_KEY")
 MAX_SECRET_BYTES = 4096
 
 
-class SecretError(ValueError):
+class SecretError(ValueError, UsageError):
     """A secret given the wrong way: in the environment, in a file others can read, or empty."""
 
 

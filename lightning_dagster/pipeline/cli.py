@@ -115,7 +115,7 @@ def _resume(args: argparse.Namespace) -> tuple[Any, str]:
 
 def _run(handler, args: argparse.Namespace) -> int:
     from lightning_dagster.pipeline.loop_history import ResumeRefused, TamperedHistory
-    from lightning_dagster.release.errors import KeyFileError, RolesConfigError
+    from lightning_dagster.release.errors import RolesConfigError
 
     try:
         data, text = handler(args)
@@ -125,9 +125,6 @@ def _run(handler, args: argparse.Namespace) -> int:
     except TamperedHistory as exc:
         print(f"error: the loop's history does not verify: {exc}", file=sys.stderr)
         return 1
-    except KeyFileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except ValueError as exc:  # a blank, oversized or control-character field, named by the gate
         print(f"invalid input: {exc}", file=sys.stderr)
         return 2

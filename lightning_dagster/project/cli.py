@@ -6,8 +6,6 @@ project lookup and error handling every sub-command shares.
 from __future__ import annotations
 
 import argparse
-import functools
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -32,20 +30,6 @@ def command_project(args: argparse.Namespace) -> Project:
 
     # Read as given, not through `from_flags`: a command may still declare --harness with a default of None.
     return load_project(project_file(getattr(args, "project", None) or None, getattr(args, "harness", None)))
-
-
-def exits_2_on_project_error(handler: Handler) -> Handler:
-    """Wrap a sub-command handler: a ProjectError becomes its message on stderr and exit status 2."""
-
-    @functools.wraps(handler)
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return handler(args)
-        except ProjectError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-
-    return run
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +78,6 @@ def _section_lines(project: Project) -> list[str]:
     return lines
 
 
-@exits_2_on_project_error
 def _check(args: argparse.Namespace) -> int:
     project = command_project(args)
     tasks = load_tasks(project)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lightning_dagster.settings import UsageError
 
-class ProjectError(ValueError):
+
+class ProjectError(ValueError, UsageError):
     """A project file (or a file it points to) that cannot be used. `problems` lists (dotted key, message)."""
 
     def __init__(self, file: Path | str, problems: list[tuple[str, str]]):

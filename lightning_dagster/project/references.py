@@ -81,7 +81,8 @@ def missing_scripts(command: tuple[str, ...], root: Path) -> list[str]:
     return [
         arg
         for before, arg in zip(command, command[1:], strict=False)
-        if (arg.endswith(SCRIPT_SUFFIXES) or "/" in arg or os.sep in arg) and before not in INLINE_CODE
+        if (arg.endswith(SCRIPT_SUFFIXES) or "/" in arg or os.sep in arg)
+        and before not in INLINE_CODE
         and not (arg.startswith("-") or "://" in arg or any(c.isspace() for c in arg))
         and not (root / Path(arg).expanduser()).exists()
     ]

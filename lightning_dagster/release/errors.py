@@ -5,6 +5,7 @@ operation (the CLI's exit status 1, the Dagster jobs' one-line failure) catches 
 from __future__ import annotations
 
 from lightning_dagster.registry.errors import RegistryError
+from lightning_dagster.settings import UsageError
 
 __all__ = [
     "ApprovalRefused",
@@ -37,7 +38,7 @@ class RolesConfigError(RegistryError):
     """The roles are missing, malformed, inside the learner's write surface, or not the pinned ones."""
 
 
-class KeyFileError(RegistryError):
+class KeyFileError(RegistryError, UsageError):
     """A private key file is missing, unreadable, readable by others, or not an Ed25519 key."""
 
 

@@ -22,9 +22,9 @@ from lightning_dagster.gateway.cli import add_removed_secret_option
 from lightning_dagster.gateway.keys import SecretError, read_secret_file, refuse_env_secrets
 from lightning_dagster.gateway.options import SERVING_FIELDS, flags_given, gateway_options
 from lightning_dagster.model_folder import ModelFolderError, check_model_folder
-from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
+from lightning_dagster.project.cli import add_project_option
 from lightning_dagster.project.splits import SPLITS
-from lightning_dagster.runner.execute import SandboxUnavailable, check_sandbox
+from lightning_dagster.runner.execute import check_sandbox
 from lightning_dagster.runner.harness_spec import HarnessSpec
 from lightning_dagster.runner.retry import RetryPolicy
 from lightning_dagster.runner.summary import failure_lines
@@ -34,6 +34,7 @@ from lightning_dagster.settings import (
     SettingsError,
     StoreSettings,
     TrainingSettings,
+    UsageError,
     add_flags,
     from_flags,
 )
@@ -173,7 +174,7 @@ def rollouts_of(
     )
 
 
-class RunMismatch(ValueError):
+class RunMismatch(ValueError, UsageError):
     """`--run-id` names a run queued with other settings than the command's."""
 
 
@@ -218,80 +219,57 @@ def _check_resumed(args: argparse.Namespace, spec: HarnessSpec, chosen: list, fo
     )
 
 
-def _task_shape(args: argparse.Namespace, command: str) -> bool:
-    """Check `--n` and resolve the group size and seed into `args`; False, said on stderr, if bad."""
-    try:
-        shape = from_flags(TrainingSettings(), args, command=command)
-    except SettingsError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return False
+def _task_shape(args: argparse.Namespace, command: str) -> None:
+    """Check `--n` and resolve the group size and seed into `args` (raises SettingsError)."""
+    shape = from_flags(TrainingSettings(), args, command=command)
     if args.n < 1:
-        print(f"error: {command}: --n must be >= 1", file=sys.stderr)
-        return False
+        raise SettingsError(f"{command}: --n must be >= 1")
     args.group_size, args.seed = shape.group_size, shape.seed
-    return True
 
 
-@exits_2_on_project_error
 def _enqueue(args: argparse.Namespace) -> int:
     from lightning_dagster.store import Store
 
-    if not _task_shape(args, "rollouts enqueue"):
-        return 2
+    _task_shape(args, "rollouts enqueue")
     spec, project = harness_of(args)
-    try:
-        rollouts = rollouts_of(args, Store(store_of(args)), spec, project)
-    except RunMismatch as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    rollouts = rollouts_of(args, Store(store_of(args)), spec, project)
     print(json.dumps({"run_id": args.run_id, "rollouts": len(rollouts), "harness": spec.name}))
     return 0
 
 
-@exits_2_on_project_error
 def _run(args: argparse.Namespace) -> int:
     from lightning_dagster.gateway.local import LocalGateway
-    from lightning_dagster.runner.retry import InvalidPolicy
     from lightning_dagster.runner.runner import Runner
     from lightning_dagster.store import Store
 
-    if not _task_shape(args, "rollouts run"):
-        return 2
-    try:
-        serving = serving_of(args, "rollouts run")
-        local = flags_given(args) + [
-            f for f, v in (("--model", args.model), ("--tokenizer", args.tokenizer)) if v
-        ]
-        if args.gateway and local:
-            raise SettingsError(
-                f"rollouts run: {', '.join(local)} set the local gateway; --gateway uses a running one"
-            )
-        secret = _secret(args)
-        check_sandbox(serving.sandbox)
-        if args.tokenizer is not None and not serving.upstream_url:
-            raise SettingsError("rollouts run: --tokenizer goes with --upstream-url")
-        if args.model is not None and serving.upstream_url:
-            raise SettingsError(
-                "rollouts run: --model is served by the embedded engine; with --upstream-url give the "
-                "served model's --tokenizer"
-            )
-        spec, project = harness_of(args)
-        if serving.sandbox != "none" and spec.run_mode(serving.runner_mode) == "inprocess":
-            raise SettingsError(
-                f"--sandbox {serving.sandbox} needs --runner-mode subprocess and a harness command"
-            )
-        policy = policy_of(args, spec)
-    except (SecretError, SandboxUnavailable, SettingsError, InvalidPolicy) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    _task_shape(args, "rollouts run")
+    serving = serving_of(args, "rollouts run")
+    local = flags_given(args) + [
+        f for f, v in (("--model", args.model), ("--tokenizer", args.tokenizer)) if v
+    ]
+    if args.gateway and local:
+        raise SettingsError(
+            f"rollouts run: {', '.join(local)} set the local gateway; --gateway uses a running one"
+        )
+    secret = _secret(args)
+    check_sandbox(serving.sandbox)
+    if args.tokenizer is not None and not serving.upstream_url:
+        raise SettingsError("rollouts run: --tokenizer goes with --upstream-url")
+    if args.model is not None and serving.upstream_url:
+        raise SettingsError(
+            "rollouts run: --model is served by the embedded engine; with --upstream-url give the "
+            "served model's --tokenizer"
+        )
+    spec, project = harness_of(args)
+    if serving.sandbox != "none" and spec.run_mode(serving.runner_mode) == "inprocess":
+        raise SettingsError(
+            f"--sandbox {serving.sandbox} needs --runner-mode subprocess and a harness command"
+        )
+    policy = policy_of(args, spec)
     store = Store(store_of(args))
 
     def execute(url: str, key: str, resource_id: str | None, decode: Decode | None) -> int:
-        try:
-            rollouts = rollouts_of(args, store, spec, project, resource_id=resource_id)
-        except RunMismatch as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
+        rollouts = rollouts_of(args, store, spec, project, resource_id=resource_id)
         runner = Runner(
             store, url, secret=key, harness=spec, parallel=serving.attempts_at_once(), policy=policy,
             mode=serving.runner_mode, decode=decode, sandbox=serving.sandbox,

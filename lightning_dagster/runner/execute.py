@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lightning_dagster.runner.output import DEFAULT_MAX_OUTPUT_BYTES, Capture, notices
+from lightning_dagster.settings import UsageError
 from lightning_dagster.types import AttemptState
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ DIE_WITH_RUNNER = (_SETPRIV, "--pdeathsig", "KILL", "--") if _SETPRIV else ()
 BWRAP = ("bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc")
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(RuntimeError, UsageError):
     """`sandbox="bwrap"` asked for on a machine where bubblewrap is missing or cannot run."""
 
 

@@ -12,10 +12,11 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from lightning_dagster.settings import UsageError
 from lightning_dagster.types import Attempt, RetryKind
 
 
-class InvalidPolicy(ValueError):
+class InvalidPolicy(ValueError, UsageError):
     """A retry policy that cannot be applied (non-positive limits)."""
 
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import sys
 import threading
 
 from lightning_dagster.gateway.keys import SecretError, read_secret_file, refuse_env_secrets
-from lightning_dagster.project.cli import exits_2_on_project_error
 from lightning_dagster.runner.cli import (
     add_harness_options,
     add_runner_options,
@@ -20,8 +18,7 @@ from lightning_dagster.runner.cli import (
     serving_of,
     store_of,
 )
-from lightning_dagster.runner.execute import SandboxUnavailable, check_sandbox
-from lightning_dagster.settings import SettingsError
+from lightning_dagster.runner.execute import check_sandbox
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -33,24 +30,18 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=_work)
 
 
-@exits_2_on_project_error
 def _work(args: argparse.Namespace) -> int:
-    from lightning_dagster.runner.retry import InvalidPolicy
     from lightning_dagster.runner.runner import Runner
     from lightning_dagster.store import Store
 
-    try:
-        serving = serving_of(args, "runner")
-        refuse_env_secrets()
-        if not args.secret_file:
-            raise SecretError("--gateway needs that gateway's secret: --secret-file PATH (mode 0600), or -")
-        secret = read_secret_file(args.secret_file)
-        check_sandbox(serving.sandbox)
-        spec, _ = harness_of(args)
-        policy = policy_of(args, spec)
-    except (SecretError, SandboxUnavailable, InvalidPolicy, SettingsError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    serving = serving_of(args, "runner")
+    refuse_env_secrets()
+    if not args.secret_file:
+        raise SecretError("--gateway needs that gateway's secret: --secret-file PATH (mode 0600), or -")
+    secret = read_secret_file(args.secret_file)
+    check_sandbox(serving.sandbox)
+    spec, _ = harness_of(args)
+    policy = policy_of(args, spec)
     store = Store(store_of(args))
     runner = Runner(
         store, args.gateway, secret=secret, harness=spec, parallel=serving.attempts_at_once(), policy=policy,

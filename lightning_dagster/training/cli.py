@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lightning_dagster import paths
-from lightning_dagster.project.cli import add_project_option, exits_2_on_project_error
+from lightning_dagster.project.cli import add_project_option
 from lightning_dagster.settings import (
     ProjectSettings,
     ServingSettings,
@@ -152,7 +152,6 @@ def sampling_service(
     )
 
 
-@exits_2_on_project_error
 def _train(args: argparse.Namespace) -> int:
     from lightning_dagster.engine.build import checkpoint_hash
     from lightning_dagster.project import load_tasks
@@ -164,13 +163,9 @@ def _train(args: argparse.Namespace) -> int:
     from lightning_dagster.training.step import step_warnings
     from lightning_dagster.types import Resource
 
-    try:
-        settings_of(args)  # a bad flag is named before any project is read
-        project = command_project(args)
-        training, serving, store_settings = settings_of(args, project)
-    except SettingsError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    settings_of(args)  # a bad flag is named before any project is read
+    project = command_project(args)
+    training, serving, store_settings = settings_of(args, project)
     tasks = load_tasks(project)
     tasks.require_splits(["train", "holdout"])  # before any model is built
     if training.nproc > 1 and distributed.launched_world_size() == 1:

@@ -152,7 +152,7 @@ def test_cli_builds_the_architecture_asked_for(tmp_path, capsys):
     assert main(["engine", "build", "--out", str(tmp_path / "g"), "--architecture", "gpt2"]) == 0
     assert '"model_type": "gpt2"' in capsys.readouterr().out
     assert main(["engine", "build", "--out", str(tmp_path / "m"), "--architecture", "mamba"]) == 2
-    assert "unknown architecture 'mamba'" in capsys.readouterr().out
+    assert "unknown architecture 'mamba'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("arch", SHAPES)
