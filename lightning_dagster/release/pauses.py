@@ -11,18 +11,15 @@ be resolved now) pause again on every tick while they hold.
 from __future__ import annotations
 
 import time
-import unicodedata
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from lightning_dagster.gate.consistency import CLOCK_SKEW_S
-from lightning_dagster.release.signing import LOOP_RESUME, ActorKey, signer, verify
+from lightning_dagster.release.signing import LOOP_RESUME, ActorKey, Name, Reason, Text, signer, verify
 
 LOOP = "continual_learning"
-MAX_REASON_CHARS = 1024  # a reason is a sentence for the history, not a document
-MAX_NAME_CHARS = 128  # an actor's or role's name (as `registry keygen` allows)
 # Who may lift a pause recorded before pauses named their roles: `GateResource.default_approver_roles`' default.
 DEFAULT_RESUME_ROLES = ("default-approver",)
 
@@ -59,23 +56,12 @@ class ResumeRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    actor: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
-    role: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
-    reason: str = Field(min_length=1, max_length=MAX_REASON_CHARS)
+    actor: Name
+    role: Name
+    reason: Reason
     at: float = Field(gt=0)
-    pause_hash: str = Field(min_length=1)
+    pause_hash: Text
     signature: str = ""
-
-    @field_validator("actor", "role", "reason", "pause_hash")
-    @classmethod
-    def _printable_text(cls, value: str) -> str:
-        """Blank text says nothing, and a control character (a NUL, a terminal escape, a newline) would be
-        stored as it is and printed by `loop history` and the UI."""
-        if not value.strip():
-            raise ValueError("must not be blank")
-        if bad := sorted({repr(c) for c in value if unicodedata.category(c) == "Cc"}):
-            raise ValueError(f"must not contain control characters ({', '.join(bad)})")
-        return value
 
 
 def resume_fields(request: ResumeRequest) -> dict[str, Any]:

@@ -6,12 +6,11 @@ back once: after any move of the pointer it no longer verifies.
 from __future__ import annotations
 
 import time
-import unicodedata
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lightning_dagster.gate.consistency import CLOCK_SKEW_S
 from lightning_dagster.gate.errors import from_validation_error
@@ -22,13 +21,19 @@ from lightning_dagster.registry.receipt_tags import stored_head
 from lightning_dagster.release.errors import PromotionRefused, RollbackRefused
 from lightning_dagster.release.promotion import DEFAULT_APPROVER, PromotionResult
 from lightning_dagster.release.roles import registry_roles
-from lightning_dagster.release.signing import ROLLBACK, ActorKey, load_private_key, sign, signer, verify
+from lightning_dagster.release.signing import (
+    ROLLBACK,
+    ActorKey,
+    Name,
+    Reason,
+    load_private_key,
+    sign,
+    signer,
+    verify,
+)
 
 if TYPE_CHECKING:
     from lightning_dagster.registry.core import Registry
-
-MAX_REASON_CHARS = 1024
-MAX_NAME_CHARS = 128
 
 
 class RollbackRequest(BaseModel):
@@ -36,24 +41,14 @@ class RollbackRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    target_version: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
-    from_version: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    target_version: Name
+    from_version: Name
     from_seq: int = Field(ge=1)
-    actor: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
-    role: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
-    reason: str = Field(min_length=1, max_length=MAX_REASON_CHARS)
+    actor: Name
+    role: Name
+    reason: Reason
     at: float = Field(gt=0)
     signature: str = ""
-
-    @field_validator("target_version", "from_version", "actor", "role", "reason")
-    @classmethod
-    def _printable_text(cls, value: str) -> str:
-        """Blank text says nothing; a control character would be stored and printed by `registry history`."""
-        if not value.strip():
-            raise ValueError("must not be blank")
-        if bad := sorted({repr(c) for c in value if unicodedata.category(c) == "Cc"}):
-            raise ValueError(f"must not contain control characters ({', '.join(bad)})")
-        return value
 
 
 def rollback_request(data: Mapping[str, Any]) -> RollbackRequest:

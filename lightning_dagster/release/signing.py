@@ -13,15 +13,17 @@ import base64
 import binascii
 import os
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from pydantic import AfterValidator, Field
 
 from lightning_dagster.canonical import canonical_json
 
@@ -47,6 +49,21 @@ PURPOSES: Mapping[str, frozenset[str]] = MappingProxyType(
         ROLES_PIN: frozenset({"from", "to", "pin_seq"}),
     }
 )
+
+
+def printable(value: str) -> str:
+    """Text a signed request may carry: blank text says nothing, and a control character (a NUL, a terminal
+    escape, a newline) would be stored as it is and printed by the histories and the UI."""
+    if not value.strip():
+        raise ValueError("must not be blank")
+    if bad := sorted({repr(c) for c in value if unicodedata.category(c) == "Cc"}):
+        raise ValueError(f"must not contain control characters ({', '.join(bad)})")
+    return value
+
+
+Text = Annotated[str, Field(min_length=1), AfterValidator(printable)]
+Name = Annotated[Text, Field(max_length=128)]  # an actor's, role's or version's name (as `keygen` allows)
+Reason = Annotated[Text, Field(max_length=1024)]  # a sentence for the history, not a document
 
 PUBLIC_KEY_PREFIX = "ed25519:"
 ACTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
