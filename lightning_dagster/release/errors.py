@@ -18,8 +18,10 @@ __all__ = [
 
 
 class NotAuthorized(RegistryError):
-    def __init__(self, actor: str, role: str, detail: str = ""):
-        super().__init__(f"actor {actor!r} does not hold role {role!r}" + (f": {detail}" if detail else ""))
+    """`actor` may not act in `role` here; `reason` says exactly what is missing, in one line."""
+
+    def __init__(self, actor: str, role: str, reason: str):
+        super().__init__(f"not authorized: {reason}")
         self.actor = actor
         self.role = role
 

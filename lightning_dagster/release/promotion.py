@@ -101,7 +101,8 @@ def _require_default_approval(reg: Registry, stored: StoredReceipt, actor: str) 
         raise NotAuthorized(
             actor,
             " or ".join(roles) or "<none named>",
-            f"receipt {stored.receipt.receipt_id} holds no signed default-step approval by this actor",
+            f"receipt {stored.receipt.receipt_id} holds no signed default-step approval by {actor!r} (sign "
+            f"one as {' or '.join(roles) or '<no role the receipt names>'}: `registry promote --key`)",
         )
 
 

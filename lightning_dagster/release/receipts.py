@@ -76,7 +76,7 @@ def approval_step(receipt: Receipt, role: str) -> str:
         return "default"
     if role in receipt.plan.approvers.canary:
         return "canary"
-    raise NotAuthorized("", role, f"receipt {receipt.receipt_id} names no step this role may approve")
+    raise NotAuthorized("", role, f"receipt {receipt.receipt_id} names no step role {role!r} may approve")
 
 
 def sign_approval(

@@ -52,7 +52,10 @@ class Roles:
         """Raise `NotAuthorized` unless `actor` holds `role` in these roles."""
         entry = self.actors.get(actor)
         if entry is None or role not in entry.roles:
-            raise NotAuthorized(actor, role, f"per the deployment's roles {self.digest[:19]} ({self.source})")
+            held = f"{actor!r} does not hold role {role!r}"
+            raise NotAuthorized(
+                actor, role, f"{held} in the deployment's roles {self.digest[:19]} ({self.source})"
+            )
 
     def table(self) -> dict[str, Any]:
         return {a: {"roles": sorted(k.roles), "key": k.public_key} for a, k in sorted(self.actors.items())}
@@ -134,7 +137,7 @@ def pin_roles(store: Any, roles: Roles, *, actor: str = DEPLOYMENT, signature: s
             raise NotAuthorized(
                 actor,
                 ROLES_ADMIN,
-                f"the new roles are not signed with this actor's key over the pin as it stands (move "
+                f"the new roles are not signed by {ROLES_ADMIN} {actor!r} over the pin as it stands (move "
                 f"{pin_seq}, a {ROLES_PIN} signature; a signature over an earlier pin state does not verify)",
             )
     try:

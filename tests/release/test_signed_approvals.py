@@ -122,8 +122,11 @@ def test_every_approval_that_proves_nothing_is_refused_and_the_pointer_stays(
             receipts.approve(registry, "rec-signed", approval)
     # The signed approval of the canary step is valid, but it does not approve the default step.
     receipts.approve(registry, "rec-signed", canary)
-    with pytest.raises(NotAuthorized, match="no signed default-step approval"):
+    with pytest.raises(NotAuthorized, match="no signed default-step approval") as refused:
         promotion.promote(registry, "rec-signed", "alice")
+    # The real reason in one line: alice holds her role; what the receipt lacks is her signed approval.
+    message = str(refused.value)
+    assert "does not hold role" not in message and "'alice'" in message and "\n" not in message
 
     # An unsigned approval written into the ledger around the registry is caught at promotion.
     ledger = ReceiptLedger(registry.store)
