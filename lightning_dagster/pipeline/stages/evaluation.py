@@ -104,8 +104,9 @@ def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
     return StageResult(
         metadata={
             "heldout_tasks": len(holdout),
-            "parent_success": overall["parent"],
-            "candidate_success": overall["candidate"],
+            # rounded once, from the exact means, as the receipt's check 4 rounds its margin
+            "parent_success": round(overall["parent"], 4),
+            "candidate_success": round(overall["candidate"], 4),
             "margin": round(overall["candidate"] - overall["parent"], 4),
             "per_family": Markdown(
                 "| family | n | parent | candidate | margin |\n|---|---|---|---|---|\n"
@@ -155,7 +156,7 @@ def regressed_cases(
 
 def _mean(groups: dict[str, dict[str, float]]) -> float:
     values = [v for vs in groups.values() for v in vs.values()]
-    return round(sum(values) / len(values), 4) if values else 0.0
+    return sum(values) / len(values) if values else 0.0
 
 
 def _fmt(x: float | None) -> str:
