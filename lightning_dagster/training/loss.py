@@ -5,7 +5,8 @@ Per trained token t of row b (A_b is the rollout's advantage, broadcast):
 
     ratio  = exp(logp - old)                         old: the trainer's own logprobs before this update
     pg     = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))
-    w_is   = min(exp(old - behaviour), tis_cap)      detached; per token, or one product per row
+    w_is   = min(exp(old - behaviour), tis_cap)      detached; per token, or one product per row; a
+                                                     gap under `tis_noise` (float noise) counts as none
     kl     = exp(ref - logp) - (ref - logp) - 1      k3 estimator of KL(policy || parent)
     loss   = sum_b weight_b * sum_t mask * (w_is * pg + kl_coef * kl)
 
@@ -59,6 +60,9 @@ class LossConfig:
     clip_high: float = 0.28
     tis: Literal["none", "token", "sequence"] = "token"
     tis_cap: float = 2.0
+    # A per-token gap below this is weighed as none: batched decoding moves a token's logprob in its last
+    # bits with its batch mates (~1e-7), and an update must not depend on which requests shared a batch.
+    tis_noise: float = 1e-4
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATIONS:
@@ -167,10 +171,9 @@ def policy_loss(
 
     # Sampler vs trainer mismatch: the behaviour policy is what the engine actually sampled from.
     log_is = (old - behaviour_logprobs) * mask
+    log_w = torch.where(log_is.abs() < config.tis_noise, 0.0, log_is)
     if config.tis == "sequence":
-        log_w = log_is.sum(dim=1, keepdim=True).expand_as(log_is)
-    else:
-        log_w = log_is
+        log_w = log_w.sum(dim=1, keepdim=True).expand_as(log_w)
     is_ratio = torch.exp(log_w)
     w_is = torch.clamp(is_ratio, max=config.tis_cap) if config.tis != "none" else torch.ones_like(is_ratio)
     per_token = w_is.detach() * pg

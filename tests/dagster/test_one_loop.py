@@ -6,9 +6,10 @@ settings and seeds.
 The inputs are made equal, not assumed: the project has two train tasks, one held back for validation, so
 every run's train pool is the other one whatever seed drew it; `train --seed` is the snapshot's base
 sampling seed, so its step 1 samples exactly the rollouts the snapshot's first batch holds (the stage trains
-step 1 on those); step 2 samples on-policy in every run. Rollouts run one at a time (`parallel` 1): the
-engine's batched decode gives a token's logprob last-bit differences that depend on its batch mates, and
-truncated importance sampling carries those into the update (the tokens themselves never differ)."""
+step 1 on those); step 2 samples on-policy in every run. Rollouts run four at a time, so which requests
+share an engine batch depends on timing: a token's logprob moves in its last bits with its batch mates (the
+tokens themselves do not), and the loss weighs a sampler/trainer gap that small as none (`tis_noise`), so
+the update does not depend on it (with the gap weighed as is, the three checkpoints differ)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def test_train_the_stage_and_its_pipes_child_make_the_same_checkpoint(tmp_path, 
         deferred=False,
         project=ProjectResource(project=str(project)),
         training=TrainingResource(**SETTINGS),
-        serving=ServingResource(parallel=1),
+        serving=ServingResource(parallel=4),
         gate=GateResource(policy_path=str(TINY_POLICY)),
     )
     parent = bootstrap_parent(p).metadata["base_model"]  # no demonstrations: the base model is the parent
@@ -107,7 +108,7 @@ def test_train_the_stage_and_its_pipes_child_make_the_same_checkpoint(tmp_path, 
         arg for name, value in SETTINGS.items() if name in TRAINING for arg in (flag_of(name), str(value))
     ]
     argv = ["train", "--project", str(project), "--parent", parent, "--out", str(tmp_path / "cli"), "--json",
-            "--seed", str(load_manifest(p, KEYS[0]).base_seed), "--parallel", "1",
+            "--seed", str(load_manifest(p, KEYS[0]).base_seed), "--parallel", "4",
             "--store-url", f"sqlite:///{tmp_path / 'cli.db'}", *flags]  # fmt: skip
     assert main(argv) == 0
 

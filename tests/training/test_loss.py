@@ -129,6 +129,28 @@ def test_truncated_importance_weights_are_detached_capped_and_reported():
     ] == pytest.approx(1 / 3)
 
 
+@pytest.mark.parametrize("tis", ["token", "sequence"])
+def test_a_float_noise_gap_weighs_as_none_and_a_real_gap_still_weighs(tis):
+    """Batched decoding moves a behaviour logprob in its last bits with its batch mates: the update is then
+    bit for bit the one without the gap, while a real gap (0.5) is still weighed and reported."""
+    cfg = loss_config(tis=tis, tis_cap=2.0)
+
+    def grad(behaviour: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+        parts = policy_loss(
+            logp, logp.detach(), behaviour, torch.tensor([1.0]), torch.ones(1, 3), torch.ones(1), cfg
+        )
+        parts.loss.backward()
+        return logp.grad.clone(), parts.metrics()
+
+    exact, _ = grad(torch.tensor([[-1.0, -2.0, -0.5]]))
+    noisy, noisy_metrics = grad(torch.tensor([[-1.0 + 3e-7, -2.0 - 2e-7, -0.5 + 1e-7]]))
+    assert torch.equal(exact, noisy)  # bit for bit
+    assert noisy_metrics["abs_log_ratio_max"] > 0  # the gap is still measured and reported
+    gapped, _ = grad(torch.tensor([[-1.0, -2.5, -0.5]]))  # the second token: ratio e^0.5
+    assert not torch.equal(exact, gapped)
+
+
 def test_k3_kl_is_zero_at_the_parent_and_positive_away_from_it():
     cfg = loss_config(kl_coef=0.5, tis="none")
     ref = torch.log(torch.tensor([[0.2, 0.5]]))
