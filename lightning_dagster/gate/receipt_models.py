@@ -288,6 +288,9 @@ class CanaryReport(_Model):
     usage: CanaryUsage | None
     tasks: list[CanaryTask]
     at: float | None = None  # when the canary finished
+    # Why no task's effect could be re-read (the harness has no `verify` hook): check 6's effect check is
+    # then unavailable for this reason. Left out of the JSON when None, so earlier receipts hash as they did.
+    unverifiable: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class RollbackDrill(_Model):

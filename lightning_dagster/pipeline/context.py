@@ -152,11 +152,21 @@ def harness_source(p: Pipeline) -> HarnessSource:
 
 
 def canary_source(p: Pipeline, source: HarnessSource) -> HarnessSource:
-    """The pipeline's harness when its effect can be re-read (`verify`), else the gate's `canary_harness`."""
+    """What the canary runs. A user's project (`project.project`): always itself, its canary split through
+    its harness (its `verify` hook re-reads each effect; without one the effect check is unavailable, see
+    `UNVERIFIABLE`), never another agent. The built-in demo: its example when it has `verify`, else the
+    gate's `canary_harness` example."""
     from lightning_dagster.project.examples import example_file
 
-    canary_harness = settings(p).gate.canary_harness
-    return source if source.spec.verify is not None else project_source(example_file(canary_harness))
+    if p.project.project or source.spec.verify is not None:
+        return source
+    return project_source(example_file(settings(p).gate.canary_harness))
+
+
+UNVERIFIABLE = (
+    "the project's harness has no `verify` hook: nothing re-reads the canary's effects at their destination "
+    "(add `harness.verify: module:function`)"
+)
 
 
 def harness_tools(spec: HarnessSpec) -> list[dict]:

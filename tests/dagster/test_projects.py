@@ -95,11 +95,10 @@ def test_project_snapshot_draws_every_split_from_the_dataset(embedded_home, tmp_
     assert len(holdout) == 8 and len(set(holdout)) == 8 and set(holdout) <= ids["holdout"]
     assert {t["task_id"] for t in manifest.splits.protected} == ids["protected"]
     assert build_manifest(p, train_seed=12).splits.holdout == manifest.splits.holdout
-    # calc has no `verify`: the canary stays the gate's built-in ledger harness on its own tasks.
-    assert (
-        manifest.canary_harness == "ledger"
-        and not {t["task_id"] for t in manifest.splits.canary} & ids["canary"]
-    )
+    # The canary runs the user's project on its canary split, never the built-in ledger agent (calc has
+    # no `verify`: the canary's effect check is then reported unavailable, `ctx.UNVERIFIABLE`).
+    canary = [t["task_id"] for t in manifest.splits.canary]
+    assert manifest.canary_harness == "calc" and canary and set(canary) <= ids["canary"]
     assert manifest.harness == "calc"
     assert manifest.dataset.project == "calc-project" and manifest.dataset.harness_kind == "command"
     assert manifest.dataset.content_hash == dataset.content_hash
@@ -112,10 +111,33 @@ def test_snapshot_digest_follows_the_dataset_rows_not_their_order(embedded_home,
     reordered = build_manifest(project_pipeline(write_project(tmp_path / "a", rows[::-1])), train_seed=5)
     assert reordered.digest == first.digest
     changed = [dict(row) for row in rows]
-    changed[-1]["answer"] += 1  # a canary row: no task set of the snapshot holds it, the dataset hash does
+    changed[-1]["answer"] += 1  # a canary row: the canary set holds it, and the dataset hash
     edited = build_manifest(project_pipeline(write_project(tmp_path / "a", changed)), train_seed=5)
-    assert edited.splits == first.splits
+    assert edited.splits.model_dump(exclude={"canary"}) == first.splits.model_dump(exclude={"canary"})
     assert edited.dataset.content_hash != first.dataset.content_hash and edited.digest != first.digest
+
+
+VERIFY = "def verify(task):\n    return {'verified': True, 'reason': 're-read', 'harmful_effect': False}\n"
+
+
+@pytest.mark.own_harness
+def test_a_user_projects_canary_is_its_own_harness_with_or_without_verify_never_the_ledger(
+    embedded_home, tmp_path
+):
+    root = write_project(tmp_path / "proj", calc_rows(ROWS))
+    p = project_pipeline(root)
+    source = ctx.harness_source(p)
+    assert source.spec.verify is None and ctx.canary_source(p, source) is source
+    (root / "effects.py").write_text(VERIFY)
+    doc = yaml.safe_load((root / "lightning-dagster.yaml").read_text())
+    doc["harness"]["verify"] = "effects:verify"
+    (root / "lightning-dagster.yaml").write_text(yaml.safe_dump(doc))
+    own = ctx.project_source(root)  # with its hook
+    assert own.spec.verify is not None and ctx.canary_source(p, own) is own
+    assert own.spec.verify({}) == {"verified": True, "reason": "re-read", "harmful_effect": False}
+    # The built-in demo keeps its behaviour: calc has no `verify`, so the canary is the ledger example.
+    builtin = pipeline_for(None)
+    assert ctx.canary_source(builtin, ctx.harness_source(builtin)).name == "ledger"
 
 
 def test_an_empty_split_the_plan_needs_is_named_before_anything_is_frozen(embedded_home, tmp_path):

@@ -205,10 +205,14 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
         s.rollout_id: s.attributes for s in all_spans if s.kind == SpanKind.custom and s.name == "effect"
     }
     destination = ctx.canary_destinations(canary)[0]
+    unverifiable = ctx.UNVERIFIABLE if canary.verify is None else None
     canary_tasks = []
     for r in batch.rollouts:
         effect = effects.get(r.rollout_id)
-        if effect is None:
+        if unverifiable:
+            evidence = "reward posted by the harness" if r.rollout_id in batch.rewards else "no outcome"
+            fields = {"verified": False, "evidence": evidence, "uncertainty": 1.0, "harmful_effect": None}
+        elif effect is None:
             evidence = "reward posted by the harness only" if r.rollout_id in batch.rewards else "no outcome"
             fields = {"verified": False, "evidence": evidence, "uncertainty": 1.0, "harmful_effect": None}
         else:
@@ -230,13 +234,16 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
             side_effects=sorted({t.destination for t in canary_tasks if t.destination}),
         ),
         tasks=canary_tasks,
+        unverifiable=unverifiable,
     )
     stored = ctx.append_receipt(store, key, R.add_canary(receipt, report))
     verified = sum(t.verified for t in canary_tasks)
     return StageResult(
         metadata={
             "canary_harness": canary.name,
-            "verified": f"{verified} of {len(canary_tasks)}",
+            "verified": f"unavailable: {unverifiable}"
+            if unverifiable
+            else f"{verified} of {len(canary_tasks)}",
             "verified_share": round(verified / len(canary_tasks), 4) if canary_tasks else None,
             "harmful_effects": sum(1 for t in canary_tasks if t.harmful_effect),
             "tools_used": tools_used,
