@@ -151,18 +151,8 @@ def harness_source(p: Pipeline) -> HarnessSource:
     return project_source(project_file(p))
 
 
-def canary_source(p: Pipeline, source: HarnessSource) -> HarnessSource:
-    """What the canary runs. A user's project (`project.project`): always itself, its canary split through
-    its harness (its `verify` hook re-reads each effect; without one the effect check is unavailable, see
-    `UNVERIFIABLE`), never another agent. The built-in demo: its example when it has `verify`, else the
-    gate's `canary_harness` example."""
-    from lightning_dagster.project.examples import example_file
-
-    if p.project.project or source.spec.verify is not None:
-        return source
-    return project_source(example_file(settings(p).gate.canary_harness))
-
-
+# The canary runs the pipeline's own project (`harness_source`: its canary split through its harness), never
+# another agent. Without a `verify` hook nothing re-reads its effects: check 6's effect check is unavailable.
 UNVERIFIABLE = (
     "the project's harness has no `verify` hook: nothing re-reads the canary's effects at their destination "
     "(add `harness.verify: module:function`)"
@@ -276,7 +266,7 @@ def fingerprint_inputs(p: Pipeline) -> dict[str, Any]:
     from lightning_dagster.pipeline.serving import retry_policy
 
     source, s = harness_source(p), settings(p)
-    train, canary = source.spec, canary_source(p, source).spec
+    train = source.spec  # the canary's harness too
     return {
         "evaluator": {
             "name": s.gate.evaluator,
@@ -286,10 +276,10 @@ def fingerprint_inputs(p: Pipeline) -> dict[str, Any]:
             "protected_tasks": s.training.protected_tasks,
             "eval_seed": s.training.eval_seed,
         },
-        "tool_contract": {train.name: harness_tools(train), canary.name: harness_tools(canary)},
+        "tool_contract": {train.name: harness_tools(train)},
         "retry_policy": retry_policy(p, train).to_dict(),
-        "permissions": sorted(canary_allowed_tools(p, canary)),
-        "destinations": sorted(canary_destinations(canary)),
+        "permissions": sorted(canary_allowed_tools(p, train)),
+        "destinations": sorted(canary_destinations(train)),
     }
 
 

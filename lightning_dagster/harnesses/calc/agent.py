@@ -149,8 +149,13 @@ def run_episode(client: OpenAI, question: str) -> float | None:
 
 
 def solve(task: dict[str, Any], client: OpenAI) -> float:
-    """One task with a ready client; returns the reward (the example project's `python:` harness)."""
-    return score(run_episode(client, task["question"]), task["answer"])
+    """One task with a ready client; returns the reward (the example project's `python:` harness). A task
+    with `answer_path` (`environment.prepare`) has its final answer posted there as JSON (null: none)."""
+    answer = run_episode(client, task["question"])
+    if "answer_path" in task:
+        with open(task["answer_path"], "w", encoding="utf-8") as destination:
+            json.dump(answer, destination)
+    return score(answer, task["answer"])
 
 
 def main() -> int:

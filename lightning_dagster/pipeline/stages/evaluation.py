@@ -171,7 +171,7 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
     if receipt.candidate is None:
         raise StageMissing(key, "candidate_resource")
     candidate_dir = reg.download(ctx.registered_version(receipt.candidate))
-    canary, settings = ctx.canary_source(p, ctx.harness_source(p)).spec, ctx.settings(p)
+    canary, settings = ctx.harness_source(p).spec, ctx.settings(p)  # the project's own harness
     limits = R.CanaryLimits(
         max_tasks=settings.training.canary_tasks,
         max_seconds=settings.gate.canary_max_seconds,
@@ -208,11 +208,8 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
     unverifiable = ctx.UNVERIFIABLE if canary.verify is None else None
     canary_tasks = []
     for r in batch.rollouts:
-        effect = effects.get(r.rollout_id)
-        if unverifiable:
-            evidence = "reward posted by the harness" if r.rollout_id in batch.rewards else "no outcome"
-            fields = {"verified": False, "evidence": evidence, "uncertainty": 1.0, "harmful_effect": None}
-        elif effect is None:
+        effect = None if unverifiable else effects.get(r.rollout_id)
+        if effect is None:
             evidence = "reward posted by the harness only" if r.rollout_id in batch.rewards else "no outcome"
             fields = {"verified": False, "evidence": evidence, "uncertainty": 1.0, "harmful_effect": None}
         else:
