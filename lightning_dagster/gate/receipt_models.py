@@ -288,8 +288,7 @@ class CanaryReport(_Model):
     usage: CanaryUsage | None
     tasks: list[CanaryTask]
     at: float | None = None  # when the canary finished
-    # Why no task's effect could be re-read (the harness has no `verify` hook): check 6's effect check is
-    # then unavailable for this reason. Left out of the JSON when None, so earlier receipts hash as they did.
+    # why check 6's effect check is unavailable (no `verify` hook); left out when None (old hashes hold)
     unverifiable: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 

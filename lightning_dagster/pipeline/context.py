@@ -151,8 +151,7 @@ def harness_source(p: Pipeline) -> HarnessSource:
     return project_source(project_file(p))
 
 
-# The canary runs the pipeline's own project (`harness_source`: its canary split through its harness), never
-# another agent. Without a `verify` hook nothing re-reads its effects: check 6's effect check is unavailable.
+# The canary runs the pipeline's own project (`harness_source`), never another agent; without `verify` hook:
 UNVERIFIABLE = (
     "the project's harness has no `verify` hook: nothing re-reads the canary's effects at their destination "
     "(add `harness.verify: module:function`)"

@@ -139,13 +139,17 @@ def test_the_agent_posts_its_answer_where_prepare_says_and_verify_rereads_it(tmp
     }  # fmt: skip
     _, wrong = _posted(task, f"ANSWER: {task['answer'] + 1}", tmp_path / "b")
     assert wrong["verified"] is True and wrong["effect_ok"] is False and wrong["harmful_effect"] is False
-    assert wrong["reason"] == f"wrong answer {float(task['answer'] + 1)}"
+    assert wrong["reason"] == f"wrong answer {float(task['answer'] + 1)!r}"
     _, none = _posted(task, "I do not know", tmp_path / "c")  # the destination holds prepare's null
-    assert none["verified"] is True and none["effect_ok"] is False and none["reason"] == "no answer posted (None)"
+    assert none["verified"] is True and none["effect_ok"] is False and none["reason"] == "no answer posted"
     # A second attempt in the same folder starts from a fresh destination, not the last attempt's answer.
     from lightning_dagster.harnesses.calc.environment import prepare, verify
 
     assert verify(prepare(task, tmp_path / "a"))["effect_ok"] is False
+    # Something other than a number at the destination is read, and is not the answer.
+    odd = prepare(task, tmp_path / "d")
+    (tmp_path / "d" / "answer.json").write_text(f'"{task["answer"]}"')
+    assert verify(odd)["verified"] is True and verify(odd)["effect_ok"] is False
 
 
 def test_an_unreadable_destination_is_not_verified_and_its_harm_unknown(tmp_path):

@@ -13,9 +13,8 @@ from lightning_dagster.harnesses.calc.agent import score
 def prepare(task: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """Write `workdir/answer.json` holding null (nothing posted yet); return the task with `answer_path`."""
     workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / "answer.json"
-    path.write_text("null")
-    return {**task, "answer_path": str(path)}
+    (workdir / "answer.json").write_text("null")
+    return {**task, "answer_path": str(workdir / "answer.json")}
 
 
 def verify(task: dict[str, Any]) -> dict[str, Any]:
@@ -25,7 +24,6 @@ def verify(task: dict[str, Any]) -> dict[str, Any]:
         posted = json.loads(Path(task["answer_path"]).read_text())
     except (KeyError, OSError, ValueError) as exc:
         return {"verified": False, "effect_ok": False, "harmful_effect": None, "reason": f"unreadable: {exc}"}
-    number = isinstance(posted, int | float) and not isinstance(posted, bool)
-    ok = number and score(posted, task["answer"]) == 1.0
-    reason = "ok" if ok else f"wrong answer {posted}" if number else f"no answer posted ({posted!r})"
+    ok = type(posted) in (int, float) and score(posted, task["answer"]) == 1.0
+    reason = "ok" if ok else "no answer posted" if posted is None else f"wrong answer {posted!r}"
     return {"verified": True, "effect_ok": ok, "harmful_effect": False, "posted": posted, "reason": reason}
