@@ -115,7 +115,6 @@ def cut_by_hand(demo: Demo, number: int) -> str:
 
 def run_cycle(demo: Demo, number: int, key: str) -> Cycle:
     """The whole graph for `key`, the canary step approved by the release owner; the judged receipt."""
-    from lightning_dagster.gate.stage_table import STAGES, ran
     from lightning_dagster.pipeline import context as ctx
 
     label = f"cycle {number}"
@@ -131,7 +130,7 @@ def run_cycle(demo: Demo, number: int, key: str) -> Cycle:
         gate = receipt.gate
         cycle.verdict, cycle.receipt_id, cycle.policy = gate.verdict, receipt.receipt_id, gate.policy_version
         failed = {*gate.failed_checks, *gate.unavailable_checks, *gate.stale_checks}
-        never = {c for stage in STAGES if not ran(receipt, stage.name) for c in stage.blocking}
+        never = ctx.never_ran(receipt)
         cycle.not_passed = [f"{c} {c.name}" for c in sorted(failed - never)]
         cycle.never_ran = [f"{c} {c.name}" for c in sorted(failed & never)]
     return cycle

@@ -13,6 +13,7 @@ from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from lightning_dagster.gate.check_ids import Check
     from lightning_dagster.gate.ledger import LedgerEntry
     from lightning_dagster.gate.policy import Policy
     from lightning_dagster.gate.receipt import CandidateArtifact, ParentRef, Receipt
@@ -224,6 +225,13 @@ def find_receipt(store: Store, key: str) -> Receipt | None:
         # `append_receipt` records the snapshot before the first version: a chain without it came from elsewhere
         raise ForeignReceipt(key, rid)
     return ledger.head(rid)
+
+
+def never_ran(receipt: Receipt) -> set[Check]:
+    """The checks of the stages that left no evidence (never ran, e.g. stopped by a blocking check)."""
+    from lightning_dagster.gate.stage_table import STAGES, ran
+
+    return {c for stage in STAGES if not ran(receipt, stage.name) for c in stage.blocking}
 
 
 def head_receipt(store: Store, key: str) -> Receipt:
