@@ -152,11 +152,8 @@ def harness_source(p: Pipeline) -> HarnessSource:
     return project_source(project_file(p))
 
 
-# The canary runs the pipeline's own project (`harness_source`), never another agent; without `verify` hook:
-UNVERIFIABLE = (
-    "the project's harness has no `verify` hook: nothing re-reads the canary's effects at their destination "
-    "(add `harness.verify: module:function`)"
-)
+# The canary runs the pipeline's own project (`harness_source`), never another agent; without a `verify` hook:
+UNVERIFIABLE = "the harness has no `verify` hook to re-read the canary's effects (add `harness.verify`)"
 
 
 def harness_tools(spec: HarnessSpec) -> list[dict]:
