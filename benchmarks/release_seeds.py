@@ -208,6 +208,7 @@ def run_one(recipe: str, seed: int, home: Path, parent: Path, quick: bool) -> di
         "training": {name: getattr(training, name) for name in type(training).model_fields},
         **figures,
         "not_passed": cycle.not_passed,
+        "never_ran": cycle.never_ran,
         "cycle_seconds": round(cycle_seconds, 1),
         "seconds": round(time.perf_counter() - started, 1),
     }

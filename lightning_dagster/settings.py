@@ -326,9 +326,6 @@ class GateSettings(Settings):
         default_factory=lambda: ["default-approver"], min_length=1,
         description="roles that may approve moving approved-default",
     )  # fmt: skip
-    canary_harness: Literal["ledger"] = Field(
-        "ledger", description="the agent the canary runs: one whose effect it can re-read at its destination"
-    )
     canary_denied_tools: list[str] = Field(
         default_factory=lambda: ["delete_account"], description="tools a canary task may not call"
     )

@@ -9,13 +9,14 @@ graph runs a working copy of `--project PATH` (`LD_PROJECT`), else of `examples/
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lightning_dagster.demo.progress import run_snapshot
-from lightning_dagster.demo.quick import QUICK_TRAINING, demo_training
+from lightning_dagster.demo.quick import QUICK_POLICY, QUICK_TRAINING, demo_training
 from lightning_dagster.demo.setup import (
     DEMO_ACTORS,
     WorkingCopy,
@@ -58,13 +59,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         "approved-default. Cycle 1: a snapshot is cut and the whole graph runs (plan, rollouts, RL training, "
         "held-out evaluation, canary, rollback drill, gate verdict); if the verdict is PROMOTE TO BOUNDED "
         "CANARY, its candidate is promoted to approved-default. Then the project's held-back train tasks are "
-        "added and cycle 2 runs on a new snapshot from approved-default. Prints both verdicts and the pointer "
-        "history; cycle 2's candidate is not promoted (the command that would is printed). Exit status 0 "
-        "when both cycles were judged, else 1."
+        "added and cycle 2 runs on a new snapshot from approved-default; its candidate is promoted the same "
+        "way if cycle 1's was not (else the command that would is printed). Prints both verdicts (checks not "
+        "passed, checks never run) and the pointer history. Exit status 0 when both were judged, else 1."
     )
     add_flags(parser, TrainingSettings, ["steps", "adapter"])
     add_flags(parser, ServingSettings, DEMO_SERVING)
-    parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run, not a learning one")
+    parser.add_argument("--quick", action="store_true", help="tiny settings, quick-v1 policy: a smoke run")
     add_project_option(parser)
     parser.set_defaults(handler=run)
 
@@ -111,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     serving = from_flags(ServingSettings(), args).given()
     project = Path(chosen.project) if chosen.project else example_file(chosen.harness)
     training = demo_training(given.get("steps"), args.quick, adapter=given.get("adapter"))
+    if args.quick:  # read by the demo's code location and carried by the commands it prints
+        os.environ["LD_GATE_POLICY"] = str(QUICK_POLICY)
     cycles = run_demo(project, training, serving=ServingResource(**serving) if serving else None)
     return 0 if all(c.verdict is not None for c in cycles) else 1
 

@@ -20,16 +20,19 @@ class Cycle:
     key: str
     verdict: str | None = None
     receipt_id: str | None = None
-    not_passed: list[str] = field(default_factory=list)
+    not_passed: list[str] = field(default_factory=list)  # judged and not passed
+    never_ran: list[str] = field(default_factory=list)  # their stage never ran (stopped upstream)
     parent_version: str | None = None
+    policy: str | None = None
+    promoted: bool = False
 
     def line(self) -> str:
+        head = f"verdict: cycle {self.number} ({self.key}):"
         if self.verdict is None:
-            return f"verdict: cycle {self.number} ({self.key}): none -- no receipt was judged"
+            return f"{head} none -- no receipt was judged"
         checks = f"; checks not passed: {', '.join(self.not_passed)}" if self.not_passed else ""
-        return (
-            f"verdict: cycle {self.number} ({self.key}): {self.verdict} (receipt {self.receipt_id}){checks}"
-        )
+        checks += f"; checks never run: {', '.join(self.never_ran)}" if self.never_ran else ""
+        return f"{head} {self.verdict} under {self.policy} (receipt {self.receipt_id}){checks}"
 
 
 @dataclass
@@ -125,16 +128,21 @@ def run_cycle(demo: Demo, number: int, key: str) -> Cycle:
         cycle.parent_version = ctx.registered_version(receipt.plan.parent)
     if receipt is not None and receipt.gate is not None:
         gate = receipt.gate
-        cycle.verdict, cycle.receipt_id = gate.verdict, receipt.receipt_id
+        cycle.verdict, cycle.receipt_id, cycle.policy = gate.verdict, receipt.receipt_id, gate.policy_version
         failed = {*gate.failed_checks, *gate.unavailable_checks, *gate.stale_checks}
-        cycle.not_passed = [f"{c} {c.name}" for c in sorted(failed)]
+        never = ctx.never_ran(receipt)
+        cycle.not_passed = [f"{c} {c.name}" for c in sorted(failed - never)]
+        cycle.never_ran = [f"{c} {c.name}" for c in sorted(failed & never)]
     return cycle
 
 
 def promote(demo: Demo, cycle: Cycle) -> str:
-    """The default approver signs the default step and runs the `promote` job; returns approved-default."""
+    """The default approver's signed `promote` run, when the verdict earned it; returns approved-default."""
     from lightning_dagster.registry.core import APPROVED
 
+    if cycle.verdict != PROMOTE:
+        demo.lines.line("promotion", f"not attempted: cycle {cycle.number} ended {cycle.verdict}")
+        return str(demo.registry().current(APPROVED))
     actor = demo.actors["default-approver"]
     approval = approval_config(demo.pipeline, cycle.key, (actor, "default-approver"))
     for job, op, config in (
@@ -150,27 +158,23 @@ def promote(demo: Demo, cycle: Cycle) -> str:
             failure = result.failure_data_for_node(op)
             demo.lines.line("promotion", f"refused: {failure.error.message.strip() if failure else job}")
             return str(demo.registry().current(APPROVED))
-    after = str(demo.registry().current(APPROVED))
+    after, cycle.promoted = str(demo.registry().current(APPROVED)), True
     demo.lines.line("promotion", f"approved-default -> {after} by {actor} (receipt {cycle.receipt_id})")
     return after
 
 
 def run_cycles(demo: Demo) -> list[Cycle]:
-    """Bootstrap, cycle 1, promotion when earned, new tasks, the sensor's snapshot 2, cycle 2, summary."""
-    from lightning_dagster.registry.core import APPROVED
-
+    """Bootstrap, cycle 1, new tasks, the sensor's snapshot 2, cycle 2, summary; promotes the first earned."""
     before = bootstrap(demo)
     key1 = tick(demo) or cut_by_hand(demo, 1)
     first = run_cycle(demo, 1, key1)
-    if first.verdict == PROMOTE:
-        promote(demo, first)
-    else:
-        demo.lines.line("promotion", f"not attempted: cycle 1 ended {first.verdict}")
+    after = promote(demo, first)
     tick(demo)  # nothing new yet: the sensor says what it waits for
     demo.lines.line("new tasks", f"{demo.copy.add_late_tasks()} train tasks added to {demo.copy.tasks_file}")
     key2 = tick(demo) or cut_by_hand(demo, 2)
     second = run_cycle(demo, 2, key2)
-    after = str(demo.registry().current(APPROVED))
+    if not first.promoted:
+        after = promote(demo, second)
     summary(demo, [first, second], before, after)
     return [first, second]
 
@@ -206,9 +210,10 @@ def summary(demo: Demo, cycles: list[Cycle], before: str, after: str) -> None:
         f"--default-artifact-root {shlex.quote(str(paths.mlflow_artifact_root()))} -h 127.0.0.1 -p 5000"
     )
     out(f"  history:     {exports} lightning-dagster registry history")
-    if second.verdict == PROMOTE:
-        promoter = demo.actors["default-approver"]
+    if second.verdict == PROMOTE and not second.promoted:
+        promoter, policy = demo.actors["default-approver"], demo.env.get("LD_GATE_POLICY")
         out(
             f"  promote 2:   {exports} lightning-dagster registry promote {second.receipt_id} "
             f"--actor {promoter} --key {shlex.quote(str(approver_keys() / f'{promoter}.key'))}"
+            + (f" --policy-path {shlex.quote(policy)}" if policy else "")  # the policy that judged it
         )

@@ -91,7 +91,7 @@ def asset_figures(asset: str, meta: dict[str, Any], training: Any) -> str:
         steps = ("resolved", "bytes_verified", "loaded", "served")
         return ", ".join(f"{s} {m(s)}" for s in steps) + f" ({m('seconds')} s)"
     if asset == "release_receipt":
-        return f"verdict {m('verdict')}"
+        return f"verdict {m('verdict')} under policy {m('policy')}"
     return ""
 
 

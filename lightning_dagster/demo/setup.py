@@ -38,12 +38,11 @@ def prepare_environment(actors: dict[str, str] = DEMO_ACTORS) -> dict[str, str]:
         # Dagster's default local SQLite storage; only telemetry (a network call) is turned off.
         (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     os.environ["LD_ROLES_FILE"] = str(write_approvers(home / "approvers.yaml", actors))
-    project = {"LD_PROJECT": os.environ["LD_PROJECT"]} if os.environ.get("LD_PROJECT") else {}
     return {
         "LIGHTNING_DAGSTER_HOME": str(home),
         "DAGSTER_HOME": os.environ["DAGSTER_HOME"],
         "LD_ROLES_FILE": os.environ["LD_ROLES_FILE"],
-        **project,
+        **{name: os.environ[name] for name in ("LD_PROJECT", "LD_GATE_POLICY") if os.environ.get(name)},
     }
 
 

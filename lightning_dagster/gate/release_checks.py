@@ -163,13 +163,16 @@ def check_canary_verified(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES
         "limits": lim.model_dump(),
         "usage": use.model_dump() if use else None,
     }
-    if not c.tasks:
+    if c.unverifiable:  # the effect check cannot be made: unavailable for that reason, never a pass
+        figures.update(unverifiable=c.unverifiable, weaker_evidence=[])
+        f.miss(f"effect check unavailable: {c.unverifiable}")
+    elif not c.tasks:
         f.miss("the canary recorded no tasks")
     elif share < need:
         f.fail(f"{verified} of {len(c.tasks)} canary outcomes verified (need share {need})")
     if harmful:
         f.fail(f"harmful effects recorded on {harmful}")
-    if unrecorded:
+    if unrecorded and not c.unverifiable:
         f.miss(f"no harm record for {len(unrecorded)} canary tasks")
     return f.result(
         Check.canary_verified,

@@ -63,7 +63,7 @@ def stop_decision(latest: Receipt, policy: Policy, previous: Receipt | None = No
     if weaker:
         ids = ", ".join(t["task_id"] for t in weaker[:10])
         reasons.append(f"canary could not verify an external effect for {len(weaker)} tasks: {ids}")
-    elif canary.figures.get("tasks") is None:
+    elif canary.figures.get("tasks") is None or canary.figures.get("unverifiable"):
         unavailable.append(f"canary: {canary.reason}")
 
     return StopDecision(pause=bool(reasons), reasons=reasons, unavailable=unavailable)

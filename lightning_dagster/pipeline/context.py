@@ -13,6 +13,7 @@ from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from lightning_dagster.gate.check_ids import Check
     from lightning_dagster.gate.ledger import LedgerEntry
     from lightning_dagster.gate.policy import Policy
     from lightning_dagster.gate.receipt import CandidateArtifact, ParentRef, Receipt
@@ -151,12 +152,8 @@ def harness_source(p: Pipeline) -> HarnessSource:
     return project_source(project_file(p))
 
 
-def canary_source(p: Pipeline, source: HarnessSource) -> HarnessSource:
-    """The pipeline's harness when its effect can be re-read (`verify`), else the gate's `canary_harness`."""
-    from lightning_dagster.project.examples import example_file
-
-    canary_harness = settings(p).gate.canary_harness
-    return source if source.spec.verify is not None else project_source(example_file(canary_harness))
+# The canary runs the pipeline's own project (`harness_source`), never another agent; without a `verify` hook:
+UNVERIFIABLE = "the harness has no `verify` hook to re-read the canary's effects (add `harness.verify`)"
 
 
 def harness_tools(spec: HarnessSpec) -> list[dict]:
@@ -227,6 +224,13 @@ def find_receipt(store: Store, key: str) -> Receipt | None:
     return ledger.head(rid)
 
 
+def never_ran(receipt: Receipt) -> set[Check]:
+    """The checks of the stages that left no evidence (never ran, e.g. stopped by a blocking check)."""
+    from lightning_dagster.gate.stage_table import STAGES, ran
+
+    return {c for stage in STAGES if not ran(receipt, stage.name) for c in stage.blocking}
+
+
 def head_receipt(store: Store, key: str) -> Receipt:
     receipt = find_receipt(store, key)
     if receipt is None:
@@ -266,7 +270,7 @@ def fingerprint_inputs(p: Pipeline) -> dict[str, Any]:
     from lightning_dagster.pipeline.serving import retry_policy
 
     source, s = harness_source(p), settings(p)
-    train, canary = source.spec, canary_source(p, source).spec
+    train = source.spec  # the canary's harness too
     return {
         "evaluator": {
             "name": s.gate.evaluator,
@@ -276,10 +280,10 @@ def fingerprint_inputs(p: Pipeline) -> dict[str, Any]:
             "protected_tasks": s.training.protected_tasks,
             "eval_seed": s.training.eval_seed,
         },
-        "tool_contract": {train.name: harness_tools(train), canary.name: harness_tools(canary)},
+        "tool_contract": {train.name: harness_tools(train)},
         "retry_policy": retry_policy(p, train).to_dict(),
-        "permissions": sorted(canary_allowed_tools(p, canary)),
-        "destinations": sorted(canary_destinations(canary)),
+        "permissions": sorted(canary_allowed_tools(p, train)),
+        "destinations": sorted(canary_destinations(train)),
     }
 
 

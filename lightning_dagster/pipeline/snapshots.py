@@ -128,10 +128,8 @@ class Manifest(BaseModel):
 def build_manifest(p: Pipeline, *, train_seed: int, serve_rollout_ids: list[str] | None = None) -> Manifest:
     """The task sets a snapshot freezes, with digests over all of them (an empty split: `TaskDataError`)."""
     t, source = ctx.settings(p).training, ctx.harness_source(p)
-    canary = ctx.canary_source(p, source)
     wanted = {"train": t.steps * t.tasks_per_step, "holdout": t.holdout_tasks, "protected": t.protected_tasks}
-    source.require_splits([split for split, n in wanted.items() if n > 0])
-    canary.require_splits(["canary"] if t.canary_tasks > 0 else [])
+    source.require_splits([split for split, n in {**wanted, "canary": t.canary_tasks}.items() if n > 0])
     splits = Splits(
         # the validation cases checkpoint selection decodes are held back from the train tasks
         train=train_tasks(
@@ -139,11 +137,11 @@ def build_manifest(p: Pipeline, *, train_seed: int, serve_rollout_ids: list[str]
         ),
         holdout=source.make_tasks("holdout", wanted["holdout"], t.eval_seed),
         protected=source.make_tasks("protected", wanted["protected"], t.eval_seed),
-        canary=canary.make_tasks("canary", t.canary_tasks, train_seed),
+        canary=source.make_tasks("canary", t.canary_tasks, train_seed),  # the canary runs this project too
     )
     body: dict[str, Any] = {
         "harness": source.name,
-        "canary_harness": canary.name,
+        "canary_harness": source.name,
         "train_seed": train_seed,
         "splits": splits.model_dump(),
         "serve_rollout_ids": sorted(serve_rollout_ids or []),

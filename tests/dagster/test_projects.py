@@ -38,7 +38,7 @@ ROWS = {"train": 6, "holdout": 10, "protected": 4, "canary": 2}
 @pytest.fixture(autouse=True)
 def calc_stand_in(request, monkeypatch):
     if "own_harness" not in request.keywords:
-        own = ctx.project_harness  # the built-in examples (the canary's ledger) keep their own harness
+        own = ctx.project_harness  # the built-in examples keep their own harness
         monkeypatch.setattr(
             ctx,
             "project_harness",
@@ -46,13 +46,32 @@ def calc_stand_in(request, monkeypatch):
         )
 
 
-# A user's in-process harness: `solve(task, client)` with an OpenAI client, returning the reward.
+# A user's in-process harness: `solve(task, client)` with an OpenAI client, returning the reward; it posts
+# its answer to the file its `prepare` hook made, which its `verify` hook re-reads.
 USER_HARNESS = """
+import json
+from pathlib import Path
+
 from lightning_dagster.harnesses.calc.agent import run_episode, score
 
 
+def prepare(task, workdir):
+    workdir.mkdir(parents=True, exist_ok=True)
+    return {**task, "posted": str(workdir / "posted.json")}
+
+
 def solve(task, client):
-    return score(run_episode(client, task["question"]), task["answer"])
+    answer = run_episode(client, task["question"])
+    Path(task["posted"]).write_text(json.dumps(answer))
+    return score(answer, task["answer"])
+
+
+def verify(task):
+    try:
+        answer = json.loads(Path(task["posted"]).read_text())
+    except (OSError, ValueError) as exc:
+        return {"verified": False, "harmful_effect": None, "reason": f"unreadable: {exc}"}
+    return {"verified": True, "harmful_effect": False, "reason": f"posted {answer}"}
 """
 
 
@@ -95,11 +114,9 @@ def test_project_snapshot_draws_every_split_from_the_dataset(embedded_home, tmp_
     assert len(holdout) == 8 and len(set(holdout)) == 8 and set(holdout) <= ids["holdout"]
     assert {t["task_id"] for t in manifest.splits.protected} == ids["protected"]
     assert build_manifest(p, train_seed=12).splits.holdout == manifest.splits.holdout
-    # calc has no `verify`: the canary stays the gate's built-in ledger harness on its own tasks.
-    assert (
-        manifest.canary_harness == "ledger"
-        and not {t["task_id"] for t in manifest.splits.canary} & ids["canary"]
-    )
+    # The canary runs the user's project (here its calc stand-in) on the project's canary split.
+    canary = [t["task_id"] for t in manifest.splits.canary]
+    assert manifest.canary_harness == "calc" and canary and set(canary) <= ids["canary"]
     assert manifest.harness == "calc"
     assert manifest.dataset.project == "calc-project" and manifest.dataset.harness_kind == "command"
     assert manifest.dataset.content_hash == dataset.content_hash
@@ -112,10 +129,39 @@ def test_snapshot_digest_follows_the_dataset_rows_not_their_order(embedded_home,
     reordered = build_manifest(project_pipeline(write_project(tmp_path / "a", rows[::-1])), train_seed=5)
     assert reordered.digest == first.digest
     changed = [dict(row) for row in rows]
-    changed[-1]["answer"] += 1  # a canary row: no task set of the snapshot holds it, the dataset hash does
+    changed[-1]["answer"] += 1  # a canary row: the canary set holds it, and the dataset hash
     edited = build_manifest(project_pipeline(write_project(tmp_path / "a", changed)), train_seed=5)
-    assert edited.splits == first.splits
+    assert edited.splits.model_dump(exclude={"canary"}) == first.splits.model_dump(exclude={"canary"})
     assert edited.dataset.content_hash != first.dataset.content_hash and edited.digest != first.digest
+
+
+@pytest.mark.own_harness
+def test_a_user_project_without_verify_runs_its_own_canary_never_the_ledger(
+    embedded_home, tmp_path, monkeypatch
+):
+    root = write_project(tmp_path / "proj", calc_rows(ROWS))
+    p = project_pipeline(root)
+    loaded, real = [], ctx.project_source
+    monkeypatch.setattr(ctx, "project_source", lambda path: loaded.append(Path(path)) or real(path))
+    assert ctx.harness_source(p).spec.verify is None
+    manifest, inputs = build_manifest(p, train_seed=3), ctx.fingerprint_inputs(p)
+    # Only the user's project was ever loaded as a harness (no built-in example stands in for its canary);
+    # its canary tasks are drawn from its own canary split.
+    assert loaded and set(loaded) == {root}
+    canary = {t["task_id"] for t in manifest.splits.canary}
+    user_canary = {t["task_id"] for t in load_tasks(load_project(root)).splits["canary"]}
+    assert manifest.canary_harness == manifest.harness == "calc-project" and canary and canary <= user_canary
+    assert set(inputs["tool_contract"]) == {"calc-project"}
+    assert inputs["destinations"] == ["calc-project:destination"]
+
+
+def test_the_builtin_calc_example_re_reads_its_own_effects_so_its_canary_is_its_own(embedded_home):
+    p = pipeline_for()
+    source = ctx.harness_source(p)
+    assert source.name == "calc" and source.spec.prepare is not None and source.spec.verify is not None
+    manifest = build_manifest(p, train_seed=3)
+    assert manifest.canary_harness == "calc" and manifest.splits.canary
+    assert {t["split"] for t in manifest.splits.canary} == {"canary"}
 
 
 def test_an_empty_split_the_plan_needs_is_named_before_anything_is_frozen(embedded_home, tmp_path):
@@ -191,7 +237,11 @@ def test_the_whole_graph_runs_on_a_user_project_and_mlflow_shows_its_data(bootst
     root = write_project(tmp_path / "proj", calc_rows({**ROWS, "train": 16}))
     (root / "user_harness.py").write_text(USER_HARNESS)
     spec = yaml.safe_load((root / "lightning-dagster.yaml").read_text())
-    spec["harness"] = {"python": "user_harness:solve"}
+    spec["harness"] = {
+        "python": "user_harness:solve",
+        "prepare": "user_harness:prepare",
+        "verify": "user_harness:verify",
+    }
     (root / "lightning-dagster.yaml").write_text(yaml.safe_dump(spec))
     p = project_pipeline(root, TINY_POLICY)
     defs = build_definitions(
@@ -218,6 +268,10 @@ def test_the_whole_graph_runs_on_a_user_project_and_mlflow_shows_its_data(bootst
     # The project's own harness ran them, and its returned rewards are recorded for them.
     assert {r.harness for r in trained} == {"calc-project"}
     assert len(store.list_rewards(rollout_ids=[r.rollout_id for r in trained])) == len(trained)
+    # The canary ran the project's own harness on its canary split, each outcome re-read by its `verify`.
+    assert sorted(t.task_id for t in receipt.canary.tasks) == sorted(t["task_id"] for t in manifest.splits.canary)
+    assert all(t.verified and t.evidence.startswith("posted ") for t in receipt.canary.tasks)
+    assert manifest.canary_harness == "calc-project" and receipt.canary.unverifiable is None
 
     # The candidate's MLflow run names the data that made it: the frozen train and held-out sets.
     run_id = ctx.load_stage(store, key, "candidate_resource")["run_id"]

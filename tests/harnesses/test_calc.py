@@ -116,3 +116,69 @@ def test_demo_is_a_perfect_episode_for_every_family():
         assert agent.score(agent.extract_answer(messages[4]["content"]), task["answer"]) == 1.0
     assert demo_tools() == agent.TOOLS
     assert {t["family"] for t in tasks} == {"add", "sub", "mul", "div", "two_step"}
+
+
+def _posted(task, reply, workdir):
+    """`prepare` a fresh destination, run the agent on one scripted reply, return `verify`'s re-read."""
+    from lightning_dagster.harnesses.calc.environment import prepare, verify
+
+    prepared = prepare(task, workdir)
+    with ScriptedLLM([say(reply)]) as llm:
+        program.run_task(
+            agent.solve, prepared, base_url=f"{llm.url}/v1", api_key="k", event_url=f"{llm.url}/v1/events"
+        )
+    return prepared, verify(prepared)
+
+
+def test_the_agent_posts_its_answer_where_prepare_says_and_verify_rereads_it(tmp_path):
+    task = make_tasks("canary", 1, 0)[0]
+    prepared, right = _posted(task, f"ANSWER: {task['answer']}", tmp_path / "a")
+    assert prepared["answer_path"] == str(tmp_path / "a" / "answer.json") and "answer_path" not in task
+    assert right == {
+        "verified": True, "effect_ok": True, "harmful_effect": False, "posted": task["answer"], "reason": "ok"
+    }  # fmt: skip
+    _, wrong = _posted(task, f"ANSWER: {task['answer'] + 1}", tmp_path / "b")
+    assert wrong["verified"] is True and wrong["effect_ok"] is False and wrong["harmful_effect"] is False
+    assert wrong["reason"] == f"wrong answer {float(task['answer'] + 1)!r}"
+    _, none = _posted(task, "I do not know", tmp_path / "c")  # the destination holds prepare's null
+    assert none["verified"] is True and none["effect_ok"] is False and none["reason"] == "no answer posted"
+    # A second attempt in the same folder starts from a fresh destination, not the last attempt's answer.
+    from lightning_dagster.harnesses.calc.environment import prepare, verify
+
+    assert verify(prepare(task, tmp_path / "a"))["effect_ok"] is False
+    # Something other than a number at the destination is read, and is not the answer.
+    odd = prepare(task, tmp_path / "d")
+    (tmp_path / "d" / "answer.json").write_text(f'"{task["answer"]}"')
+    assert verify(odd)["verified"] is True and verify(odd)["effect_ok"] is False
+
+
+def test_an_unreadable_destination_is_not_verified_and_its_harm_unknown(tmp_path):
+    from lightning_dagster.harnesses.calc.environment import prepare, verify
+
+    task = make_tasks("canary", 1, 0)[0]
+    gone = prepare(task, tmp_path / "gone")
+    (tmp_path / "gone" / "answer.json").unlink()
+    garbled = prepare(task, tmp_path / "garbled")
+    (tmp_path / "garbled" / "answer.json").write_text("{not json")
+    for broken in (gone, garbled, task):  # `task`: never prepared, it names no destination
+        result = verify(broken)
+        assert result["verified"] is False and result["effect_ok"] is False and result["harmful_effect"] is None
+        assert result["reason"].startswith("unreadable: ")
+
+
+def test_without_a_destination_the_agent_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    task = make_tasks("train", 1, 0)[0]
+    with ScriptedLLM([say(f"ANSWER: {task['answer']}")]) as llm:
+        program.run_task(
+            agent.solve, task, base_url=f"{llm.url}/v1", api_key="k", event_url=f"{llm.url}/v1/events"
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_calc_example_project_wires_prepare_and_verify():
+    from lightning_dagster.harnesses.calc import environment
+    from lightning_dagster.project.examples import example_harness
+
+    spec = example_harness("calc")
+    assert spec.prepare is environment.prepare and spec.verify is environment.verify

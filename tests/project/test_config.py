@@ -62,7 +62,8 @@ NOT_EXECUTABLE = "bin/agent.sh"
         ({"gate.policy_path": "policy.yaml"}, "gate.policy_path", "does not exist"),
         ({"gate.policy_path": "tasks.jsonl"}, "gate.policy_path", "invalid policy"),
         ({"gate.roles_path": "roles.yaml"}, "gate.roles_path", "does not exist"),
-        ({"gate.canary_harness": "calc"}, "gate.canary_harness", "'ledger'"),
+        # the canary runs the project's own harness: no setting names another agent for it
+        ({"gate.canary_harness": "ledger"}, "gate.canary_harness", "not a gate setting; known: policy_path,"),
         ({"gate.store_url": "sqlite://"}, "gate.store_url", "not a gate setting; known: policy_path,"),
         ({"store": {"url": "sqlite://"}}, "store", "unknown key"),
         # Keys the file had before its settings sections: each names the one that replaced it.

@@ -12,6 +12,7 @@ import math
 import operator
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
@@ -150,7 +151,10 @@ def run_episode(client: OpenAI, question: str) -> float | None:
 
 def solve(task: dict[str, Any], client: OpenAI) -> float:
     """One task with a ready client; returns the reward (the example project's `python:` harness)."""
-    return score(run_episode(client, task["question"]), task["answer"])
+    answer = run_episode(client, task["question"])
+    if "answer_path" in task:  # the destination `environment.prepare` made: the answer is posted there
+        Path(task["answer_path"]).write_text(json.dumps(answer))
+    return score(answer, task["answer"])
 
 
 def main() -> int:

@@ -172,7 +172,7 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
     if receipt.candidate is None:
         raise StageMissing(key, "candidate_resource")
     candidate_dir = reg.download(ctx.registered_version(receipt.candidate))
-    canary, settings = ctx.canary_source(p, ctx.harness_source(p)).spec, ctx.settings(p)
+    canary, settings = ctx.harness_source(p).spec, ctx.settings(p)  # the project's own harness
     limits = R.CanaryLimits(
         max_tasks=settings.training.canary_tasks,
         max_seconds=settings.gate.canary_max_seconds,
@@ -206,9 +206,10 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
         s.rollout_id: s.attributes for s in all_spans if s.kind == SpanKind.custom and s.name == "effect"
     }
     destination = ctx.canary_destinations(canary)[0]
+    unverifiable = ctx.UNVERIFIABLE if canary.verify is None else None
     canary_tasks = []
     for r in batch.rollouts:
-        effect = effects.get(r.rollout_id)
+        effect = None if unverifiable else effects.get(r.rollout_id)
         if effect is None:
             evidence = "reward posted by the harness only" if r.rollout_id in batch.rewards else "no outcome"
             fields = {"verified": False, "evidence": evidence, "uncertainty": 1.0, "harmful_effect": None}
@@ -231,13 +232,16 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
             side_effects=sorted({t.destination for t in canary_tasks if t.destination}),
         ),
         tasks=canary_tasks,
+        unverifiable=unverifiable,
     )
     stored = ctx.append_receipt(store, key, R.add_canary(receipt, report))
     verified = sum(t.verified for t in canary_tasks)
     return StageResult(
         metadata={
             "canary_harness": canary.name,
-            "verified": f"{verified} of {len(canary_tasks)}",
+            "verified": f"unavailable: {unverifiable}"
+            if unverifiable
+            else f"{verified} of {len(canary_tasks)}",
             "verified_share": round(verified / len(canary_tasks), 4) if canary_tasks else None,
             "harmful_effects": sum(1 for t in canary_tasks if t.harmful_effect),
             "tools_used": tools_used,

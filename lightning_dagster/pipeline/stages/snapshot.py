@@ -82,7 +82,7 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
     parent_uri = f"models:/{p.mlflow.model_name}/{parent.version}"
     refs = snapshot_refs(manifest)
     source = ctx.harness_source(p)
-    spec, canary_spec = source.spec, ctx.canary_source(p, source).spec
+    spec = source.spec  # the canary's too: it runs the pipeline's own project
     plan = R.Plan(
         candidate_id=ctx.candidate_id(key),
         parent=R.ParentRef(
@@ -106,7 +106,7 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
             RolloutKind.train: list(spec.expected_span_families),
             RolloutKind.holdout: list(spec.expected_span_families),
             RolloutKind.protected: list(spec.expected_span_families),
-            RolloutKind.canary: list(canary_spec.expected_span_families),
+            RolloutKind.canary: list(spec.expected_span_families),
         },
         # What the stages will run on what was frozen (a dataset may hold fewer closed tasks than asked):
         # each train task x group, parent and candidate once on each closed task, the candidate on the canary.
