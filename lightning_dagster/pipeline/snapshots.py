@@ -121,8 +121,9 @@ class Manifest(BaseModel):
     @property
     def base_seed(self) -> int:
         """The snapshot's base sampling seed (its RL steps sample with `training.loop.step_seed(base_seed,
-        step)`): a re-materialization re-samples exactly the same rollouts."""
-        return int(self.digest[:6], 16)
+        step)`): a re-materialization re-samples exactly the same rollouts. From the content only (seed, task
+        sets, serve rollouts), not where the tasks file lay, so the same data samples alike on any machine."""
+        return int(_digest([self.train_seed, self.split_digests, self.serve_rollout_ids])[:6], 16)
 
 
 def build_manifest(p: Pipeline, *, train_seed: int, serve_rollout_ids: list[str] | None = None) -> Manifest:

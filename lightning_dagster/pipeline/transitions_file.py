@@ -114,9 +114,3 @@ def load_transitions(uri: str, *, tokenizer: str | None = None) -> TransitionsFi
         raise TransitionsFileError(
             f"{path}: not a readable transitions file: {type(exc).__name__}: {exc}"
         ) from exc
-
-
-def read_transitions(uri: str, *, tokenizer: str | None = None) -> tuple[list, object]:
-    """The rows and advantages of the file (`load_transitions`)."""
-    loaded = load_transitions(uri, tokenizer=tokenizer)
-    return loaded.rows, loaded.advantages

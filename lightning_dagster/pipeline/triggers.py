@@ -6,6 +6,7 @@ fingerprint, so an edited tasks file cuts a snapshot), never the set of everythi
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -111,8 +112,11 @@ def new_evidence(p: Pipeline, watermark: Watermark, *, force: bool = False) -> N
 
 
 def cut_snapshot(p: Pipeline, evidence: NewEvidence, now: dt.datetime) -> str:
-    """Freeze the snapshot's tasks in the store and return its content-hashed partition key."""
-    seed = int(now.timestamp()) % 1_000_000
+    """Freeze the snapshot's tasks in the store and return its content-hashed partition key. Its train seed
+    comes from the settings' seed and the evidence (task pool, serve rollouts), never the clock: the same
+    seed and data freeze the same tasks (`now` only names the key)."""
+    basis = [ctx.settings(p).training.seed, evidence.watermark.pool, sorted(evidence.serve_rollout_ids)]
+    seed = int(hashlib.sha256(json.dumps(basis).encode()).hexdigest()[:8], 16) % 1_000_000
     manifest = build_manifest(p, train_seed=seed, serve_rollout_ids=evidence.serve_rollout_ids)
     key = snapshot_key(manifest.digest, now)
     save_manifest(p, key, manifest)

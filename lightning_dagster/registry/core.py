@@ -22,7 +22,6 @@ from lightning_dagster.registry.errors import PointerConflict, RegistryUnavailab
 from lightning_dagster.registry.incidents import PointerIncident
 from lightning_dagster.registry.lineage import CandidateVersion, SnapshotRef, Timing, register_version
 from lightning_dagster.registry.pointers import APPROVED, LATEST, ReconcileResult, ResolvedVersion
-from lightning_dagster.registry.receipt_tags import ReceiptTags, StoredReceipt
 from lightning_dagster.registry.tracking import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
@@ -175,7 +174,7 @@ class Registry:
         """Log a trained candidate as a run and a registered version, then move `latest-candidate` to it.
 
         The parent must be a registered version. `receipt` is a gate `Receipt` or its JSON dict; the version's
-        receipt tags name the ledger's head of it now (verdict `pending`) until `record_receipt` rewrites
+        receipt tags name the ledger's head of it now (verdict `pending`) until `receipt_tags.write` rewrites
         them. `started_at`/`ended_at` (both or neither) are when the training ran."""
         self.reconcile()
         if receipt is not None and hasattr(receipt, "to_json_dict"):
@@ -284,12 +283,7 @@ class Registry:
         """`approved-default` for serving: refused with `AliasDiverged` while MLflow's alias disagrees."""
         return approved_for_serving(self, download=download)
 
-    # ---- receipts and the drill ---------------------------------------------------------------------
-    def record_receipt(self, receipt: str | StoredReceipt) -> ReceiptTags | None:
-        """Tag the receipt's candidate version with the ledger's head of the receipt (None: no candidate)."""
-        self.connect()
-        return receipt_tags.write(self, receipt)
-
+    # ---- the drill -----------------------------------------------------------------------------------
     def rollback_drill(self, parent_version: str, *, record: bool = True, serving=None) -> DrillResult:
         """Resolve, verify, load and serve `parent_version` in a temporary gateway; the pointer stays put."""
         return rollback_drill(self, parent_version, record=record, serving=serving)

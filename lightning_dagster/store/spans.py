@@ -402,11 +402,6 @@ class SpanStore(Connection):
                 self._contexts.setdefault(attempt_id, None)
         return row[0], AttemptState(row[1]), RolloutKind(row[2]), row[3] or {}, row[4], row[5]
 
-    def max_span_sequence(self, attempt_id: str) -> int | None:
-        """The highest span sequence recorded for an attempt (None if none)."""
-        with self.engine.connect() as c:
-            return c.execute(sa.select(sa.func.max(S.sequence)).where(S.attempt_id == attempt_id)).scalar()
-
     def add_reward(self, r: Reward, *, span: Span | None = None, request_id: str | None = None) -> str | None:
         """Store a reward and (an addition to the contract) the span that records it, in one transaction.
         With `request_id`, a retry stores nothing new and returns the first write's span id; the same id with

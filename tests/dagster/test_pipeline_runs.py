@@ -17,6 +17,7 @@ from lightning_dagster.orchestration.assets import snapshot_assets
 from lightning_dagster.orchestration.definitions import build_definitions
 from lightning_dagster.orchestration.partitions import snapshots
 from lightning_dagster.pipeline import context as ctx
+from lightning_dagster.pipeline.snapshots import load_manifest, save_manifest
 from lightning_dagster.registry.core import APPROVED
 from tests.dagster.conftest import TINY_POLICY, pipeline_for
 
@@ -123,6 +124,30 @@ def test_one_partition_materializes_end_to_end_on_sqlite(sqlite_snapshot):
     families = receipt.holdout.families
     margin = sum(f.n * (f.candidate_mean - f.parent_mean) for f in families) / sum(f.n for f in families)
     assert holdout.materialization.metadata["margin"].value == round(margin, 4)
+
+
+@pytest.mark.slow
+def test_the_same_snapshot_content_and_parent_make_the_same_candidate_and_verdict(sqlite_snapshot):
+    """Reproducible runs, at small scale: a second snapshot frozen with the first one's tasks and seed, from
+    the same parent and settings, its rollouts sampled many at a time (their batches as timing makes them),
+    trains the same candidate, byte for byte, and gets the same evaluation, verdict and checks."""
+    key, _, p = sqlite_snapshot
+    defs, _ = _defs()
+    instance = dg.DagsterInstance.ephemeral()
+    again = "snap-20261130T0900Z-00000002"
+    save_manifest(p, again, load_manifest(p, key))
+    instance.add_dynamic_partitions(snapshots.name, [again])
+    results = run_snapshot(defs, instance, again, approver=("alice", "release-owner"))
+    assert all(r.success for r in results)
+    first, second = (ctx.find_receipt(p.get_store(), k) for k in (key, again))
+    assert (
+        second.receipt_id != first.receipt_id
+        and second.candidate.weights_hash == first.candidate.weights_hash
+    )
+    assert first.candidate.weights_hash != ctx.registry(p).model_version("1").weights_hash  # it trained
+    assert second.holdout.families == first.holdout.families and second.protected == first.protected
+    gate = ("verdict", "failed_checks", "unavailable_checks", "stale_checks")
+    assert [getattr(second.gate, f) for f in gate] == [getattr(first.gate, f) for f in gate]
 
 
 @pytest.mark.slow

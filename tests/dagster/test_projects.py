@@ -303,3 +303,34 @@ def test_demo_with_a_broken_project_exits_2_naming_the_file_before_anything_runs
     err = capsys.readouterr().err
     assert str(root / "tasks.jsonl") in err and "'training' in rows 1 is not a split" in err
     assert "LD_PROJECT" not in os.environ  # the pipeline was never pointed at it
+
+
+def test_a_snapshot_cut_freezes_the_same_tasks_and_seed_at_any_time_and_in_any_folder(
+    embedded_home, tmp_path
+):
+    """Reproducible runs: the train seed comes from the settings' seed and the evidence, never the clock, and
+    the sampling seed from the content, never the tasks file's folder. Another settings seed draws anew."""
+    import datetime as dt
+
+    from lightning_dagster.orchestration.resources import TrainingResource
+    from lightning_dagster.pipeline.triggers import Watermark, cut_snapshot, new_evidence
+
+    rows = calc_rows(ROWS)
+
+    def cut(folder: str, when: dt.datetime, seed: int = 0):
+        p = project_pipeline(write_project(tmp_path / folder, rows))
+        if seed:
+            p = p.model_copy(
+                update={"training": TrainingResource(**{**p.training.model_dump(), "seed": seed})}
+            )
+        key = cut_snapshot(p, new_evidence(p, Watermark(), force=True), when)
+        return key, load_manifest(p, key)
+
+    (key_a, a), (key_b, b) = (
+        cut("a", dt.datetime(2026, 12, 1, tzinfo=dt.UTC)),
+        cut("b", dt.datetime.now(dt.UTC)),
+    )
+    assert key_a != key_b and a.dataset.path != b.dataset.path  # other keys, other folders
+    assert (a.train_seed, a.splits, a.base_seed) == (b.train_seed, b.splits, b.base_seed)
+    _, other = cut("c", dt.datetime(2026, 12, 1, tzinfo=dt.UTC), seed=7)
+    assert other.train_seed != a.train_seed and other.base_seed != a.base_seed

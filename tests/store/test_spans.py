@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from lightning_dagster.store import Conflict, InvalidInput, NotFound, Store
+from lightning_dagster.store.agl_rollouts import span_marker
 from lightning_dagster.store.schema import spans as spans_table
 from lightning_dagster.types import Rollout, Span, SpanKind
 
@@ -85,8 +86,8 @@ def test_tokens_round_trip_exactly_with_prefix_sharing_and_divergence(store, sto
     assert store.list_spans(rollout_ids=[rollout.rollout_id], kind="llm") == llm
     assert store.count_spans(rollout_ids=[rollout.rollout_id], kind=SpanKind.tool) == 4
     assert store.count_spans() == len(spans + extra + other_spans)
-    assert store.max_span_sequence(attempt.attempt_id) == 11
-    assert store.max_span_sequence("at-none") is None
+    assert span_marker(store, attempt.attempt_id)[1] == 11  # the highest sequence
+    assert span_marker(store, "at-none") == (0, None)
 
     with store.engine.connect() as c:
         rows = {

@@ -13,12 +13,16 @@ from lightning_dagster.pipeline.transitions_file import (
     TokenizerMismatch,
     TransitionsFileError,
     load_transitions,
-    read_transitions,
     write_transitions,
 )
 from lightning_dagster.training.advantages import RolloutReward, compute_advantages
 from lightning_dagster.training.transitions import ExcludedRollout
 from tests.training.conftest import random_rows
+
+
+def read_transitions(uri: str, *, tokenizer: str | None = None):
+    loaded = load_transitions(uri, tokenizer=tokenizer)
+    return loaded.rows, loaded.advantages
 
 
 def _written(tmp_path):
