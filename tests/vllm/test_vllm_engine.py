@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 
-import httpx
 import pytest
 import torch
 
@@ -23,6 +22,7 @@ from lightning_dagster.training.loss import LossConfig
 from lightning_dagster.training.step import serve_policy
 from lightning_dagster.training.trainer import Trainer, TrainerConfig
 from lightning_dagster.types import RolloutKind, Sampling, SpanKind
+from tests.support.vllm_replay import assert_replays
 
 pytestmark = pytest.mark.vllm
 
@@ -65,26 +65,6 @@ def llm_spans(batch) -> list:
     return [s for spans in batch.spans.values() for s in spans if s.kind == SpanKind.llm]
 
 
-def replay(server, span) -> tuple[list[int], list[float]]:
-    """The same call sent straight to the server: the recorded prompt ids, sampling, seed and model."""
-    a = span.attributes
-    body = {
-        "model": a["model"], "prompt": span.prompt_token_ids, "temperature": a["temperature"],
-        "top_p": a["top_p"], "max_tokens": a["max_tokens"], "seed": a["seed"], "logprobs": 1,
-        "return_token_ids": True,
-    }  # fmt: skip
-    choice = httpx.post(f"{server.base_url}/completions", json=body, timeout=120).json()["choices"][0]
-    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
-
-
-def assert_replays(server, spans) -> None:
-    assert spans
-    for span in spans:
-        ids, logprobs = replay(server, span)
-        assert ids == span.response_token_ids
-        assert logprobs == pytest.approx(span.response_logprobs, abs=1e-4)
-
-
 def test_the_parents_rollouts_are_served_by_vllm_and_replay_exactly(service, checkpoints):
     sampled, greedy = run(service, "parent"), run(service, "parent-greedy", temperature=0.0)
     spans = llm_spans(sampled) + llm_spans(greedy)
@@ -92,7 +72,9 @@ def test_the_parents_rollouts_are_served_by_vllm_and_replay_exactly(service, che
     assert {s.attributes["backend"] for s in spans} == {"vllm"}
     assert {s.attributes["weights"]["hash"] for s in spans} == {checkpoints["base"][1]}
     assert {s.attributes["token_source"] for s in spans} <= {"rendered", "reused", "ids"}  # token-in
-    assert_replays(service.gateway._backend.server, spans)
+    server = service.gateway._backend.server
+    assert {s.attributes["upstream"] for s in spans} == {server.base_url}  # spans name the server that served
+    assert_replays(spans, server.base_url)
 
 
 def test_a_lora_step_is_hot_loaded_by_name_verified_and_replays(service, checkpoints):
@@ -102,7 +84,7 @@ def test_a_lora_step_is_hot_loaded_by_name_verified_and_replays(service, checkpo
     assert {s.resource_id for s in spans} == {"cand@1"}
     assert {s.attributes["model"] for s in spans} == {"cand@1"}  # the adapter, served under its name
     assert {s.attributes["backend"] for s in spans} == {"vllm"}
-    assert_replays(service.gateway._backend.server, spans)
+    assert_replays(spans, service.gateway._backend.server.base_url)
 
 
 def test_whole_weights_are_reloaded_verified_and_replay(service, checkpoints):
@@ -114,7 +96,7 @@ def test_whole_weights_are_reloaded_verified_and_replay(service, checkpoints):
     spans = llm_spans(run(service, "step-2"))
     assert {s.attributes["weights"]["hash"] for s in spans} == {tensors_hash(state)}
     assert {s.attributes["model"] for s in spans} == {"policy"}
-    assert_replays(service.gateway._backend.server, spans)
+    assert_replays(spans, service.gateway._backend.server.base_url)
 
 
 def test_weights_changed_behind_the_gateways_back_stop_the_rollouts(service, checkpoints, store):
