@@ -365,13 +365,10 @@ def flag_of(name: str, prefix: str = "") -> str:
     return "--" + (f"{prefix}_{name}" if prefix else name).replace("_", "-")
 
 
-def _dest(name: str, prefix: str) -> str:
-    return f"{prefix}_{name}" if prefix else name
-
-
 def dest_of(cls: type[Settings], name: str, prefix: str | None = None) -> str:
     """The argparse dest of setting `name` of `cls`: its name, after the concern's `flag_prefix`."""
-    return _dest(name, cls.flag_prefix if prefix is None else prefix)
+    prefix = cls.flag_prefix if prefix is None else prefix
+    return f"{prefix}_{name}" if prefix else name
 
 
 def _scalar(annotation: Any) -> tuple[Any, bool]:
@@ -397,7 +394,8 @@ def add_flags(
         kind, optional = _scalar(field.annotation)
         default = field.get_default(call_default_factory=True)
         help_text = f"{field.description} (default: {'empty' if default in (None, '') else default})"
-        kw: dict[str, Any] = {"dest": _dest(name, prefix), "default": argparse.SUPPRESS, "help": help_text}
+        dest = dest_of(cls, name, prefix)
+        kw: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS, "help": help_text}
         flag = flag_of(name, prefix)
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
@@ -420,11 +418,8 @@ def _none_or(kind: type) -> Any:
 def from_flags(base: S, args: argparse.Namespace, *, prefix: str | None = None, command: str = "") -> S:
     """`base` with the flags given on the command line applied; `SettingsError` names a bad flag."""
     prefix = type(base).flag_prefix if prefix is None else prefix
-    given = {
-        name: getattr(args, _dest(name, prefix))
-        for name in type(base).model_fields
-        if hasattr(args, _dest(name, prefix))
-    }
+    dests = {name: dest_of(type(base), name, prefix) for name in type(base).model_fields}
+    given = {name: getattr(args, dest) for name, dest in dests.items() if hasattr(args, dest)}
     try:
         return base.updated(given)
     except SettingsError as err:

@@ -34,6 +34,8 @@ from lightning_dagster.engine.sampling import EngineError, Generation, SamplingP
 
 # exceptions that cross the connection as themselves; any other becomes an EngineProcessError with its text
 _KNOWN = (EngineError, EngineClosed, StateDictMismatch, NonFiniteLogits, DeviceUnavailable)
+# memory-backed temp space when there is some: weights written there never touch the disk
+_SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 class EngineProcessError(RuntimeError):
@@ -133,7 +135,7 @@ class EngineProcess:
         """Serve `state_dict` from the next admitted row on; all or nothing (`StateDictMismatch`)."""
         from lightning_dagster.engine.build import save_weights
 
-        fd, path = tempfile.mkstemp(suffix=".safetensors", dir=_scratch_dir())
+        fd, path = tempfile.mkstemp(suffix=".safetensors", dir=_SCRATCH)
         os.close(fd)
         try:
             save_weights(state_dict, path)
@@ -244,11 +246,6 @@ class EngineProcess:
             self._proc.kill()
             self._proc.wait()
         self._conn.close()
-
-
-def _scratch_dir() -> str | None:
-    """Memory-backed temp space when there is some (weights written there never touch the disk)."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def _serve(conn: Connection) -> int:

@@ -58,9 +58,6 @@ class ProtectedPolicy(_Model):
     default_tolerance: Count
     tolerance: dict[str, Count]
 
-    def for_family(self, family: str) -> int:
-        return self.tolerance.get(family, self.default_tolerance)
-
 
 class CanaryPolicy(_Model):
     min_verified_share: Share

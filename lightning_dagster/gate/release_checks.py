@@ -88,7 +88,7 @@ def check_protected_cases(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES
         f.fail(f"protected cases evaluated {pr.candidate_id}, not the planned candidate {plan.candidate_id}")
     families = {}
     for fam in pr.families:
-        tol = cfg.for_family(fam.family)
+        tol = cfg.tolerance.get(fam.family, cfg.default_tolerance)
         families[fam.family] = {
             "n": fam.n,
             "regressed": len(fam.regressed),

@@ -301,10 +301,6 @@ def global_fingerprints(
     }
 
 
-def save_fingerprint_inputs(store: Store, key: str, inputs: Mapping[str, Any]) -> None:
-    save_stage(store, key, FINGERPRINT_INPUTS, dict(inputs))
-
-
 def changed_settings(p: Pipeline, key: str) -> dict[str, list[str]]:
     """Per fingerprint, the settings that differ between the snapshot's plan and now."""
     from lightning_dagster.gate.staleness import changed_settings as diff

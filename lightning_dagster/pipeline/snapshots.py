@@ -120,9 +120,8 @@ class Manifest(BaseModel):
 
     @property
     def base_seed(self) -> int:
-        """The snapshot's base sampling seed (its RL steps sample with `training.loop.step_seed(base_seed,
-        step)`): a re-materialization re-samples exactly the same rollouts. From the content only (seed, task
-        sets, serve rollouts), not where the tasks file lay, so the same data samples alike on any machine."""
+        """The base sampling seed (`training.loop.step_seed(base_seed, step)`), from the content only, not where
+        the tasks file lay: a re-materialization, or the same data anywhere, samples the same rollouts."""
         return int(_digest([self.train_seed, self.split_digests, self.serve_rollout_ids])[:6], 16)
 
 

@@ -112,9 +112,8 @@ def new_evidence(p: Pipeline, watermark: Watermark, *, force: bool = False) -> N
 
 
 def cut_snapshot(p: Pipeline, evidence: NewEvidence, now: dt.datetime) -> str:
-    """Freeze the snapshot's tasks in the store and return its content-hashed partition key. Its train seed
-    comes from the settings' seed and the evidence (task pool, serve rollouts), never the clock: the same
-    seed and data freeze the same tasks (`now` only names the key)."""
+    """Freeze the snapshot's tasks; return its key. The train seed is the settings' seed and the evidence's
+    (task pool, serve rollouts), never the clock's: the same seed and data freeze the same tasks."""
     basis = [ctx.settings(p).training.seed, evidence.watermark.pool, sorted(evidence.serve_rollout_ids)]
     seed = int(hashlib.sha256(json.dumps(basis).encode()).hexdigest()[:8], 16) % 1_000_000
     manifest = build_manifest(p, train_seed=seed, serve_rollout_ids=evidence.serve_rollout_ids)

@@ -25,6 +25,8 @@ from lightning_dagster.project.errors import TaskDataError, TaskFieldConflict
 from lightning_dagster.project.splits import SPLITS, UnknownSplit, content_hash, split_of
 
 SHOWN = 3  # offending ids or rows named in one message
+# a JSON value's kind (else number)
+KINDS = {list: "array", str: "string", bool: "boolean", type(None): "null"}
 
 
 Rows = tuple[list[str], list[dict[str, Any]]]  # the columns in order, and each row's values by column
@@ -63,7 +65,8 @@ def _read_jsonl(path: Path, text_columns: list[str]) -> Rows:
             bad.append(f"line {number}: {err}")
             continue
         if not isinstance(value, dict):
-            bad.append(f"line {number}: a JSON {_json_kind(value)}, expected an object (one task a line)")
+            kind = KINDS.get(type(value), "number")
+            bad.append(f"line {number}: a JSON {kind}, expected an object (one task a line)")
             continue
         columns.update(dict.fromkeys(value))
         records.append(value)
@@ -71,10 +74,6 @@ def _read_jsonl(path: Path, text_columns: list[str]) -> Rows:
         more = [f"and {len(bad) - SHOWN} more bad lines"] if len(bad) > SHOWN else []
         raise _BadLines(bad[:SHOWN] + more)
     return list(columns), [{column: row.get(column) for column in columns} for row in records]
-
-
-def _json_kind(value: Any) -> str:
-    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
 def _records(frame: pd.DataFrame) -> Rows:

@@ -283,7 +283,6 @@ class Registry:
         """`approved-default` for serving: refused with `AliasDiverged` while MLflow's alias disagrees."""
         return approved_for_serving(self, download=download)
 
-    # ---- the drill -----------------------------------------------------------------------------------
     def rollback_drill(self, parent_version: str, *, record: bool = True, serving=None) -> DrillResult:
         """Resolve, verify, load and serve `parent_version` in a temporary gateway; the pointer stays put."""
         return rollback_drill(self, parent_version, record=record, serving=serving)

@@ -99,10 +99,6 @@ def iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(ts)))
 
 
-def _seq(mv: Any) -> str:
-    return "" if mv is None else mv.tags.get(f"{APPROVED}.seq", "")
-
-
 def mirror_flag(pointer: str) -> str:
     """The store flag holding what the registry last wrote to (or verified in) the MLflow mirror."""
     return f"mirror/{pointer}"
@@ -371,7 +367,8 @@ def resolve(reg: Registry, alias: str = APPROVED, *, download: bool = True) -> R
     last = moves[-1] if moves else None
     pointer = last.to_value if last else None
     approved = reg.alias_version(APPROVED)
-    if (None if approved is None else str(approved.version)) != pointer or _seq(approved) != (
+    seq = approved.tags.get(f"{APPROVED}.seq", "") if approved else ""
+    if (None if approved is None else str(approved.version)) != pointer or seq != (
         str(last.seq) if last else ""
     ):
         rec = reconcile(reg)

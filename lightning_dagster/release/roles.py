@@ -37,11 +37,6 @@ ROLES_ADMIN = "roles-admin"
 DEPLOYMENT = "deployment"  # the actor recorded for the first pin, which no one signs
 
 
-def learner_write_surface() -> list[Path]:
-    """Directories the trainer writes to: a roles file inside one of them could grant itself approval."""
-    return [paths.models_dir(), paths.mlflow_artifact_root()]
-
-
 @dataclass(frozen=True)
 class Roles:
     actors: dict[str, ActorKey]
@@ -85,7 +80,8 @@ def parse_roles(data: Any, source: str) -> Roles:
 
 def read_roles_file(path: Path | str) -> Roles:
     path = Path(path).resolve()
-    for surface in learner_write_surface():
+    # the trainer writes there: a roles file inside could grant itself approval
+    for surface in (paths.models_dir(), paths.mlflow_artifact_root()):
         if path.is_relative_to(surface.resolve()):
             raise RolesConfigError(f"roles file {path} lies inside the learner's write surface {surface}")
     if not path.is_file():

@@ -144,16 +144,11 @@ RETIRE = (  # one statement list for SQLAlchemy (`sa.text`) and plain sqlite3 (n
 )
 
 
-def tombstone_id(rollout_id: str) -> str:
-    """The id a deleted rollout's record keeps once its id is created again (at most 64 characters)."""
-    return f"{rollout_id[:39]}~deleted~{uuid.uuid4().hex[:16]}"
-
-
 def _retire(execute: Callable[[str, dict], Any], ids: list[str]) -> None:
     """Rename each deleted rollout (and its attempts, spans and rewards) to a tombstone id, in the caller's
     transaction: the lineage stays, under a name this API never shows, and the id is free again."""
     for rid in ids:
-        params = {"rid": rid, "tomb": tombstone_id(rid)}
+        params = {"rid": rid, "tomb": f"{rid[:39]}~deleted~{uuid.uuid4().hex[:16]}"}  # <= 64 characters
         for sql in RETIRE:
             execute(sql, params)
 
@@ -210,11 +205,6 @@ def attempt_ids(store, rollout_id: str) -> list[str]:
         return [r[0] for r in store.raw_read(sql, (rollout_id,))]
     with store.engine.connect() as c:
         return _attempt_ids(c, rollout_id)
-
-
-def agl_names(attempts: list) -> list[str]:
-    """Agent Lightning's names of a rollout's attempts, oldest first: "0", "1", ..."""
-    return [str(i) for i in range(len(attempts))]
 
 
 def attempt_index(name: str) -> int | None:

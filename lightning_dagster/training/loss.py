@@ -5,8 +5,7 @@ Per trained token t of row b (A_b is the rollout's advantage, broadcast):
 
     ratio  = exp(logp - old)                         old: the trainer's own logprobs before this update
     pg     = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))
-    w_is   = min(exp(old - behaviour), tis_cap)      detached; per token, or one product per row; a
-                                                     gap under `tis_noise` (float noise) counts as none
+    w_is   = min(exp(old - behaviour), tis_cap)      detached; per token, or one product per row
     kl     = exp(ref - logp) - (ref - logp) - 1      k3 estimator of KL(policy || parent)
     loss   = sum_b weight_b * sum_t mask * (w_is * pg + kl_coef * kl)
 
@@ -60,8 +59,7 @@ class LossConfig:
     clip_high: float = 0.28
     tis: Literal["none", "token", "sequence"] = "token"
     tis_cap: float = 2.0
-    # A per-token gap below this is weighed as none: batched decoding moves a token's logprob in its last
-    # bits with its batch mates (~1e-7), and an update must not depend on which requests shared a batch.
+    # a per-token gap under this is weighed as none: the float noise batch mates give a logprob (~1e-7)
     tis_noise: float = 1e-4
 
     def __post_init__(self) -> None:

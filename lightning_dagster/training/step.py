@@ -168,4 +168,6 @@ def _rows_rewards_stats(
 
 def serve_policy(service: RolloutService, trainer: Trainer, resource_id: str | None) -> None:
     """Have `service` serve the trainer's current policy (the adapter alone if the engine hot-loads one)."""
-    service.load_weights(trainer.served_state(service.serves_adapters), resource_id)
+    # an engine serving adapters is pushed the adapter alone
+    state = trainer.snapshot() if service.serves_adapters else trainer.state_dict()
+    service.load_weights(state, resource_id)

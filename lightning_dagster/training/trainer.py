@@ -127,12 +127,6 @@ def micro_batches(rows: Sequence[Row], max_tokens: int) -> Iterator[MicroBatch]:
         yield collate([rows[j] for j in chunk], chunk)
 
 
-def scoring_temperature(row: Row) -> float:
-    """The temperature of the distribution the row's behaviour logprobs are under."""
-    # greedy (T=0) rows: the engine reports their logprobs under T=1, the model's own distribution
-    return row.temperature if row.temperature > 0 else 1.0
-
-
 def collate(rows: Sequence[Row], index: list[int]) -> MicroBatch:
     b = len(rows)
     seq = max(len(r) for r in rows)
@@ -152,7 +146,8 @@ def collate(rows: Sequence[Row], index: list[int]) -> MicroBatch:
         targets[i, :n] = torch.tensor(r.response_ids)
         mask[i, :n] = torch.tensor(r.loss_mask, dtype=torch.float32)
         behaviour[i, :n] = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
-    temperatures = torch.tensor([scoring_temperature(r) for r in rows], dtype=torch.float32)
+    # each row's behaviour logprobs are under its temperature; a greedy (T=0) row's under T=1, the model's own
+    temperatures = torch.tensor([float(r.temperature) if r.temperature > 0 else 1.0 for r in rows])
     return MicroBatch(ids, attn, positions, targets, mask, behaviour, temperatures, list(index))
 
 
@@ -432,10 +427,6 @@ class Trainer:
         if lora.is_wrapped(self.model):
             return lora.merged_state(self.model)
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-
-    def served_state(self, adapter: bool) -> dict[str, torch.Tensor]:
-        """What an engine is pushed: the adapter alone when it serves adapters and one is trained."""
-        return self.snapshot() if adapter else self.state_dict()
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         """The trained weights (the adapter's only, with LoRA), for `restore`."""

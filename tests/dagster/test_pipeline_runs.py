@@ -145,7 +145,8 @@ def test_the_same_snapshot_content_and_parent_make_the_same_candidate_and_verdic
         and second.candidate.weights_hash == first.candidate.weights_hash
     )
     assert first.candidate.weights_hash != ctx.registry(p).model_version("1").weights_hash  # it trained
-    assert second.holdout.families == first.holdout.families and second.protected == first.protected
+    assert second.holdout.families == first.holdout.families
+    assert second.protected.families == first.protected.families
     gate = ("verdict", "failed_checks", "unavailable_checks", "stale_checks")
     assert [getattr(second.gate, f) for f in gate] == [getattr(first.gate, f) for f in gate]
 

@@ -35,7 +35,6 @@ PUBLIC_METHODS = {
     "list_resources": "(self) -> 'list[Resource]'",
     "list_rewards": "(self, *, rollout_ids: 'Iterable[str] | None' = None, rollout_id: 'str | None' = None) -> 'list[Reward]'",
     "list_spans": "(self, *, rollout_id: 'str | None' = None, attempt_id: 'str | None' = None, rollout_ids: 'Iterable[str] | None' = None, kind: 'SpanKind | str | Iterable[SpanKind | str] | None' = None) -> 'list[Span]'",
-    "max_span_sequence": "(self, attempt_id: 'str') -> 'int | None'",
     "move_pointer": "(self, name: 'str', *, expected: 'str | None', to: 'str', actor: 'str', receipt_id: 'str | None' = None, note: 'str' = '', expected_seq: 'int | None' = None) -> 'PointerMove'",
     "pointer_state": "(self, name: 'str') -> 'tuple[str | None, int]'",
     "pointer_history": "(self, name: 'str', *, last: 'int | None' = None) -> 'list[PointerMove]'",

@@ -142,9 +142,6 @@ class Endpoints:
         if backend is not None:
             await backend.aclose()
 
-    def as_list(self) -> list[dict]:
-        return [e.model_dump() for e in self.entries.values()]
-
 
 def _paused(pause: Pause) -> Response:
     body = {"error": "gateway paused", "reason": pause.reason}
@@ -225,7 +222,9 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         entries = validated(MODELS, await gw.body(request))
         async with changing:
             endpoints.add(entries)
-            await anyio.to_thread.run_sync(store.set_flag, MODELS_FLAG, {"models": endpoints.as_list()})
+            await anyio.to_thread.run_sync(
+                store.set_flag, MODELS_FLAG, {"models": [e.model_dump() for e in endpoints.entries.values()]}
+            )
         return reply([e.model_dump() for e in entries], 201)
 
     async def unregister(request: Request) -> Response:

@@ -199,7 +199,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         rid = request.path_params["rollout_id"]
 
         def both() -> tuple[store_agl.AglRow, list[str]]:
-            return store_agl.get(store, rid), store_agl.agl_names(store_agl.attempt_ids(store, rid))
+            return store_agl.get(store, rid), [str(i) for i in range(len(store_agl.attempt_ids(store, rid)))]
 
         rollout, names = await read(both)
         return raw_reply(

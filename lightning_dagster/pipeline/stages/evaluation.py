@@ -104,10 +104,9 @@ def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
     return StageResult(
         metadata={
             "heldout_tasks": len(holdout),
-            # rounded once, from the exact means, as the receipt's check 4 rounds its margin
             "parent_success": round(overall["parent"], 4),
             "candidate_success": round(overall["candidate"], 4),
-            "margin": round(overall["candidate"] - overall["parent"], 4),
+            "margin": round(overall["candidate"] - overall["parent"], 4),  # as check 4: from exact means
             "per_family": Markdown(
                 "| family | n | parent | candidate | margin |\n|---|---|---|---|---|\n"
                 + "\n".join(

@@ -122,7 +122,7 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
         created_at=time.time(),
     )
     inputs = ctx.fingerprint_inputs(p)
-    ctx.save_fingerprint_inputs(store, key, inputs)
+    ctx.save_stage(store, key, ctx.FINGERPRINT_INPUTS, dict(inputs))
     fingerprints = ctx.global_fingerprints(p, parent.weights_hash, inputs)
     receipt = R.from_plan(plan, receipt_id=ctx.receipt_id(key), fingerprints=R.Fingerprints(**fingerprints))
     return _plan_result(p, receipt, ctx.append_receipt(store, key, receipt))

@@ -135,8 +135,12 @@ def candidate_resource(
         out,
         parent_version=parent_version,
         snapshot_key=key,
-        algorithm_config={**receipt.plan.algorithm, "selection": _selection_params(selection)},
-        metrics_per_step=[_numeric(m) for m in curve],
+        # the selection as parameters, its per-checkpoint lists as metrics; numbers only per step
+        algorithm_config={
+            **receipt.plan.algorithm,
+            "selection": {k: v for k, v in selection.items() if k != "checkpoints"},
+        },
+        metrics_per_step=[{k: float(v) for k, v in m.items() if type(v) in (int, float)} for m in curve],
         train_snapshot=_dataset(manifest, key, "train", refs["train"]),
         heldout_snapshot=_dataset(manifest, key, "holdout", refs["holdout"]),
         receipt_id=receipt.receipt_id,
@@ -205,11 +209,6 @@ def training_run(selection: dict[str, Any], steps_planned: int) -> TrainingRun:
     )
 
 
-def _selection_params(selection: dict[str, Any]) -> dict[str, Any]:
-    """The run's selection as MLflow parameters, without the per-checkpoint lists (logged as metrics)."""
-    return {k: v for k, v in selection.items() if k != "checkpoints"}
-
-
 def _dataset(manifest: Manifest, key: str, split: Split, ref: SnapshotRef) -> dict[str, Any]:
     """One frozen split as the registry logs it: an MLflow dataset input of the candidate's run."""
     return {
@@ -235,7 +234,3 @@ def curve_table(curve: list[dict[str, Any]]) -> str:
     ]
     head = "| step | reward (sampled success) | loss | validation success | parent cases lost |\n"
     return head + "|---|---|---|---|---|\n" + "\n".join(rows)
-
-
-def _numeric(metrics: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
