@@ -134,7 +134,7 @@ def test_the_same_snapshot_content_and_parent_make_the_same_candidate_and_verdic
     key, _, p = sqlite_snapshot
     defs, _ = _defs()
     instance = dg.DagsterInstance.ephemeral()
-    again = "snap-20261130T0900Z-00000002"
+    again = "snap-20261130T0800Z-0000a9a1"  # a key of its own: the session's store is shared
     save_manifest(p, again, load_manifest(p, key))
     instance.add_dynamic_partitions(snapshots.name, [again])
     results = run_snapshot(defs, instance, again, approver=("alice", "release-owner"))
