@@ -40,8 +40,9 @@ def main() -> None:
     from lightning_dagster.orchestration.partitions import snapshots
     from lightning_dagster.orchestration.resources import GateResource
     from lightning_dagster.pipeline.bootstrap import bootstrap_parent
+    from lightning_dagster.pipeline.snapshots import freeze_tasks
     from lightning_dagster.pipeline.stages import ASSET_STAGES, release
-    from lightning_dagster.pipeline.triggers import Watermark, cut_snapshot, new_evidence
+    from lightning_dagster.pipeline.triggers import Cut, Watermark, cut_snapshot, new_evidence
 
     prepare_environment()
     # Tiny settings cannot show the default policy's +0.02 margin over 100 held-out tasks; the test policy
@@ -76,20 +77,23 @@ def main() -> None:
     ]:
         setattr(module, name, timed(getattr(module, name)))
 
-    def cut(minute: int) -> str:
+    def cut(minute: int) -> Cut:
         at = dt.datetime(2026, 11, 30, 12, minute, tzinfo=dt.UTC)
         return cut_snapshot(p, new_evidence(p, Watermark(), force=True), at)
 
     instance = dg.DagsterInstance.get()
-    key_a = cut(0)
+    cut_a = cut(0)
+    key_a = cut_a.key
     instance.add_dynamic_partitions(snapshots.name, [key_a])
     t = time.perf_counter()
-    results = run_snapshot(defs, instance, key_a, approver=approver)
+    results = run_snapshot(defs, instance, key_a, approver=approver, cut=cut_a.config)
     dagster_wall = time.perf_counter() - t
     dagster_core = core["seconds"]
     complete = all(r.success for r in results)
 
-    key_b = cut(1)
+    cut_b = cut(1)
+    key_b = cut_b.key
+    freeze_tasks(p, key_b, cut_b.config)  # what the `tasks` run does with the cut's config
     core["seconds"] = 0.0
     t = time.perf_counter()
     for stage in ASSET_STAGES:

@@ -86,6 +86,7 @@ def run_demo(
 
     lines = StageLines(out)
     copy = WorkingCopy(project, paths.home())
+    copy.pin_training(training.given())
     summary = use_project(copy.file)
     env = prepare_environment(actors)
     import dagster as dg

@@ -4,6 +4,7 @@ snapshot 2, cycle 2 from the (new) `approved-default`, and the summary."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ class Demo:
     env: dict[str, str]  # what the printed commands set (home, Dagster home, roles file, project)
     actors: dict[str, str] = field(default_factory=lambda: dict(DEMO_ACTORS))
     cursor: str | None = None
+    cuts: dict[str, dict] = field(default_factory=dict)  # what each cut decided, for its `tasks` run
 
     @property
     def pipeline(self) -> Any:
@@ -94,6 +96,7 @@ def tick(demo: Demo) -> str | None:
     keys = [k for request in result.dynamic_partitions_requests for k in request.partition_keys]
     demo.instance.add_dynamic_partitions(result.dynamic_partitions_requests[0].partitions_def_name, keys)
     (request,) = result.run_requests
+    demo.cuts[request.partition_key] = request.run_config["ops"]["tasks"]["config"]
     demo.lines.line("sensor", f"cut snapshot {request.partition_key}")
     return request.partition_key
 
@@ -106,11 +109,11 @@ def cut_by_hand(demo: Demo, number: int) -> str:
     from lightning_dagster.pipeline.triggers import Watermark, cut_snapshot, new_evidence
 
     evidence = new_evidence(demo.pipeline, Watermark.from_cursor(demo.cursor), force=True)
-    key = cut_snapshot(demo.pipeline, evidence, dt.datetime.now(dt.UTC))
-    demo.cursor = evidence.watermark.to_cursor()
-    demo.instance.add_dynamic_partitions(snapshots.name, [key])
-    demo.lines.line("snapshot", f"{key} cut by the demo for cycle {number}")
-    return key
+    cut = cut_snapshot(demo.pipeline, evidence, dt.datetime.now(dt.UTC))
+    demo.cursor, demo.cuts[cut.key] = evidence.watermark.to_cursor(), cut.config
+    demo.instance.add_dynamic_partitions(snapshots.name, [cut.key])
+    demo.lines.line("snapshot", f"{cut.key} cut by the demo for cycle {number}")
+    return cut.key
 
 
 def run_cycle(demo: Demo, number: int, key: str) -> Cycle:
@@ -120,7 +123,13 @@ def run_cycle(demo: Demo, number: int, key: str) -> Cycle:
     label = f"cycle {number}"
     owner = demo.actors["release-owner"]
     run_snapshot(
-        demo.defs, demo.instance, key, approver=(owner, "release-owner"), lines=demo.lines, label=label
+        demo.defs,
+        demo.instance,
+        key,
+        approver=(owner, "release-owner"),
+        lines=demo.lines,
+        label=label,
+        cut=demo.cuts.get(key),
     )
     cycle = Cycle(number, key)
     receipt = ctx.find_receipt(demo.pipeline.get_store(), key)
@@ -175,8 +184,27 @@ def run_cycles(demo: Demo) -> list[Cycle]:
     second = run_cycle(demo, 2, key2)
     if not first.promoted:
         after = promote(demo, second)
+    keep_cursor(demo)
     summary(demo, [first, second], before, after)
     return [first, second]
+
+
+def keep_cursor(demo: Demo) -> None:
+    """The sensor's watermark (what the cycles trained on) kept as the cursor of the code location the printed
+    `dagster dev` loads, with Dagster's own command: switching the sensor on then cuts only new evidence."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "dagster", "sensor", "cursor", "continual_learning_sensor"]
+    command += ["--set", demo.cursor or "", "-m", "lightning_dagster.orchestration.definitions"]
+    done = subprocess.run(
+        command, env={**os.environ, **demo.env}, capture_output=True, text=True, timeout=300
+    )
+    if done.returncode == 0:
+        demo.lines.line("sensor", "cursor kept for the UI: switching the sensor on cuts only new evidence")
+    else:
+        error = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        demo.lines.line("sensor", f"cursor not kept ({error}); the first tick after switching it on retrains")
 
 
 def summary(demo: Demo, cycles: list[Cycle], before: str, after: str) -> None:

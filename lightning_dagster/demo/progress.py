@@ -155,9 +155,11 @@ def run_snapshot(
     approver: tuple[str, str] | None,
     lines: StageLines | None = None,
     label: str = "",
+    cut: dict[str, Any] | None = None,
 ) -> list[Any]:
     """Plan, optionally approve the canary step, then materialize the rest of the snapshot's graph, each as
-    a run on `instance`; with `lines`, a stage line per asset. Returns the run results."""
+    a run on `instance`; with `lines`, a stage line per asset. `cut`: what the sensor that cut the snapshot
+    decided (`Cut.config`), for `tasks` to freeze. Returns the run results."""
     from lightning_dagster.demo.setup import approval_config
     from lightning_dagster.pipeline import context as ctx
 
@@ -166,7 +168,8 @@ def run_snapshot(
         job = with_stage_lines(job, lines, label, ctx.settings(defs.resources["pipeline"]).training)
     config = run_config(lines is not None)
     planned = ["tasks", "update_plan"]
-    results = [_run(job, instance, key, planned, config)]
+    first = {**config, "ops": {"tasks": {"config": cut}}} if cut else config
+    results = [_run(job, instance, key, planned, first)]
     if approver is not None:
         approval = approval_config(defs.resources["pipeline"], key, approver)
         results.append(

@@ -166,7 +166,7 @@ class WorkingCopy:
             )
             raise ProjectError(source.file, [("tasks.path", problem)])
         self.tasks_file = self.root / self.original.relative_to(folder)
-        self.file = self.root / source.file.name
+        self.file, self.source_file = self.root / source.file.name, source.file
         # The copy is kept across demo runs in one home (cycle 2's added tasks stay added), but only for the same
         # project with the same tasks: another project, or edited tasks, replace it.
         marker, origin = self.root / ".demo-source", f"{source.file.resolve()}\n{tasks.content_hash}\n"
@@ -198,6 +198,16 @@ class WorkingCopy:
             kept.to_csv(self.tasks_file, index=False)
         else:
             kept.to_parquet(self.tasks_file)
+
+    def pin_training(self, given: dict[str, Any]) -> None:
+        """The copy's `training:` section: the project's own with the demo's `given` settings over it, so the
+        UI's code location (reading this file) runs and fingerprints with the demo's settings."""
+        import yaml
+
+        original = yaml.safe_load(self.source_file.read_text()) or {}
+        spec = yaml.safe_load(self.file.read_text()) or {}
+        spec["training"] = {**(original.get("training") or {}), **given}
+        self.file.write_text(yaml.safe_dump(spec, sort_keys=False))
 
     def add_late_tasks(self) -> int:
         """Put the withheld train tasks back; returns how many train tasks arrived."""

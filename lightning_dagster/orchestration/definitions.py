@@ -6,7 +6,14 @@ import dagster as dg
 
 from lightning_dagster.orchestration.assets import snapshot_assets
 from lightning_dagster.orchestration.assets.gate_checks import GATE_CHECKS
-from lightning_dagster.orchestration.jobs import approve, continual_learning, promote, resume, rollback
+from lightning_dagster.orchestration.jobs import (
+    approve,
+    continual_learning,
+    promote,
+    restore_approved_alias,
+    resume,
+    rollback,
+)
 from lightning_dagster.orchestration.resources import default_pipeline
 from lightning_dagster.orchestration.sensors import (
     approved_alias_sensor,
@@ -24,7 +31,7 @@ def build_definitions(
     return dg.Definitions(
         assets=snapshot_assets,
         asset_checks=GATE_CHECKS,
-        jobs=[continual_learning, approve, promote, rollback, resume],
+        jobs=[continual_learning, approve, promote, rollback, resume, restore_approved_alias],
         # One process per run, its steps in order: the graph is a chain over one model, so the multiprocess
         # executor's parallel steps buy nothing here, while each of its ~17 step processes (assets and their
         # checks) imports torch, transformers and the pipeline again. Training still runs in its own process

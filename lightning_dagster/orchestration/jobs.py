@@ -213,3 +213,40 @@ def resume_loop(config: ResumeConfig, pipeline: PipelineResource) -> dg.Output:
 )
 def resume() -> None:
     resume_loop()
+
+
+# ---------------------------------------------------------------- restore approved-default's MLflow alias
+
+
+class RestoreAliasConfig(dg.Config):
+    last_verified: float | None = Field(
+        default=None, description="When the alias was last seen to agree (narrows the incident's window)"
+    )
+
+
+@dg.op(
+    description="Make MLflow's approved-default alias agree with the store again; an alias moved outside the "
+    "registry is recorded as an incident (`lightning-dagster registry history`) and observed on release_receipt."
+)
+def restore_alias(
+    context: dg.OpExecutionContext, config: RestoreAliasConfig, pipeline: PipelineResource
+) -> None:
+    from lightning_dagster.pipeline.context import registry
+
+    rec = registry(pipeline).reconcile(last_verified=config.last_verified)
+    if rec.incident is not None:
+        context.log.warning(f"pointer incident {rec.incident.number}: {rec.incident.summary()}")
+        context.log_event(
+            dg.AssetObservation(
+                asset_key=dg.AssetKey("release_receipt"),
+                description=rec.incident.summary(),
+                metadata=to_metadata({"pointer_incident": rec.incident.number, **rec.incident.to_dict()}),
+            )
+        )
+
+
+@dg.job(
+    description="Restore approved-default's MLflow alias from the store (requested by approved_alias_sensor)."
+)
+def restore_approved_alias() -> None:
+    restore_alias()

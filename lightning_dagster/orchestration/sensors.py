@@ -1,5 +1,7 @@
 """Triggers: the continual-learning sensor, the stale-evidence and alias-watch sensors, the nightly schedule.
 The continual-learning sensor and the nightly schedule start stopped: each of their runs trains a model.
+A sensor writes nothing itself (a UI preview changes nothing): what it decides is what Dagster commits with
+the tick, its cursor, partition and run requests and observations.
 """
 
 import datetime as dt
@@ -8,9 +10,10 @@ import time
 
 import dagster as dg
 
+from lightning_dagster.gate.hashing import content_hash
 from lightning_dagster.orchestration.assets import release_receipt
 from lightning_dagster.orchestration.assets.metadata import to_metadata
-from lightning_dagster.orchestration.jobs import continual_learning
+from lightning_dagster.orchestration.jobs import continual_learning, restore_approved_alias
 from lightning_dagster.orchestration.partitions import snapshots
 from lightning_dagster.orchestration.resources import PipelineResource
 from lightning_dagster.pipeline import context as ctx
@@ -32,9 +35,9 @@ def _keys(instance: dg.DagsterInstance) -> list[str]:
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.STOPPED,
     description="Cuts a content-hashed snapshot when enough new rewarded serve rollouts or new tasks arrive, "
-    "unless the loop is paused: a stop condition pauses it as a recorded decision (condition and receipt), "
-    "lifted by an authorized actor's `resume` job or `lightning-dagster loop resume`, or by a newer receipt "
-    "that clears it. Each pause and resume is an observation on release_receipt with the loop's history.",
+    "unless the loop is paused: a judged receipt's stop condition pauses it as a decision recorded with the "
+    "receipt, lifted by an authorized actor's `resume` job or `lightning-dagster loop resume`, or by a newer "
+    "receipt that clears it. Each pause and resume is shown once as an observation on release_receipt.",
 )
 def continual_learning_sensor(context: dg.SensorEvaluationContext, pipeline: PipelineResource):
     from lightning_dagster.pipeline.loop_history import decision_metadata
@@ -42,30 +45,42 @@ def continual_learning_sensor(context: dg.SensorEvaluationContext, pipeline: Pip
     watermark = Watermark.from_cursor(context.cursor)
     stop = triggers.stop_decision(pipeline, _keys(context.instance))
     observed = []
-    if stop.recorded is not None:
+    if stop.head is not None and stop.head.hash != watermark.decision:
+        # Each recorded pause or resume is shown once, on the asset the loop watches.
+        watermark.decision = stop.head.hash
         observed.append(
             dg.AssetObservation(
                 asset_key=release_receipt.key,
-                description=f"continual learning {stop.recorded.decision.action}d",
-                metadata=to_metadata(decision_metadata(pipeline.get_store(), stop.recorded)),
+                description=f"continual learning {stop.head.decision.action}d",
+                metadata=to_metadata(decision_metadata(pipeline.get_store(), stop.head)),
             )
         )
     if stop.pause:
-        # The decision is kept in the store, so `lightning-dagster loop` and the UI agree on why it paused.
-        return dg.SensorResult(skip_reason=f"paused: {stop.reason}", asset_events=observed)
+        return dg.SensorResult(
+            skip_reason=f"paused: {stop.reason}", cursor=watermark.to_cursor(), asset_events=observed
+        )
     evidence = triggers.new_evidence(pipeline, watermark)
     if not evidence.enough:
         return dg.SensorResult(
             skip_reason=f"waiting: {evidence.summary}", cursor=watermark.to_cursor(), asset_events=observed
         )
-    key = triggers.cut_snapshot(pipeline, evidence, _now())
+    cut = triggers.cut_snapshot(pipeline, evidence, _now())
+    evidence.watermark.decision = watermark.decision
     return dg.SensorResult(
-        dynamic_partitions_requests=[snapshots.build_add_request([key])],
-        run_requests=[
-            dg.RunRequest(partition_key=key, run_key=key, tags={"trigger": "continual_learning_sensor"})
-        ],
+        dynamic_partitions_requests=[snapshots.build_add_request([cut.key])],
+        run_requests=[cut_run(cut, "continual_learning_sensor")],
         cursor=evidence.watermark.to_cursor(),
         asset_events=observed,
+    )
+
+
+def cut_run(cut: triggers.Cut, trigger: str) -> dg.RunRequest:
+    """The run of a cut snapshot: its `tasks` freezes what the cut decided."""
+    return dg.RunRequest(
+        partition_key=cut.key,
+        run_key=cut.key,
+        run_config={"ops": {"tasks": {"config": cut.config}}},
+        tags={"trigger": trigger},
     )
 
 
@@ -73,17 +88,21 @@ def continual_learning_sensor(context: dg.SensorEvaluationContext, pipeline: Pip
     minimum_interval_seconds=120,
     default_status=dg.DefaultSensorStatus.RUNNING,
     asset_selection=[release_receipt],
-    description="Voids receipt checks whose evaluator, tool contract, task distribution or parent changed since the "
-    "gate ran; marks those receipts stale and records an observation on release_receipt.",
+    description="Finds receipt checks whose evaluator, tool contract, task distribution or parent changed since "
+    "the gate ran (the gate voids them when it judges) and records each such receipt once as an observation on "
+    "release_receipt, naming what changed. Writes nothing itself.",
 )
 def stale_evidence_sensor(context: dg.SensorEvaluationContext, pipeline: PipelineResource):
-    fingerprints, stale = triggers.stale_receipts(pipeline, _keys(context.instance), context.cursor)
+    cursor, stale = triggers.stale_receipts(pipeline, _keys(context.instance), context.cursor)
     if not stale:
-        return dg.SensorResult(skip_reason="no receipt has stale evidence", cursor=fingerprints)
+        return dg.SensorResult(skip_reason="no receipt has stale evidence", cursor=cursor)
     observations = []
     for mark in stale:
         settings = ctx.changed_settings(pipeline, mark.snapshot_key)
         what = "; ".join(f"{name} ({', '.join(diffs)})" for name, diffs in settings.items())
+        context.log.info(
+            f"{mark.receipt_id} ({mark.snapshot_key}): checks {sorted(map(int, mark.void_checks))} stale"
+        )
         observations.append(
             dg.AssetObservation(
                 asset_key=release_receipt.key,
@@ -102,7 +121,7 @@ def stale_evidence_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
                 ),
             )
         )
-    return dg.SensorResult(asset_events=observations, cursor=fingerprints)
+    return dg.SensorResult(asset_events=observations, cursor=cursor)
 
 
 def _verified_at(cursor: str | None, now: float) -> float | None:
@@ -121,34 +140,31 @@ def _verified_at(cursor: str | None, now: float) -> float | None:
 @dg.sensor(
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    asset_selection=[release_receipt],
-    description="Checks every tick that MLflow's approved-default alias names the store's pointer; restores an "
-    "alias moved outside the registry (MLflow's UI, another client) and records the incident in the store "
-    "(`lightning-dagster registry history`) and as an observation on release_receipt.",
+    job=restore_approved_alias,
+    description="Checks every tick that MLflow's approved-default alias names the store's pointer; when it "
+    "does not (moved in MLflow's UI, by another client, or a mirror write lost), requests a restore_approved_alias "
+    "run, which restores it and records an alias moved outside the registry as an incident. Writes nothing itself.",
 )
 def approved_alias_sensor(context: dg.SensorEvaluationContext, pipeline: PipelineResource):
     from lightning_dagster.registry.errors import RegistryUnavailable
 
     checked_at = time.time()
+    last_verified = _verified_at(context.cursor, checked_at)
     try:
-        rec = ctx.registry(pipeline).reconcile(last_verified=_verified_at(context.cursor, checked_at))
+        rec = ctx.registry(pipeline).reconcile(check_only=True)
     except RegistryUnavailable as exc:
         # The cursor keeps the last time the alias was seen to agree: an incident found later says so.
         return dg.SkipReason(f"alias not checked: {exc}")
-    cursor = json.dumps({"verified_at": checked_at, "approved_default": rec.pointer})
-    if rec.incident is None:
-        state = "mirror repaired after a lost write" if rec.changed else "agrees"
+    if not rec.changed:
+        cursor = json.dumps({"verified_at": checked_at, "approved_default": rec.pointer})
         return dg.SensorResult(
-            skip_reason=f"approved-default {rec.pointer or '(unset)'}: MLflow alias {state}", cursor=cursor
+            skip_reason=f"approved-default {rec.pointer or '(unset)'}: MLflow alias agrees", cursor=cursor
         )
-    incident = rec.incident
-    context.log.warning(f"pointer incident {incident.number}: {incident.summary()}")
-    observation = dg.AssetObservation(
-        asset_key=release_receipt.key,
-        description=incident.summary(),
-        metadata=to_metadata({"pointer_incident": incident.number, **incident.to_dict()}),
-    )
-    return dg.SensorResult(asset_events=[observation], cursor=cursor)
+    context.log.warning(f"approved-default {rec.pointer}: MLflow differs ({'; '.join(rec.differences)})")
+    # One restore per difference seen (and a retry every ten minutes while it persists).
+    run_key = f"restore-{content_hash([rec.differences, int(checked_at // 600)])[7:23]}"
+    config = {"ops": {"restore_alias": {"config": {"last_verified": last_verified}}}}
+    return dg.SensorResult(run_requests=[dg.RunRequest(run_key=run_key, run_config=config)])
 
 
 @dg.schedule(
@@ -165,7 +181,7 @@ def nightly_snapshot(context: dg.ScheduleEvaluationContext, pipeline: PipelineRe
     # The schedule has no cursor: it takes every rewarded serve rollout of the last day.
     since = Watermark(serve_after=(context.scheduled_execution_time or _now()).timestamp() - 86400)
     evidence = triggers.new_evidence(pipeline, since, force=True)
-    key = triggers.cut_snapshot(pipeline, evidence, context.scheduled_execution_time or _now())
+    cut = triggers.cut_snapshot(pipeline, evidence, context.scheduled_execution_time or _now())
     # A schedule cannot return partition requests; it adds the partition itself before asking for the run.
-    context.instance.add_dynamic_partitions(snapshots.name, [key])
-    return dg.RunRequest(partition_key=key, run_key=key, tags={"trigger": "nightly_snapshot"})
+    context.instance.add_dynamic_partitions(snapshots.name, [cut.key])
+    return cut_run(cut, "nightly_snapshot")

@@ -267,11 +267,18 @@ def registered_version(ref: ParentRef | CandidateArtifact) -> str:
 
 def fingerprint_inputs(p: Pipeline) -> dict[str, Any]:
     """The settings each setting-derived fingerprint hashes, kept so a change can be named."""
+    from lightning_dagster.gate.hashing import fingerprint
     from lightning_dagster.pipeline.serving import retry_policy
 
     source, s = harness_source(p), settings(p)
     train = source.spec  # the canary's harness too
+    closed = {"holdout": s.training.holdout_tasks, "protected": s.training.protected_tasks}
     return {
+        # the held-out and protected cases drawn now: train tasks added later change neither
+        "task_distribution": {
+            split: fingerprint(source.make_tasks(split, n, s.training.eval_seed))
+            for split, n in closed.items()
+        },
         "evaluator": {
             "name": s.gate.evaluator,
             "version": s.gate.evaluator_version,
@@ -296,7 +303,6 @@ def global_fingerprints(
     inputs = fingerprint_inputs(p) if inputs is None else inputs
     return {
         **{name: fingerprint(value) for name, value in inputs.items()},
-        "task_distribution": task_pool(harness_source(p)),
         "parent": parent_weights_hash,
     }
 
@@ -330,8 +336,10 @@ def current_fingerprints(p: Pipeline, key: str) -> dict[str, str | None]:
     from lightning_dagster.registry.core import APPROVED
     from lightning_dagster.registry.errors import RegistryError
 
-    try:
-        parent_hash = registry(p).resolve(APPROVED, download=False).weights_hash
+    try:  # read only: what the pointer names, never a repair of MLflow's mirror
+        reg = registry(p)
+        version = reg.current(APPROVED)
+        parent_hash = reg.model_version(version).weights_hash if version else None
     except RegistryError:
         parent_hash = None  # unavailable: compared as "not given", so the receipt's own record stands
     current = global_fingerprints(p, parent_hash)

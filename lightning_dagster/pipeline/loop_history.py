@@ -108,6 +108,7 @@ class LoopState:
     reason: str
     receipt_id: str | None
     recorded: Recorded | None  # the decision this tick recorded, if any
+    head: Recorded | None = None  # the newest recorded decision after this tick
 
 
 def describe(decision: LoopDecision) -> str:
@@ -127,13 +128,17 @@ def tick(
     live_conditions: Sequence[str],
     *,
     resume_roles: Sequence[str] | None = None,
+    record: bool = True,
 ) -> LoopState:
-    """Record the decision the gate's rule makes now (if any) and return the loop's state after it; a pause
-    names `resume_roles` as the roles whose signed resume lifts it."""
+    """The loop's state after the decision the gate's rule makes now (if any), which is recorded when
+    `record` (a pause names `resume_roles` as the roles whose signed resume lifts it). Without `record`
+    nothing is written: a decision not yet recorded reads as made, a pause that is not recorded lifts when
+    its conditions no longer hold."""
     from lightning_dagster.store.errors import Conflict
 
     for _ in range(3):  # a concurrent tick or resume moved the head: decide again on the new history
         past = history(store)
+        head = past[-1] if past else None
         decision = next_decision(
             [r.decision for r in past],
             latest_receipt,
@@ -143,15 +148,20 @@ def tick(
             resume_roles=resume_roles,
         )
         try:
-            recorded = None if decision is None else _append(store, decision, past[-1] if past else None)
+            recorded = None if decision is None or not record else _append(store, decision, head)
         except Conflict:
             continue
-        last = recorded or (past[-1] if past else None)
-        if last is None or last.decision.action == "resume":
-            return LoopState(False, "no stop condition holds", latest_receipt, recorded)
-        pause = last.decision
-        reason = f"{describe(pause)}; paused since {when(pause.at)}; resume: `lightning-dagster loop resume`"
-        return LoopState(True, reason, pause.receipt_id, recorded)
+        head = recorded or head
+        last = decision or (head.decision if head else None)
+        if last is None or last.action == "resume":
+            return LoopState(False, "no stop condition holds", latest_receipt, recorded, head)
+        lift = (
+            "resume: `lightning-dagster loop resume`"
+            if decision is None or record
+            else "lifts when it no longer holds"
+        )
+        reason = f"{describe(last)}; paused since {when(last.at)}; {lift}"
+        return LoopState(True, reason, last.receipt_id, recorded, head)
     raise Conflict(f"{COLLECTION}/{LOOP}: the history kept moving under three attempts to decide")
 
 

@@ -37,7 +37,7 @@ class InvalidSnapshotKey(ValueError):
 
 
 class SnapshotTampered(ValueError):
-    """A stored snapshot is not a manifest, or no longer hashes to the digest it was frozen with."""
+    """A stored snapshot is not a manifest, or its tasks no longer hash to the digest it was cut or frozen with."""
 
 
 def validate_snapshot_key(key: str) -> str:
@@ -175,13 +175,24 @@ def _stored(p: Pipeline, key: str) -> Manifest | None:
         raise SnapshotTampered(f"snapshot {key}: the stored document is not a manifest: {exc}") from exc
 
 
-def freeze_tasks(p: Pipeline, key: str) -> Manifest:
-    """The snapshot's manifest: the one a sensor froze when it cut the key, or (for a partition added by
-    hand in the UI) one frozen now from the key's own seed."""
+def freeze_tasks(p: Pipeline, key: str, cut: dict[str, Any] | None = None) -> Manifest:
+    """The snapshot's manifest, frozen by the first run of its `tasks`: from the `cut` the sensor or schedule
+    decided (train seed and serve rollouts; `SnapshotTampered` when the tasks changed since, so the key's
+    digest no longer matches), or, for a partition added by hand in the UI, from the key's own seed."""
     manifest = _stored(p, key)
     if manifest is None:
-        seed = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 1_000_000
-        manifest = build_manifest(p, train_seed=seed)
+        if cut:
+            manifest = build_manifest(
+                p, train_seed=cut["train_seed"], serve_rollout_ids=cut["serve_rollout_ids"]
+            )
+            if not key.endswith(f"-{manifest.digest[:8]}"):
+                raise SnapshotTampered(
+                    f"snapshot {key}: the task pool changed after it was cut (its tasks now hash to "
+                    f"{manifest.digest[:8]}); the next sensor tick cuts a snapshot of the changed pool"
+                )
+        else:
+            seed = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 1_000_000
+            manifest = build_manifest(p, train_seed=seed)
         save_manifest(p, key, manifest)
     return manifest
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from lightning_dagster.pipeline import context as ctx
-from lightning_dagster.pipeline.snapshots import build_manifest, save_manifest, snapshot_key
+from lightning_dagster.pipeline.snapshots import build_manifest, snapshot_key
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import Receipt
@@ -37,6 +37,7 @@ class InvalidCursor(ValueError):
 class Watermark:
     serve_after: float = 0.0  # created_at of the newest serve rollout already in a snapshot
     pool: str | None = None  # fingerprint of the task pool the last snapshot drew from
+    decision: str | None = None  # hash of the newest loop decision the sensor has shown
 
     @classmethod
     def from_cursor(cls, cursor: str | None) -> Watermark:
@@ -50,7 +51,7 @@ class Watermark:
             raise InvalidCursor(cursor, "invalid JSON") from None
         if not isinstance(data, dict):
             raise InvalidCursor(cursor, "not a JSON object")
-        after, pool = data.get("serve_after", 0.0), data.get("pool")
+        after, pool, decision = data.get("serve_after", 0.0), data.get("pool"), data.get("decision")
         if (
             isinstance(after, bool)
             or not isinstance(after, int | float)
@@ -59,9 +60,10 @@ class Watermark:
             raise InvalidCursor(
                 cursor, f"serve_after {after!r} is not a time (Unix seconds, not in the future)"
             )
-        if pool is not None and not isinstance(pool, str):
-            raise InvalidCursor(cursor, f"pool {pool!r} is not a fingerprint")
-        return cls(serve_after=float(after), pool=pool)
+        for name, value in (("pool", pool), ("decision", decision)):
+            if value is not None and not isinstance(value, str):
+                raise InvalidCursor(cursor, f"{name} {value!r} is not a hash")
+        return cls(serve_after=float(after), pool=pool, decision=decision)
 
     def to_cursor(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -81,6 +83,7 @@ class Stop:
     reason: str
     receipt_id: str | None = None
     recorded: Recorded | None = None  # the pause or resume this evaluation recorded, if any
+    head: Recorded | None = None  # the newest recorded pause or resume
 
 
 def new_evidence(p: Pipeline, watermark: Watermark, *, force: bool = False) -> NewEvidence:
@@ -111,15 +114,27 @@ def new_evidence(p: Pipeline, watermark: Watermark, *, force: bool = False) -> N
     )
 
 
-def cut_snapshot(p: Pipeline, evidence: NewEvidence, now: dt.datetime) -> str:
-    """Freeze the snapshot's tasks; return its key. The train seed is the settings' seed and the evidence's
-    (task pool, serve rollouts), never the clock's: the same seed and data freeze the same tasks."""
+@dataclass(frozen=True)
+class Cut:
+    """A snapshot the sensor or schedule decided to cut: its key and what its `tasks` run freezes."""
+
+    key: str
+    train_seed: int
+    serve_rollout_ids: list[str]
+
+    @property
+    def config(self) -> dict:
+        return {"train_seed": self.train_seed, "serve_rollout_ids": self.serve_rollout_ids}
+
+
+def cut_snapshot(p: Pipeline, evidence: NewEvidence, now: dt.datetime) -> Cut:
+    """The snapshot to cut, nothing written: the `tasks` run freezes it from `Cut.config`. The train seed is
+    the settings' seed and the evidence's (task pool, serve rollouts), never the clock's: the same seed and
+    data freeze the same tasks."""
     basis = [ctx.settings(p).training.seed, evidence.watermark.pool, sorted(evidence.serve_rollout_ids)]
     seed = int(hashlib.sha256(json.dumps(basis).encode()).hexdigest()[:8], 16) % 1_000_000
     manifest = build_manifest(p, train_seed=seed, serve_rollout_ids=evidence.serve_rollout_ids)
-    key = snapshot_key(manifest.digest, now)
-    save_manifest(p, key, manifest)
-    return key
+    return Cut(snapshot_key(manifest.digest, now), seed, manifest.serve_rollout_ids)
 
 
 def _gated(store: Store, keys: list[str]) -> list[tuple[str, Receipt]]:
@@ -135,9 +150,10 @@ def _gated(store: Store, keys: list[str]) -> list[tuple[str, Receipt]]:
     return out
 
 
-def stop_decision(p: Pipeline, keys: list[str]) -> Stop:
-    """The loop's state after this tick: a stop condition of the latest judged receipt (or a parent that
-    does not resolve now) pauses it until an authorized resume or a clearing receipt (`release.pauses`)."""
+def stop_decision(p: Pipeline, keys: list[str], *, record: bool = False) -> Stop:
+    """The loop's state: a stop condition of the latest judged receipt, or a parent that is not set or not
+    registered, pauses it until an authorized resume or a clearing receipt (`release.pauses`). Only the
+    stage that judged a receipt passes `record`; the sensors and the schedule only read."""
     from lightning_dagster.gate.stop import stop_decision as gate_stop
     from lightning_dagster.pipeline.loop_history import tick
     from lightning_dagster.registry.core import APPROVED
@@ -145,8 +161,13 @@ def stop_decision(p: Pipeline, keys: list[str]) -> Stop:
 
     store = p.get_store()
     live: list[str] = []
+    reg = ctx.registry(p)
     try:
-        ctx.registry(p).resolve(APPROVED, download=False)
+        version = reg.current(APPROVED)
+        if version is None:
+            live.append(f"parent unavailable: {APPROVED} is not set")
+        else:
+            reg.model_version(version)
     except RegistryError as exc:
         live.append(f"parent unavailable: {exc}")
     gated = _gated(store, keys[-20:])
@@ -157,8 +178,9 @@ def stop_decision(p: Pipeline, keys: list[str]) -> Stop:
         conditions = gate_stop(latest, ctx.policy(p), previous).reasons
     # A pause names who may lift it: the deployment's default-approver roles (the one place the `resume` job
     # and `loop resume` read them from).
-    state = tick(store, latest_id, conditions, live, resume_roles=ctx.settings(p).gate.default_approver_roles)
-    return Stop(pause=state.paused, reason=state.reason, receipt_id=state.receipt_id, recorded=state.recorded)
+    roles = ctx.settings(p).gate.default_approver_roles
+    state = tick(store, latest_id, conditions, live, resume_roles=roles, record=record)
+    return Stop(state.paused, state.reason, state.receipt_id, state.recorded, state.head)
 
 
 @dataclass
@@ -170,26 +192,29 @@ class StaleMark:
 
 
 def stale_receipts(p: Pipeline, keys: list[str], cursor: str | None) -> tuple[str, list[StaleMark]]:
-    """Receipts whose evidence a changed fingerprint voids, each marked once (flag `stale/<receipt_id>`);
-    the cursor hashes what was last examined, so an unchanged world costs one hash per tick."""
-    from lightning_dagster.gate.hashing import content_hash
+    """Receipts whose evidence a changed fingerprint voids, each marked once: the returned cursor names the
+    receipts marked so far (nothing is written; Dagster keeps the cursor with the tick's observations)."""
     from lightning_dagster.gate.staleness import void_checks
 
+    try:
+        seen = json.loads(cursor) if cursor else {}
+    except ValueError:
+        seen = {}
+    marked = set(seen.get("marked", [])) if isinstance(seen, dict) else set()
     store, pol = p.get_store(), ctx.policy(p)
     marks: list[StaleMark] = []
     gated = _gated(store, keys[-200:])
-    world = {"n": len(keys)}
+    promoted = {move.receipt_id for move in ctx.registry(p).history() if move.receipt_id}
     for key, receipt in gated:
-        current = ctx.current_fingerprints(p, key)
-        world[receipt.receipt_id] = current
-        if store.get_flag(f"stale/{receipt.receipt_id}") is not None:
+        if receipt.receipt_id in marked:
             continue
+        current = ctx.current_fingerprints(p, key)
+        if receipt.receipt_id in promoted:
+            current["parent"] = None  # its promotion moved the pointer off its parent: not compared
         void = void_checks(receipt.fingerprints, current, required=pol.staleness.required_fingerprints)
         if void:
             changed = sorted({reason.split(" ", 1)[0] for reasons in void.values() for reason in reasons})
-            store.set_flag(
-                f"stale/{receipt.receipt_id}",
-                {"void_checks": {str(k): v for k, v in void.items()}, "at": time.time()},
-            )
             marks.append(StaleMark(key, receipt.receipt_id, void, changed))
-    return content_hash(world), marks
+    ids = {r.receipt_id for _, r in gated}  # receipts beyond the window are no longer examined
+    marked = sorted((marked & ids) | {m.receipt_id for m in marks})
+    return json.dumps({"marked": marked}), marks

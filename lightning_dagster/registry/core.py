@@ -254,9 +254,9 @@ class Registry:
         return version
 
     # ---- pointers ----------------------------------------------------------------------------------
-    def reconcile(self, *, last_verified: float | None = None) -> ReconcileResult:
+    def reconcile(self, *, last_verified: float | None = None, check_only: bool = False) -> ReconcileResult:
         """Make MLflow's `approved-default` mirror agree with the store (see `pointers.reconcile`)."""
-        return pointers.reconcile(self, last_verified=last_verified)
+        return pointers.reconcile(self, last_verified=last_verified, check_only=check_only)
 
     def current(self, alias: str = APPROVED) -> str | None:
         """The version an alias points at, or None; `approved-default` is read from the store."""

@@ -55,6 +55,7 @@ class ReconcileResult:
     last_move: Any = None  # the store's newest PointerMove of approved-default, None if never set
     model_version: Any = None  # MLflow's version behind the alias, when the mirror was already current
     incident: Any = None  # the `PointerIncident` recorded when the alias had been moved outside the registry
+    differences: Any = None  # with `check_only`: what the mirror shows otherwise than the store
 
 
 def check_alias(alias: str) -> None:
@@ -178,13 +179,16 @@ def mirror_differences(history: list, found: MirrorState) -> list[str]:
     return diffs
 
 
-def reconcile(reg: Registry, *, last_verified: float | None = None) -> ReconcileResult:
+def reconcile(
+    reg: Registry, *, last_verified: float | None = None, check_only: bool = False
+) -> ReconcileResult:
     """Make MLflow's `approved-default` mirror agree with the store's pointer and history.
 
     The whole mirror is compared (`mirror_differences`) in three MLflow calls and rewritten when anything
     differs; idempotent. A mirror the registry cannot have left that way (`_explained`, `_written`) is
     recorded as a `PointerIncident` before it is restored; one merely behind the store (a write lost to an
-    outage) is repaired without. `last_verified` narrows the incident's time window."""
+    outage) is repaired without. `last_verified` narrows the incident's time window. `check_only`: compare,
+    write nothing (`changed` says whether a reconcile would)."""
     reg.connect()
     name = reg.pointer_name()
     incident = None
@@ -198,6 +202,10 @@ def reconcile(reg: Registry, *, last_verified: float | None = None) -> Reconcile
         pointer = last.to_value if last else None
         alias = found.alias
         differences = mirror_differences(history, found)
+        if check_only:
+            return ReconcileResult(
+                pointer, changed=bool(differences), last_move=last, differences=differences
+            )
         if not differences:
             _note_mirrored(reg, last, mirrored)
             return ReconcileResult(

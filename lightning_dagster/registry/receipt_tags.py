@@ -1,6 +1,8 @@
-"""The receipt on the model version it judged: MLflow version tags repeating the ledger's head of that
-receipt (id, ledger version, ledger hash, verdict), rewritten at every new receipt version. `receipt_hash`
-is the ledger's hash of that version, never the gate's evidence hash.
+"""The receipt on the model version it judged: MLflow version tags, and the same tags on the version's
+lineage run, repeating the ledger's head of that receipt (id, ledger version, ledger hash, verdict),
+rewritten at every new receipt version; the run also gets the held-out and protected figures as metrics,
+where MLflow compares candidates. `receipt_hash` is the ledger's hash of that version, never the gate's
+evidence hash.
 """
 
 from __future__ import annotations
@@ -93,11 +95,32 @@ def write(reg: Registry, value: str | StoredReceipt) -> ReceiptTags | None:
     named = stored.receipt.candidate.weights_hash if stored.receipt.candidate else None
     if named and not same_hash(named, version.weights_hash):
         raise WeightsMismatch(version.version, named, version.weights_hash)
+    c, call = reg.client, reg.call_mlflow
     for key, text in tags.as_tags().items():
-        reg.call_mlflow(
-            "set version tag", reg.client.set_model_version_tag, reg.model_name, version.version, key, text
-        )
+        call("set version tag", c.set_model_version_tag, reg.model_name, version.version, key, text)
+        call("set run tag", c.set_tag, version.run_id, key, text)
+    for key, value in evaluation_metrics(stored.receipt).items():
+        call("log metric", c.log_metric, version.run_id, key, value)
     return tags
+
+
+def evaluation_metrics(receipt: Receipt) -> dict[str, float]:
+    """The receipt's held-out means and margin (over the families both sides ran) and protected counts."""
+    out: dict[str, float] = {}
+    scored = [
+        f
+        for f in (receipt.holdout.families if receipt.holdout else [])
+        if None not in (f.candidate_mean, f.parent_mean)
+    ]
+    n = sum(f.n for f in scored)
+    if n:
+        for side in ("candidate", "parent"):
+            out[f"heldout_{side}_mean"] = sum(f.n * getattr(f, f"{side}_mean") for f in scored) / n
+        out["heldout_margin"] = out["heldout_candidate_mean"] - out["heldout_parent_mean"]
+    if receipt.protected is not None:
+        out["protected_cases"] = float(sum(f.n for f in receipt.protected.families))
+        out["protected_regressions"] = float(sum(len(f.regressed) for f in receipt.protected.families))
+    return out
 
 
 def write_after(reg: Registry, value: str | StoredReceipt) -> str | None:

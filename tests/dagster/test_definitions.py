@@ -76,6 +76,7 @@ def test_jobs_sensors_schedule_and_trainer_pool():
         "promote",
         "rollback",
         "resume",
+        "restore_approved_alias",
     }
     sensors = {s.name: s for s in repo.sensor_defs}
     assert set(sensors) == {"continual_learning_sensor", "stale_evidence_sensor", "approved_alias_sensor"}

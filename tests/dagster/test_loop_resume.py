@@ -175,7 +175,8 @@ def test_the_resume_job_records_a_signed_resume_once(store):
 @pytest.fixture
 def owned(tmp_path, monkeypatch):
     """A deployment whose gate lets `loop-owner` (carol) resume, not `default-approver` (bob): its roles
-    pinned in a store of its own, its loop paused by the sensor's rule (no approved parent resolves)."""
+    pinned in a store of its own, its loop paused by the gate's rule (no approved parent resolves), recorded
+    as the stage that judges a receipt records it."""
     from lightning_dagster.orchestration.resources import (
         GateResource,
         MLflowResource,
@@ -200,7 +201,7 @@ def owned(tmp_path, monkeypatch):
     )
     store = pipeline.get_store()
     deployment_roles(store, tmp_path / "roles.yaml")
-    assert stop_decision(pipeline, []).pause
+    assert stop_decision(pipeline, [], record=True).pause
     return pipeline, keys
 
 

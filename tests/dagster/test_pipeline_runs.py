@@ -277,7 +277,8 @@ def test_postgres_instance_blocks_then_approves_then_promotes(postgres_instance)
 
 def test_stale_evidence_sensor_marks_receipts_judged_by_another_evaluator(sqlite_snapshot):
     """A new evaluator version voids the held-out and protected checks of receipts judged by the old one;
-    the sensor marks each such receipt once and records an observation the UI shows on release_receipt."""
+    the sensor marks each such receipt once (its cursor names it) with an observation the UI shows on
+    release_receipt, and writes nothing itself."""
     from lightning_dagster.orchestration.sensors import stale_evidence_sensor
 
     key, _, _ = sqlite_snapshot
@@ -293,7 +294,7 @@ def test_stale_evidence_sensor_marks_receipts_judged_by_another_evaluator(sqlite
     # Which setting changed, and the same stale checks the receipt's metadata would name.
     assert meta["changed_settings"] == {"evaluator": ["version: 1 -> 2"]}
     assert meta["stale_checks"] == [4, 5] and "version: 1 -> 2" in obs.description
-    assert p.get_store().get_flag(f"stale/{ctx.receipt_id(key)}") is not None
+    assert meta["receipt_id"] == ctx.receipt_id(key)
     with dg.build_sensor_context(
         instance=instance, resources={"pipeline": p}, cursor=result.cursor
     ) as context:

@@ -17,18 +17,19 @@ import yaml
 from mlflow import MlflowClient
 
 from lightning_dagster.demo import run_snapshot
+from lightning_dagster.gate.ledger import ReceiptLedger
 from lightning_dagster.orchestration.assets import snapshot_assets
 from lightning_dagster.orchestration.assets import tasks as tasks_asset
 from lightning_dagster.orchestration.definitions import build_definitions
 from lightning_dagster.orchestration.partitions import snapshots
 from lightning_dagster.orchestration.resources import ProjectResource
-from lightning_dagster.orchestration.sensors import continual_learning_sensor
+from lightning_dagster.orchestration.sensors import continual_learning_sensor, stale_evidence_sensor
 from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.snapshots import build_manifest, freeze_tasks, load_manifest
 from lightning_dagster.project import TaskDataError, load_project, load_tasks
 from lightning_dagster.project.examples import EXAMPLES_DIR, example_harness, example_tasks
 from lightning_dagster.training.selection import reserved_validation
-from tests.dagster.conftest import TINY_POLICY, pipeline_for
+from tests.dagster.conftest import TINY_POLICY, pipeline_for, resume_loop
 
 # Rows per split of the test dataset: fewer train rows than 2 steps x 4 tasks (so train cycles), more
 # held-out rows than the 8 the tiny settings ask for (so holdout is capped), protected exactly 4.
@@ -206,15 +207,21 @@ def _tick(p, instance, cursor=None):
         return continual_learning_sensor(context)
 
 
+def _cut(result) -> dict:
+    return result.run_requests[0].run_config["ops"]["tasks"]["config"]
+
+
 @pytest.mark.slow  # pays for the session's bootstrap when run first (the sensor needs a parent)
 def test_sensor_cuts_a_snapshot_when_the_tasks_file_changes(bootstrapped, tmp_path):
     rows = calc_rows(ROWS)
     root = write_project(tmp_path / "proj", rows)
     p = project_pipeline(root)
+    resume_loop(p)  # a receipt judged earlier in the session's store may have paused it
     instance = dg.DagsterInstance.ephemeral()
     first = _tick(p, instance)
     (key,) = first.dynamic_partitions_requests[0].partition_keys
     assert json.loads(first.cursor)["pool"] == load_tasks(load_project(root)).content_hash
+    frozen = freeze_tasks(p, key, _cut(first))  # its run's `tasks`
     idle = _tick(p, instance, first.cursor)
     assert not idle.run_requests and "task pool unchanged" in idle.skip_reason.skip_message
 
@@ -223,9 +230,9 @@ def test_sensor_cuts_a_snapshot_when_the_tasks_file_changes(bootstrapped, tmp_pa
     edited = _tick(p, instance, first.cursor)
     (key2,) = edited.dynamic_partitions_requests[0].partition_keys
     new_hash = load_tasks(load_project(root)).content_hash
-    assert key2 != key and load_manifest(p, key2).dataset.content_hash == new_hash
+    assert key2 != key and freeze_tasks(p, key2, _cut(edited)).dataset.content_hash == new_hash
     assert json.loads(edited.cursor)["pool"] == new_hash
-    assert load_manifest(p, key).dataset.content_hash != new_hash
+    assert load_manifest(p, key) == frozen and frozen.dataset.content_hash != new_hash
 
 
 @pytest.mark.slow
@@ -269,7 +276,9 @@ def test_the_whole_graph_runs_on_a_user_project_and_mlflow_shows_its_data(bootst
     assert {r.harness for r in trained} == {"calc-project"}
     assert len(store.list_rewards(rollout_ids=[r.rollout_id for r in trained])) == len(trained)
     # The canary ran the project's own harness on its canary split, each outcome re-read by its `verify`.
-    assert sorted(t.task_id for t in receipt.canary.tasks) == sorted(t["task_id"] for t in manifest.splits.canary)
+    assert sorted(t.task_id for t in receipt.canary.tasks) == sorted(
+        t["task_id"] for t in manifest.splits.canary
+    )
     assert all(t.verified and t.evidence.startswith("posted ") for t in receipt.canary.tasks)
     assert manifest.canary_harness == "calc-project" and receipt.canary.unverifiable is None
 
@@ -287,6 +296,32 @@ def test_the_whole_graph_runs_on_a_user_project_and_mlflow_shows_its_data(bootst
     columns = {c["name"] for c in json.loads(holdout.schema)["mlflow_colspec"]}
     assert {"task_id", "family", "question", "answer", "split"} <= columns
     assert {t.value for t in inputs[f"{key}/train"].tags} == {"training"}
+
+    # The run's MLflow tags and metrics say what the ledger says: the verdict and the held-out figures.
+    run = client.get_run(run_id)
+    assert run.data.tags["verdict"] == receipt.gate.verdict
+    assert run.data.tags["receipt_version"] == str(len(ReceiptLedger(store).history(receipt.receipt_id)))
+    gate = {c.check_name: c for r in results for c in r.get_asset_check_evaluations()}
+    figures = gate["heldout_margin"].metadata["figures"].data
+    assert round(run.data.metrics["heldout_margin"], 4) == figures["margin"]
+
+    # Staleness follows evidence: train tasks added leave the receipt as judged; edited held-out cases void
+    # checks 4 and 5 and name the held-out set's change.
+    def stale_tick():
+        with dg.build_sensor_context(instance=instance, resources={"pipeline": p}) as context:
+            return stale_evidence_sensor(context)
+
+    rows = [json.loads(line) for line in (root / "tasks.jsonl").read_text().splitlines()]
+    more = [{**r, "task_id": f"{r['task_id']}-more"} for r in rows if r["split"] == "train"]
+    write_project(root, rows + more)
+    assert not stale_tick().asset_events
+    edited = [{**r, "question": r["question"] + " (revised)"} if r["split"] == "holdout" else r for r in rows]
+    write_project(root, edited + more)
+    (observation,) = stale_tick().asset_events
+    meta = {k: v.value for k, v in observation.metadata.items()}
+    assert meta["stale_checks"] == [4, 5] and meta["changed"] == ["task_distribution"]
+    (change,) = meta["changed_settings"]["task_distribution"]
+    assert change.startswith("holdout: sha256:") and "task_distribution" in observation.description
 
 
 def test_demo_with_a_broken_project_exits_2_naming_the_file_before_anything_runs(
@@ -323,8 +358,8 @@ def test_a_snapshot_cut_freezes_the_same_tasks_and_seed_at_any_time_and_in_any_f
             p = p.model_copy(
                 update={"training": TrainingResource(**{**p.training.model_dump(), "seed": seed})}
             )
-        key = cut_snapshot(p, new_evidence(p, Watermark(), force=True), when)
-        return key, load_manifest(p, key)
+        cut = cut_snapshot(p, new_evidence(p, Watermark(), force=True), when)
+        return cut.key, freeze_tasks(p, cut.key, cut.config)
 
     (key_a, a), (key_b, b) = (
         cut("a", dt.datetime(2026, 12, 1, tzinfo=dt.UTC)),

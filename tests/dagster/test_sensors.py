@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 from mlflow import MlflowClient
 
+from lightning_dagster.orchestration.jobs import restore_approved_alias
 from lightning_dagster.orchestration.partitions import snapshots
 from lightning_dagster.orchestration.resources import MLflowResource
 from lightning_dagster.orchestration.sensors import (
@@ -20,7 +21,8 @@ from lightning_dagster.orchestration.sensors import (
     nightly_snapshot,
 )
 from lightning_dagster.pipeline import loop_history
-from lightning_dagster.pipeline.snapshots import SNAPSHOT_KEY_PATTERN, load_manifest
+from lightning_dagster.pipeline.context import StageMissing
+from lightning_dagster.pipeline.snapshots import SNAPSHOT_KEY_PATTERN, freeze_tasks, load_manifest
 from lightning_dagster.types import AttemptState, Reward
 from tests.dagster.conftest import pipeline_for, resume_loop
 
@@ -42,6 +44,7 @@ def _serve_rollouts(store, n: int, session: str) -> None:
 @pytest.mark.slow  # pays for the session's bootstrap when run first
 def test_new_evidence_cuts_a_partition_and_the_cursor_advances(bootstrapped):
     p = pipeline_for()
+    resume_loop(p)  # a receipt judged earlier in the session's store may have paused it
     instance = dg.DagsterInstance.ephemeral()
 
     # First tick: the task pool was never seen -> a snapshot is cut and a run requested for it.
@@ -56,10 +59,15 @@ def test_new_evidence_cuts_a_partition_and_the_cursor_advances(bootstrapped):
     )
     (request,) = first.run_requests
     assert request.partition_key == key and request.run_key == key
-    manifest = load_manifest(p, key)
+    # The tick wrote nothing: its run's `tasks` freezes what the cut decided, under the key's digest.
+    with pytest.raises(StageMissing):
+        load_manifest(p, key)
+    cut = request.run_config["ops"]["tasks"]["config"]
+    manifest = freeze_tasks(p, key, cut)
     assert key.endswith(manifest.digest[:8]) and manifest.content_hash == f"sha256:{manifest.digest}"
+    assert manifest.train_seed == cut["train_seed"] and load_manifest(p, key) == manifest
     cursor = json.loads(first.cursor)
-    assert set(cursor) == {"serve_after", "pool"}
+    assert set(cursor) == {"serve_after", "pool", "decision"}
 
     # Nothing new: a skip that says what it waits for; the cursor stays.
     idle = _tick(p, instance, first.cursor)
@@ -70,28 +78,43 @@ def test_new_evidence_cuts_a_partition_and_the_cursor_advances(bootstrapped):
     _serve_rollouts(p.get_store(), 3, "sensor-test")
     fresh = _tick(p, instance, first.cursor)
     (key2,) = fresh.dynamic_partitions_requests[0].partition_keys
-    assert key2 != key and len(load_manifest(p, key2).serve_rollout_ids) == 3
+    cut2 = fresh.run_requests[0].run_config["ops"]["tasks"]["config"]
+    assert key2 != key and len(freeze_tasks(p, key2, cut2).serve_rollout_ids) == 3
     assert json.loads(fresh.cursor)["serve_after"] > cursor["serve_after"]
     assert loop_history.current_pause(p.get_store()) is None
 
 
-def test_stop_condition_pauses_with_its_reason(bootstrapped, leaves_loop_running):
-    # A registered model with no approved-default: the parent is unavailable, so learning must pause.
+def test_a_parent_that_is_not_set_pauses_with_its_reason_and_records_nothing(bootstrapped):
+    # A registered model with no approved-default: the parent is unavailable, so learning must pause; the
+    # pause lifts when the parent is set (a judged receipt records pauses, the sensor only reads).
     p = pipeline_for(mlflow=MLflowResource(model_name="never-approved-policy"))
+    before = len(loop_history.history(p.get_store()))
     result = _tick(p, dg.DagsterInstance.ephemeral())
     assert not result.run_requests
-    assert result.skip_reason.skip_message.startswith("paused: parent unavailable")
-    pause = loop_history.current_pause(p.get_store())
-    assert pause is not None and pause.decision.conditions[0].startswith("parent unavailable")
-    (observation,) = result.asset_events  # the UI sees the pause on release_receipt
-    assert observation.metadata["loop_decision"].value == "pause"
+    assert result.skip_reason.skip_message.startswith(
+        "paused: parent unavailable: approved-default is not set"
+    )
+    assert "lifts when it no longer holds" in result.skip_reason.skip_message
+    assert len(loop_history.history(p.get_store())) == before
 
 
-def _judged(p, key: str, name: str) -> str:
-    """A gate fixture receipt (`tests/gate`) as snapshot `key`'s judged receipt, as if made by hand."""
+def test_a_snapshot_whose_tasks_changed_after_the_cut_is_refused_by_name(bootstrapped, tmp_path):
+    from lightning_dagster.pipeline.snapshots import SnapshotTampered
+
+    p = pipeline_for()
+    (request,) = _tick(p, dg.DagsterInstance.ephemeral()).run_requests
+    cut = request.run_config["ops"]["tasks"]["config"]
+    with pytest.raises(SnapshotTampered, match="changed after it was cut"):
+        freeze_tasks(p, request.partition_key[:-8] + "00000000", cut)
+
+
+def _judged(p, instance, key: str, name: str) -> str:
+    """A gate fixture receipt (`tests/gate`) as snapshot `key`'s judged receipt, as if made by hand, and the
+    loop decision it makes recorded as the stage that judges receipts records it."""
     from lightning_dagster.gate.checks import evaluate
     from lightning_dagster.gate.receipt import parse_receipt, with_gate_record
     from lightning_dagster.pipeline import context as ctx
+    from lightning_dagster.pipeline.triggers import stop_decision
     from tests.gate.conftest import raw
 
     data = raw(name)
@@ -100,6 +123,7 @@ def _judged(p, key: str, name: str) -> str:
     ctx.append_receipt(
         p.get_store(), key, with_gate_record(receipt, evaluate(receipt, ctx.policy(p)).to_record())
     )
+    stop_decision(p, list(instance.get_dynamic_partitions(snapshots.name)), record=True)
     return receipt.receipt_id
 
 
@@ -131,7 +155,7 @@ def test_a_paused_loop_resumes_only_by_an_authorized_signed_decision_or_a_cleari
 
     # A receipt with a protected regression: the tick pauses, naming the condition and the receipt.
     instance.add_dynamic_partitions(snapshots.name, keys[:1])
-    regressed = _judged(p, keys[0], "c")
+    regressed = _judged(p, instance, keys[0], "c")
     paused = _tick(p, instance)
     assert not paused.run_requests and paused.skip_reason.skip_message.startswith(
         "paused: protected set regressed"
@@ -161,7 +185,7 @@ def test_a_paused_loop_resumes_only_by_an_authorized_signed_decision_or_a_cleari
         == 1
     )
     assert main(["loop", "resume", "--actor", "bob", "--key", str(keys_dir / "alice.key"), *reason]) == 1
-    still = _tick(p, instance)
+    still = _tick(p, instance, paused.cursor)  # the pause was shown once
     assert still.skip_reason.skip_message.startswith("paused:") and not still.asset_events
     assert loop_history.current_pause(store).hash == pause.hash
 
@@ -175,10 +199,10 @@ def test_a_paused_loop_resumes_only_by_an_authorized_signed_decision_or_a_cleari
 
     # A newer receipt with the same condition pauses again; a newer one made by hand that clears it resumes.
     instance.add_dynamic_partitions(snapshots.name, keys[1:2])
-    _judged(p, keys[1], "c")
+    _judged(p, instance, keys[1], "c")
     assert _tick(p, instance).skip_reason.skip_message.startswith("paused: protected set regressed")
     instance.add_dynamic_partitions(snapshots.name, keys[2:])
-    clearing = _judged(p, keys[2], "a")
+    clearing = _judged(p, instance, keys[2], "a")
     cleared = _tick(p, instance)
     assert cleared.asset_events[0].metadata["loop_decision"].value == "resume"
 
@@ -205,6 +229,7 @@ def _nightly(p, instance, when):
 
 def test_nightly_schedule_cuts_a_snapshot_and_requests_its_run(bootstrapped):
     p = pipeline_for()
+    resume_loop(p)
     with dg.instance_for_test() as instance:
         request = _nightly(p, instance, dt.datetime(2026, 11, 30, 3, 0, tzinfo=dt.UTC))
         # The schedule adds the partition itself (a schedule cannot return partition requests).
@@ -249,15 +274,28 @@ def test_alias_watch_restores_a_moved_alias_and_observes_the_incident(embedded_h
 
         mlflow.set_registered_model_alias(reg.model_name, APPROVED, other.version)
         found = _alias_tick(p, instance, quiet.cursor)
+        # The tick only asks for the restore: nothing changed yet, nothing recorded.
+        assert str(mlflow.get_registered_model(reg.model_name).aliases[APPROVED]) == other.version
+        assert reg.incidents() == [] and not found.asset_events
+        (request,) = found.run_requests
+        assert request.run_config["ops"]["restore_alias"]["config"]["last_verified"] == verified_at
+        assert _alias_tick(p, instance, quiet.cursor).run_requests[0].run_key == request.run_key  # once
+
+        run = restore_approved_alias.execute_in_process(
+            instance=instance, run_config=request.run_config, resources={"pipeline": p}
+        )
+        (observation,) = [
+            e.event_specific_data.asset_observation
+            for e in run.all_events
+            if e.event_type_value == "ASSET_OBSERVATION"
+        ]
+        after = _alias_tick(p, instance, quiet.cursor)
 
     assert str(mlflow.get_registered_model(reg.model_name).aliases[APPROVED]) == parent.version
-    (observation,) = found.asset_events
-    assert isinstance(observation, dg.AssetObservation) and observation.asset_key == dg.AssetKey(
-        "release_receipt"
-    )
+    assert observation.asset_key == dg.AssetKey("release_receipt")
     meta = observation.metadata
     assert meta["found_version"].value == other.version and meta["store_version"].value == parent.version
     assert meta["restored"].value is True and meta["moved_by"].value == "unknown"
     (incident,) = reg.incidents()
     assert incident.found_version == other.version and incident.not_before == verified_at
-    assert json.loads(found.cursor)["verified_at"] > verified_at
+    assert not after.run_requests and json.loads(after.cursor)["verified_at"] > verified_at

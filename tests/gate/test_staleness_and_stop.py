@@ -38,7 +38,7 @@ def test_the_design_cases_of_staleness():
         assert 6 in void_checks(rec, {name: "new"}), name  # an earlier canary does not cover it
     assert void_checks(rec, {"tool_contract": "t"})  # never recorded, now given: cannot show freshness
     assert void_checks(rec, None) == {}
-    assert set(void_checks(rec, None, required=["task_distribution"])) == {2, 4, 5}
+    assert set(void_checks(rec, None, required=["task_distribution"])) == {4, 5}
 
 
 def test_unknown_current_fingerprint_is_invalid_input():

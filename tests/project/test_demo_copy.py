@@ -108,3 +108,26 @@ def test_kept_jsonl_task_lines_are_copied_byte_for_byte(tmp_path):
     assert late and all(b'"split": "train"' in line for line in late)
     assert copy.add_late_tasks() == len(late)
     assert copy.tasks_file.read_bytes() == original
+
+
+def test_the_demos_training_settings_are_pinned_in_the_copy_for_the_ui_and_replaced_by_the_next_demo(tmp_path):
+    """The UI's code location reads the copy's project file: with the demo's settings in its `training:`
+    section it fingerprints the evaluation as the demo's runs did (else `--quick`'s receipts read stale).
+    The next demo's settings replace them over the project's own section."""
+    from lightning_dagster.orchestration.resources import TrainingResource
+    from lightning_dagster.pipeline.context import project_source
+    from lightning_dagster.project.sections import effective
+
+    folder = tmp_path / "agent"
+    file = write_project(folder, rows=task_rows(per_split=4))
+    spec = yaml.safe_load(file.read_text())
+    file.write_text(yaml.safe_dump({**spec, "training": {"seed": 3, "steps": 5}}))
+    copy = WorkingCopy(file, tmp_path / "home")
+
+    copy.pin_training(TrainingResource(holdout_tasks=8, steps=2).given())
+    read = effective(project_source(copy.file).project, TrainingResource())
+    assert (read.holdout_tasks, read.steps, read.seed) == (8, 2, 3)
+
+    copy.pin_training({})  # a full demo next: the project's own section again
+    read = effective(project_source(copy.file).project, TrainingResource())
+    assert (read.holdout_tasks, read.steps, read.seed) == (TrainingResource().holdout_tasks, 5, 3)

@@ -81,7 +81,7 @@ def test_a_cycle_stopped_by_a_blocking_check_lists_the_checks_after_it_as_never_
     assert judged.gate.failed_checks == [4] and sorted(judged.gate.unavailable_checks) == [6, 7]
     monkeypatch.setattr(cycles, "run_snapshot", lambda *a, **kw: None)
     monkeypatch.setattr(ctx, "find_receipt", lambda store, key: judged)
-    demo = SimpleNamespace(actors={"release-owner": "o"}, defs=None, instance=None, lines=None)
+    demo = SimpleNamespace(actors={"release-owner": "o"}, defs=None, instance=None, lines=None, cuts={})
     demo.pipeline = SimpleNamespace(get_store=lambda: None)
     cycle = cycles.run_cycle(demo, 1, "snap-1")
     assert (cycle.verdict, cycle.policy, cycle.parent_version) == (HOLD, "default-v1", "1")
@@ -125,6 +125,7 @@ def test_the_pointer_moves_after_whichever_cycle_first_earns_promotion(verdicts,
     made = iter(verdicts)
     monkeypatch.setattr(cycles, "run_cycle", lambda d, n, k: cycles.Cycle(n, k, next(made), f"rcpt-{n}"))
     monkeypatch.setattr(cycles, "summary", lambda d, cs, before, after: summaries.append((before, after)))
+    monkeypatch.setattr(cycles, "keep_cursor", lambda d: None)
     first, second = cycles.run_cycles(demo)
     assert [c.number for c in (first, second) if c.promoted] == promoted
     assert demo.ran == ["approve", "promote"] * len(promoted)

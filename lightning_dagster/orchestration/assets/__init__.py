@@ -10,6 +10,7 @@ from typing import Any
 
 import dagster as dg
 from dagster._utils.warnings import PreviewWarning
+from pydantic import Field
 
 from lightning_dagster.orchestration.assets.failures import snapshot_stage
 from lightning_dagster.orchestration.assets.metadata import materialized
@@ -37,11 +38,22 @@ def snapshot_asset(group: str, kinds: set[str], *packages: str, **kwargs: Any) -
     )
 
 
+class SnapshotCut(dg.Config):
+    """What the sensor or schedule that cut the snapshot decided; empty for a partition added by hand (its
+    tasks are then drawn with the key's own seed). Read only by the run that first freezes the snapshot."""
+
+    train_seed: int | None = Field(default=None, description="The train seed of the cut")
+    serve_rollout_ids: list[str] = Field(default=[], description="The serve rollouts the snapshot holds")
+
+
 @snapshot_asset("snapshot", {"python"}, "harnesses")
-def tasks(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> dg.MaterializeResult:
+def tasks(
+    context: dg.AssetExecutionContext, config: SnapshotCut, pipeline: PipelineResource
+) -> dg.MaterializeResult:
     """The snapshot's train / holdout / protected / canary task sets, frozen by content hash."""
+    cut = config.model_dump() if config.train_seed is not None else None
     with snapshot_stage("tasks", context.partition_key) as key:
-        return materialized(snapshot.tasks(pipeline, key))
+        return materialized(snapshot.tasks(pipeline, key, cut))
 
 
 @snapshot_asset("snapshot", {"python"}, "gate", deps=[tasks])
@@ -152,7 +164,8 @@ def release_receipt(context: dg.AssetExecutionContext, pipeline: PipelineResourc
     so a run that selects only this asset bypasses nothing. Its metadata names the model judged and gives
     the run config of the approve / promote / rollback jobs."""
     with snapshot_stage("release_receipt", context.partition_key) as key:
-        result = release.release_receipt(pipeline, key, run_id=context.run.run_id)
+        keys = list(context.instance.get_dynamic_partitions(snapshots.name))
+        result = release.release_receipt(pipeline, key, run_id=context.run.run_id, keys=keys)
         result.metadata.update(receipt_guide(pipeline, key))
     return materialized(result)
 

@@ -84,11 +84,13 @@ def judge(p: Pipeline, key: str, check: Check) -> CheckOutcome:
     )
 
 
-def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
+def release_receipt(p: Pipeline, key: str, *, run_id: str = "", keys: list[str] | None = None) -> StageResult:
     """Phases 2 and 3 re-verified, all seven checks under the policy, the verdict; appended immutably.
-    `not_run` names each stage a blocking check stopped."""
+    `not_run` names each stage a blocking check stopped. With the snapshot `keys` (oldest first), the loop's
+    pause or resume this verdict makes is recorded (`triggers.stop_decision`)."""
     from lightning_dagster.gate import receipt as R
     from lightning_dagster.gate.checks import evaluate
+    from lightning_dagster.pipeline.triggers import stop_decision
     from lightning_dagster.registry import receipt_tags
 
     store = p.get_store()
@@ -100,6 +102,7 @@ def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
     # The candidate's MLflow version tags name this receipt version and verdict (best effort: the ledger
     # is the record; the next receipt operation writes them again).
     tag_error = receipt_tags.write_after(ctx.registry(p), final.receipt_id)
+    loop = stop_decision(p, keys, record=True) if keys is not None else None
     return StageResult(
         metadata={
             "verdict": evaluation.verdict,
@@ -113,6 +116,7 @@ def release_receipt(p: Pipeline, key: str, *, run_id: str = "") -> StageResult:
             "stale_checks": evaluation.stale_checks,
             "orchestrator_run_id": run_id,
             **({"mlflow_tags_not_written": tag_error} if tag_error else {}),
+            **({"loop": f"paused: {loop.reason}" if loop.pause else "learning"} if loop else {}),
         },
         data_version=stored.content_hash,
     )

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 PREVIEW_ROWS = 5  # train tasks shown in the `tasks` asset's preview table
 
 
-def tasks(p: Pipeline, key: str) -> StageResult:
-    manifest = freeze_tasks(p, key)
+def tasks(p: Pipeline, key: str, cut: dict[str, Any] | None = None) -> StageResult:
+    manifest = freeze_tasks(p, key, cut)
     splits = dict(manifest.splits)
     dataset = manifest.dataset
     project: dict[str, Any] = {}
