@@ -42,7 +42,11 @@ def build_definitions(
         resources={
             "pipeline": default_pipeline(deferred=deferred, **resource_overrides),
             # where candidate_resource's training runs; a cluster swaps in dagster_k8s.PipesK8sClient (README)
-            "trainer_pipes": dg.PipesSubprocessClient(),
+            "trainer_pipes": dg.ResourceDefinition.hardcoded_resource(
+                dg.PipesSubprocessClient(),
+                "Where candidate_resource's training process runs (Dagster Pipes): a local subprocess here; "
+                "swap in dagster_k8s.PipesK8sClient for a cluster (README, Scaling out)",
+            ),
         },
     )
 

@@ -183,15 +183,15 @@ class ResumeConfig(dg.Config):
     `lightning-dagster loop sign --actor --role --key --reason` prints (the signature covers them and the
     pause in force). The actor must hold one of the roles the pause in force names."""
 
-    actor: str
+    actor: str = Field(description="Who resumes: an actor of the pinned roles, as `loop sign` prints it")
     role: str = Field(
         default="default-approver",
         description="The role signed in: one the pause in force names (`lightning-dagster loop status`)",
     )
-    reason: str
-    at: float
-    pause_hash: str
-    signature: str
+    reason: str = Field(description="Why the loop may learn again (signed)")
+    at: float = Field(description="Signing time (Unix seconds), as `loop sign` prints it")
+    pause_hash: str = Field(description="The pause in force this resume lifts, as `loop sign` prints it")
+    signature: str = Field(description="The Ed25519 signature `loop sign` prints")
 
 
 @dg.op(description="Record a signed resume of the paused loop once it verifies; the history is the output.")

@@ -92,6 +92,22 @@ def test_jobs_sensors_schedule_and_trainer_pool():
     assert "promote_candidate" in promote_config.config_type.fields
 
 
+def test_every_launchpad_field_and_resource_says_what_it_takes():
+    """The launchpad shows each op's config fields with their descriptions, and each resource's."""
+    repo = defs.get_repository_def()
+    undocumented = []
+    for job in repo.get_all_jobs():
+        ops = job.run_config_schema.config_type.fields["ops"].config_type.fields
+        for op, field in ops.items():
+            config = getattr(field.config_type, "fields", {}).get("config")
+            for name, inner in getattr(config.config_type, "fields", {}).items() if config else []:
+                if not inner.description:
+                    undocumented.append(f"{job.name}.{op}.{name}")
+    assert undocumented == []
+    resources = repo.get_top_level_resources()
+    assert [name for name, r in resources.items() if not r.description and name != "io_manager"] == []
+
+
 def test_dagster_yaml_is_a_valid_postgres_instance_config(monkeypatch):
     from dagster._config import validate_config
     from dagster._core.instance.config import dagster_instance_config_schema
