@@ -106,7 +106,34 @@ def test_demo_runs_two_cycles_promotes_between_them_and_summarizes(demo_env, tmp
     )
     assert any(line.startswith("  Dagster UI:") for line in lines)
     assert "sensor: cursor kept for the UI: switching the sensor on cuts only new evidence" in text
+    _mlflow_tells_the_stores_story([first, second])
     _previews_change_nothing(tmp_path)
+
+
+def _mlflow_tells_the_stores_story(cycles) -> None:
+    """Every verdict, receipt version and pointer MLflow shows (version tags, the lineage run's tags, the
+    alias) is the store's."""
+    from mlflow import MlflowClient
+
+    from lightning_dagster.gate.ledger import ReceiptLedger
+
+    p = pipeline_for()
+    reg = ctx.registry(p)
+    client = MlflowClient(reg.tracking_uri, reg.tracking_uri)
+    for cycle in cycles:
+        receipt = ctx.find_receipt(p.get_store(), cycle.key)
+        store_says = {
+            "verdict": receipt.gate.verdict,
+            "receipt_id": receipt.receipt_id,
+            "receipt_version": str(len(ReceiptLedger(p.get_store()).history(receipt.receipt_id))),
+        }
+        version = client.get_model_version(reg.model_name, receipt.candidate.model_version)
+        run = client.get_run(version.run_id)
+        for shown in (version.tags, run.data.tags):
+            assert {k: shown.get(k) for k in store_says} == store_says
+        assert run.data.metrics["protected_cases"] == sum(f.n for f in receipt.protected.families)
+    model = client.get_registered_model(reg.model_name)
+    assert str(model.aliases[APPROVED]) == reg.current(APPROVED)
 
 
 SENSORS = ("continual_learning_sensor", "stale_evidence_sensor", "approved_alias_sensor")
