@@ -56,11 +56,11 @@ FORBIDDEN_PREFIXES = ("LD_", "MLFLOW_")
 Sandbox = Literal["none", "bwrap"]
 SANDBOXES = ("none", "bwrap")
 # The whole filesystem as it is, a PID namespace of its own and a /proc that shows only that namespace.
-# A harness dies with the runner thread that started it: a runner killed with SIGKILL leaves no harness
+# An attempt ends with the runner thread that started it: a runner killed with SIGKILL leaves no process
 # posting into attempts another runner's reaper has ended. setpriv sets PR_SET_PDEATHSIG, kept across exec,
-# on the attempt's subreaper (`subreaper.py`), which sets it on the harness in turn.
+# on the attempt's subreaper (`subreaper.py`): SIGTERM, on which it ends the attempt's processes and exits.
 _SETPRIV = shutil.which("setpriv")
-DIE_WITH_RUNNER = (_SETPRIV, "--pdeathsig", "KILL", "--") if _SETPRIV else ()
+DIE_WITH_RUNNER = (_SETPRIV, "--pdeathsig", "TERM", "--") if _SETPRIV else ()
 BWRAP = ("bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc")
 
 

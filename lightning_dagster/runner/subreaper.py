@@ -8,8 +8,11 @@ daemon) leaves the harness's process group, and is re-parented to the nearest ch
 exactly "every process of this attempt". The runner is never one: it runs many attempts at once, an orphan
 carries nothing that says which attempt it came from, and it must not steal another child's exit status.
 
-Only a process that leaves this tree on purpose escapes (one that kills this process first, or asks a
-service outside it to start something); `sandbox: bwrap` ends every process of the PID namespace instead.
+Where the kernel allows (`_unshare`), the harness runs as process 2 of a PID namespace of its own, whose
+init this process forks first and which ends when this process does, however it ends: the kernel then kills
+every process left in it. This process ends with the runner (SIGTERM: setpriv's PR_SET_PDEATHSIG). Without
+the namespace, only a process that leaves this tree on purpose escapes (one that kills this process first,
+or asks a service outside it to start something).
 
 Protocol with the runner: STATUS_FD gets `cannot start ...` if the harness cannot be started (then exit
 127), and is closed once it has started. SIGTERM stops the attempt: the harness's process group is killed,
@@ -27,6 +30,7 @@ import time
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
 SWEEP_S = 10.0  # how long the sweep keeps killing before giving up (a process stuck in the kernel)
 
 
@@ -72,6 +76,36 @@ def descendants(pid: int) -> list[int]:
             found.append(child)
             queue.append(child)
     return found
+
+
+def _unshare() -> bool:
+    """Put this process's next children in a new PID namespace: with CAP_SYS_ADMIN, or else in a new user
+    namespace mapping our user and group to themselves. False when the kernel refuses both (user namespaces
+    forbidden, as in many containers) or this is not Linux: then the harness runs in ours."""
+    unshare = getattr(_LIBC, "unshare", None)
+    if unshare is None or unshare(CLONE_NEWPID) == 0:
+        return unshare is not None
+    uid, gid = os.getuid(), os.getgid()
+    if unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:
+        return False
+    for name, line in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as fh:
+            fh.write(line)
+    return True
+
+
+def _start_init(status_fd: int) -> None:
+    """Fork process 1 of the new PID namespace. It reaps the orphans it adopts (SIGCHLD ignored) and exits
+    once it reads end-of-file on a pipe only this process holds open (close-on-exec), so at our end. It
+    holds no pipe of the runner's: their ends tell the runner the harness started, and its output ended."""
+    alive_r, alive_w = os.pipe()
+    if os.fork() == 0:
+        for fd in (alive_w, status_fd, 0, 1, 2):
+            os.close(fd)
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        os.read(alive_r, 1)
+        os._exit(0)
+    os.close(alive_r)
 
 
 def sweep(deadline: float) -> None:
@@ -158,8 +192,11 @@ def main(argv: list[str]) -> None:
 
     signal.signal(signal.SIGTERM, stop)  # a handler, not an ignore: the harness's exec resets it
     os.set_inheritable(status_fd_, False)  # the harness must not hold it: the runner reads it to its end
-    try:
-        harness = _start(command, me)
+    namespaced = _unshare()
+    if namespaced:
+        _start_init(status_fd_)
+    try:  # in a namespace, the harness's parent is outside it: getppid() is 0
+        harness = _start(command, 0 if namespaced else me)
     except OSError as exc:
         os.write(status_fd_, f"cannot start {command[0]!r}: {exc}".encode())
         os._exit(127)
@@ -168,7 +205,8 @@ def main(argv: list[str]) -> None:
     if stopping:  # stopped while it was starting
         stop(signal.SIGTERM, None)
     status = os.waitstatus_to_exitcode(os.waitpid(harness, 0)[1])
-    # The harness's group first (a helper that never left it dies at once), then every other descendant.
+    # The harness's group first (a helper that never left it dies at once), then every other descendant
+    # (the namespace's init among them: killing it kills all in the namespace).
     stop(signal.SIGTERM, None)
     sweep(time.monotonic() + SWEEP_S)
     _exit_as(status)

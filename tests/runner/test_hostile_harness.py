@@ -62,11 +62,20 @@ def _cleanup(*pids: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+# Writes its pid on this machine to the file argv[1] names, then sleeps. Not getpid(): a harness runs in a
+# PID namespace of its own where it can, and /proc (the machine's) says what the pid is outside it.
+PID_WRITER = """
+import os, sys, time
+open(sys.argv[1] + ".tmp", "w").write(os.readlink("/proc/self"))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
 # A helper in a session of its own (setsid): it leaves the harness's process group.
-SETSID_HELPER = """
-import subprocess, sys
-helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-open(sys.argv[1], "w").write(str(helper.pid))
+SETSID_HELPER = f"""
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", {PID_WRITER!r}, sys.argv[1]], start_new_session=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
 """
 # A daemon the classic way: fork, setsid, fork again, the middle process exits; the harness does not wait.
 DOUBLE_FORK = """
@@ -74,7 +83,7 @@ import os, sys, time
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
-        open(sys.argv[1] + ".tmp", "w").write(str(os.getpid()))
+        open(sys.argv[1] + ".tmp", "w").write(os.readlink("/proc/self"))
         os.rename(sys.argv[1] + ".tmp", sys.argv[1])
         time.sleep(600)
     os._exit(0)
@@ -85,9 +94,9 @@ while not os.path.exists(sys.argv[1]):
 
 def test_a_helper_the_harness_leaves_running_ends_with_its_attempt(tmp_path):
     script = (
-        "import subprocess, sys\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        f"open({str(tmp_path / 'pid')!r}, 'w').write(str(child.pid))\n"
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {PID_WRITER!r}, {str(tmp_path / 'pid')!r}])\n"
+        f"while not os.path.exists({str(tmp_path / 'pid')!r}):\n    time.sleep(0.01)\n"
     )
     failure, verdict, cut = _run(tmp_path, script)
     assert (failure, verdict, cut) == (None, None, "")

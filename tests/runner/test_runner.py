@@ -53,7 +53,8 @@ req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions"
     headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
 urllib.request.urlopen(req).read()
 """
-SLEEP = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
+# Its pid on this machine (/proc's): the harness's own getpid() is its PID namespace's.
+SLEEP = "import os, time; print(os.readlink('/proc/self'), flush=True); time.sleep(60)"
 
 
 def with_argv(name: str, script: str) -> HarnessSpec:
