@@ -35,6 +35,8 @@ T0 = 1_796_112_000.0  # 2026-12-01T08:00Z: fixed so the files do not change betw
 PARENT = "res-parent-7f3a"
 SPANS_PER_ROLLOUT = {"llm": 3, "tool": 2, "reward": 1}
 DESTINATIONS = ["file:/srv/canary/out", "db:canary.results"]
+TOOLS = ["calculator", "write_file"]
+CANARY_TASKS = [f"canary-{k:02d}" for k in range(20)]
 # alice's signing key, derived from a public seed so that the files are reproducible: an example key that
 # anyone can rebuild, never one to approve anything real with.
 ALICE_KEY = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"lightning-dagster example alice").digest())
@@ -110,6 +112,9 @@ def plan(spec: Spec) -> R.Plan:
             content_hash="sha256:" + "9c0d" * 16,
             n_tasks=30,
             families={"arith-core": 20, "format": 10},
+        ),
+        canary_snapshot=R.SnapshotRef(
+            snapshot_id="canary-v1", content_hash="sha256:" + "3e4f" * 16, n_tasks=20, task_ids=CANARY_TASKS
         ),
         evaluator=R.EvaluatorRef(name="exact-answer", version="1.4.0"),
         algorithm={"name": "grpo", "group_size": 8, "lr": 1e-4, "clip": 0.2, "seed": 0},
@@ -190,8 +195,9 @@ def build(spec: Spec) -> R.Receipt:
             parent=fingerprint({"resource_id": PARENT, "weights_hash": p.parent.weights_hash}),
             serving_model=fingerprint({"resource_id": cand}),
             retry_policy=fingerprint({"max_attempts": 2, "sample_retry_on": ["malformed_tool_call"]}),
-            permissions=fingerprint({"tools": ["calculator", "write_file"]}),
-            destinations=fingerprint(DESTINATIONS),
+            # what the canary's limits may allow, sorted as the gate compares them
+            permissions=fingerprint(sorted(TOOLS)),
+            destinations=fingerprint(sorted(DESTINATIONS)),
         ),
     )
     rs, ats, spans = rollouts(spec)
@@ -246,7 +252,7 @@ def build(spec: Spec) -> R.Receipt:
         verified = k >= spec.canary_unverified
         tasks.append(
             R.CanaryTask(
-                task_id=f"canary-{k:02d}",
+                task_id=CANARY_TASKS[k],
                 destination=dest,
                 verified=verified,
                 evidence="destination re-read, contents match"
@@ -263,14 +269,14 @@ def build(spec: Spec) -> R.Receipt:
             limits=R.CanaryLimits(
                 max_tasks=20,
                 max_seconds=900,
-                allowed_tools=["calculator", "write_file"],
+                allowed_tools=TOOLS,
                 max_cost=2.0,
                 allowed_side_effects=DESTINATIONS,
             ),
             usage=R.CanaryUsage(
                 tasks=20,
                 seconds=412.0,
-                tools_used=["calculator", "write_file"],
+                tools_used=TOOLS,
                 cost=0.84,
                 side_effects=DESTINATIONS,
             ),

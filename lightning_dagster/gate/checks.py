@@ -8,7 +8,7 @@ the check that stopped it (`stages.stop_causes`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -50,10 +50,11 @@ def run_check(
     roles: KnownActors | None = None,
     now: float | None = None,
     clock_skew_s: float = CLOCK_SKEW_S,
+    earlier: Collection[str] = (),
 ) -> CheckResult:
     """One check on a receipt under a policy (staleness aside), after the consistency validation."""
     check = Check(check)
-    found = inconsistencies(receipt, roles=roles, now=now, clock_skew_s=clock_skew_s)
+    found = inconsistencies(receipt, roles=roles, now=now, clock_skew_s=clock_skew_s, earlier=earlier)
     if all(ran(receipt, stage.name) for stage in STAGES):
         return _judged(check, receipt, policy, found[check])
     return _judged_all(receipt, policy, found)[0][check]
@@ -129,9 +130,12 @@ def evaluate(
     roles: KnownActors | None = None,
     now: float | None = None,
     clock_skew_s: float = CLOCK_SKEW_S,
+    earlier: Collection[str] = (),
 ) -> Evaluation:
-    """Validate consistency, run the seven checks, void the ones staleness affects, and decide the verdict."""
-    found = inconsistencies(receipt, roles=roles, now=now, clock_skew_s=clock_skew_s)
+    """Validate consistency, run the seven checks, void the ones staleness affects, and decide the verdict.
+    `earlier`: evidence hashes of the receipt's earlier versions (the ledger's), which canary approvals may
+    have signed; a receipt judged on its own has none, so each approval must sign the evidence as it is."""
+    found = inconsistencies(receipt, roles=roles, now=now, clock_skew_s=clock_skew_s, earlier=earlier)
     judged, causes = _judged_all(receipt, policy, found)
     checks = list(judged.values())
     void = void_checks(

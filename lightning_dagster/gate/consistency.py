@@ -8,12 +8,14 @@ import datetime as dt
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
+from itertools import combinations
 
 from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.findings import Findings
+from lightning_dagster.gate.hashing import fingerprint
 from lightning_dagster.gate.receipt_models import Receipt, SnapshotRef
-from lightning_dagster.release.approvals import approval_problem, evidence_hash
+from lightning_dagster.release.approvals import approval_problems
 from lightning_dagster.release.signing import ActorKey
 from lightning_dagster.types import AttemptState, RolloutKind, RolloutStatus
 
@@ -22,6 +24,11 @@ CLOCK_SKEW_S = 300.0
 
 # actor -> the roles they hold and their public key: the deployment's pinned approvers
 KnownActors = Mapping[str, ActorKey]
+SPLITS = ("train", "holdout", "protected", "canary")
+# Fields naming an artifact: the candidate's equal to its parent's, the candidate is no new artifact.
+ARTIFACT_FIELDS = ("resource_id", "uri", "weights_hash", "model_version")
+# canary limit -> the fingerprint the plan recorded of it (sorted), so the canary cannot widen its own
+CANARY_FINGERPRINTS = {"allowed_tools": "permissions", "allowed_side_effects": "destinations"}
 
 
 def inconsistencies(
@@ -30,8 +37,11 @@ def inconsistencies(
     roles: KnownActors | None = None,
     now: float | None = None,
     clock_skew_s: float = CLOCK_SKEW_S,
+    earlier: Collection[str] = (),
 ) -> dict[Check, Findings]:
-    """Per check, the contradictions (failures) and missing fields (unavailable) found in the receipt."""
+    """Per check, the contradictions (failures) and missing fields (unavailable) found in the receipt. With
+    `roles`, every approval must verify over this evidence (a canary approval: or over `earlier` evidence
+    hashes, those of the receipt's versions in the ledger) and be recorded once."""
     if not math.isfinite(clock_skew_s) or clock_skew_s < 0:
         # a NaN skew would compare false with every time and let any future time through
         raise ValueError(f"clock skew must be a finite number of seconds >= 0, not {clock_skew_s!r}")
@@ -39,15 +49,29 @@ def inconsistencies(
     _timeline(receipt, out, (time.time() if now is None else now) + clock_skew_s, clock_skew_s)
     _rollouts(receipt, out)
     _closed_sets(receipt, out)
+    _identities(receipt, out[Check.pinned])
     _canary(receipt, out[Check.canary_verified])
-    _approvers(receipt, out[Check.rollback_and_approval], roles)
-    cand, parent = receipt.candidate, receipt.plan.parent
-    if cand is not None and cand.weights_hash and cand.weights_hash == parent.weights_hash:
-        out[Check.pinned].fail(
-            f"candidate weights hash equals the parent's ({parent.weights_hash}): nothing was trained (an RL"
-            " step changes the weights only where rewards within a group differ)"
-        )
+    for problem in approval_problems(receipt, roles, earlier) if roles is not None else ():
+        out[Check.rollback_and_approval].fail(problem + ("" if roles else " (no approvers were given)"))
     return out
+
+
+def _repeated(values: Iterable[str]) -> list[str]:
+    return sorted(v for v, n in Counter(values).items() if n > 1)
+
+
+def _identities(r: Receipt, f: Findings) -> None:
+    """The candidate is another artifact than its parent; the plan's sets of different splits are different
+    sets (an empty one aside)."""
+    cand, parent = r.candidate, r.plan.parent
+    for field in ARTIFACT_FIELDS if cand is not None else ():
+        if (value := getattr(cand, field)) and value == getattr(parent, field):
+            f.fail(f"candidate {field.replace('_', ' ')} equals the parent's ({value}): no new artifact")
+    refs = [(split, ref) for split in SPLITS if (ref := getattr(r.plan, f"{split}_snapshot")) is not None]
+    for (a, x), (b, y) in combinations(refs, 2):
+        empty = 0 in (x.n_tasks, y.n_tasks)
+        if x.snapshot_id == y.snapshot_id or x.content_hash == y.content_hash and not empty:
+            f.fail(f"plan.{a}_snapshot is plan.{b}_snapshot ({x.snapshot_id}): splits must be disjoint")
 
 
 def _iso(t: float) -> str:
@@ -102,8 +126,10 @@ def _rollouts(r: Receipt, out: dict[Check, Findings]) -> None:
     if ev is None:
         return
     problems = []
-    if dup := [rid for rid, n in Counter(ev.rollout_ids).items() if n > 1]:
+    if dup := _repeated(ev.rollout_ids):
         problems.append(f"rollout ids are not unique ({len(dup)} recorded more than once, e.g. {dup[0]!r})")
+    if dup := _repeated(ev.families):
+        problems.append(f"rollouts.families lists span families more than once: {dup}")
     latest: dict[int, AttemptState] = {}
     for i, ending in zip(ev.attempt_rollout, ev.attempt_endings, strict=True):
         latest[i] = ending  # attempts are listed in sequence order within each rollout
@@ -131,7 +157,7 @@ def _rollouts(r: Receipt, out: dict[Check, Findings]) -> None:
 def _planned(ref: SnapshotRef | None, what: str, families: list[tuple[str, int]], f: Findings) -> None:
     """Each family listed once, and the families are the plan's with their planned sizes (or, when the
     plan records only the set's size, add up to it)."""
-    if dup := sorted(name for name, k in Counter(name for name, _ in families).items() if k > 1):
+    if dup := _repeated(name for name, _ in families):
         f.fail(f"{what} families listed more than once: {dup}")
     got = dict(families)
     if ref is None:
@@ -173,27 +199,27 @@ def _closed_sets(r: Receipt, out: dict[Check, Findings]) -> None:
 
 
 def _canary(r: Receipt, f: Findings) -> None:
-    """Each canary task once; usage and the plan count the tasks the report lists."""
-    c = r.canary
+    """Each canary task once and one the plan lists; a verified one names its destination and no uncertainty;
+    tools and destinations are those the plan fingerprinted; usage and the plan count the listed tasks."""
+    c, pinned = r.canary, r.plan.canary_snapshot
     if c is None:
         return
-    if dup := sorted(t for t, k in Counter(t.task_id for t in c.tasks).items() if k > 1):
+    if dup := _repeated(t.task_id for t in c.tasks):
         f.fail(f"canary tasks recorded more than once: {dup[:5]}")
+    if pinned is None or pinned.task_ids is None:
+        f.miss("the plan lists no canary tasks (plan.canary_snapshot.task_ids) to hold the canary's to")
+    elif outside := sorted({t.task_id for t in c.tasks} - set(pinned.task_ids)):
+        f.fail(f"canary tasks {outside[:5]} are not among the plan's (plan.canary_snapshot.task_ids)")
+    for k, t in enumerate(c.tasks):
+        if t.verified and (not t.destination or t.uncertainty):
+            why = f"uncertainty {t.uncertainty}" if t.destination else "no destination"
+            f.fail(f"canary.tasks.{k} ({t.task_id}) is verified with {why}: nothing was re-read")
+    for field, name in CANARY_FINGERPRINTS.items():
+        recorded = getattr(r.fingerprints, name)
+        if recorded is not None and fingerprint(sorted(getattr(c.limits, field))) != recorded:
+            f.fail(f"canary.limits.{field} is not what the plan fingerprinted (fingerprints.{name})")
     if c.usage is not None and c.usage.tasks != len(c.tasks):
         f.fail(f"canary usage says {c.usage.tasks} tasks, the report lists {len(c.tasks)}")
     planned = (r.plan.expected_rollouts or {}).get(RolloutKind.canary)
     if planned is not None and planned != len(c.tasks):
         f.fail(f"the plan asks for {planned} canary tasks, the report lists {len(c.tasks)}")
-
-
-def _approvers(r: Receipt, f: Findings, roles: KnownActors | None) -> None:
-    if roles is None:
-        return
-    current = evidence_hash(r)
-    for a in r.approvals:
-        # A default approval signs the evidence as it stands. A canary approval precedes its own evidence:
-        # it signs an earlier version of this receipt, which only the ledger can name (promotion checks
-        # that); here its signature must verify over this receipt's id, its step, actor, role and time.
-        accepted = {current} if a.step == "default" else {current, a.evidence_hash or current}
-        if (problem := approval_problem(r, a, roles, accepted)) is not None:
-            f.fail(problem + ("" if roles else " (no approvers were given)"))

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from lightning_dagster.gate.errors import AmendmentError, InvalidInput, TamperedReceipt
 from lightning_dagster.gate.hashing import content_hash
 from lightning_dagster.gate.receipt import Receipt, parse_receipt
+from lightning_dagster.release.approvals import evidence_hash
 
 COLLECTION = "receipts"
 # receipt id -> the snapshot key the pipeline planned it for, written by the pipeline with a receipt's first
@@ -129,6 +130,12 @@ class ReceiptLedger:
         if not versions:
             raise InvalidInput("receipt", [("receipt_id", f"no receipt {receipt_id!r} in the ledger")])
         return parse_receipt(versions[-1].body)
+
+    def evidence_hashes(self, receipt_id: str) -> set[str]:
+        """The evidence hash of every stored version: what a canary approval, signed before the evidence it
+        precedes, may bind (`gate.evaluate(earlier=...)`)."""
+        versions = self.store.document_versions(COLLECTION, receipt_id)
+        return {evidence_hash(parse_receipt(d.body)) for d in versions}
 
     def history(self, receipt_id: str) -> list[LedgerEntry]:
         return [

@@ -1,10 +1,12 @@
 """The versioned gate policy: every threshold of the seven checks, loaded from YAML or JSON. `Policy.hash` is
-the sha256 of its canonical JSON form (comments and key order do not change it; any threshold does).
+the sha256 of its canonical JSON form (comments and key order do not change it; any threshold does). A policy
+is known by that hash: one named like a packaged policy (`default-v1`) must hash like it.
 """
 
 from __future__ import annotations
 
 import json
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -15,10 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.errors import InvalidInput, from_validation_error
 from lightning_dagster.gate.hashing import content_hash
-from lightning_dagster.gate.receipt_models import Count, Share
+from lightning_dagster.gate.receipt_models import Count, Name, Share
 
 POLICY_SCHEMA_VERSION = 1
 DEFAULT_POLICY = "default-v1"
+POLICIES = resources.files("lightning_dagster.gate").joinpath("policies")  # the packaged ones
 
 FingerprintName = Literal[
     "evaluator",
@@ -56,15 +59,19 @@ class HoldoutPolicy(_Model):
 
 class ProtectedPolicy(_Model):
     default_tolerance: Count
-    tolerance: dict[str, Count]
+    tolerance: dict[Name, Count]
 
 
 class CanaryPolicy(_Model):
     min_verified_share: Share
+    # the most any canary may run: a receipt's own `canary.limits` above these fail check 6
+    max_tasks: Count
+    max_seconds: Annotated[float, Field(ge=0)]
+    max_cost: Annotated[float, Field(ge=0)]
 
 
 class ApprovalPolicy(_Model):
-    required_roles: list[Annotated[str, Field(min_length=1)]]
+    required_roles: list[Name]
 
 
 class ChecksPolicy(_Model):
@@ -89,7 +96,7 @@ class StopPolicy(_Model):
 
 class Policy(_Model):
     schema_version: Literal[1]
-    version: Annotated[str, Field(min_length=1)]
+    version: Name
     checks: ChecksPolicy
     staleness: StalenessPolicy
     stop: StopPolicy
@@ -101,7 +108,24 @@ class Policy(_Model):
 
 
 def parse_policy(data: Any) -> Policy:
-    """Validate policy data; raises `InvalidInput` naming the field (`checks.8`, `schema_version`, ...)."""
+    """Validate policy data; raises `InvalidInput` naming the field (`checks.8`, `schema_version`, ...), or
+    the version when it names a packaged policy whose content this is not."""
+    policy = _validated(data)
+    if (packaged := _packaged_hash(policy.version)) not in (None, policy.hash):
+        why = f"names the packaged policy of hash {packaged}, not this one ({policy.hash}): rename it"
+        raise InvalidInput("policy", [("version", why)])
+    return policy
+
+
+@cache
+def _packaged_hash(version: str) -> str | None:
+    """The content hash of the packaged policy called `version`; None: no packaged policy has that name."""
+    if f"{version}.yaml" not in {p.name for p in POLICIES.iterdir()}:
+        return None
+    return _validated(yaml.safe_load(POLICIES.joinpath(f"{version}.yaml").read_text())).hash
+
+
+def _validated(data: Any) -> Policy:
     if not isinstance(data, dict):
         raise InvalidInput("policy", [("", f"expected a mapping, got {type(data).__name__}")])
     version = data.get("schema_version")
@@ -127,9 +151,7 @@ def parse_policy(data: Any) -> Policy:
 def load_policy(path: str | Path | None = None) -> Policy:
     """Load a policy file (YAML or JSON); `None` loads the packaged default."""
     if path is None:
-        text = (
-            resources.files("lightning_dagster.gate").joinpath(f"policies/{DEFAULT_POLICY}.yaml").read_text()
-        )
+        text = POLICIES.joinpath(f"{DEFAULT_POLICY}.yaml").read_text()
     else:
         try:
             text = Path(path).read_text()

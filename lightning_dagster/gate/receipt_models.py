@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.functional_validators import AfterValidator
 
 from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.errors import InvalidInput, from_validation_error, subfield_error
@@ -28,6 +30,19 @@ MAX_JSON_BYTES = 256 * 2**20
 MAX_DEPTH = 64
 
 NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+def _normalized(value: str) -> str:
+    """Ids and names compare as written: two that look alike must be equal strings, so no invisible character
+    (format, zero-width, control or separator other than the space), no surrounding whitespace, and NFC."""
+    if not value.isprintable() or value != value.strip() or not unicodedata.is_normalized("NFC", value):
+        raise ValueError(
+            f"{value!r} is not a normalized name (NFC, no invisible or surrounding blank characters)"
+        )
+    return value
+
+
+Name = Annotated[NonEmpty, AfterValidator(_normalized)]  # an id or name: task, rollout, family, actor, ...
 Count = Annotated[int, Field(ge=0)]
 Share = Annotated[float, Field(ge=0.0, le=1.0)]
 
@@ -53,34 +68,36 @@ def _check_json_finite(value: Any, path: str = "") -> None:
 
 
 class SnapshotRef(_Model):
-    snapshot_id: NonEmpty
-    content_hash: NonEmpty
+    snapshot_id: Name
+    content_hash: Name
     n_tasks: Count | None = None
     # family -> planned tasks of that family; None: not declared (then only `n_tasks` is checked)
-    families: dict[NonEmpty, Count] | None = None
+    families: dict[Name, Count] | None = None
+    # the set's tasks, when the plan lists them (the canary runs only these); left out of the JSON when None
+    task_ids: list[Name] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ParentRef(_Model):
     """The exact parent. `resolves`/`loads` are what was observed when the plan was made (None: not tried)."""
 
-    resource_id: NonEmpty
-    uri: NonEmpty
+    resource_id: Name
+    uri: Name
     weights_hash: str | None = None
     resolves: bool | None = None
     loads: bool | None = None
-    model_version: str | None = None  # the registry's version of the parent, when it is registered
+    model_version: Name | None = None  # the registry's version of the parent, when it is registered
 
 
 class EvaluatorRef(_Model):
-    name: NonEmpty
-    version: NonEmpty
+    name: Name
+    version: Name
 
 
 class ApproverRoles(_Model):
     """Roles allowed to approve each step; the policy names which of them are required."""
 
-    canary: list[NonEmpty]
-    default: list[NonEmpty]
+    canary: list[Name]
+    default: list[Name]
 
 
 class RetryBudget(_Model):
@@ -92,7 +109,7 @@ class RetryBudget(_Model):
 
 
 class Plan(_Model):
-    candidate_id: NonEmpty
+    candidate_id: Name
     parent: ParentRef
     train_snapshot: SnapshotRef
     holdout_snapshot: SnapshotRef
@@ -100,11 +117,11 @@ class Plan(_Model):
     canary_snapshot: SnapshotRef | None = None
     evaluator: EvaluatorRef
     algorithm: dict[str, Any]
-    code_revision: NonEmpty
+    code_revision: Name
     scope: NonEmpty
     approvers: ApproverRoles
     # rollout kind (train, holdout, protected, canary) -> span families each such rollout must produce
-    expected_span_families: dict[RolloutKind, list[NonEmpty]]
+    expected_span_families: dict[RolloutKind, list[Name]]
     # rollout kind -> how many rollouts the plan asks for (tasks x group size); None: not declared
     expected_rollouts: dict[RolloutKind, Count] | None = None
     retry_budget: RetryBudget
@@ -125,10 +142,10 @@ class RolloutEvidence(_Model):
     `span_counts[i][j]` counts the rollout's spans of family `families[j]` and `None` means its spans could
     not be read (unavailable, not zero). Attempt k belongs to rollout `attempt_rollout[k]`."""
 
-    rollout_ids: list[str]
+    rollout_ids: list[Name]
     kinds: list[RolloutKind]
     statuses: list[RolloutStatus]
-    families: list[NonEmpty]
+    families: list[Name]
     span_counts: list[list[Count] | None]
     attempt_rollout: list[Count]
     attempt_endings: list[AttemptState]
@@ -169,7 +186,7 @@ class ValidationEval(_Model):
 
     step: Annotated[int, Field(ge=1)]
     success: Share
-    lost: list[NonEmpty] = []  # validation cases the parent solved and this checkpoint did not
+    lost: list[Name] = []  # validation cases the parent solved and this checkpoint did not
 
 
 class TrainingRun(_Model):
@@ -191,14 +208,14 @@ class TrainingRun(_Model):
 
 
 class CandidateArtifact(_Model):
-    resource_id: NonEmpty
-    uri: NonEmpty
+    resource_id: Name
+    uri: Name
     weights_hash: str | None = None
     # The hash of the checkpoint's other files (tokenizer, chat template, configs; the registry's
     # `checkpoints.files_hash`). Left out of the JSON when None, as `training` is.
     files_hash: str | None = Field(default=None, exclude_if=lambda v: v is None)
-    parent_id: NonEmpty
-    model_version: str | None = None  # the registry's version (e.g. "3"), when registered
+    parent_id: Name
+    model_version: Name | None = None  # the registry's version (e.g. "3"), when registered
     created_at: float | None = None  # when training produced it (unix seconds)
     # None: not recorded, and the whole plan's steps are expected. Left out of the JSON when None, so
     # receipts written before this field hash (and verify their signatures) as they did.
@@ -209,17 +226,17 @@ class FamilyScore(_Model):
     """Mean reward of candidate and parent on one task family; None: that side was not evaluated.
     `distinct_tasks` counts the distinct task ids behind `n` (None: not recorded)."""
 
-    family: NonEmpty
+    family: Name
     n: Count
     distinct_tasks: Count | None = None
-    candidate_mean: float | None
-    parent_mean: float | None
+    candidate_mean: Share | None
+    parent_mean: Share | None
 
 
 class HoldoutComparison(_Model):
-    snapshot_id: NonEmpty
-    parent_id: NonEmpty
-    candidate_id: NonEmpty
+    snapshot_id: Name
+    parent_id: Name
+    candidate_id: Name
     evaluator: EvaluatorRef
     seed: int | None = None
     families: list[FamilyScore]
@@ -230,10 +247,10 @@ class ProtectedFamily(_Model):
     """Protected cases of one family: `regressed` are cases the parent passed and the candidate failed;
     `missing` counts cases with no result on either side."""
 
-    family: NonEmpty
+    family: Name
     n: Count
     # both required: an omitted list must not read as "no regressions"
-    regressed: list[NonEmpty]
+    regressed: list[Name]
     missing: Count
 
     @model_validator(mode="after")
@@ -246,9 +263,9 @@ class ProtectedFamily(_Model):
 
 
 class ProtectedResults(_Model):
-    snapshot_id: str | None = None
-    parent_id: NonEmpty
-    candidate_id: NonEmpty
+    snapshot_id: Name | None = None
+    parent_id: Name
+    candidate_id: Name
     families: list[ProtectedFamily]
     at: float | None = None
 
@@ -256,17 +273,17 @@ class ProtectedResults(_Model):
 class CanaryLimits(_Model):
     max_tasks: Count
     max_seconds: Annotated[float, Field(ge=0)]
-    allowed_tools: list[str]
+    allowed_tools: list[Name]
     max_cost: Annotated[float, Field(ge=0)]
-    allowed_side_effects: list[str]  # destinations the canary may write to
+    allowed_side_effects: list[Name]  # destinations the canary may write to
 
 
 class CanaryUsage(_Model):
     tasks: Count
     seconds: Annotated[float, Field(ge=0)]
-    tools_used: list[str]
+    tools_used: list[Name]
     cost: Annotated[float, Field(ge=0)]
-    side_effects: list[str]
+    side_effects: list[Name]
 
 
 class CanaryTask(_Model):
@@ -274,8 +291,8 @@ class CanaryTask(_Model):
     Otherwise `evidence` says what weaker evidence exists and `uncertainty` how unsure it is.
     `harmful_effect` None means no record either way."""
 
-    task_id: NonEmpty
-    destination: str | None = None
+    task_id: Name
+    destination: Name | None = None
     verified: bool
     evidence: str = ""
     uncertainty: Share | None = None
@@ -283,7 +300,7 @@ class CanaryTask(_Model):
 
 
 class CanaryReport(_Model):
-    serving_resource_id: NonEmpty
+    serving_resource_id: Name
     limits: CanaryLimits
     usage: CanaryUsage | None
     tasks: list[CanaryTask]
@@ -295,7 +312,7 @@ class CanaryReport(_Model):
 class RollbackDrill(_Model):
     """The exact parent loaded in the same environment and routing returned to it; None: not tried."""
 
-    parent_id: NonEmpty
+    parent_id: Name
     environment: str = ""
     resolved: bool | None
     loaded: bool | None
@@ -304,8 +321,8 @@ class RollbackDrill(_Model):
 
 
 class Approval(_Model):
-    actor: NonEmpty
-    role: NonEmpty
+    actor: Name
+    role: Name
     step: Literal["canary", "default"]
     at: float
     # What the actor signed (`release.approvals`): the receipt's evidence hash then, and the signature.
@@ -340,7 +357,7 @@ class GateRecord(_Model):
 
 class Receipt(_Model):
     schema_version: Literal[1] = RECEIPT_SCHEMA_VERSION
-    receipt_id: NonEmpty
+    receipt_id: Name
     plan: Plan
     fingerprints: Fingerprints = Fingerprints()
     rollouts: RolloutEvidence | None = None

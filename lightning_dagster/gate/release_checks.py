@@ -121,7 +121,10 @@ def check_canary_verified(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES
         return f.result(Check.canary_verified, "", {"min_verified_share": need})
     if c.serving_resource_id != r.plan.candidate_id:
         f.fail(f"canary served {c.serving_resource_id}, not the candidate {r.plan.candidate_id}")
-    lim, use = c.limits, c.usage
+    lim, use, caps = c.limits, c.usage, policy.checks.canary_verified
+    for name in ("max_tasks", "max_seconds", "max_cost"):  # a receipt cannot raise its own limits
+        if getattr(lim, name) > getattr(caps, name):
+            f.fail(f"canary.limits.{name} {getattr(lim, name)} exceeds the policy's {getattr(caps, name)}")
     if len(c.tasks) > lim.max_tasks:
         f.fail(f"{len(c.tasks)} canary tasks exceed the limit of {lim.max_tasks}")
     if use is None:

@@ -212,6 +212,11 @@ def snapshot_refs(manifest: Manifest) -> dict[Split, SnapshotRef]:
         # Closed sets are named by content (the same for every snapshot); train sets by the snapshot.
         digest = manifest.split_digests[split] if split in CLOSED_SPLITS else manifest.digest
         refs[split] = SnapshotRef(
-            snapshot_id=f"{split}-{digest[:12]}", content_hash=manifest.split_hash(split), n_tasks=len(items)
+            snapshot_id=f"{split}-{digest[:12]}",
+            content_hash=manifest.split_hash(split),
+            n_tasks=len(items),
+            task_ids=[item["task_id"] for item in items]
+            if split == "canary"
+            else None,  # check 6 holds it to these
         )
     return refs

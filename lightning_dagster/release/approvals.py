@@ -60,11 +60,16 @@ def approval_problem(
 def approval_problems(
     receipt: Receipt, actors: Mapping[str, ActorKey], earlier: Collection[str] = ()
 ) -> list[str]:
-    """Every approval of `receipt` that does not verify (a canary approval may sign an `earlier` version)."""
+    """Every approval of `receipt` that does not verify (a canary approval may sign an `earlier` version), or
+    repeats one recorded before it (an approval counts once)."""
     current = evidence_hash(receipt)
     problems = []
-    for approval in receipt.approvals:
+    for k, approval in enumerate(receipt.approvals):
         accepted = {current} if approval.step == "default" else {current, *earlier}
-        if (problem := approval_problem(receipt, approval, actors, accepted)) is not None:
+        if approval in receipt.approvals[:k]:
+            problems.append(
+                f"approvals.{k} by {approval.actor} ({approval.step}) repeats an earlier approval"
+            )
+        elif (problem := approval_problem(receipt, approval, actors, accepted)) is not None:
             problems.append(problem)
     return problems

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lightning_dagster.gate import PROMOTE, Policy, evaluate, load_policy
+from lightning_dagster.gate import PROMOTE, Policy, ReceiptLedger, evaluate, load_policy
 from lightning_dagster.gate.receipt import Receipt
 from lightning_dagster.registry import pointers, receipt_tags
 from lightning_dagster.registry.checkpoints import same_hash
@@ -134,7 +134,8 @@ def promote(
             f"receipt {named.receipt_id} was judged under policy {judged.policy_version} ({judged.policy_hash}); "
             f"promotion under {policy.version} ({policy.hash}) is refused"
         )
-    evaluation = evaluate(stored.receipt, policy, current_fingerprints, roles=registry_roles(reg).actors)
+    roles, earlier = registry_roles(reg).actors, ReceiptLedger(reg.store).evidence_hashes(named.receipt_id)
+    evaluation = evaluate(stored.receipt, policy, current_fingerprints, roles=roles, earlier=earlier)
     if evaluation.verdict != PROMOTE or evaluation.stale_checks:
         raise PromotionRefused(
             f"receipt {named.receipt_id} (version {stored.version}) is {evaluation.verdict} under "

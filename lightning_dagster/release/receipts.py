@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_dagster.gate import ReceiptLedger, content_hash, parse_receipt
-from lightning_dagster.gate.ledger import COLLECTION as LEDGER
 from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS
 from lightning_dagster.gate.receipt import Approval, Receipt, add_approval
 from lightning_dagster.registry import receipt_tags
@@ -104,8 +103,7 @@ def sign_approval(
 
 def verify_approvals(store: Any, receipt: Receipt, roles: Roles) -> None:
     """Raise `ApprovalRefused` unless every approval of `receipt` verifies against `roles`."""
-    versions = store.document_versions(LEDGER, receipt.receipt_id)
-    earlier = {evidence_hash(parse_receipt(v.body)) for v in versions}
+    earlier = ReceiptLedger(store).evidence_hashes(receipt.receipt_id)
     if problems := approval_problems(receipt, roles.actors, earlier):
         raise ApprovalRefused(problems)
 

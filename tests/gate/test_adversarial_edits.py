@@ -187,7 +187,8 @@ def harmful_edit(draw) -> tuple[str, set[Check], Edit]:
             lambda d: d["candidate"].update(weights_hash=d["plan"]["parent"]["weights_hash"]),
         )
     if family == "unknown_approver":
-        actor = draw(st.text(min_size=1, max_size=20).filter(lambda a: a not in ROLES))
+        # a well-formed name (others are refused before judging: tests/gate/test_receipt_rules.py)
+        actor = draw(st.from_regex(r"[A-Za-z0-9._-]{1,20}", fullmatch=True).filter(lambda a: a not in ROLES))
         return family, {Check.rollback_and_approval}, lambda d: d["approvals"][0].update(actor=actor)
     n = draw(st.integers(0, 20).filter(lambda n: n != 20))
     return family, {Check.canary_verified}, lambda d: d["canary"]["usage"].update(tasks=n)
@@ -240,6 +241,7 @@ def harmless_edit(draw) -> Edit:
 def test_a_harmless_edit_does_not_flip_the_verdict(policy, edit):
     data = raw("a")
     edit(data)
+    resign_approval(data, 0)  # the approval binds the evidence it approved: alice approves the edited one
     assert judge(data, policy).verdict == PROMOTE
 
 

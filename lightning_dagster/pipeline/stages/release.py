@@ -67,12 +67,13 @@ def first_batch_receipt(p: Pipeline, key: str) -> Receipt:
 
 def judge(p: Pipeline, key: str, check: Check) -> CheckOutcome:
     """One of the seven checks on the evidence recorded so far (the same function the verdict uses)."""
+    from lightning_dagster.gate import ReceiptLedger
     from lightning_dagster.gate.checks import run_check
     from lightning_dagster.gate.staleness import void_checks
 
     receipt = first_batch_receipt(p, key) if check in FIRST_BATCH_CHECKS else reverified_receipt(p, key)
-    pol = ctx.policy(p)
-    result = run_check(check, receipt, pol, roles=ctx.approvers(p))
+    pol, earlier = ctx.policy(p), ReceiptLedger(p.get_store()).evidence_hashes(receipt.receipt_id)
+    result = run_check(check, receipt, pol, roles=ctx.approvers(p), earlier=earlier)
     void = void_checks(
         receipt.fingerprints, ctx.current_fingerprints(p, key), required=pol.staleness.required_fingerprints
     )
@@ -88,6 +89,7 @@ def release_receipt(p: Pipeline, key: str, *, run_id: str = "", keys: list[str] 
     """Phases 2 and 3 re-verified, all seven checks under the policy, the verdict; appended immutably.
     `not_run` names each stage a blocking check stopped. With the snapshot `keys` (oldest first), the loop's
     pause or resume this verdict makes is recorded (`triggers.stop_decision`)."""
+    from lightning_dagster.gate import ReceiptLedger
     from lightning_dagster.gate import receipt as R
     from lightning_dagster.gate.checks import evaluate
     from lightning_dagster.pipeline.triggers import stop_decision
@@ -95,8 +97,10 @@ def release_receipt(p: Pipeline, key: str, *, run_id: str = "", keys: list[str] 
 
     store = p.get_store()
     receipt = reverified_receipt(p, key)
-    pol = ctx.policy(p)
-    evaluation = evaluate(receipt, pol, ctx.current_fingerprints(p, key), roles=ctx.approvers(p))
+    pol, earlier = ctx.policy(p), ReceiptLedger(store).evidence_hashes(receipt.receipt_id)
+    evaluation = evaluate(
+        receipt, pol, ctx.current_fingerprints(p, key), roles=ctx.approvers(p), earlier=earlier
+    )
     final = R.with_gate_record(receipt, evaluation.to_record())
     stored = ctx.append_receipt(store, key, final)
     # The candidate's MLflow version tags name this receipt version and verdict (best effort: the ledger
