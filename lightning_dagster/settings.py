@@ -316,6 +316,21 @@ class GateSettings(Settings):
         description="the deployment's roles file (who may approve, with which key), pinned into the "
         "store on first use; empty: the roles pinned already (the code location reads $LD_ROLES_FILE)",
     )
+    roles_admin_key: str = Field(
+        "",
+        description="the public key (ed25519:...) of the deployment's roles-admin, who signs every change "
+        "of the pinned roles; read from the configuration only, never from the store ($LD_ROLES_ADMIN_KEY)",
+    )
+    pipeline_key_path: str = Field(
+        "",
+        description="the pipeline's private key (a 0600 PEM file outside models/ and the MLflow artifacts), "
+        "which attests receipts and signs the bootstrap move ($LD_PIPELINE_KEY)",
+    )
+    pipeline_public_key: str = Field(
+        "",
+        description="the pipeline's public key (ed25519:...) readers verify attestations and the bootstrap "
+        "move against; empty: derived from pipeline_key_path ($LD_PIPELINE_PUBLIC_KEY)",
+    )
     evaluator: str = Field("heldout-sampled-success", min_length=1, description="the evaluator's name")
     evaluator_version: str = Field("1", min_length=1, description="the evaluator's version")
     scope: str = Field("bounded-canary", min_length=1, description="what a PROMOTE lets the candidate touch")

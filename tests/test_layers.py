@@ -112,6 +112,8 @@ UPWARD: dict[str, set[str]] = {
     "project.sections": {"gate.errors", "gate.policy"},
     # Check 7 verifies approvals through the release's pure modules, which import only `canonical`.
     "gate.consistency": {"release.approvals", "release.signing"},
+    # The ledger lists each version's evidence hash, the value an approval signs.
+    "gate.ledger": {"release.approvals"},
     # `gate evaluate --roles-path` reads a roles file (in a function: only when one is given).
     "gate.cli": {"release.errors", "release.roles"},
 }

@@ -12,6 +12,9 @@ from typing import Any
 DEMO_ACTORS = {"release-owner": "demo-release-owner", "default-approver": "demo-default-approver"}
 # The share of the project's train tasks that "arrive" after cycle 1 (the last ones by id).
 LATE_TRAIN_SHARE = 1 / 8
+# The demo deployment's own keys, kept with the approvers' (outside models/ and mlartifacts/): the pipeline's
+# (it attests receipts and signs the bootstrap move) and the roles-admin's (it signs changes of the roles pin).
+PIPELINE_ACTOR, ROLES_ADMIN = "demo-pipeline", "demo-roles-admin"
 
 
 def use_project(path: Path) -> str:
@@ -38,10 +41,12 @@ def prepare_environment(actors: dict[str, str] = DEMO_ACTORS) -> dict[str, str]:
         # Dagster's default local SQLite storage; only telemetry (a network call) is turned off.
         (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     os.environ["LD_ROLES_FILE"] = str(write_approvers(home / "approvers.yaml", actors))
+    os.environ["LD_PIPELINE_KEY"] = str(keypair(PIPELINE_ACTOR) / f"{PIPELINE_ACTOR}.key")
+    os.environ["LD_ROLES_ADMIN_KEY"] = (keypair(ROLES_ADMIN) / f"{ROLES_ADMIN}.pub").read_text().strip()
     return {
         "LIGHTNING_DAGSTER_HOME": str(home),
         "DAGSTER_HOME": os.environ["DAGSTER_HOME"],
-        "LD_ROLES_FILE": os.environ["LD_ROLES_FILE"],
+        **{name: os.environ[name] for name in ("LD_ROLES_FILE", "LD_PIPELINE_KEY", "LD_ROLES_ADMIN_KEY")},
         **{name: os.environ[name] for name in ("LD_PROJECT", "LD_GATE_POLICY") if os.environ.get(name)},
     }
 
@@ -53,16 +58,21 @@ def approver_keys() -> Path:
     return paths.home() / "approver-keys"
 
 
-def write_approvers(path: Path, actors: dict[str, str]) -> Path:
-    """A roles file for `actors` (role -> actor), each with a key pair in `approver_keys()`, made once."""
+def keypair(actor: str) -> Path:
+    """The folder in `approver_keys()` holding `actor`'s key pair (`<actor>.key`, `<actor>.pub`), made once."""
     from lightning_dagster.release.signing import generate_keypair
 
     keys = approver_keys()
+    if not (keys / f"{actor}.key").exists():
+        generate_keypair(actor, keys)
+    return keys
+
+
+def write_approvers(path: Path, actors: dict[str, str]) -> Path:
+    """A roles file for `actors` (role -> actor), each with a key pair in `approver_keys()`, made once."""
     entries = []
     for role, actor in actors.items():
-        if not (keys / f"{actor}.key").exists():
-            generate_keypair(actor, keys)
-        public = (keys / f"{actor}.pub").read_text().strip()
+        public = (keypair(actor) / f"{actor}.pub").read_text().strip()
         entries.append(f"  {actor}:\n    roles: [{role}]\n    key: {public}\n")
     path.write_text("# Who may approve what in the demo, and with which key.\nactors:\n" + "".join(entries))
     return path
