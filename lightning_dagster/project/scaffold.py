@@ -1,4 +1,5 @@
-"""`lightning-dagster init DIR`: write a working starter project (project file, agent, tasks) into DIR.
+"""`lightning-dagster init DIR`: write a working starter project (project file, agent, tasks, demonstrations)
+into DIR.
 Exit status: 0 written, 2 DIR is not an empty folder."""
 
 from __future__ import annotations
@@ -12,35 +13,46 @@ from pathlib import Path
 from typing import Any
 
 STARTER_FILES = ("lightning-dagster.yaml", "agent.py")
-STARTER_TASKS = 200
 # Per 20 tasks: 14 train, 4 holdout, 1 protected, 1 canary.
 SPLIT_CYCLE = ["train"] * 14 + ["holdout"] * 4 + ["protected", "canary"]
-OPERATIONS = {"add": "+", "subtract": "-", "multiply": "*"}
+OPERATIONS = {"add": "+", "subtract": "-"}
+SYSTEM_PROMPT = "Reply with the number only."  # agent.py's
 
 
-def starter_tasks(n: int = STARTER_TASKS) -> list[dict[str, Any]]:
-    """`n` arithmetic tasks, the same every time, every split getting every family."""
-    rng = random.Random(0)
-    families = list(OPERATIONS)
-    tasks = []
-    for i in range(n):
-        family = families[i % len(families)]
-        a, b = rng.randint(2, 40), rng.randint(2, 40)
-        answer = {"add": a + b, "subtract": a - b, "multiply": a * b}[family]
-        tasks.append(
-            {
-                "task_id": f"arith-{i:03d}",
-                "family": family,
-                "split": SPLIT_CYCLE[i % len(SPLIT_CYCLE)],
-                "question": f"What is {a} {OPERATIONS[family]} {b}?",
-                "answer": answer,
-            }
-        )
-    return tasks
+def starter_tasks() -> list[dict[str, Any]]:
+    """Every single-digit sum and difference (a >= b), shuffled the same way every time, every split getting
+    both families: small enough that the embedded model, warm-started on the train split's demonstrations,
+    solves some of them and RL has rewards that differ within a group to learn from."""
+    pairs = [
+        (f, a, b) for a in range(1, 10) for b in range(1, 10) for f in OPERATIONS if f == "add" or a >= b
+    ]
+    random.Random(0).shuffle(pairs)
+    return [
+        {
+            "task_id": f"arith-{i:03d}",
+            "family": family,
+            "split": SPLIT_CYCLE[i % len(SPLIT_CYCLE)],
+            "question": f"What is {a} {OPERATIONS[family]} {b}?",
+            "answer": a + b if family == "add" else a - b,
+        }
+        for i, (family, a, b) in enumerate(pairs)
+    ]
+
+
+def demonstration(task: dict[str, Any]) -> dict[str, Any]:
+    """The ideal episode of `task` as agent.py would have it: its question, the answer alone."""
+    return {
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": task["question"]},
+            {"role": "assistant", "content": str(task["answer"])},
+        ]
+    }
 
 
 def write_starter(folder: Path) -> list[Path]:
-    """Write the starter project into an empty or new `folder`; returns the files written."""
+    """Write the starter project into an empty or new `folder`: the project file, agent.py, tasks.jsonl and
+    demos.jsonl (the train split's ideal episodes, the warm start's); returns the files written."""
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise FileExistsError(f"{folder} is not an empty folder; init writes only into a new or empty one")
     folder.mkdir(parents=True, exist_ok=True)
@@ -49,9 +61,12 @@ def write_starter(folder: Path) -> list[Path]:
     for name in STARTER_FILES:
         (folder / name).write_text(starter.joinpath(name).read_text())
         written.append(folder / name)
-    tasks_file = folder / "tasks.jsonl"
-    tasks_file.write_text("".join(json.dumps(task) + "\n" for task in starter_tasks()))
-    return [*written, tasks_file]
+    tasks = starter_tasks()
+    train = [demonstration(t) for t in tasks if t["split"] == "train"]
+    for name, rows in (("tasks.jsonl", tasks), ("demos.jsonl", train)):
+        (folder / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        written.append(folder / name)
+    return written
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -23,19 +23,40 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_init_writes_a_starter_project_that_loads_with_every_split(tmp_path, capsys):
     folder = tmp_path / "new" / "agent"
     assert main(["init", str(folder)]) == 0
-    assert sorted(p.name for p in folder.iterdir()) == ["agent.py", PROJECT_FILE, "tasks.jsonl"]
+    files = ["agent.py", "demos.jsonl", PROJECT_FILE, "tasks.jsonl"]
+    assert sorted(p.name for p in folder.iterdir()) == files
     project = load_project(folder)
     assert project.harness.command == (sys.executable, "agent.py")
+    assert project.model is not None and project.model.warm_start == folder / "demos.jsonl"
     tasks = load_tasks(project)
-    assert len(tasks) == 200
+    assert len(tasks) == 126  # every single-digit sum, and every difference that is not negative
     assert {split: len(tasks.splits[split]) for split in SPLITS} == {
-        "train": 140,
-        "holdout": 40,
-        "protected": 10,
-        "canary": 10,
+        "train": 90,
+        "holdout": 24,
+        "protected": 6,
+        "canary": 6,
     }
-    assert all(set(tasks.families(split)) == {"add", "subtract", "multiply"} for split in SPLITS)
+    assert all(set(tasks.families(split)) == {"add", "subtract"} for split in SPLITS)
     assert f"project check --project {folder}" in capsys.readouterr().out
+
+
+def test_the_starters_demonstrations_are_its_train_tasks_answered_as_its_agent_asks(tmp_path):
+    main(["init", str(tmp_path)])
+    project = load_project(tmp_path)
+    train = load_tasks(project).splits["train"]
+    demos = [json.loads(line) for line in (tmp_path / "demos.jsonl").read_text().splitlines()]
+    agent = (tmp_path / "agent.py").read_text()
+    assert len(demos) == len(train)
+    for task, demo in zip(train, demos, strict=True):
+        system, user, reply = demo["messages"]
+        assert f'"content": "{system["content"]}"' in agent  # the agent's own system prompt
+        assert user == {"role": "user", "content": task["question"]}
+        a, op, b = task["question"].removeprefix("What is ").removesuffix("?").split()
+        assert int(reply["content"]) == (int(a) + int(b) if op == "+" else int(a) - int(b)) == task["answer"]
+    held_out = {
+        t["question"] for s in ("holdout", "protected", "canary") for t in load_tasks(project).splits[s]
+    }
+    assert not held_out & {d["messages"][1]["content"] for d in demos}
 
 
 def test_init_writes_the_same_tasks_every_time(tmp_path):
@@ -81,11 +102,11 @@ def test_project_check_prints_rows_per_split_and_family(tmp_path, capsys):
     assert out.splitlines()[0] == f"project my-agent ({tmp_path / PROJECT_FILE})"
     assert f"harness: command {sys.executable} agent.py" in out
     table = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
-    assert table["split"] == ["rows", "add", "multiply", "subtract"]
-    assert table["train"] == ["140", "47", "46", "47"]
-    assert table["holdout"] == ["40", "13", "14", "13"]
-    assert table["protected"] == ["10", "4", "3", "3"]
-    assert table["canary"] == ["10", "3", "3", "4"]
+    assert table["split"] == ["rows", "add", "subtract"]
+    assert table["train"] == ["90", "58", "32"]
+    assert table["holdout"] == ["24", "15", "9"]
+    assert table["protected"] == ["6", "3", "3"]
+    assert table["canary"] == ["6", "5", "1"]
     assert out.splitlines()[-1] == "ok"
 
 
@@ -151,7 +172,10 @@ def test_python_m_lightning_dagster_runs_the_cli_with_its_exit_status(tmp_path):
     [
         (["node", "agnet.mjs"], ["agnet.mjs"]),
         (["python", "src/agent.py", "--model", "gpt-4o"], ["src/agent.py"]),
-        (["python", "agent.py", "tools/run.sh", "https://example.com/x", "-c", "print('a/b')"], ["tools/run.sh"]),
+        (
+            ["python", "agent.py", "tools/run.sh", "https://example.com/x", "-c", "print('a/b')"],
+            ["tools/run.sh"],
+        ),
     ],
 )
 def test_project_check_fails_when_a_script_the_command_runs_is_missing(tmp_path, capsys, command, missing):
