@@ -25,7 +25,8 @@ DEFAULT_RESUME_ROLES = ("default-approver",)
 
 
 class LoopDecision(BaseModel):
-    """One pause or resume. `by`: the sensor (a stop condition held), an actor (signed resume) or a
+    """One pause or resume. `by`: the gate (a stop condition held when a receipt was judged; pauses recorded
+    before the release_receipt run recorded them say `sensor`), an actor (signed resume) or a
     receipt (a newer judged receipt cleared the conditions). A resume names the pause it lifts by its hash
     in the history (`pause_hash`). `resume_roles`: for a pause, the roles whose signed resume lifts it
     (None: recorded before pauses named them; see `resume_roles_of`)."""
@@ -33,7 +34,7 @@ class LoopDecision(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     action: Literal["pause", "resume"]
-    by: Literal["sensor", "actor", "receipt"]
+    by: Literal["gate", "sensor", "actor", "receipt"]
     at: float
     loop: str = LOOP
     conditions: list[str] = []
@@ -153,7 +154,7 @@ def next_decision(
         return None
     return LoopDecision(
         action="pause",
-        by="sensor",
+        by="gate",
         at=now,
         conditions=conditions,
         receipt_id=latest_receipt,

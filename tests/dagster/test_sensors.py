@@ -161,7 +161,7 @@ def test_a_paused_loop_resumes_only_by_an_authorized_signed_decision_or_a_cleari
         "paused: protected set regressed"
     )
     pause = loop_history.current_pause(store)
-    assert pause.decision.receipt_id == regressed and pause.decision.by == "sensor"
+    assert pause.decision.receipt_id == regressed and pause.decision.by == "gate"
     assert paused.asset_events[0].metadata["receipt_id"].value == regressed
 
     reason = ["--reason", "regression reviewed"]
