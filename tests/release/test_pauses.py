@@ -51,7 +51,7 @@ def signed(
 
 def test_a_stop_condition_pauses_naming_the_condition_and_the_receipt():
     pause = next_decision([], "rcpt-1", PROTECTED, [], now=1.0)
-    assert pause is not None and (pause.action, pause.by) == ("pause", "sensor")
+    assert pause is not None and (pause.action, pause.by) == ("pause", "gate")
     assert pause.conditions == PROTECTED and pause.receipt_id == "rcpt-1"
     assert next_decision([], "rcpt-1", [], [], now=1.0) is None  # nothing holds: no decision
 
