@@ -66,7 +66,7 @@ def test_a_resume_racing_another_decision_is_refused_not_a_raw_conflict(store, m
         loop_history.resume(store, request, actors=_actors(store))
     monkeypatch.undo()
     assert [(r.decision.action, r.decision.by) for r in loop_history.history(store)] == [
-        ("pause", "sensor"),
+        ("pause", "gate"),
         ("resume", "receipt"),
     ]
 

@@ -210,9 +210,9 @@ def test_a_paused_loop_resumes_only_by_an_authorized_signed_decision_or_a_cleari
         (r.decision.action, r.decision.by, r.decision.receipt_id) for r in loop_history.history(store)[start:]
     ]
     assert history == [
-        ("pause", "sensor", regressed),
+        ("pause", "gate", regressed),
         ("resume", "actor", regressed),
-        ("pause", "sensor", "rcpt-snap-pause-2"),
+        ("pause", "gate", "rcpt-snap-pause-2"),
         ("resume", "receipt", clearing),
     ]
     assert loop_history.history(store)[start + 1].decision.actor == "bob"
