@@ -21,6 +21,7 @@ def bootstrap_parent(
 ) -> StageResult:
     """`progress` (optional) receives the warm start's metrics after every SFT step."""
     from lightning_dagster.registry.core import APPROVED
+    from lightning_dagster.release.chain import pipeline_signer
     from lightning_dagster.training.configs import warm_start_config
     from lightning_dagster.training.warmstart import base_model, has_demos, warm_start
 
@@ -29,6 +30,7 @@ def bootstrap_parent(
     if current is not None:
         return StageResult(metadata={"approved_default": current, "bootstrapped": False})
     project, settings = ctx.harness_source(p).project, ctx.settings(p)
+    pipeline_signer(settings.gate)  # no pipeline key to sign the first move: refused before the warm start
     t, serving = settings.training, settings.serving
     base = base_model(project, t.seed)
     warmed: dict[str, object] = {"warm_start_steps": 0}

@@ -1,9 +1,9 @@
 """The one signed-message format, Ed25519 signatures over it, and the actors' keys.
 
-Every authorization decision (an approval, a resume, a rollback, a change of the pinned roles) is signed
-over `signed_message(purpose, fields)`, canonical JSON naming the purpose, so a signature of one kind never
-verifies as another; `PURPOSES` fixes the fields each kind binds. A private key is a PKCS#8 PEM file
-readable by its owner only; the public key is one line, `ed25519:<base64>`, for the roles file.
+Every authorization decision (an approval, a resume, a rollback, a pointer move, a change of the pinned
+roles) is signed over `signed_message(purpose, fields)`, canonical JSON naming the purpose, so a signature of
+one kind never verifies as another; `PURPOSES` fixes the fields each kind binds. A private key is a PKCS#8
+PEM file readable by its owner only; the public key is one line, `ed25519:<base64>`, for the roles file.
 Imports nothing of the gate or the registry: the gate's check 7 verifies approvals through this module.
 """
 
@@ -34,6 +34,7 @@ APPROVAL = "approval"
 LOOP_RESUME = "loop-resume"
 ROLLBACK = "rollback"
 ROLES_PIN = "roles-pin"
+POINTER_MOVE = "pointer-move"
 # purpose -> the fields its signature binds, every one required. Weakening a kind means editing this table.
 PURPOSES: Mapping[str, frozenset[str]] = MappingProxyType(
     {
@@ -47,6 +48,12 @@ PURPOSES: Mapping[str, frozenset[str]] = MappingProxyType(
         ),
         # the pinned roles' hash, the new one, and the pin's newest move number
         ROLES_PIN: frozenset({"from", "to", "pin_seq"}),
+        # one move of a pointer: its number, from and to (with the weights and files approved), the receipt
+        # version that justifies it (None for the bootstrap), who in which role, when
+        POINTER_MOVE: frozenset(
+            {"pointer", "seq", "from", "to", "weights_hash", "files_hash", "receipt_id", "receipt_hash"}
+            | {"actor", "role", "at"}
+        ),
     }
 )
 

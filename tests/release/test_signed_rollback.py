@@ -132,7 +132,7 @@ def promoted(registry, variant, tracking, approver_keys):
         approver_keys,
         "alice",
     )
-    promotion.promote(registry, "rec-signed-rb", "alice")
+    promotion.promote(registry, "rec-signed-rb", "alice", key=approver_keys["alice"])
     return parent, cand
 
 
