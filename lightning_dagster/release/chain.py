@@ -9,6 +9,8 @@ Kinds of move (the `kind` its note records):
 - `rollback`: the actor's `ROLLBACK` signature is the move's (pointer, from, from_seq, target, who, role,
   why, when); the role is `default-approver` or one the undone move's receipt names for its default step,
   and the target a value an earlier verified move approved, with its weights.
+- `anchor`: a `POINTER_MOVE` signature by the configured roles-admin key (`registry anchor`): the moves
+  before the newest anchor read as vouched for, not verified; verification resumes after it.
 A move of another kind, or unsigned (made before moves were signed), breaks the chain there. So do a gap or
 repeat in the move numbers, a move not starting where the previous ended, and a pointer row that is not the
 last move. A break is recorded once as a pointer incident; the pointer then reads as its last verified move.
@@ -27,17 +29,26 @@ from lightning_dagster.registry import incidents, pointers
 from lightning_dagster.registry.errors import ChainBroken
 from lightning_dagster.release.errors import KeyFileError, RolesConfigError
 from lightning_dagster.release.pipeline_key import public_key, signing_key
-from lightning_dagster.release.roles import NOT_CONFIGURED, Roles, verify_pin
-from lightning_dagster.release.signing import POINTER_MOVE, ROLLBACK, sign, verify
+from lightning_dagster.release.roles import NOT_CONFIGURED, ROLES_ADMIN, Roles, verify_pin
+from lightning_dagster.release.signing import (
+    POINTER_MOVE,
+    ROLLBACK,
+    load_private_key,
+    public_key_line,
+    sign,
+    verify,
+)
 from lightning_dagster.store.records import PointerMove
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from lightning_dagster.registry.core import Registry
     from lightning_dagster.settings import GateSettings
 
-BOOTSTRAP, PROMOTION, ROLLED_BACK = "bootstrap", "promotion", "rollback"
+BOOTSTRAP, PROMOTION, ROLLED_BACK, ANCHOR = "bootstrap", "promotion", "rollback", "anchor"
 PIPELINE_ROLE = "pipeline"  # the role a bootstrap move names: the pipeline's key signs it
 DEFAULT_APPROVER = "default-approver"
 
@@ -55,6 +66,7 @@ class Chain:
     incident: Any = None  # the `PointerIncident` recording the break
     versions: list[Roles] = field(default_factory=list)  # every verified roles version, oldest first
     since: int = 0  # the roles version the head verified under
+    vouched: int = 0  # how many moves (up to and with the newest valid anchor) are vouched for, not verified
 
     def check_next(self, store: Any, m: PointerMove, gate: GateSettings) -> str | None:
         """Why `m` would not verify as the move after this chain's head (None: it would)."""
@@ -113,9 +125,9 @@ def check_move(store: Any, m: PointerMove, verified: list[PointerMove], versions
     version it verified under (moves never verify under roles older than the previous move's)."""
     prev, note = (verified[-1] if verified else None), pointers.move_note(m)
     where = f"move {m.seq} ({m.from_value or '(unset)'} -> {m.to_value} by {m.actor})"
-    if m.seq != len(verified) + 1:
+    if m.seq != (prev.seq if prev else 0) + 1:
         return (
-            f"{where}: expected move {len(verified) + 1} (a move was inserted, deleted or reordered)",
+            f"{where}: expected move {(prev.seq if prev else 0) + 1} (a move was inserted, deleted or reordered)",
             since,
         )
     if m.from_value != (prev.to_value if prev else None):
@@ -166,16 +178,51 @@ def check_move(store: Any, m: PointerMove, verified: list[PointerMove], versions
     return f"{where}: not signed by {m.actor!r} holding {role!r} in the verified roles", since
 
 
+def _anchored(history: list[PointerMove], gate: GateSettings) -> int:
+    """How many moves the newest anchor the configured roles-admin key signed ends (0: none): `registry
+    anchor` re-anchors a history with unsigned moves (a home made before moves were signed) or a break."""
+    admin = gate.roles_admin_key.strip()
+    for k in range(len(history) - 1, -1, -1) if admin else ():
+        m, note = history[k], pointers.move_note(history[k])
+        fields = signed_fields(m.name, m.seq, m.from_value, m.to_value, m.actor, m.receipt_id, note)
+        if note.get("kind") == ANCHOR and note.get("role") == ROLES_ADMIN:
+            if verify(admin, POINTER_MOVE, fields, str(note.get("signature") or "")):
+                return k + 1
+    return 0
+
+
+def anchor(reg: Registry, version: str, key: Path | str) -> PointerMove:
+    """Move `approved-default` to `version` by the configured roles-admin's signed anchor: the history up to
+    it reads as vouched for, verification resumes after it. For a home whose moves predate signing, and to
+    recover from a recorded break (the anchor names the version the admin checked)."""
+    private = load_private_key(key)
+    if public_key_line(private) != reg.gate.roles_admin_key.strip():
+        raise KeyFileError(
+            f"{key} is not the configured roles-admin key (gate.roles_admin_key, $LD_ROLES_ADMIN_KEY)"
+        )
+    value, seq = reg.store.pointer_state(reg.pointer_name())
+    target = reg.model_version(version)
+    note = move_note(target.weights_hash, target.files_hash, kind=ANCHOR, role=ROLES_ADMIN, at=time.time())
+    note["signature"] = sign_move(
+        private, reg.pointer_name(), seq + 1, value, target.version, ROLES_ADMIN, None, note
+    )
+    move = pointers.move(reg, expected=value, expected_seq=seq, to=target.version, actor=ROLES_ADMIN, signed=note,
+                         note="re-anchored by the roles-admin")  # fmt: skip
+    pointers.mirror_after_move(reg)
+    return move
+
+
 def verify_chain(store: Any, pointer: str, gate: GateSettings) -> Chain:
     """`pointer`'s whole history verified against the configuration (one read of each history)."""
     pin = verify_pin(store, gate)
     versions = pin.versions if pin.versions or pin.problem else [pin.configured] if pin.configured else []
     history, row = store.pointer_history(pointer), store.pointer_state(pointer)
-    if not versions and pin.problem is None and len(history) > 1:
+    vouched = _anchored(history, gate)
+    verified = history[:vouched]  # the roles-admin vouches for the moves up to its anchor
+    if not versions and pin.problem is None and len(history) > len(verified) + 1:
         raise RolesConfigError(NOT_CONFIGURED)  # moves after the bootstrap, and no roles to verify them
-    verified: list[PointerMove] = []
     problem, since = None, 0
-    for m in history:
+    for m in history[len(verified) :]:
         problem, since = check_move(store, m, verified, versions, since, gate)
         if problem is not None:
             break
@@ -187,7 +234,9 @@ def verify_chain(store: Any, pointer: str, gate: GateSettings) -> Chain:
         )
     if pin.problem is not None:
         problem = pin.problem + (f"; then {problem}" if problem else "")
-    return Chain(pointer, verified, history, row, pin.roles, problem, versions=versions, since=since)
+    return Chain(
+        pointer, verified, history, row, pin.roles, problem, versions=versions, since=since, vouched=vouched
+    )
 
 
 def verified(reg: Registry) -> Chain:

@@ -1,5 +1,5 @@
 """`lightning-dagster registry show | history | serving | keygen | roles | sign | approve | promote |
-sign-rollback | rollback | drill`.
+sign-promote | sign-rollback | rollback | anchor | drill`.
 
 The command keeps the registry's name; it lives with the release because most of it is the release's (keys,
 roles, approvals, promotion, rollback), while `show`, `history`, `serving` and `drill` read the registry.
@@ -85,6 +85,16 @@ def register(parser: argparse.ArgumentParser) -> None:
         "rollback", "move approved-default back to a version it held before (a signed decision)", _rollback
     )
     _rollback_args(p, signed_file=True)
+    p = command(
+        "anchor",
+        "re-anchor approved-default at VERSION by the configured roles-admin's signed move (a home whose moves "
+        "predate signing, or after a recorded break)",
+        _anchor,
+    )
+    p.add_argument("version")
+    p.add_argument(
+        "--key", required=True, help="the roles-admin's private key (its public half: gate.roles_admin_key)"
+    )
     p = command(
         "drill", "rollback drill: resolve, verify, load and serve a version; pointer untouched", _drill
     )
@@ -179,15 +189,25 @@ def _history(args):
     reg = _registry(args)
     chain = reg.verified()  # records a break as an incident before the incidents are read
     history, found = chain.history, reg.incidents()
-    moves = [_move_row(m) | {"verified": m in chain.moves} for m in history]
+    # before the newest anchor (itself signed by the roles-admin), moves are vouched for, not verified
+    moves = [
+        _move_row(m) | {"verified": m in chain.moves and n >= chain.vouched - 1}
+        for n, m in enumerate(history)
+    ]
     lines = [
         "history verifies" if chain.problem is None else f"BROKEN: {chain.problem}",
         "seq  at                    from  to    actor       receipt",
     ]
     lines += [
         f"{m['seq']:>3}  {m['at']}  {m['from'] or '-':>4}  {m['to']:>4}  {m['actor']:<10}  {m['receipt_id'] or ''}"
-        + ("" if m["verified"] else "  UNVERIFIED")
-        for m in moves
+        + (
+            ""
+            if m["verified"]
+            else "  VOUCHED (before an anchor)"
+            if n < chain.vouched - 1
+            else "  UNVERIFIED"
+        )
+        for n, m in enumerate(moves)
     ]
     if found:
         lines += [
@@ -369,6 +389,15 @@ def _rollback(args):
     result = rollback(reg, request)
     data = {**_move_row(result.move), "mirrored": result.mirrored, "mirror_error": result.mirror_error}
     return data, f"approved-default rolled back {data['from']} -> {data['to']} by {data['actor']}"
+
+
+def _anchor(args):
+    from lightning_dagster.release.chain import anchor
+
+    move = anchor(_registry(args), args.version, args.key)
+    return _move_row(
+        move
+    ), f"approved-default anchored at {move.to_value} (move {move.seq}) by the roles-admin"
 
 
 def _serving(args):

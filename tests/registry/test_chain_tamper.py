@@ -187,3 +187,33 @@ def test_every_reader_detects_a_direct_store_edit(kind, registry, variant, appro
     (incident,) = [i for i in registry.incidents() if i.chain]
     assert incident.chain == chain.problem and incident.store_version == expected
     assert incident.summary() in out
+
+
+def test_a_home_from_before_signed_moves_serves_only_once_the_roles_admin_anchors_it(
+    registry, variant, approver_keys, deployment_keys, tracking, capsys
+):
+    """An old home's moves are unsigned: unverified, so serving refuses; the configured roles-admin's signed
+    anchor (no other key) vouches for them, and moves after it verify as usual."""
+    parent, (cand,) = bootstrap(registry, variant, 1)
+    registry_roles(registry)
+    # what the registry wrote before moves were signed: a plain note, no kind, no signature
+    legacy = json.dumps({"weights_hash": cand.weights_hash, "note": "promotion"})
+    registry.store.move_pointer(registry.pointer_name(), expected=parent.version, to=cand.version, actor="alice",
+                                note=legacy)  # fmt: skip
+    with pytest.raises(ChainBroken, match="move 2"):
+        registry.serve_approved(download=False)
+    assert registry.current(APPROVED) == parent.version
+    status, _, err = _cli(
+        capsys, registry, tracking, "anchor", cand.version, "--key", str(approver_keys["alice"])
+    )
+    assert status == 1 and "not the configured roles-admin key" in err
+    status, out, err = _cli(
+        capsys, registry, tracking, "anchor", cand.version, "--key", str(deployment_keys["roles-admin"])
+    )
+    assert status == 0, err
+    assert registry.verified().problem is None and registry.current(APPROVED) == cand.version
+    assert registry.serve_approved(download=False).version == cand.version
+    status, out, _ = _cli(capsys, registry, tracking, "history")
+    assert "history verifies" in out and "VOUCHED" in out
+    signed_move(registry, parent.version, approver_keys, rollback=True)  # verified after the anchor
+    assert registry.verified().problem is None and registry.current(APPROVED) == parent.version
