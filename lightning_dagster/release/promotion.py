@@ -130,11 +130,11 @@ def _require_default_approval(reg: Registry, stored: StoredReceipt, actor: str) 
 
 
 def sign_promotion(
-    reg: Registry, receipt: Any, *, actor: str, key: Path | str, at: float | None = None
+    reg: Registry, receipt: Any, *, actor: str, key: Path | str, at: float | None = None, head: Any = ...
 ) -> PromoteRequest:
     """`actor`'s signed promotion of the receipt's candidate from the pointer's verified head, in the role of
     their default-step approval on the receipt's ledger head; nothing moves until `promote`."""
-    head = reg.verified().require().head
+    head = reg.verified().require().head if head is ... else head  # `promote --key`: the head it judged
     stored = receipts.load(reg.store, receipt)
     named = facts(stored.receipt, reg.model_name)
     role = next((a.role for a in stored.receipt.approvals if a.actor == actor and a.step == "default"), None)
@@ -245,7 +245,7 @@ def promote(
             "promotes once: a candidate rolled back since is promoted again only through a new receipt"
         )
     if signed is None and key is not None:
-        signed = sign_promotion(reg, named.receipt_id, actor=actor, key=key)
+        signed = sign_promotion(reg, named.receipt_id, actor=actor, key=key, head=last)
     if signed is None or (signed.receipt_id, signed.actor) != (named.receipt_id, actor):
         raise PromotionRefused(
             f"the move is not signed: {actor} signs it with `lightning-dagster registry sign-promote "

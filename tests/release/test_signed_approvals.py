@@ -262,7 +262,7 @@ def test_keygen_writes_an_owner_only_key_and_prints_the_public_line(tmp_path, ca
 
 @SQLITE
 def test_the_roles_command_signs_over_the_pin_as_it_stands(
-    registry, approver_keys, tracking, store_url, tmp_path, capsys
+    registry, deployment_keys, tracking, store_url, tmp_path, capsys
 ):
     a = registry_roles(registry)
     new = tmp_path / "roles-c.yaml"
@@ -277,7 +277,7 @@ def test_the_roles_command_signs_over_the_pin_as_it_stands(
     parser = argparse.ArgumentParser()
     register(parser)
     common = ["--tracking-uri", tracking.uri, "--store-url", store_url, "--model-name", registry.model_name]
-    pin = ["roles", *common, "--pin", str(new), "--actor", "alice", "--key", str(approver_keys["alice"])]
+    pin = ["roles", *common, "--pin", str(new), "--key", str(deployment_keys["roles-admin"])]
     args = parser.parse_args(pin + ["--json"])
     assert args.handler(args) == 0
     assert json.loads(capsys.readouterr().out)["digest"] == read_roles_file(new).digest
