@@ -114,8 +114,10 @@ def _default_roles(store: Any, receipt_id: str | None, receipt_hash: Any) -> set
     """The roles the receipt version `receipt_hash` names for its default step (its body must hash to it)."""
     for doc in store.document_versions(RECEIPTS, receipt_id) if receipt_id and receipt_hash else []:
         if doc.content_hash == receipt_hash and version_hash(doc.body, doc.previous_hash) == receipt_hash:
-            approvers = (doc.body.get("plan") or {}).get("approvers") or {}
-            return {str(r) for r in approvers.get("default") or []}
+            try:
+                return {str(r) for r in doc.body["plan"]["approvers"]["default"]}
+            except (KeyError, TypeError):  # not a receipt's shape: it names no role
+                return set()
     return set()
 
 
@@ -169,7 +171,7 @@ def check_move(store: Any, m: PointerMove, verified: list[PointerMove], versions
                 f"{where}: rolls back to {m.to_value} with weights no earlier verified move approved",
                 since,
             )
-    if role not in allowed:
+    if not isinstance(role, str) or role not in allowed:
         return f"{where}: role {role!r} may not move {m.name} (allowed: {', '.join(sorted(allowed))})", since
     for i in range(since, len(versions)):
         entry = versions[i].actors.get(m.actor)

@@ -94,11 +94,11 @@ def sign(key: Ed25519PrivateKey, purpose: str, fields: Mapping[str, Any]) -> str
 
 def verify(public_key: str, purpose: str, fields: Mapping[str, Any], signature: str) -> bool:
     """Whether `signature` is `public_key`'s over `fields` as a `purpose` message (malformed: False)."""
-    message = signed_message(purpose, fields)
-    try:
+    try:  # a field no canonical JSON can hold (a NaN, a non-text key) signs nothing
+        message = signed_message(purpose, fields)
         raw = base64.b64decode(signature, validate=True)
         parse_public_key(public_key).verify(raw, message)
-    except (InvalidSignature, ValueError, binascii.Error):
+    except (InvalidSignature, ValueError, TypeError, binascii.Error):
         return False
     return True
 
