@@ -92,6 +92,7 @@ class ChainBroken(RegistryError):
     def __init__(self, pointer: str, problem: str, verified: str | None):
         super().__init__(
             f"{pointer}'s history does not verify: {problem}; the last verified value is "
-            f"{verified or '(none)'} (a recorded incident: `lightning-dagster registry history`)"
+            f"{verified or '(none)'} (a recorded incident: `lightning-dagster registry history`; the roles-admin "
+            "re-anchors a checked version with `lightning-dagster registry anchor VERSION --key KEY`)"
         )
         self.pointer, self.problem, self.verified = pointer, problem, verified
