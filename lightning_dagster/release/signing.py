@@ -76,14 +76,19 @@ PUBLIC_KEY_PREFIX = "ed25519:"
 ACTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-def signed_message(purpose: str, fields: Mapping[str, Any]) -> bytes:
-    """The exact bytes a signature of `purpose` covers; `ValueError` for fields `PURPOSES` does not name."""
+def _check_fields(purpose: str, fields: Mapping[str, Any]) -> None:
+    """`ValueError` for a purpose or fields `PURPOSES` does not name (a caller's mistake, never data's)."""
     expected = PURPOSES.get(purpose)
     if expected is None:
         raise ValueError(f"unknown signed-message purpose {purpose!r} (known: {sorted(PURPOSES)})")
     if set(fields) != expected:
         missing, extra = sorted(expected - set(fields)), sorted(set(fields) - expected)
         raise ValueError(f"a {purpose} signs exactly {sorted(expected)} (missing {missing}, extra {extra})")
+
+
+def signed_message(purpose: str, fields: Mapping[str, Any]) -> bytes:
+    """The exact bytes a signature of `purpose` covers; `ValueError` for fields `PURPOSES` does not name."""
+    _check_fields(purpose, fields)
     return canonical_json({"format": FORMAT, "version": VERSION, "purpose": purpose, "fields": dict(fields)})
 
 
@@ -94,7 +99,8 @@ def sign(key: Ed25519PrivateKey, purpose: str, fields: Mapping[str, Any]) -> str
 
 def verify(public_key: str, purpose: str, fields: Mapping[str, Any], signature: str) -> bool:
     """Whether `signature` is `public_key`'s over `fields` as a `purpose` message (malformed: False)."""
-    try:  # a field no canonical JSON can hold (a NaN, a non-text key) signs nothing
+    _check_fields(purpose, fields)
+    try:  # a stored value no canonical JSON can hold (a NaN, a non-text key) signs nothing
         message = signed_message(purpose, fields)
         raw = base64.b64decode(signature, validate=True)
         parse_public_key(public_key).verify(raw, message)
