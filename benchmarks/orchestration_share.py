@@ -49,7 +49,10 @@ def main() -> None:
     # keeps every other threshold, so both cycles run the whole graph.
     tiny_policy = Path(__file__).resolve().parents[1] / "tests" / "dagster" / "policy-tiny.yaml"
     gate = GateResource(
-        policy_path="" if args.demo else str(tiny_policy), roles_path=os.environ.get("LD_ROLES_FILE", "")
+        policy_path="" if args.demo else str(tiny_policy),
+        roles_path=os.environ.get("LD_ROLES_FILE", ""),
+        pipeline_key_path=os.environ.get("LD_PIPELINE_KEY", ""),  # signs the bootstrap move
+        roles_admin_key=os.environ.get("LD_ROLES_ADMIN_KEY", ""),
     )
     defs = build_definitions(deferred=False, training=demo_training(None, quick=not args.demo), gate=gate)
     p = defs.resources["pipeline"]

@@ -37,14 +37,21 @@ def p50_ms(fn, reps: int) -> float:
     return statistics.median(samples)
 
 
-def grow(registry, run, target: int) -> None:
-    """Register versions until there are `target`, moving approved-default to each (one history entry)."""
+def grow(registry, run, target: int, keys) -> None:
+    """Register versions until there are `target`, moving approved-default to each (one history entry): the
+    first by the pipeline's signed bootstrap, the others by the bench approver's signed promotions."""
     from lightning_dagster.registry.core import APPROVED
+    from lightning_dagster.release import chain
+    from lightning_dagster.release.signing import load_private_key
 
     client, name = registry.client, registry.model_name
     while (current := registry.store.current_pointer(registry.pointer_name())) is None or int(
         current
     ) < target:
+        seq = registry.store.pointer_state(registry.pointer_name())[1]
+        actor, role, kind = ("pipeline", "pipeline", chain.BOOTSTRAP) if current is None else (
+            "bench", "default-approver", chain.PROMOTION
+        )  # fmt: skip
         weights = f"{int(current or 0) + 1:064x}"
         mv = client.create_model_version(
             name,
@@ -52,12 +59,17 @@ def grow(registry, run, target: int) -> None:
             run_id=run.info.run_id,
             tags={"weights_hash": weights},
         )
+        note = chain.move_note(weights, None, kind=kind, role=role, at=time.time())
+        key = load_private_key(keys[actor].private_path)
+        note["signature"] = chain.sign_move(
+            key, registry.pointer_name(), seq + 1, current, str(mv.version), actor, None, note
+        )
         registry.store.move_pointer(
             registry.pointer_name(),
             expected=current,
             to=str(mv.version),
-            actor="bench",
-            note=json.dumps({"weights_hash": weights}),
+            actor=actor,
+            note=json.dumps(note),
         )
     registry.reconcile()
     assert registry.resolve(APPROVED, download=False).version == str(target)
@@ -98,7 +110,16 @@ def main() -> int:
             "SQLite",
         )
     try:
-        registry = Registry(tracking_uri, Store(store_url), "bench-policy", tmp / "artifacts")
+        from lightning_dagster.release.signing import generate_keypair
+        from lightning_dagster.settings import GateSettings
+
+        # the deployment's anchors: the pipeline's key (the bootstrap) and a roles file naming the approver
+        keys = {a: generate_keypair(a, tmp / "keys") for a in ("pipeline", "bench")}
+        (tmp / "roles.yaml").write_text("actors:\n" + keys["bench"].roles_entry(["default-approver"]))
+        gate = GateSettings(
+            roles_path=str(tmp / "roles.yaml"), pipeline_key_path=str(keys["pipeline"].private_path)
+        )
+        registry = Registry(tracking_uri, Store(store_url), "bench-policy", tmp / "artifacts", gate=gate)
         registry.reconcile()
         # Versions point into one run's artifact directory: a server refuses sources outside a run.
         run = registry.client.create_run(registry.experiment_id, run_name="bench-versions")
@@ -109,7 +130,7 @@ def main() -> int:
         rows = []
         for n in [int(x) for x in args.sizes.split(",")]:
             start = time.perf_counter()
-            grow(registry, run, n)
+            grow(registry, run, n, keys)
             grown = time.perf_counter() - start
             resolve = p50_ms(lambda: registry.resolve(APPROVED, download=False), args.reps)
             history = p50_ms(

@@ -349,6 +349,26 @@ class GateSettings(Settings):
     infrastructure_retry_budget: int = Field(0, ge=0, description="infrastructure retries check 3 tolerates")
 
 
+# Where the code location and the commands read the gate's deployment settings from (the configuration, which
+# anchors what every read of approved-default and the roles pin verifies against).
+GATE_ENV = {
+    "policy_path": "LD_GATE_POLICY",
+    "roles_path": "LD_ROLES_FILE",
+    "roles_admin_key": "LD_ROLES_ADMIN_KEY",
+    "pipeline_key_path": "LD_PIPELINE_KEY",
+    "pipeline_public_key": "LD_PIPELINE_PUBLIC_KEY",
+}
+
+
+def gate_from_env() -> GateSettings:
+    """`GateSettings` with each setting `GATE_ENV` names set from its environment variable, when set."""
+    import os
+
+    return GateSettings.parse(
+        {f: os.environ[v] for f, v in GATE_ENV.items() if os.environ.get(v)}, where="env"
+    )
+
+
 class PipelineSettings(Settings):
     """One pipeline run's settings, nested by concern."""
 

@@ -80,7 +80,7 @@ DECLARED: dict[str, set[str]] = {
     "harnesses": {"project"},
     "training": {"engine", "gateway", "paths", "project", "runner", "settings", "store", "types"},
     "gate": {"canonical", "release", "settings", "store", "training", "types"},
-    "registry": {"engine", "gate", "gateway", "paths", "settings", "store"},
+    "registry": {"engine", "gate", "gateway", "paths", "release", "settings", "store"},
     "release": {"canonical", "gate", "paths", "registry", "settings", "store"},
     "pipeline": {
         "engine",
@@ -114,6 +114,9 @@ UPWARD: dict[str, set[str]] = {
     "gate.consistency": {"release.approvals", "release.signing"},
     # The ledger lists each version's evidence hash, the value an approval signs.
     "gate.ledger": {"release.approvals"},
+    # Every reader of approved-default verifies its signed history, and the bootstrap move is signed, by the
+    # release's chain (in functions), which builds on the registry.
+    "registry.core": {"release.chain"},
     # `gate evaluate --roles-path` reads a roles file (in a function: only when one is given).
     "gate.cli": {"release.errors", "release.roles"},
 }

@@ -22,7 +22,9 @@ from lightning_dagster.demo.setup import (
     WorkingCopy,
     approval_config,
     approver_keys,
+    keypair,
     prepare_environment,
+    promotion_config,
     use_project,
     write_approvers,
 )
@@ -39,6 +41,8 @@ __all__ = [
     "DEMO_ACTORS",
     "QUICK_TRAINING",
     "approval_config",
+    "keypair",
+    "promotion_config",
     "approver_keys",
     "demo_training",
     "prepare_environment",

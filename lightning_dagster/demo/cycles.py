@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_dagster.demo.progress import QUIET, StageLines, run_snapshot
-from lightning_dagster.demo.setup import DEMO_ACTORS, WorkingCopy, approval_config, approver_keys
+from lightning_dagster.demo.setup import (
+    DEMO_ACTORS,
+    WorkingCopy,
+    approval_config,
+    approver_keys,
+    promotion_config,
+)
 
 PROMOTE = "PROMOTE TO BOUNDED CANARY"
 
@@ -155,12 +161,13 @@ def promote(demo: Demo, cycle: Cycle) -> str:
     actor = demo.actors["default-approver"]
     approval = approval_config(demo.pipeline, cycle.key, (actor, "default-approver"))
     for job, op, config in (
-        ("approve", "approve_receipt", approval),
-        ("promote", "promote_candidate", {"receipt_id": cycle.receipt_id, "actor": actor}),
+        ("approve", "approve_receipt", lambda: approval),
+        # signed once the approval is recorded: the move binds the receipt version that holds it
+        ("promote", "promote_candidate", lambda: promotion_config(demo.pipeline, cycle.receipt_id, actor)),
     ):
         result = demo.defs.resolve_job_def(job).execute_in_process(
             instance=demo.instance,
-            run_config={**QUIET, "ops": {op: {"config": config}}},
+            run_config={**QUIET, "ops": {op: {"config": config()}}},
             raise_on_error=False,
         )
         if not result.success:

@@ -90,6 +90,17 @@ def approval_config(pipeline: Any, key: str, approver: tuple[str, str]) -> dict[
     return {"snapshot_key": key, **approval.model_dump(mode="json")}
 
 
+def promotion_config(pipeline: Any, receipt_id: str, actor: str) -> dict[str, Any]:
+    """The `promote` job's op config: `actor` signs the move (`registry sign-promote`) with their key from
+    `approver_keys()`, against the pointer and the receipt's ledger head as they stand."""
+    from lightning_dagster.pipeline import context as ctx
+    from lightning_dagster.release.promotion import sign_promotion
+
+    reg = ctx.registry(pipeline)
+    signed = sign_promotion(reg, receipt_id, actor=actor, key=approver_keys() / f"{actor}.key")
+    return signed.model_dump(mode="json")
+
+
 def _not_copied(home: Path) -> Callable[[str, list[str]], set[str]]:
     """What copying the project folder leaves out: the home (it may hold the copy), earlier copies, VCS."""
     home = home.resolve()

@@ -58,7 +58,10 @@ class ApproveConfig(dg.Config):
 
 class PromoteConfig(dg.Config):
     """Move `approved-default` to the candidate of a passing, fresh receipt whose approvals all verify and
-    which holds `actor`'s signed default-step approval (`registry approve RECEIPT --role default-approver`)."""
+    which holds `actor`'s signed default-step approval (`registry approve RECEIPT --role default-approver`),
+    by `actor`'s signed move: the fields `lightning-dagster registry sign-promote RECEIPT --actor --key`
+    prints (the signature covers the move it makes: pointer, move number, from, to, weights, receipt version,
+    role, time; so it promotes once, from the pointer state it was signed against)."""
 
     receipt_id: str = Field(
         description="The receipt to promote, `rcpt-<snapshot key>` (release_receipt: `receipt_id`); " + WHERE
@@ -67,6 +70,24 @@ class PromoteConfig(dg.Config):
         description="A default-approver of the pinned roles (release_receipt: `actors`) whose signed "
         "default-step approval the receipt holds"
     )
+    role: str = Field(description="The role of that approval, as `sign-promote` prints it")
+    seq: int = Field(
+        description="The move this makes (the pointer's newest move + 1), as `sign-promote` prints it"
+    )
+    at: float = Field(description="Signing time (Unix seconds), as `sign-promote` prints it")
+    signature: str = Field(description="The Ed25519 signature `sign-promote` prints")
+
+    def request(self):
+        """The signed promotion these fields make; `InvalidInput` naming each bad field."""
+        from pydantic import ValidationError
+
+        from lightning_dagster.gate.errors import from_validation_error
+        from lightning_dagster.release.promotion import PromoteRequest
+
+        try:
+            return PromoteRequest.model_validate(self.model_dump())
+        except ValidationError as err:
+            raise from_validation_error("promotion", err) from None
 
 
 class RollbackConfig(dg.Config):
@@ -138,7 +159,7 @@ def approve_receipt(config: ApproveConfig, pipeline: PipelineResource) -> dg.Out
 )
 def promote_candidate(config: PromoteConfig, pipeline: PipelineResource) -> dg.Output:
     with refusals("promotion"):
-        result = release.promote(pipeline, config.receipt_id, config.actor)
+        result = release.promote(pipeline, config.request())
     return dg.Output(None, metadata=to_metadata(result.metadata))
 
 
@@ -161,7 +182,8 @@ def approve() -> None:
 
 
 @dg.job(
-    description="Move approved-default to a passing, fresh receipt's candidate (run config: receipt_id, actor)."
+    description="Move approved-default to a passing, fresh receipt's candidate (run config: the fields "
+    "`registry sign-promote` prints)."
 )
 def promote() -> None:
     promote_candidate()

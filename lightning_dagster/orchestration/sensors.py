@@ -155,10 +155,18 @@ def approved_alias_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
     except RegistryUnavailable as exc:
         # The cursor keeps the last time the alias was seen to agree: an incident found later says so.
         return dg.SkipReason(f"alias not checked: {exc}")
+    broken = rec.chain.problem if rec.chain is not None else None
+    if broken:  # recorded as an incident; the mirror shows only the last verified move
+        context.log.error(f"approved-default's history does not verify: {broken}")
     if not rec.changed:
         cursor = json.dumps({"verified_at": checked_at, "approved_default": rec.pointer})
+        state = (
+            f"history BROKEN ({broken}), MLflow shows the last verified move"
+            if broken
+            else "MLflow alias agrees"
+        )
         return dg.SensorResult(
-            skip_reason=f"approved-default {rec.pointer or '(unset)'}: MLflow alias agrees", cursor=cursor
+            skip_reason=f"approved-default {rec.pointer or '(unset)'}: {state}", cursor=cursor
         )
     context.log.warning(f"approved-default {rec.pointer}: MLflow differs ({'; '.join(rec.differences)})")
     # One restore per difference seen (and a retry every ten minutes while it persists).

@@ -20,15 +20,19 @@ def bootstrap_parent(
     p: Pipeline, *, actor: str = "bootstrap", progress: Callable[[dict[str, Any]], None] | None = None
 ) -> StageResult:
     """`progress` (optional) receives the warm start's metrics after every SFT step."""
-    from lightning_dagster.registry.core import APPROVED
+    from lightning_dagster.release.chain import pipeline_signer
     from lightning_dagster.training.configs import warm_start_config
     from lightning_dagster.training.warmstart import base_model, has_demos, warm_start
 
     reg = ctx.registry(p)
-    current = reg.current(APPROVED)
+    chain = reg.verified()
+    if chain.history and chain.value is None:
+        chain.require()  # moves none of which verifies (a home from before moves were signed): say so
+    current = chain.value
     if current is not None:
         return StageResult(metadata={"approved_default": current, "bootstrapped": False})
     project, settings = ctx.harness_source(p).project, ctx.settings(p)
+    pipeline_signer(settings.gate)  # no pipeline key to sign the first move: refused before the warm start
     t, serving = settings.training, settings.serving
     base = base_model(project, t.seed)
     warmed: dict[str, object] = {"warm_start_steps": 0}

@@ -104,10 +104,12 @@ def _sign(args: argparse.Namespace) -> tuple[Any, str]:
 def _resume(args: argparse.Namespace) -> tuple[Any, str]:
     from lightning_dagster.pipeline.loop_history import describe, resume
     from lightning_dagster.release.roles import deployment_roles
+    from lightning_dagster.settings import gate_from_env
 
     store = _store(args)
     request = _signed(args, store)
-    recorded = resume(store, request, actors=deployment_roles(store).actors)
+    # the deployment's roles as configured ($LD_ROLES_FILE, $LD_ROLES_ADMIN_KEY), the pin verified against them
+    recorded = resume(store, request, actors=deployment_roles(store, gate=gate_from_env()).actors)
     return recorded.decision.model_dump(
         mode="json"
     ), f"{describe(recorded.decision)} (decision {recorded.version})"
@@ -115,11 +117,12 @@ def _resume(args: argparse.Namespace) -> tuple[Any, str]:
 
 def _run(handler, args: argparse.Namespace) -> int:
     from lightning_dagster.pipeline.loop_history import ResumeRefused, TamperedHistory
+    from lightning_dagster.registry.errors import ChainBroken
     from lightning_dagster.release.errors import RolesConfigError
 
     try:
         data, text = handler(args)
-    except (ResumeRefused, RolesConfigError) as exc:
+    except (ResumeRefused, RolesConfigError, ChainBroken) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 1
     except TamperedHistory as exc:

@@ -76,8 +76,7 @@ def settings(p: Pipeline) -> PipelineSettings:
 def registry(p: Pipeline) -> Registry:
     from lightning_dagster.registry.core import Registry
 
-    roles_file = settings(p).gate.roles_path or None
-    return Registry(p.mlflow.resolved_uri(), p.get_store(), p.mlflow.model_name, roles_file=roles_file)
+    return Registry(p.mlflow.resolved_uri(), p.get_store(), p.mlflow.model_name, gate=settings(p).gate)
 
 
 def approvers(p: Pipeline) -> Mapping[str, ActorKey]:

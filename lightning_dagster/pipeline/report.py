@@ -82,7 +82,7 @@ def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
     )
     approvers = [a for a, k in sorted(actors.items()) if set(k.roles) & set(plan.approvers.default)]
     actor = approvers[0] if approvers else "ACTOR"
-    history = reg.history()
+    history = reg.verified().moves  # the rollback targets come from the verified history only
     current = history[-1].to_value if history else None
     targets = sorted({m.to_value for m in history[:-1]} - {current}, key=int)
     back = targets[-1] if targets else "VERSION"
@@ -105,7 +105,19 @@ def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
         + "```",
         f"**promote** (after `lightning-dagster registry approve {rid} --actor {actor} --role "
         f"{plan.approvers.default[0] if plan.approvers.default else 'ROLE'} --key KEYFILE`):",
-        "```yaml\n" + run_config("promote_candidate", receipt_id=rid, actor=actor) + "```",
+        f"then `lightning-dagster registry sign-promote {rid} --actor {actor} --key KEYFILE` prints the signed "
+        "move's fields; paste them with",
+        "```yaml\n"
+        + run_config(
+            "promote_candidate",
+            receipt_id=rid,
+            actor=actor,
+            role="ROLE",
+            seq="SEQ",
+            at="AT",
+            signature="SIGNATURE",
+        )
+        + "```",
         f"**rollback** (approved-default is {current or 'unset'}; earlier versions: "
         f"{', '.join(targets) or 'none'}): `lightning-dagster registry sign-rollback {back} --actor "
         f"{rollback_actor} --key KEYFILE --reason REASON` prints the fields; paste them with",

@@ -204,7 +204,7 @@ def stale_receipts(p: Pipeline, keys: list[str], cursor: str | None) -> tuple[st
     store, pol = p.get_store(), ctx.policy(p)
     marks: list[StaleMark] = []
     gated = _gated(store, keys[-200:])
-    promoted = {move.receipt_id for move in ctx.registry(p).history() if move.receipt_id}
+    promoted = {move.receipt_id for move in ctx.registry(p).verified().moves if move.receipt_id}
     for key, receipt in gated:
         if receipt.receipt_id in marked:
             continue

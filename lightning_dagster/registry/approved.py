@@ -1,6 +1,6 @@
-"""What serving loads: `approved-default` only while MLflow's alias agrees with the store; and the probe that
-proves a checkpoint serves, shared by rollback and the drill (a temporary gateway over a scratch store, so
-its span never lands among the serve rollouts the sensor counts).
+"""What serving loads: `approved-default` only while its history verifies and MLflow's alias agrees with the
+store; and the probe that proves a checkpoint serves, shared by rollback and the drill (a temporary gateway
+over a scratch store, so its span never lands among the serve rollouts the sensor counts).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ if TYPE_CHECKING:
 
 
 def approved_for_serving(reg: Registry, *, download: bool = True) -> pointers.ResolvedVersion:
-    """`approved-default` with its verified checkpoint, refused with `AliasDiverged` while MLflow's alias
-    names another version than the store's pointer (a consumer of MLflow would get the alias's version),
-    until the watch has restored the alias."""
+    """`approved-default` with its verified checkpoint, refused with `ChainBroken` while the store's history
+    does not verify and with `AliasDiverged` while MLflow's alias names another version than the store's
+    pointer (a consumer of MLflow would get the alias's version), until the watch has restored the alias."""
     reg.connect()
+    pointer = reg.verified().require().value
     mv = reg.alias_version(pointers.APPROVED)
     alias = None if mv is None else str(mv.version)
-    pointer = reg.store.current_pointer(reg.pointer_name())
     if alias != pointer:
         raise AliasDiverged(reg.model_name, pointers.APPROVED, alias, pointer)
     return pointers.resolve(reg, pointers.APPROVED, download=download)

@@ -46,6 +46,7 @@ class Registry:
         experiment_name: str = "lightning-dagster",
         cache_dir: Path | str | None = None,
         roles_file: Path | str | None = None,
+        gate: Any = None,
     ) -> None:
         if store is None:
             from lightning_dagster.store import Store
@@ -60,7 +61,14 @@ class Registry:
             None if is_http(self.tracking_uri) else Path(artifact_root or paths.mlflow_artifact_root())
         )
         self.cache_dir = Path(cache_dir) if cache_dir else paths.home() / "registry-cache"
-        self.roles_file = roles_file  # the deployment's, pinned on first use (`release.roles.registry_roles`)
+        from lightning_dagster.settings import gate_from_env
+
+        # The deployment's anchors every read verifies the pointer against (`release.chain`): the roles file
+        # (pinned on first use), the roles-admin's and the pipeline's keys; by default from the environment
+        # the code location reads ($LD_ROLES_FILE, ...). `roles_file` overrides the roles file's path.
+        gate = gate or gate_from_env()
+        self.gate = gate.updated({"roles_path": str(roles_file)}) if roles_file else gate
+        self.roles_file = self.gate.roles_path or None
         self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
         self.experiment_id: str | None = None  # set by `connect`
         self._model_ready = False
@@ -227,8 +235,13 @@ class Registry:
         actor: str = "bootstrap",
         code_revision: str = "",
         note: str = "initial parent",
+        key: Any = None,
     ) -> CandidateVersion:
-        """Register the first parent and make it `approved-default`, once (else `PointerConflict`)."""
+        """Register the first parent and make it `approved-default`, once (else `PointerConflict`), by a move
+        signed with the pipeline's `key` (default: `gate.pipeline_key_path`'s)."""
+        from lightning_dagster.release import chain  # the signed move is the release's
+
+        key = key or chain.pipeline_signer(self.gate)  # no key: refused before anything is registered
         self.reconcile()
         current, seq = self.store.pointer_state(self.pointer_name())
         if current is not None:
@@ -245,13 +258,19 @@ class Registry:
             expected=None,
             expected_seq=seq,  # 0: a bootstrap racing another one (or any move) is refused, not repeated
             to=version.version,
-            weights_hash=version.weights_hash,
-            files_hash=version.files_hash,
             actor=actor,
             note=note,
+            signed=chain.bootstrap_note(self, version, key, actor),
         )
         pointers.mirror_after_move(self)
         return version
+
+    def verified(self) -> Any:
+        """`approved-default`'s history verified from its first move to its head against the deployment's
+        anchors (`release.chain.verified`); a break is recorded once as an incident."""
+        from lightning_dagster.release.chain import verified
+
+        return verified(self)
 
     # ---- pointers ----------------------------------------------------------------------------------
     def reconcile(self, *, last_verified: float | None = None, check_only: bool = False) -> ReconcileResult:
@@ -272,7 +291,8 @@ class Registry:
         return self.fetch(self.model_version(version))
 
     def history(self) -> list:
-        """The append-only history of `approved-default` moves (from the store)."""
+        """The append-only history of `approved-default` moves (from the store), as stored: verified or not
+        (`verified()` says which)."""
         return self.store.pointer_history(self.pointer_name())
 
     def incidents(self) -> list[PointerIncident]:
@@ -304,10 +324,13 @@ class Registry:
         rec = self.reconcile()
         rm = self.client.get_registered_model(self.model_name)
         versions = self.client.search_model_versions(f"name='{self.model_name}'", max_results=200)
+        chain = rec.chain
         return {
             "model": self.model_name,
             "tracking_uri": self.tracking_uri,
             APPROVED: rec.pointer,
+            "chain": "verified" if chain.problem is None else f"BROKEN: {chain.problem}",
+            "pointer_row": chain.row[0],
             "mlflow_alias_" + APPROVED.replace("-", "_"): _alias(rm, APPROVED),
             LATEST: _alias(rm, LATEST),
             "versions": [

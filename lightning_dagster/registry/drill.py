@@ -73,6 +73,7 @@ def rollback_drill(
     start = time.perf_counter()
     try:
         reg.connect()
+        reg.verified().require()  # a drill on a pointer whose history does not verify proves nothing
         version = reg.model_version(str(parent_version))
         result.resolved = True
         result.weights_hash = version.weights_hash

@@ -6,6 +6,7 @@ from lightning_dagster.store.errors import PointerConflict
 
 __all__ = [
     "AliasDiverged",
+    "ChainBroken",
     "CheckpointFilesMismatch",
     "PointerConflict",
     "PointerNotSet",
@@ -82,3 +83,16 @@ class AliasDiverged(RegistryError):
         self.alias = alias
         self.alias_version = alias_version
         self.store_version = store_version
+
+
+class ChainBroken(RegistryError):
+    """A pointer's signed history (or the roles pin it is verified against) does not verify from its first
+    move to its head: `problem` names the first bad record. The pointer reads as its last verified move."""
+
+    def __init__(self, pointer: str, problem: str, verified: str | None):
+        super().__init__(
+            f"{pointer}'s history does not verify: {problem}; the last verified value is "
+            f"{verified or '(none)'} (a recorded incident: `lightning-dagster registry history`; the roles-admin "
+            "re-anchors a checked version with `lightning-dagster registry anchor VERSION --key KEY`)"
+        )
+        self.pointer, self.problem, self.verified = pointer, problem, verified

@@ -38,12 +38,20 @@ class PointerIncident:
     # Incidents recorded before the whole mirror was compared read back as False with no differences.
     tampered: bool = False
     differences: list[str] = field(default_factory=list)
+    # The store's own history did not verify (`release.chain`): its first bad record. Then `found_version` is
+    # what the pointer row says and `store_version` the last verified move's value, which the pointer reads as.
+    chain: str = ""
     number: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def summary(self) -> str:
+        if self.chain:
+            return (
+                f"{self.pointer}'s history does not verify: {self.chain}; it reads as "
+                f"{self.store_version or '(unset)'} (move {self.store_seq or 0}), serving refuses"
+            )
         found = "deleted" if self.found_version is None else f"version {self.found_version}"
         outcome = "restored to" if self.restored else f"NOT restored ({self.error}); the store says"
         if self.found_version == self.store_version and self.differences:

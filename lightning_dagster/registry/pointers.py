@@ -56,6 +56,7 @@ class ReconcileResult:
     model_version: Any = None  # MLflow's version behind the alias, when the mirror was already current
     incident: Any = None  # the `PointerIncident` recorded when the alias had been moved outside the registry
     differences: Any = None  # with `check_only`: what the mirror shows otherwise than the store
+    chain: Any = None  # the verified history (`release.chain.Chain`): the mirror shows its last verified move
 
 
 def check_alias(alias: str) -> None:
@@ -67,15 +68,15 @@ def check_alias(alias: str) -> None:
 
 def approved_hash(move: Any) -> str | None:
     """The weights hash recorded when `move` was made: version numbers can be reused, this cannot."""
-    return None if move is None else _note(move).get("weights_hash")
+    return None if move is None else move_note(move).get("weights_hash")
 
 
 def approved_files_hash(move: Any) -> str | None:
     """The checkpoint files hash recorded when `move` was made (None: the move recorded none)."""
-    return None if move is None else _note(move).get("files_hash")
+    return None if move is None else move_note(move).get("files_hash")
 
 
-def _note(move: Any) -> dict[str, Any]:
+def move_note(move: Any) -> dict[str, Any]:
     """The JSON body `move` records with a pointer move; {} for a note written by hand, not by the registry."""
     try:
         body = json.loads(move.note or "{}")
@@ -190,26 +191,25 @@ def reconcile(
     outage) is repaired without. `last_verified` narrows the incident's time window. `check_only`: compare,
     write nothing (`changed` says whether a reconcile would)."""
     reg.connect()
-    name = reg.pointer_name()
     incident = None
     for _ in range(3):
         # Read in the reverse order of the registry's writes (store move, mirror, then the mirror flag), so
-        # that whatever mirror the registry wrote is backed by the flag and the history read here.
-        mirrored = reg.store.get_flag(mirror_flag(name))
+        # that whatever mirror the registry wrote is backed by the flag and the history read here. Only the
+        # verified history is mirrored: an unverified move never reaches the alias.
+        mirrored = reg.store.get_flag(mirror_flag(reg.pointer_name()))
         found = read_mirror(reg)
-        history = reg.store.pointer_history(name)
-        last = history[-1] if history else None
-        pointer = last.to_value if last else None
+        chain = reg.verified()
+        history, last, pointer = chain.moves, chain.head, chain.value
         alias = found.alias
         differences = mirror_differences(history, found)
         if check_only:
             return ReconcileResult(
-                pointer, changed=bool(differences), last_move=last, differences=differences
+                pointer, changed=bool(differences), last_move=last, differences=differences, chain=chain
             )
         if not differences:
             _note_mirrored(reg, last, mirrored)
             return ReconcileResult(
-                pointer, changed=False, last_move=last, model_version=found.alias_version, incident=incident
+                pointer, False, last, model_version=found.alias_version, incident=incident, chain=chain
             )
         tampered = incident is None and (not _explained(alias, history, mirrored) or _written(last, mirrored))
         try:
@@ -221,9 +221,9 @@ def reconcile(
         _note_mirrored(reg, last, mirrored)
         if tampered:
             incident = _incident(reg, alias, last, mirrored, last_verified, differences)
-        if reg.store.current_pointer(name) == pointer:
+        if reg.store.pointer_state(reg.pointer_name()) == chain.row:
             break
-    return ReconcileResult(pointer, changed=True, last_move=last, incident=incident)
+    return ReconcileResult(pointer, changed=True, last_move=last, incident=incident, chain=chain)
 
 
 def _written(last: Any, mirrored: dict | None) -> bool:
@@ -310,7 +310,7 @@ def description(last: Any) -> str:
     """The registered model's description: which version `approved-default` names, since when and why."""
     receipt = f", receipt {last.receipt_id}" if last.receipt_id else ""
     return (
-        f"{APPROVED}: version {last.to_value} ({_note(last).get('note') or 'moved'} by "
+        f"{APPROVED}: version {last.to_value} ({move_note(last).get('note') or 'moved'} by "
         f"{last.actor} at {iso(last.moved_at)}{receipt}). The registry's store holds this pointer; the "
         f"`{APPROVED}` alias and the `{APPROVED_FLAG}` version tag mirror it."
     )
@@ -327,23 +327,13 @@ def mirror_after_move(reg: Registry) -> str | None:
 
 
 def move(
-    reg: Registry,
-    *,
-    expected: str | None,
-    expected_seq: int,
-    to: str,
-    weights_hash: str,
-    actor: str,
-    note: str = "",
-    files_hash: str = "",
+    reg: Registry, *, expected: str | None, expected_seq: int, to: str, actor: str, signed: dict, note: str = "",
     **extra,
-) -> Any:
+) -> Any:  # fmt: skip
     """Compare-and-set `approved-default` in the store on its value and its move number `expected_seq`
-    (0: never set), so even a move back to `expected` (A -> B -> A) since refuses this one. The note records
-    the approved weights and files hashes."""
-    body = {"weights_hash": weights_hash, "model": reg.model_name, "note": note, **extra}
-    if files_hash:
-        body["files_hash"] = files_hash
+    (0: never set), so even a move back to `expected` (A -> B -> A) since refuses this one. `signed`: the
+    note's signed part (`release.chain.move_note`: weights and files hashes, kind, role, time, signature)."""
+    body = {"model": reg.model_name, "note": note, **extra, **signed}
     return reg.store.move_pointer(
         reg.pointer_name(),
         expected=expected,
@@ -356,31 +346,31 @@ def move(
 
 
 def current(reg: Registry, alias: str = APPROVED) -> str | None:
-    """The version an alias points at, or None; `approved-default` is read from the store."""
+    """The version an alias points at, or None; `approved-default` is the store's last verified move."""
     check_alias(alias)
     if alias == APPROVED:
-        return reg.store.current_pointer(reg.pointer_name())
+        return reg.verified().value
     mv = reg.alias_version(alias)
     return None if mv is None else str(mv.version)
 
 
 def resolve(reg: Registry, alias: str = APPROVED, *, download: bool = True) -> ResolvedVersion:
     """The version behind `alias`, with its verified local checkpoint when `download`. `approved-default`
-    comes only from the store's pointer (never set: `PointerNotSet`, no fallback)."""
+    comes only from the store's verified history (never set: `PointerNotSet`; a history that does not
+    verify: `ChainBroken`; no fallback)."""
     check_alias(alias)
     reg.connect()
-    # Only the newest move is read; the full history is read (by `reconcile`) only when the MLflow mirror
-    # is behind the store and must be rewritten.
-    moves = reg.store.pointer_history(reg.pointer_name(), last=1)
-    last = moves[-1] if moves else None
-    pointer = last.to_value if last else None
-    approved = reg.alias_version(APPROVED)
-    seq = approved.tags.get(f"{APPROVED}.seq", "") if approved else ""
-    if (None if approved is None else str(approved.version)) != pointer or seq != (
-        str(last.seq) if last else ""
-    ):
-        rec = reconcile(reg)
-        last, pointer, approved = rec.last_move, rec.pointer, rec.model_version
+    last = pointer = approved = None
+    if alias == APPROVED:
+        chain = reg.verified().require()
+        last, pointer = chain.head, chain.value
+        approved = reg.alias_version(APPROVED)
+        seq = approved.tags.get(f"{APPROVED}.seq", "") if approved else ""
+        if (None if approved is None else str(approved.version)) != pointer or seq != (
+            str(last.seq) if last else ""
+        ):
+            rec = reconcile(reg)
+            last, pointer, approved = rec.last_move, rec.pointer, rec.model_version
     mv = approved if alias == APPROVED else reg.alias_version(alias)
     version = pointer if alias == APPROVED else (None if mv is None else str(mv.version))
     if version is None:

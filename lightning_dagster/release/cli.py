@@ -1,5 +1,5 @@
 """`lightning-dagster registry show | history | serving | keygen | roles | sign | approve | promote |
-sign-rollback | rollback | drill`.
+sign-promote | sign-rollback | rollback | anchor | drill`.
 
 The command keeps the registry's name; it lives with the release because most of it is the release's (keys,
 roles, approvals, promotion, rollback), while `show`, `history`, `serving` and `drill` read the registry.
@@ -14,7 +14,14 @@ from typing import Any
 
 from lightning_dagster.registry.lineage import model_uri
 from lightning_dagster.release.promotion import DEFAULT_APPROVER
-from lightning_dagster.settings import GateSettings, MLflowSettings, StoreSettings, add_flags, from_flags
+from lightning_dagster.settings import (
+    GateSettings,
+    MLflowSettings,
+    StoreSettings,
+    add_flags,
+    from_flags,
+    gate_from_env,
+)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -44,9 +51,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = command(
         "roles", "the approver roles pinned in the store; --pin FILE pins a deployment's roles", _roles
     )
-    p.add_argument("--pin", metavar="FILE", help="roles file to pin (replacing a pin needs --actor/--key)")
-    p.add_argument("--actor", help="a roles-admin of the pinned roles, signing the change")
-    p.add_argument("--key", help="that actor's private key file")
+    p.add_argument("--pin", metavar="FILE", help="roles file to pin (a change of the pin needs --key)")
+    p.add_argument("--key", help="the roles-admin's private key (its public half: gate.roles_admin_key)")
     p = command("sign", "print a signed approval (JSON) without recording it", _sign)
     _approval_args(p)
     p = command("approve", "record a signed approval as a new receipt version", _approve)
@@ -54,10 +60,21 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = command("promote", "move approved-default from the receipt's parent to its candidate", _promote)
     p.add_argument("receipt", help="receipt id in the ledger, or a receipt JSON file")
     p.add_argument("--actor", required=True, help="whose signed default-step approval authorizes the move")
-    p.add_argument("--key", help="sign and record that approval first, with this private key file")
+    p.add_argument(
+        "--key", help="sign and record that approval first, and sign the move, with this private key file"
+    )
+    p.add_argument("--signed", metavar="FILE", help="a signed promotion JSON file (from `sign-promote`)")
     p.add_argument("--role", help="the role it is signed in (default: the receipt's first default approver)")
     p.add_argument("--fingerprints", help="JSON file of current fingerprints (voids stale checks)")
     add_flags(p, GateSettings, ["policy_path"])
+    p = command(
+        "sign-promote",
+        "print a signed promotion (JSON, the `promote` job's run config) without moving anything",
+        _sign_promote,
+    )
+    p.add_argument("receipt", help="receipt id in the ledger")
+    p.add_argument("--actor", required=True, help="the default approver whose approval the receipt holds")
+    p.add_argument("--key", required=True, help="the actor's private key file")
     p = command(
         "sign-rollback",
         "print a signed rollback (JSON, the `rollback` job's run config) without moving anything",
@@ -68,6 +85,16 @@ def register(parser: argparse.ArgumentParser) -> None:
         "rollback", "move approved-default back to a version it held before (a signed decision)", _rollback
     )
     _rollback_args(p, signed_file=True)
+    p = command(
+        "anchor",
+        "re-anchor approved-default at VERSION by the configured roles-admin's signed move (a home whose moves "
+        "predate signing, or after a recorded break)",
+        _anchor,
+    )
+    p.add_argument("version")
+    p.add_argument(
+        "--key", required=True, help="the roles-admin's private key (its public half: gate.roles_admin_key)"
+    )
     p = command(
         "drill", "rollback drill: resolve, verify, load and serve a version; pointer untouched", _drill
     )
@@ -101,7 +128,10 @@ def _registry(args: argparse.Namespace):
     from lightning_dagster.store import Store
 
     mlflow, store = from_flags(MLflowSettings(), args), from_flags(StoreSettings(), args)
-    return Registry(mlflow.resolved_uri(), Store(store.resolved_url()), mlflow.model_name)
+    # The deployment's anchors (roles file, roles-admin and pipeline keys) from its environment, as the code
+    # location reads them: a different $LD_ROLES_FILE than the verified pin is refused, naming both hashes.
+    gate = from_flags(gate_from_env(), args)
+    return Registry(mlflow.resolved_uri(), Store(store.resolved_url()), mlflow.model_name, gate=gate)
 
 
 def _receipt_arg(value: str) -> Any:
@@ -140,6 +170,7 @@ def _show(args):
     lines = [
         f"model             {data['model']}  ({data['tracking_uri']})",
         f"approved-default  {data['approved-default'] or '(never set)'}",
+        f"history           {data['chain']}",
         f"latest-candidate  {data['latest-candidate'] or '(none)'}",
         "",
         "version  kind            parent  weights_hash  snapshot",
@@ -156,20 +187,37 @@ def _history(args):
     from lightning_dagster.registry.pointers import iso
 
     reg = _registry(args)
-    history, found = reg.history(), reg.incidents()
-    moves = [_move_row(m) for m in history]
-    lines = ["seq  at                    from  to    actor       receipt"]
+    chain = reg.verified()  # records a break as an incident before the incidents are read
+    history, found = chain.history, reg.incidents()
+    # before the newest anchor (itself signed by the roles-admin), moves are vouched for, not verified
+    moves = [
+        _move_row(m) | {"verified": m in chain.moves and n >= chain.vouched - 1}
+        for n, m in enumerate(history)
+    ]
+    lines = [
+        "history verifies" if chain.problem is None else f"BROKEN: {chain.problem}",
+        "seq  at                    from  to    actor       receipt",
+    ]
     lines += [
         f"{m['seq']:>3}  {m['at']}  {m['from'] or '-':>4}  {m['to']:>4}  {m['actor']:<10}  {m['receipt_id'] or ''}"
-        for m in moves
+        + (
+            ""
+            if m["verified"]
+            else "  VOUCHED (before an anchor)"
+            if n < chain.vouched - 1
+            else "  UNVERIFIED"
+        )
+        for n, m in enumerate(moves)
     ]
     if found:
         lines += [
             "",
-            "INCIDENTS: MLflow's mirror changed outside the registry (the store's pointer above stands)",
+            "INCIDENTS: the history did not verify, or MLflow's mirror changed outside the registry",
         ]
         lines += [
-            f"  !{i.number:>2}  {iso(i.detected_at)}  alias was {i.found_version or '(deleted)'}, "
+            f"  !{i.number:>2}  {iso(i.detected_at)}  {i.summary()}"
+            if i.chain
+            else f"  !{i.number:>2}  {iso(i.detected_at)}  alias was {i.found_version or '(deleted)'}, "
             f"store {i.store_version or '(unset)'} (seq {i.store_seq or '-'})  "
             f"{'restored' if i.restored else f'NOT restored: {i.error}'}  moved by {i.moved_by}"
             + (f", after {iso(i.not_before)}" if i.not_before else "")
@@ -195,30 +243,28 @@ def _keygen(args):
 
 
 def _roles(args):
-    from lightning_dagster.release.roles import (
-        pin_fields,
-        pin_roles,
-        pin_state,
-        pinned_roles,
-        read_roles_file,
-    )
+    from lightning_dagster.release.roles import pin_fields, pin_roles, pin_state, read_roles_file, verify_pin
 
-    store = _registry(args).store
+    reg = _registry(args)
     if args.pin:
         roles, signature = read_roles_file(args.pin), None
         if args.key:
             from lightning_dagster.release.signing import ROLES_PIN, load_private_key, sign
 
-            previous, pin_seq = pin_state(store)
+            previous, pin_seq = pin_state(reg.store)
             fields = pin_fields(previous, roles.digest, pin_seq=pin_seq)
             signature = sign(load_private_key(args.key), ROLES_PIN, fields)
-        pin_roles(store, roles, **({"actor": args.actor} if args.actor else {}), signature=signature)
-    roles = pinned_roles(store)
+        pin_roles(reg.store, roles, reg.gate, signature=signature)
+    chain = verify_pin(reg.store, reg.gate, match_configured=not args.pin)
+    roles = chain.versions[-1] if chain.versions else None
     if roles is None:
-        return None, "no roles pinned (pin the deployment's with --pin FILE)"
-    data = {"digest": roles.digest, "source": roles.source, "actors": roles.table()}
+        return None, "no roles pinned (pin the deployment's with --pin FILE)" + (
+            f"\nBROKEN: {chain.problem}" if chain.problem else ""
+        )
+    data = {"digest": roles.digest, "source": roles.source, "actors": roles.table(), "problem": chain.problem}
     lines = [f"roles {roles.digest} (from {roles.source})"]
     lines += [f"  {a}: {', '.join(sorted(k.roles))}  {k.public_key}" for a, k in sorted(roles.actors.items())]
+    lines += [f"BROKEN: {chain.problem}"] if chain.problem else []
     return data, "\n".join(lines)
 
 
@@ -281,9 +327,17 @@ def _promote(args):
     if args.key:
         role = args.role or _receipt_value(reg, receipt).plan.approvers.default[0]
         approval = _signed(reg, receipt, args.actor, role, args.key, "default")
-        receipt = approve(reg, receipt, approval).receipt
-    policy = from_flags(GateSettings(), args).policy_path or None
-    result = promote(reg, receipt, args.actor, policy=policy, current_fingerprints=current)
+        receipt = approve(reg, receipt, approval).receipt.receipt_id
+    signed = None
+    if args.signed:
+        from lightning_dagster.gate.receipt import read_json
+        from lightning_dagster.release.promotion import PromoteRequest
+
+        signed = PromoteRequest.model_validate(read_json(args.signed, "promotion"))
+    result = promote(
+        reg, receipt, args.actor, signed=signed, key=args.key, policy=reg.gate.policy_path or None,
+        current_fingerprints=current,
+    )  # fmt: skip
     data = {**_move_row(result.move), "mirrored": result.mirrored, "mirror_error": result.mirror_error}
     text = (
         f"approved-default {data['from']} -> {data['to']} by {data['actor']} (receipt {data['receipt_id']})"
@@ -293,6 +347,15 @@ def _promote(args):
             f"\nwarning: MLflow mirror not yet updated ({result.mirror_error}); the next operation repairs it"
         )
     return data, text
+
+
+def _sign_promote(args):
+    from lightning_dagster.release.promotion import sign_promotion
+
+    data = sign_promotion(_registry(args), args.receipt, actor=args.actor, key=args.key).model_dump(
+        mode="json"
+    )
+    return data, json.dumps(data, indent=2)
 
 
 def _signed_rollback(reg, args):
@@ -326,6 +389,15 @@ def _rollback(args):
     result = rollback(reg, request)
     data = {**_move_row(result.move), "mirrored": result.mirrored, "mirror_error": result.mirror_error}
     return data, f"approved-default rolled back {data['from']} -> {data['to']} by {data['actor']}"
+
+
+def _anchor(args):
+    from lightning_dagster.release.chain import anchor
+
+    move = anchor(_registry(args), args.version, args.key)
+    return _move_row(
+        move
+    ), f"approved-default anchored at {move.to_value} (move {move.seq}) by the roles-admin"
 
 
 def _serving(args):

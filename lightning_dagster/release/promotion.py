@@ -5,9 +5,14 @@ mirrored to MLflow afterwards; a failed mirror leaves the move standing and the 
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from lightning_dagster.gate import PROMOTE, Policy, ReceiptLedger, evaluate, load_policy
 from lightning_dagster.gate.receipt import Receipt
@@ -15,9 +20,11 @@ from lightning_dagster.registry import pointers, receipt_tags
 from lightning_dagster.registry.checkpoints import same_hash
 from lightning_dagster.registry.errors import CheckpointFilesMismatch, PointerConflict, WeightsMismatch
 from lightning_dagster.registry.receipt_tags import StoredReceipt
-from lightning_dagster.release import receipts
+from lightning_dagster.release import chain, receipts
 from lightning_dagster.release.errors import NotAuthorized, PromotionRefused
 from lightning_dagster.release.roles import registry_roles
+from lightning_dagster.release.signing import Name, load_private_key
+from lightning_dagster.store.records import PointerMove
 
 if TYPE_CHECKING:
     from lightning_dagster.registry.core import Registry
@@ -30,6 +37,22 @@ class PromotionResult:
     move: Any  # store.PointerMove
     mirrored: bool
     mirror_error: str | None = None
+
+
+class PromoteRequest(BaseModel):
+    """A signed promotion: the fields `registry sign-promote` prints and the `promote` job takes. The
+    signature (`signing.POINTER_MOVE`, see `chain.signed_fields`) binds the move it makes: pointer, its move
+    number `seq`, from, to, the candidate's weights and files, the receipt version's hash, who, role, when;
+    so it promotes once, from the pointer state and receipt version it was signed against."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    receipt_id: Name
+    actor: Name
+    role: Name
+    seq: int = Field(ge=1)
+    at: float = Field(gt=0)
+    signature: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,11 +129,42 @@ def _require_default_approval(reg: Registry, stored: StoredReceipt, actor: str) 
         )
 
 
+def sign_promotion(
+    reg: Registry, receipt: Any, *, actor: str, key: Path | str, at: float | None = None, head: Any = ...
+) -> PromoteRequest:
+    """`actor`'s signed promotion of the receipt's candidate from the pointer's verified head, in the role of
+    their default-step approval on the receipt's ledger head; nothing moves until `promote`."""
+    head = reg.verified().require().head if head is ... else head  # `promote --key`: the head it judged
+    stored = receipts.load(reg.store, receipt)
+    named = facts(stored.receipt, reg.model_name)
+    role = next((a.role for a in stored.receipt.approvals if a.actor == actor and a.step == "default"), None)
+    if role is None:
+        raise NotAuthorized(
+            actor, DEFAULT_APPROVER, f"receipt {named.receipt_id} holds no default-step approval by {actor!r}"
+        )
+    candidate = reg.model_version(named.candidate_version)
+    request = PromoteRequest(
+        receipt_id=named.receipt_id, actor=actor, role=role, seq=(head.seq if head else 0) + 1,
+        at=time.time() if at is None else at,
+    )  # fmt: skip
+    note = _note(candidate, request, stored.content_hash)
+    signature = chain.sign_move(load_private_key(key), reg.pointer_name(), request.seq, head and head.to_value,
+                                candidate.version, actor, named.receipt_id, note)  # fmt: skip
+    return request.model_copy(update={"signature": signature})
+
+
+def _note(candidate: Any, request: PromoteRequest, receipt_hash: str) -> dict[str, Any]:
+    return chain.move_note(candidate.weights_hash, candidate.files_hash, kind=chain.PROMOTION,
+                           role=request.role, at=request.at, receipt_hash=receipt_hash)  # fmt: skip
+
+
 def promote(
     reg: Registry,
     receipt: Any,
     actor: str,
     *,
+    signed: PromoteRequest | None = None,
+    key: Path | str | None = None,
     policy: Any = None,
     current_fingerprints: Mapping[str, str | None] | None = None,
 ) -> PromotionResult:
@@ -119,8 +173,9 @@ def promote(
     Requires: a receipt the pipeline wrote and judged under exactly `policy`; the gate, run now on the
     ledger's head with `current_fingerprints`, says promote and voids no check; every approval verifies and
     `actor` signed the default step on this evidence; the candidate is registered with the receipt's
-    weights; and `approved-default` is exactly the receipt's parent (version and weights)."""
-    pointers.reconcile(reg)
+    weights; `approved-default`'s history verifies and its head is exactly the receipt's parent (version
+    and weights); and `signed` (or a promotion signed here with `key`) is `actor`'s signature of this move."""
+    verified = pointers.reconcile(reg).chain.require()
     stored = receipts.load(reg.store, receipt)
     named = facts(stored.receipt, reg.model_name)
     # Only the pipeline's receipts: their evidence is what its stages recorded, and their gate record names
@@ -167,7 +222,7 @@ def promote(
         raise PromotionRefused(
             f"candidate version {candidate.version}'s artifact is not the weights it was registered with: {exc}"
         ) from exc
-    history = reg.history()
+    history = verified.moves
     # The exact parent: the pointer must hold the receipt's parent version, and the weights recorded when it
     # was approved must be the receipt's parent weights (version numbers can be reused).
     last = (history or [None])[-1]
@@ -189,17 +244,32 @@ def promote(
             f"{used[0].from_value} -> {used[0].to_value}, {pointers.iso(used[0].moved_at)}); a receipt "
             "promotes once: a candidate rolled back since is promoted again only through a new receipt"
         )
+    if signed is None and key is not None:
+        signed = sign_promotion(reg, named.receipt_id, actor=actor, key=key, head=last)
+    if signed is None or (signed.receipt_id, signed.actor) != (named.receipt_id, actor):
+        raise PromotionRefused(
+            f"the move is not signed: {actor} signs it with `lightning-dagster registry sign-promote "
+            f"{named.receipt_id} --actor {actor} --key KEY` (the `promote` job's run config) or `promote --key`"
+        )
+    note = {**_note(candidate, signed, stored.content_hash), "signature": signed.signature}
+    pending = PointerMove(
+        name=reg.pointer_name(), from_value=current, to_value=candidate.version, actor=actor,
+        receipt_id=named.receipt_id, note=json.dumps(note), moved_at=time.time(), seq=signed.seq,
+    )  # fmt: skip
+    if problem := verified.check_next(reg.store, pending, reg.gate):
+        raise PromotionRefused(
+            f"the signed promotion does not verify as {reg.pointer_name()}'s next move "
+            f"(move {(last.seq if last else 0) + 1} from {current}): {problem}; sign it again"
+        )
     move = pointers.move(
         reg,
         expected=current,
         expected_seq=last.seq if last else 0,  # the state every check above judged, not only its value
         to=candidate.version,
-        weights_hash=candidate.weights_hash,
-        files_hash=candidate.files_hash,
         actor=actor,
+        signed=note,
         note="promotion",
         receipt_id=named.receipt_id,
-        receipt_hash=stored.content_hash,
         receipt_version=stored.version,
         policy=f"{policy.version} {policy.hash}",
     )

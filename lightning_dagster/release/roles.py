@@ -6,16 +6,19 @@ actors:
     roles: [default-approver, release-owner]
     key: ed25519:<base64>    # from `lightning-dagster registry keygen --actor alice --out DIR`
 ```
-The first use against a store pins the deployment's roles file (hash and body: pointer `approval-roles`,
-documents `approval_roles`); from then on only the pinned roles authorize, and a roles file given later is
-accepted only if it hashes to the pin, so a file a caller writes authorizes no one. Changing the pin needs a
-`signing.ROLES_PIN` signature over the old and new hashes and the pin's move number (`pin_seq`, so it is
-good for one change) by a `roles-admin` of the pinned roles. A roles file inside the learner's write
-surface (the models directory, the MLflow artifact root) is refused before anything is pinned.
+The first use against a store pins the deployment's configured roles file (`gate.roles_path`,
+$LD_ROLES_FILE; hash and body: pointer `approval-roles`, documents `approval_roles`), unsigned: the
+configuration vouches for it. Every later change needs a `signing.ROLES_PIN` signature over the old and new
+hashes and the pin's move number (`pin_seq`, so it is good for one change) by the roles-admin key the
+configuration names (`gate.roles_admin_key`, $LD_ROLES_ADMIN_KEY), never by a key the store holds. Every read
+verifies the pin's whole history (`verify_pin`); a configured roles file that is not the verified pin is a
+`RolesConfigError` naming both hashes. A roles file inside the learner's write surface (the models
+directory, the MLflow artifact root) is refused before anything is pinned.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +29,7 @@ from lightning_dagster import paths
 from lightning_dagster.canonical import content_hash
 from lightning_dagster.release.errors import NotAuthorized, RolesConfigError
 from lightning_dagster.release.signing import ROLES_PIN, ActorKey, parse_public_key, verify
+from lightning_dagster.settings import GateSettings
 from lightning_dagster.store.errors import Conflict
 
 if TYPE_CHECKING:
@@ -34,7 +38,11 @@ if TYPE_CHECKING:
 PIN = "approval-roles"
 COLLECTION = "approval_roles"
 ROLES_ADMIN = "roles-admin"
-DEPLOYMENT = "deployment"  # the actor recorded for the first pin, which no one signs
+DEPLOYMENT = "deployment"  # the actor recorded for the first pin, which the configuration vouches for
+NOT_CONFIGURED = (
+    "no roles are configured to authorize against: set gate.roles_path ($LD_ROLES_FILE) to the deployment's "
+    "roles file, and gate.roles_admin_key ($LD_ROLES_ADMIN_KEY) to the roles-admin's public key"
+)
 
 
 @dataclass(frozen=True)
@@ -93,23 +101,20 @@ def read_roles_file(path: Path | str) -> Roles:
     return parse_roles(data, str(path))
 
 
-def pinned_roles(store: Any) -> Roles | None:
-    """The roles the store pins, None if the deployment never pinned any."""
-    digest = store.current_pointer(PIN)
-    if digest is None:
-        return None
+def _document(store: Any, digest: str) -> Roles:
+    """The pinned roles document `digest`, which must hash to it (`RolesConfigError` otherwise)."""
     versions = store.document_versions(COLLECTION, digest)
     if not versions:
         raise RolesConfigError(f"the store pins roles {digest} but holds no such document")
     body = versions[-1].body
-    roles = parse_roles(body, body.get("source", "store"))
+    roles = parse_roles(body, str(body.get("source", "store")))
     if roles.digest != digest:
         raise RolesConfigError(f"the pinned roles document hashes to {roles.digest}, not its pin {digest}")
     return roles
 
 
 def pin_fields(previous: str | None, new: str, *, pin_seq: int) -> dict[str, Any]:
-    """What a roles-admin signs (`signing.ROLES_PIN`) to change the pin from `previous` to `new`: both hashes
+    """What the roles-admin signs (`signing.ROLES_PIN`) to change the pin from `previous` to `new`: both hashes
     and the pin's move number, so the signature cannot be replayed after the pin moved."""
     return {"from": previous, "to": new, "pin_seq": pin_seq}
 
@@ -119,23 +124,127 @@ def pin_state(store: Any) -> tuple[str | None, int]:
     return store.pointer_state(PIN)
 
 
-def pin_roles(store: Any, roles: Roles, *, actor: str = DEPLOYMENT, signature: str | None = None) -> Roles:
-    """Pin `roles` in the store. The first pin needs no signature; replacing one needs `signature` (see
-    `pin_fields`) by `actor` holding `roles-admin` in the pinned roles. Pinning the same roles is a no-op."""
+def configured_roles(gate: GateSettings) -> Roles | None:
+    """The roles file the deployment's configuration names (`gate.roles_path`), None when it names none."""
+    return read_roles_file(gate.roles_path) if gate.roles_path else None
+
+
+@dataclass(frozen=True)
+class PinChain:
+    """The roles pin as verified: every roles version the roles-admin (or, for an unsigned first pin, the
+    configuration) vouches for, oldest first, and the first bad pin record (None: all verify)."""
+
+    versions: list[Roles]
+    problem: str | None
+    configured: Roles | None
+
+    @property
+    def roles(self) -> Roles | None:
+        return self.versions[-1] if self.versions else self.configured
+
+    def require(self) -> None:
+        """`ChainBroken` naming the first bad pin record, if any."""
+        from lightning_dagster.registry.errors import ChainBroken  # the registry's package loads MLflow
+
+        if self.problem is not None:
+            raise ChainBroken(PIN, self.problem, self.versions[-1].digest if self.versions else None)
+
+
+def verify_pin(store: Any, gate: GateSettings, *, match_configured: bool = True) -> PinChain:
+    """Verify the roles pin's whole history against the configuration: contiguous moves from 1, each `from`
+    the previous `to`, each document hashing to its pin, each change signed (`ROLES_PIN`) by the configured
+    `gate.roles_admin_key`; an unsigned first pin only when it is the configured roles file, or the admin's
+    signed change from it vouches for it. A configured roles file that is not the verified pin is a
+    `RolesConfigError` naming both hashes (unless not `match_configured`: while changing the pin); so is a
+    pin with nothing configured to verify it against."""
+    configured, admin = configured_roles(gate), gate.roles_admin_key.strip() or None
+    moves, row = store.pointer_history(PIN), store.pointer_state(PIN)
+    if not moves and row == (None, 0):
+        return PinChain([], None, configured)
+    if configured is None and admin is None:
+        raise RolesConfigError(NOT_CONFIGURED)
+    versions: list[Roles] = []
+    problem, unvouched = None, False
+    for i, m in enumerate(moves, 1):
+        where = f"roles pin move {m.seq} ({m.from_value or '(none)'} -> {m.to_value})"
+        signature = _note(m.note).get("signature")
+        if m.seq != i:
+            problem = f"{where}: expected move {i} (a pin move was inserted, deleted or reordered)"
+        elif m.from_value != (versions[-1].digest if versions else None):
+            problem = f"{where}: does not start where move {i - 1} ended"
+        elif signature and not (
+            admin and verify(admin, ROLES_PIN, pin_fields(m.from_value, m.to_value, pin_seq=i - 1), signature)
+        ):
+            problem = f"{where}: its signature is not the configured roles-admin key's"
+        elif not signature and i > 1:
+            problem = f"{where}: not signed by the configured roles-admin key"
+        if problem is None:
+            try:
+                versions.append(_document(store, m.to_value))
+            except RolesConfigError as exc:
+                problem = f"{where}: {exc}"
+        if problem is not None:
+            break
+        # an unsigned first pin that is not the configured file stands only if the admin's move 2 signs from it
+        unvouched = (
+            unvouched or i == 1 and not signature and not (configured and configured.digest == m.to_value)
+        )
+    if problem is None and moves and row != (moves[-1].to_value, moves[-1].seq):
+        problem = f"roles pin row: says {row[0]} (move {row[1]}), its history ends at move {moves[-1].seq}"
+    elif problem is None and not moves:
+        problem = f"roles pin row: says {row[0]} (move {row[1]}) with no move in its history"
+    pinned = versions[-1] if versions else None
+    if unvouched and len(versions) < 2 and configured is None:
+        problem, versions = (
+            problem or f"roles pin move 1 ({moves[0].to_value}): unsigned, and no roles file vouches for it",
+            [],
+        )
+    elif (
+        match_configured and problem is None and configured and pinned and pinned.digest != configured.digest
+    ):
+        raise RolesConfigError(
+            f"roles file {configured.source} ({configured.digest}) is not the deployment's pinned roles "
+            f"({pinned.digest}, from {pinned.source}); pin it with a signed change "
+            "(`lightning-dagster registry roles --pin FILE --key ROLES_ADMIN_KEY`) or configure the pinned file"
+        )
+    return PinChain(versions, problem, configured)
+
+
+def _note(note: str) -> dict[str, Any]:
+    try:
+        body = json.loads(note or "{}")
+    except ValueError:
+        return {}  # a pin written before pins were signed: its note is the roles file's path
+    return body if isinstance(body, dict) else {}
+
+
+def pinned_roles(store: Any, gate: GateSettings, *, match_configured: bool = True) -> Roles | None:
+    """The roles the store pins as verified (None: never pinned); `ChainBroken` when the pin does not verify."""
+    chain = verify_pin(store, gate, match_configured=match_configured)
+    chain.require()
+    return chain.versions[-1] if chain.versions else None
+
+
+def pin_roles(store: Any, roles: Roles, gate: GateSettings, *, signature: str | None = None) -> Roles:
+    """Pin `roles` in the store. Unsigned only as the first pin, and only of the configured roles file (the
+    configuration vouches for it); otherwise `signature` (see `pin_fields`) must be the configured
+    `gate.roles_admin_key`'s. Pinning the same roles is a no-op."""
     _, pin_seq = pin_state(store)  # read before the roles: a pin moved in between fails the move below
-    current = pinned_roles(store)
+    current = pinned_roles(store, gate, match_configured=False)
     if current is not None and current.digest == roles.digest:
         return current
-    if current is not None:
-        current.require(actor, ROLES_ADMIN)
-        fields = pin_fields(current.digest, roles.digest, pin_seq=pin_seq)
-        if not signature or not verify(current.actors[actor].public_key, ROLES_PIN, fields, signature):
-            raise NotAuthorized(
-                actor,
-                ROLES_ADMIN,
-                f"the new roles are not signed by {ROLES_ADMIN} {actor!r} over the pin as it stands (move "
-                f"{pin_seq}, a {ROLES_PIN} signature; a signature over an earlier pin state does not verify)",
-            )
+    configured = configured_roles(gate)
+    unsigned_ok = current is None and configured is not None and configured.digest == roles.digest
+    fields = pin_fields(current.digest if current else None, roles.digest, pin_seq=pin_seq)
+    admin = gate.roles_admin_key.strip()
+    if not unsigned_ok and not (signature and admin and verify(admin, ROLES_PIN, fields, signature)):
+        raise NotAuthorized(
+            ROLES_ADMIN,
+            ROLES_ADMIN,
+            f"the new roles {roles.digest} are not signed by the configured {ROLES_ADMIN} key "
+            f"(gate.roles_admin_key, $LD_ROLES_ADMIN_KEY) over the pin as it stands (move {pin_seq}, a "
+            f"{ROLES_PIN} signature; a signature over an earlier pin state does not verify)",
+        )
     try:
         if not store.document_versions(COLLECTION, roles.digest):
             body = {"actors": roles.table(), "source": roles.source}
@@ -145,8 +254,8 @@ def pin_roles(store: Any, roles: Roles, *, actor: str = DEPLOYMENT, signature: s
             expected=current.digest if current else None,
             expected_seq=pin_seq,
             to=roles.digest,
-            actor=actor,
-            note=roles.source,
+            actor=DEPLOYMENT if unsigned_ok else ROLES_ADMIN,
+            note=json.dumps({"source": roles.source, "signature": None if unsigned_ok else signature}),
         )
     except Conflict:  # PointerConflict too: another process pinned first; its pin stands if it is ours
         if store.current_pointer(PIN) != roles.digest:
@@ -154,28 +263,21 @@ def pin_roles(store: Any, roles: Roles, *, actor: str = DEPLOYMENT, signature: s
     return roles
 
 
-def deployment_roles(store: Any, configured: Path | str | None = None) -> Roles:
-    """The roles that authorize on this store: the pin (`configured` is pinned if there is none yet)."""
-    if configured is None:
-        pinned = pinned_roles(store)
-        if pinned is None:
-            raise RolesConfigError(
-                "no approver roles are pinned in this store: run `lightning-dagster registry roles pin FILE` "
-                "once at deployment (or configure the code location's roles file)"
-            )
-        return pinned
-    roles = read_roles_file(configured)
-    pinned = pinned_roles(store)
-    if pinned is None:
-        return pin_roles(store, roles)
-    if pinned.digest != roles.digest:
-        raise RolesConfigError(
-            f"roles file {roles.source} ({roles.digest[:19]}) is not the deployment's pinned roles "
-            f"({pinned.digest[:19]}, from {pinned.source}); a roles-admin must sign a change of roles"
-        )
-    return pinned
+def deployment_roles(
+    store: Any, configured: Path | str | None = None, *, gate: GateSettings | None = None
+) -> Roles:
+    """The roles that authorize on this store: the verified pin (the configured roles file is pinned if
+    nothing is pinned yet); `RolesConfigError` when nothing is configured, `ChainBroken` for a broken pin."""
+    gate = gate or GateSettings(roles_path=str(configured or ""))
+    chain = verify_pin(store, gate)
+    chain.require()
+    if chain.versions:
+        return chain.versions[-1]
+    if chain.configured is None:
+        raise RolesConfigError(NOT_CONFIGURED)
+    return pin_roles(store, chain.configured, gate)
 
 
 def registry_roles(reg: Registry) -> Roles:
-    """The roles that authorize moves of `reg`'s pointer (`deployment_roles` of its store)."""
-    return deployment_roles(reg.store, reg.roles_file)
+    """The roles that authorize moves of `reg`'s pointer (`deployment_roles` of its store and settings)."""
+    return deployment_roles(reg.store, gate=reg.gate)

@@ -18,6 +18,7 @@ from lightning_dagster.registry import pointers
 from lightning_dagster.registry.approved import serve_once
 from lightning_dagster.registry.errors import CheckpointFilesMismatch, WeightsMismatch
 from lightning_dagster.registry.receipt_tags import stored_head
+from lightning_dagster.release import chain
 from lightning_dagster.release.errors import PromotionRefused, RollbackRefused
 from lightning_dagster.release.promotion import DEFAULT_APPROVER, PromotionResult
 from lightning_dagster.release.roles import registry_roles
@@ -111,12 +112,11 @@ def sign_rollback(
     at: float | None = None,
 ) -> RollbackRequest:
     """`actor`'s signed rollback of `approved-default` to `target_version`; nothing moves until `rollback`."""
-    moves = reg.store.pointer_history(reg.pointer_name(), last=1)
-    if not moves:
+    head = reg.verified().require().head
+    if head is None:
         raise RollbackRefused(
             actor, role, f"{reg.pointer_name()} was never set; there is nothing to roll back"
         )
-    head = moves[-1]
     fields = {
         "target_version": str(target_version),
         "from_version": head.to_value,
@@ -153,9 +153,8 @@ def rollback(
     `request` must be authorized (`rollback_problem`), else `RollbackRefused` and nothing moves. The target
     must be an earlier approved value in the pointer history; its bytes are verified, it is loaded and
     answers one chat completion through a gateway, and only then does the pointer move."""
-    pointers.reconcile(reg)
     name = reg.pointer_name()
-    history = reg.history()
+    history = pointers.reconcile(reg).chain.require().moves  # never built on a history that does not verify
     head = history[-1] if history else None
     if allowed_roles is None:
         allowed_roles = rollback_roles(reg, head)
@@ -188,15 +187,13 @@ def rollback(
         expected=current,
         expected_seq=head.seq,  # the move the signature names: any move since refuses this one
         to=to_version,
-        weights_hash=target.weights_hash,
-        files_hash=target.files_hash,
         actor=request.actor,
         note="rollback",
-        role=request.role,
-        reason=request.reason,
-        signed_at=request.at,
-        from_seq=request.from_seq,
-        signature=request.signature,
-    )
+        # the rollback's own signature is the move's: its fields are the move's (`release.chain`)
+        signed=chain.move_note(
+            target.weights_hash, target.files_hash, kind=chain.ROLLED_BACK, role=request.role, at=request.at,
+            reason=request.reason, signed_at=request.at, from_seq=request.from_seq, signature=request.signature,
+        ),
+    )  # fmt: skip
     error = pointers.mirror_after_move(reg)
     return PromotionResult(move=move, mirrored=error is None, mirror_error=error)

@@ -1,9 +1,9 @@
 """The one signed-message format, Ed25519 signatures over it, and the actors' keys.
 
-Every authorization decision (an approval, a resume, a rollback, a change of the pinned roles) is signed
-over `signed_message(purpose, fields)`, canonical JSON naming the purpose, so a signature of one kind never
-verifies as another; `PURPOSES` fixes the fields each kind binds. A private key is a PKCS#8 PEM file
-readable by its owner only; the public key is one line, `ed25519:<base64>`, for the roles file.
+Every authorization decision (an approval, a resume, a rollback, a pointer move, a change of the pinned
+roles) is signed over `signed_message(purpose, fields)`, canonical JSON naming the purpose, so a signature of
+one kind never verifies as another; `PURPOSES` fixes the fields each kind binds. A private key is a PKCS#8
+PEM file readable by its owner only; the public key is one line, `ed25519:<base64>`, for the roles file.
 Imports nothing of the gate or the registry: the gate's check 7 verifies approvals through this module.
 """
 
@@ -34,6 +34,7 @@ APPROVAL = "approval"
 LOOP_RESUME = "loop-resume"
 ROLLBACK = "rollback"
 ROLES_PIN = "roles-pin"
+POINTER_MOVE = "pointer-move"
 # purpose -> the fields its signature binds, every one required. Weakening a kind means editing this table.
 PURPOSES: Mapping[str, frozenset[str]] = MappingProxyType(
     {
@@ -47,6 +48,12 @@ PURPOSES: Mapping[str, frozenset[str]] = MappingProxyType(
         ),
         # the pinned roles' hash, the new one, and the pin's newest move number
         ROLES_PIN: frozenset({"from", "to", "pin_seq"}),
+        # one move of a pointer: its number, from and to (with the weights and files approved), the receipt
+        # version that justifies it (None for the bootstrap), who in which role, when
+        POINTER_MOVE: frozenset(
+            {"pointer", "seq", "from", "to", "weights_hash", "files_hash", "receipt_id", "receipt_hash"}
+            | {"actor", "role", "at"}
+        ),
     }
 )
 
@@ -69,14 +76,19 @@ PUBLIC_KEY_PREFIX = "ed25519:"
 ACTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-def signed_message(purpose: str, fields: Mapping[str, Any]) -> bytes:
-    """The exact bytes a signature of `purpose` covers; `ValueError` for fields `PURPOSES` does not name."""
+def _check_fields(purpose: str, fields: Mapping[str, Any]) -> None:
+    """`ValueError` for a purpose or fields `PURPOSES` does not name (a caller's mistake, never data's)."""
     expected = PURPOSES.get(purpose)
     if expected is None:
         raise ValueError(f"unknown signed-message purpose {purpose!r} (known: {sorted(PURPOSES)})")
     if set(fields) != expected:
         missing, extra = sorted(expected - set(fields)), sorted(set(fields) - expected)
         raise ValueError(f"a {purpose} signs exactly {sorted(expected)} (missing {missing}, extra {extra})")
+
+
+def signed_message(purpose: str, fields: Mapping[str, Any]) -> bytes:
+    """The exact bytes a signature of `purpose` covers; `ValueError` for fields `PURPOSES` does not name."""
+    _check_fields(purpose, fields)
     return canonical_json({"format": FORMAT, "version": VERSION, "purpose": purpose, "fields": dict(fields)})
 
 
@@ -87,11 +99,12 @@ def sign(key: Ed25519PrivateKey, purpose: str, fields: Mapping[str, Any]) -> str
 
 def verify(public_key: str, purpose: str, fields: Mapping[str, Any], signature: str) -> bool:
     """Whether `signature` is `public_key`'s over `fields` as a `purpose` message (malformed: False)."""
-    message = signed_message(purpose, fields)
-    try:
+    _check_fields(purpose, fields)
+    try:  # a stored value no canonical JSON can hold (a NaN, a non-text key) signs nothing
+        message = signed_message(purpose, fields)
         raw = base64.b64decode(signature, validate=True)
         parse_public_key(public_key).verify(raw, message)
-    except (InvalidSignature, ValueError, binascii.Error):
+    except (InvalidSignature, ValueError, TypeError, binascii.Error):
         return False
     return True
 

@@ -42,6 +42,14 @@ def tiny_training(**overrides) -> TrainingResource:
     return TrainingResource(**{**QUICK_TRAINING, **settings, **overrides})
 
 
+# The deployment's configuration the session's pipelines read: roles file, pipeline key, roles-admin key.
+DEPLOYMENT = {
+    "roles_path": "LD_ROLES_FILE",
+    "pipeline_key_path": "LD_PIPELINE_KEY",
+    "roles_admin_key": "LD_ROLES_ADMIN_KEY",
+}
+
+
 def pipeline_for(
     policy: Path | None = None, *, mlflow: MLflowResource | None = None, **gate
 ) -> PipelineResource:
@@ -50,9 +58,25 @@ def pipeline_for(
     return default_pipeline(
         deferred=False,
         training=tiny_training(),
-        gate=GateResource(policy_path=str(policy or ""), roles_path=os.environ["LD_ROLES_FILE"], **gate),
+        gate=GateResource(
+            policy_path=str(policy or ""),
+            **{field: os.environ[name] for field, name in DEPLOYMENT.items()},
+            **gate,
+        ),
         **overrides,
     )
+
+
+def _deployment_keys() -> dict[str, str]:
+    """The pipeline's key and the roles-admin's public key, kept with the approvers' in the session's home
+    (as the demo keeps its own)."""
+    from lightning_dagster.demo import keypair
+    from lightning_dagster.demo.setup import PIPELINE_ACTOR, ROLES_ADMIN
+
+    return {
+        "LD_PIPELINE_KEY": str(keypair(PIPELINE_ACTOR) / f"{PIPELINE_ACTOR}.key"),
+        "LD_ROLES_ADMIN_KEY": (keypair(ROLES_ADMIN) / f"{ROLES_ADMIN}.pub").read_text().strip(),
+    }
 
 
 @pytest.fixture(scope="session")
@@ -63,12 +87,13 @@ def embedded_home() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="ld-dagster-"))
     saved = {
         k: os.environ.get(k)
-        for k in ("LIGHTNING_DAGSTER_HOME", "LD_ROLES_FILE", "LD_STORE_URL", "MLFLOW_TRACKING_URI")
+        for k in ("LIGHTNING_DAGSTER_HOME", *DEPLOYMENT.values(), "LD_STORE_URL", "MLFLOW_TRACKING_URI")
     }
     os.environ["LIGHTNING_DAGSTER_HOME"] = str(root / "home")
     # Each actor's key pair in the home (where the demo keeps its approvers'), public keys in the roles file.
     roles = write_approvers(root / "roles.yaml", {r: a for a, r in ACTORS.items()})
     os.environ["LD_ROLES_FILE"] = str(roles)
+    os.environ.update(_deployment_keys())
     for k in ("LD_STORE_URL", "MLFLOW_TRACKING_URI"):
         os.environ.pop(k, None)
     try:
@@ -112,6 +137,8 @@ def _session_home(request, monkeypatch):
     home = request.getfixturevalue("embedded_home")
     monkeypatch.setenv("LIGHTNING_DAGSTER_HOME", str(home))
     monkeypatch.setenv("LD_ROLES_FILE", str(home.parent / "roles.yaml"))
+    for name, value in _deployment_keys().items():
+        monkeypatch.setenv(name, value)
     for k in ("LD_STORE_URL", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(k, raising=False)
 

@@ -14,6 +14,7 @@ the update does not depend on it (with the gap weighed as is, the three checkpoi
 from __future__ import annotations
 
 import json
+import os
 
 import dagster as dg
 import pytest
@@ -79,7 +80,7 @@ def test_train_the_stage_and_its_pipes_child_make_the_same_checkpoint(tmp_path, 
         project=ProjectResource(project=str(project)),
         training=TrainingResource(**SETTINGS),
         serving=ServingResource(parallel=4),
-        gate=GateResource(policy_path=str(TINY_POLICY)),
+        gate=GateResource(policy_path=str(TINY_POLICY), pipeline_key_path=os.environ["LD_PIPELINE_KEY"]),
     )
     parent = bootstrap_parent(p).metadata["base_model"]  # no demonstrations: the base model is the parent
     # two snapshots of the same task sets (so the same base sampling seed), each up to its transitions

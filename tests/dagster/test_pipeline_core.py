@@ -23,6 +23,7 @@ from lightning_dagster.pipeline.snapshots import (
 from lightning_dagster.pipeline.stages import release
 from lightning_dagster.project.examples import example_harness, example_tasks
 from lightning_dagster.release.errors import PromotionRefused
+from lightning_dagster.release.promotion import PromoteRequest
 from tests.dagster.conftest import pipeline_for, tiny_training
 
 
@@ -94,9 +95,13 @@ def test_a_project_harness_brings_its_own_timeout_and_attempts(embedded_home):
     assert (overridden.timeout_s, overridden.max_attempts) == (7.0, 2)
 
 
+# A promotion's signed fields for runs refused before its signature is checked.
+UNSIGNED = {"role": "default-approver", "seq": 2, "at": 1.0, "signature": "unsigned"}
+
+
 def test_promote_refuses_a_receipt_no_snapshot_planned(embedded_home):
     with pytest.raises(PromotionRefused, match="rcpt-unknown"):
-        release.promote(pipeline_for(), "rcpt-unknown", "bob")
+        release.promote(pipeline_for(), PromoteRequest(**UNSIGNED, receipt_id="rcpt-unknown", actor="bob"))
 
 
 def free_port() -> int:

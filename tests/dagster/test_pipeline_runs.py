@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import dagster as dg
 import pytest
 
-from lightning_dagster.demo import approval_config, run_snapshot
+from lightning_dagster.demo import approval_config, promotion_config, run_snapshot
 from lightning_dagster.orchestration.assets import snapshot_assets
 from lightning_dagster.orchestration.definitions import build_definitions
 from lightning_dagster.orchestration.partitions import snapshots
@@ -20,6 +20,7 @@ from lightning_dagster.pipeline import context as ctx
 from lightning_dagster.pipeline.snapshots import load_manifest, save_manifest
 from lightning_dagster.registry.core import APPROVED
 from tests.dagster.conftest import TINY_POLICY, pipeline_for
+from tests.dagster.test_pipeline_core import UNSIGNED
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMOTE = "PROMOTE TO BOUNDED CANARY"
@@ -185,6 +186,7 @@ def test_a_refused_promotion_is_one_line_with_its_reason_not_a_traceback(sqlite_
         "promote_candidate",
         receipt_id=ctx.receipt_id(key),
         actor="bob",
+        **UNSIGNED,
     )
     assert not refused.success
     failure = refused.failure_data_for_node("promote_candidate")
@@ -246,7 +248,7 @@ def test_postgres_instance_blocks_then_approves_then_promotes(postgres_instance)
 
     before = registry.current(APPROVED)
     refused = _launch(
-        defs, instance, "promote", "promote_candidate", receipt_id=receipt.receipt_id, actor="bob"
+        defs, instance, "promote", "promote_candidate", receipt_id=receipt.receipt_id, actor="bob", **UNSIGNED
     )
     assert not refused.success
     assert "HOLD" in _error(refused, "promote_candidate")
@@ -267,9 +269,8 @@ def test_postgres_instance_blocks_then_approves_then_promotes(postgres_instance)
         defs, instance, "approve", "approve_receipt", **approval_config(p, key, ("bob", "default-approver"))
     )
     assert bob.success, _error(bob, "approve_receipt")
-    assert _launch(
-        defs, instance, "promote", "promote_candidate", receipt_id=receipt.receipt_id, actor="bob"
-    ).success
+    signed = promotion_config(p, receipt.receipt_id, "bob")  # bob signs the move, as `sign-promote` does
+    assert _launch(defs, instance, "promote", "promote_candidate", **signed).success
     assert registry.current(APPROVED) == ctx.find_receipt(p.get_store(), key).candidate.model_version
     # The materializations are in PostgreSQL.
     assert instance.get_latest_materialization_event(dg.AssetKey("release_receipt")) is not None

@@ -299,3 +299,33 @@ def test_alias_watch_restores_a_moved_alias_and_observes_the_incident(embedded_h
     (incident,) = reg.incidents()
     assert incident.found_version == other.version and incident.not_before == verified_at
     assert not after.run_requests and json.loads(after.cursor)["verified_at"] > verified_at
+
+
+def test_alias_watch_never_mirrors_a_pointer_moved_in_the_store(embedded_home, tmp_path):
+    """The pointer row moved by a direct store edit: the watch reports the broken history (an incident
+    naming the row), and MLflow's alias stays on the last verified move; no restore is asked for."""
+    import sqlalchemy as sa
+
+    from lightning_dagster.engine import build_base_model
+    from lightning_dagster.harnesses.corpus import training_corpus
+    from lightning_dagster.pipeline.context import registry
+    from lightning_dagster.registry import APPROVED
+    from lightning_dagster.registry.lineage import register_version
+
+    p = pipeline_for(mlflow=MLflowResource(model_name="chain-watch-policy"))
+    reg = registry(p)
+    base = build_base_model(tmp_path / "base", corpus=training_corpus(seed=0), seed=0)
+    parent = reg.register_initial_parent(base)
+    other = register_version(reg, base, run_name="never-approved", tags={}, params={})
+    with reg.store.engine.begin() as c:
+        c.execute(
+            sa.text("UPDATE pointers SET value = :v WHERE name = :n"),
+            {"v": other.version, "n": reg.pointer_name()},
+        )
+    with dg.instance_for_test() as instance:
+        tick = _alias_tick(p, instance)
+    assert not tick.run_requests and "history BROKEN (pointer row" in tick.skip_reason.skip_message
+    mlflow = MlflowClient(reg.tracking_uri, reg.tracking_uri)
+    assert str(mlflow.get_registered_model(reg.model_name).aliases[APPROVED]) == parent.version
+    (incident,) = [i for i in reg.incidents() if i.chain]
+    assert incident.chain.startswith("pointer row") and incident.store_version == parent.version

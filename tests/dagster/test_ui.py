@@ -17,6 +17,7 @@ import dagster as dg
 import pytest
 import yaml
 
+from tests.dagster.test_pipeline_core import UNSIGNED
 from tests.support.browser import chromium, needs_chromium
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -304,7 +305,7 @@ def test_a_cycle_started_from_the_ui_is_judged_on_its_merits_and_a_refused_promo
 
         # promote on the HOLD receipt, launched with the run config release_receipt's metadata gives.
         started = len(instance.get_runs())
-        config = run_config("promote_candidate", receipt_id=receipt.receipt_id, actor="bob")
+        config = run_config("promote_candidate", receipt_id=receipt.receipt_id, actor="bob", **UNSIGNED)
         browser.get(f"{job}/promote/playground/setup?config={quote(config)}")
         _click(browser, "//button[contains(normalize-space(.), 'Launch Run')]", timeout=120)
         run = _wait_for_run(instance, started, 120)

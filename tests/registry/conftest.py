@@ -94,6 +94,38 @@ def roles_file(tmp_path_factory, approver_keys) -> Path:
     return path
 
 
+DEPLOYMENT_ENV = ("LD_ROLES_FILE", "LD_PIPELINE_KEY", "LD_ROLES_ADMIN_KEY", "LD_PIPELINE_PUBLIC_KEY")
+
+
+@pytest.fixture(scope="session")
+def deployment_keys(tmp_path_factory) -> dict[str, Path]:
+    """The deployment's own keys: the pipeline's (signs the bootstrap move) and the roles-admin's."""
+    from lightning_dagster.release.signing import generate_keypair
+
+    out = tmp_path_factory.mktemp("deployment-keys")
+    return {actor: generate_keypair(actor, out).private_path for actor in ("pipeline", "roles-admin")}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _deployment(roles_file, deployment_keys):
+    """The deployment's configuration, as the code location and every command read it: its roles file, the
+    pipeline's key and the roles-admin's public key."""
+    old = {name: os.environ.get(name) for name in DEPLOYMENT_ENV}
+    admin = deployment_keys["roles-admin"].with_suffix(".pub").read_text().strip()
+    os.environ.pop("LD_PIPELINE_PUBLIC_KEY", None)
+    os.environ.update(
+        LD_ROLES_FILE=str(roles_file),
+        LD_PIPELINE_KEY=str(deployment_keys["pipeline"]),
+        LD_ROLES_ADMIN_KEY=admin,
+    )
+    yield
+    for name, value in old.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @dataclass
 class Tracking:
     kind: str

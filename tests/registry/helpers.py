@@ -121,3 +121,28 @@ def signed_rollback(registry, version: str, actor: str, keys, *, role: str = "de
 
     reason = kw.pop("reason", "back to the parent")
     return sign_rollback(registry, version, actor=actor, role=role, key=keys[actor], reason=reason, **kw)
+
+
+def signed_move(registry, to: str, keys, actor: str = "alice", *, rollback: bool = False):
+    """A move of approved-default made straight in the store, signed as the registry signs a promotion (or,
+    with `rollback`, a rollback) by `actor` with `keys[actor]`: what a process that died before its MLflow
+    write leaves behind."""
+    import time
+
+    from lightning_dagster.release import chain
+    from lightning_dagster.release.signing import ROLLBACK, load_private_key, sign
+
+    name, key, at = registry.pointer_name(), load_private_key(keys[actor]), time.time()
+    value, seq = registry.store.pointer_state(name)
+    version, role = registry.model_version(to), "default-approver"
+    if rollback:
+        fields = {"pointer": name, "from_version": value, "from_seq": seq, "target_version": to, "actor": actor,
+                  "role": role, "reason": "back", "at": at}  # fmt: skip
+        note = chain.move_note(version.weights_hash, version.files_hash, kind=chain.ROLLED_BACK, role=role, at=at,
+                               reason="back", signed_at=at, signature=sign(key, ROLLBACK, fields))  # fmt: skip
+    else:
+        note = chain.move_note(version.weights_hash, version.files_hash, kind=chain.PROMOTION, role=role, at=at,
+                               receipt_hash=None)  # fmt: skip
+        note["signature"] = chain.sign_move(key, name, seq + 1, value, to, actor, None, note)
+    body = json.dumps({**note, "note": "rollback" if rollback else "promotion"})
+    return registry.store.move_pointer(name, expected=value, expected_seq=seq, to=to, actor=actor, note=body)

@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 
 from lightning_dagster.registry import APPROVED, AliasDiverged, PointerIncident
 from lightning_dagster.release.cli import register
-from tests.registry.helpers import candidate_kwargs
+from tests.registry.helpers import candidate_kwargs, signed_move
 
 pytestmark = pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
 
@@ -111,14 +111,14 @@ def test_a_deleted_alias_is_an_incident_too(registry, variant, tracking):
     assert _alias(tracking, registry.model_name) == parent.version
 
 
-def test_a_mirror_write_lost_after_a_move_is_repaired_without_an_incident(registry, variant, tracking):
+def test_a_mirror_write_lost_after_a_move_is_repaired_without_an_incident(
+    registry, variant, tracking, approver_keys
+):
     """The store moved and the MLflow write never happened (a crash, an outage): the alias lags behind at
     the registry's own last write. That is repaired, but nobody moved the alias, so nothing is recorded."""
     parent = registry.register_initial_parent(variant(0))
     cand = registry.log_candidate(variant(1), **candidate_kwargs(parent.version))
-    registry.store.move_pointer(
-        registry.pointer_name(), expected=parent.version, to=cand.version, actor="alice", note="{}"
-    )
+    signed_move(registry, cand.version, approver_keys)
     with pytest.raises(AliasDiverged):  # serving still refuses the lagging alias
         registry.serve_approved(download=False)
     rec = registry.reconcile()
@@ -126,13 +126,13 @@ def test_a_mirror_write_lost_after_a_move_is_repaired_without_an_incident(regist
     assert _alias(tracking, registry.model_name) == cand.version
 
 
-def test_an_alias_moved_back_to_an_earlier_approved_version_is_an_incident(registry, variant, tracking):
+def test_an_alias_moved_back_to_an_earlier_approved_version_is_an_incident(
+    registry, variant, tracking, approver_keys
+):
     """A version approved once before is still not the pointer: moving the alias back to it is recorded."""
     parent = registry.register_initial_parent(variant(0))
     cand = registry.log_candidate(variant(1), **candidate_kwargs(parent.version))
-    registry.store.move_pointer(
-        registry.pointer_name(), expected=parent.version, to=cand.version, actor="alice", note="{}"
-    )
+    signed_move(registry, cand.version, approver_keys)
     assert registry.reconcile().incident is None  # the registry's own mirror write
     MlflowClient(tracking.uri, tracking.uri).set_registered_model_alias(
         registry.model_name, APPROVED, parent.version

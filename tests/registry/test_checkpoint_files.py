@@ -104,7 +104,7 @@ def test_a_file_swapped_after_the_receipt_is_refused_at_promotion(registry, vari
         original = path.read_bytes()
         path.write_bytes(original.replace(b"}", b"} ", 1) if name.endswith(".json") else original + b"{# #}")
         with pytest.raises(PromotionRefused, match=name) as err:
-            promotion.promote(registry, "rec-files", "alice")
+            promotion.promote(registry, "rec-files", "alice", key=approver_keys["alice"])
         assert isinstance(err.value.__cause__, CheckpointFilesMismatch)
         assert err.value.__cause__.changed == [name]
         with pytest.raises(CheckpointFilesMismatch):  # a download for serving or the canary refuses too
@@ -112,7 +112,9 @@ def test_a_file_swapped_after_the_receipt_is_refused_at_promotion(registry, vari
         assert registry.current() == parent.version
         path.write_bytes(original)
 
-    result = promotion.promote(registry, "rec-files", "alice")  # the files as registered: promoted
+    result = promotion.promote(
+        registry, "rec-files", "alice", key=approver_keys["alice"]
+    )  # the files as registered: promoted
     assert result.move.to_value == cand.version
     assert registry.history()[-1].note.count(cand.files_hash) == 1  # the move records what it approved
 
@@ -136,9 +138,9 @@ def test_the_receipt_and_the_pointer_pin_the_files_hash_against_a_rewritten_tag(
     )
     client.delete_model_version_tag(registry.model_name, cand.version, "files_hash")
     with pytest.raises(PromotionRefused, match="the receipt names " + cand.files_hash):
-        promotion.promote(registry, "rec-tag", "alice")
+        promotion.promote(registry, "rec-tag", "alice", key=approver_keys["alice"])
     client.set_model_version_tag(registry.model_name, cand.version, "files_hash", cand.files_hash)
-    promotion.promote(registry, "rec-tag", "alice")
+    promotion.promote(registry, "rec-tag", "alice", key=approver_keys["alice"])
 
     # After approval, a files_hash tag rewritten to match swapped files is still not what was approved.
     client.set_model_version_tag(registry.model_name, cand.version, "files_hash", "sha256:" + "0" * 64)

@@ -48,7 +48,7 @@ def test_mlflow_outage_fails_clearly_and_heals(registry, variant, tracking, appr
     # 1. MLflow dies between the store's move and the mirror: the promotion stands, the mirror lags.
     registry.store = StopsMlflowAfterMove(registry.store, server)
     try:
-        result = promotion.promote(registry, "rec-fault-1", "alice")
+        result = promotion.promote(registry, "rec-fault-1", "alice", key=approver_keys["alice"])
     finally:
         registry.store = registry.store._store
     assert result.move.to_value == first.version and not result.mirrored
@@ -58,7 +58,7 @@ def test_mlflow_outage_fails_clearly_and_heals(registry, variant, tracking, appr
     #    the rollback evidence as unavailable, not healthy.
     start = time.monotonic()
     with pytest.raises(RegistryUnavailable, match="unavailable"):
-        promotion.promote(registry, "rec-fault-2", "alice")
+        promotion.promote(registry, "rec-fault-2", "alice", key=approver_keys["alice"])
     assert time.monotonic() - start < 15
     assert [m.to_value for m in registry.history()] == [parent.version, first.version]
     drill = registry.rollback_drill(parent.version, record=False)
@@ -73,7 +73,7 @@ def test_mlflow_outage_fails_clearly_and_heals(registry, variant, tracking, appr
     assert registry.resolve(APPROVED, download=False).version == first.version
     store_history = [m.to_value for m in registry.history()]
     assert _mirror(tracking, registry.model_name) == (first.version, store_history)
-    assert promotion.promote(registry, "rec-fault-2", "alice").mirrored
+    assert promotion.promote(registry, "rec-fault-2", "alice", key=approver_keys["alice"]).mirrored
     assert _mirror(tracking, registry.model_name) == (
         second.version,
         [parent.version, first.version, second.version],

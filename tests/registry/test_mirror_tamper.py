@@ -4,30 +4,22 @@ incident (`tampered=True`, naming what differed) and is restored; a current mirr
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from mlflow import MlflowClient
 
 from lightning_dagster.registry import APPROVED
-from tests.registry.helpers import candidate_kwargs
+from tests.registry.helpers import candidate_kwargs, signed_move
 
 pytestmark = pytest.mark.parametrize("tracking", ["sqlite"], indirect=True)
 
 
 @pytest.fixture
-def mirrored(registry, variant, tracking):
+def mirrored(registry, variant, tracking, approver_keys):
     """A pointer moved twice (bootstrap, then to a candidate) and mirrored; returns (parent, cand, client)."""
     assert tracking.uri.startswith("sqlite:////")  # a real SQLite tracking store at an absolute path
     parent = registry.register_initial_parent(variant(0))
     cand = registry.log_candidate(variant(1), **candidate_kwargs(parent.version))
-    registry.store.move_pointer(
-        registry.pointer_name(),
-        expected=parent.version,
-        to=cand.version,
-        actor="alice",
-        note=json.dumps({"weights_hash": cand.weights_hash, "note": "promotion"}),
-    )
+    signed_move(registry, cand.version, approver_keys)
     assert registry.reconcile().incident is None  # the registry's own mirror write
     return parent, cand, MlflowClient(tracking.uri, tracking.uri)
 
@@ -88,16 +80,14 @@ def test_each_tampered_field_is_an_incident_and_is_restored(registry, mirrored, 
     assert [m.to_value for m in registry.history()] == [parent.version, cand.version]  # the store stands
 
 
-def test_a_mirror_behind_the_store_is_repaired_without_an_incident(registry, mirrored):
+def test_a_mirror_behind_the_store_is_repaired_without_an_incident(registry, mirrored, approver_keys):
     parent, cand, client = mirrored
-    registry.store.move_pointer(
-        registry.pointer_name(), expected=cand.version, to=parent.version, actor="bob", note="{}"
-    )
+    signed_move(registry, parent.version, approver_keys, rollback=True)
     rec = registry.reconcile()
     assert rec.changed and rec.incident is None and registry.incidents() == []
     snap = _snapshot(registry, client)
     assert snap["alias"] == parent.version
-    assert snap["version_tags"][parent.version][f"{APPROVED}.approved_by"] == "bob"
+    assert snap["version_tags"][parent.version][f"{APPROVED}.approved_by"] == "alice"
     assert snap["version_tags"][cand.version]["approved_default"] == "false"
     assert snap["model_tags"][f"{APPROVED}.moves"] == "3"
 

@@ -68,7 +68,7 @@ def test_mlflow_ui_opens_the_classic_ml_view_and_shows_the_verdict_on_the_versio
         approver_keys,
         "alice",
     )
-    assert promotion.promote(reg, "rec-ui", "alice").mirrored
+    assert promotion.promote(reg, "rec-ui", "alice", key=approver_keys["alice"]).mirrored
     server = MlflowServer(uri, tmp_path / "served", tmp_path / "server.log").start()
     try:
         browser.get(links.experiment_url(server.url, reg.experiment_id))

@@ -137,7 +137,7 @@ def test_version_tags_the_ledger_and_the_pointer_agree_after_promotion_and_rollb
         APPROVED_FLAG: "",
     }
 
-    result = promotion.promote(registry, "rec-tags", "alice")
+    result = promotion.promote(registry, "rec-tags", "alice", key=approver_keys["alice"])
     assert result.mirrored, result.mirror_error
     move = registry.history()[-1]
     recorded = json.loads(move.note)

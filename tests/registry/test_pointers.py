@@ -17,7 +17,7 @@ from lightning_dagster.registry import (
 )
 from lightning_dagster.registry.lineage import DIGEST_CHARS, register_version
 from lightning_dagster.store import Store
-from tests.registry.helpers import artifact_files, bootstrap
+from tests.registry.helpers import artifact_files, bootstrap, signed_move
 
 
 def test_lineage_run_and_version_tags(registry, variant, tracking):
@@ -90,12 +90,10 @@ def test_tampered_artifact_fails_the_weights_hash(registry, variant, tracking):
         registry.download(parent.version)
 
 
-def test_reconcile_repairs_a_mirror_left_behind(registry, variant, tracking):
+def test_reconcile_repairs_a_mirror_left_behind(registry, variant, tracking, approver_keys):
     """A promotion that died after the store's move but before MLflow's write is repaired by the next call."""
     parent, (cand,) = bootstrap(registry, variant)
-    registry.store.move_pointer(
-        registry.pointer_name(), expected=parent.version, to=cand.version, actor="alice", note="{}"
-    )
+    signed_move(registry, cand.version, approver_keys)
     rm = MlflowClient(tracking.uri, tracking.uri).get_registered_model(registry.model_name)
     assert str(rm.aliases[APPROVED]) == parent.version  # the mirror is behind
     assert registry.resolve(APPROVED, download=False).version == cand.version

@@ -3,9 +3,11 @@ a fresh store, the deployment's approvers with their keys and roles file), since
 and rollback acts on a real registry's pointer."""
 
 from tests.registry.conftest import (  # noqa: F401 - fixtures, found by name
+    _deployment,
     _home,
     approver_keys,
     base_checkpoint,
+    deployment_keys,
     make_registry,
     new_store_url,
     registry,

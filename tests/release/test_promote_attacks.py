@@ -27,7 +27,7 @@ def test_a_candidate_whose_artifact_was_swapped_is_not_promoted(registry, varian
     with pytest.raises(
         PromotionRefused, match=f"candidate version {cand.version}'s artifact is not the weights"
     ):
-        promotion.promote(registry, "rec-swap", "alice")
+        promotion.promote(registry, "rec-swap", "alice", key=approver_keys["alice"])
     assert [m.to_value for m in registry.history()] == [parent.version]
     assert registry.serve_approved(download=False).version == parent.version
 
@@ -74,7 +74,7 @@ def test_rollback_in_a_role_that_may_not_move_the_pointer_is_refused(
         approver_keys,
         "alice",
     )
-    promotion.promote(registry, "rec-rb-role", "alice")
+    promotion.promote(registry, "rec-rb-role", "alice", key=approver_keys["alice"])
     # bob holds ml-lead only, alice also roles-admin: naming a role one holds is not leave to move the pointer.
     for actor, role in (("bob", "ml-lead"), ("alice", "roles-admin")):
         with pytest.raises(NotAuthorized, match="needs one of the roles"):
@@ -142,7 +142,13 @@ def test_cli_promote_of_a_receipt_written_by_hand_is_refused_whatever_it_claims(
         assert main(argv) == 1
         assert "was not written by the pipeline" in capsys.readouterr().err
         with pytest.raises(PromotionRefused, match="not written by the pipeline"):
-            promotion.promote(registry, receipt.receipt_id, "alice", policy=loose if policy else None)
+            promotion.promote(
+                registry,
+                receipt.receipt_id,
+                "alice",
+                key=approver_keys["alice"],
+                policy=loose if policy else None,
+            )
     assert [m.to_value for m in registry.history()] == [parent.version]
 
 
@@ -163,15 +169,15 @@ def test_a_pipeline_receipt_is_judged_only_under_the_policy_its_gate_recorded(
     ReceiptLedger(registry.store).append(unjudged)
     approve(registry, unjudged.receipt_id, approver_keys, "alice")
     with pytest.raises(PromotionRefused, match="has no gate verdict: materialize release_receipt"):
-        promotion.promote(registry, unjudged.receipt_id, "alice", policy=loose)
+        promotion.promote(registry, unjudged.receipt_id, "alice", key=approver_keys["alice"], policy=loose)
 
     judged = passing_receipt(registry, parent, cand, "rcpt-snap-judged", approver_keys, edit=_worse)
     record_as_pipeline(registry, judged)
     approve(registry, judged.receipt_id, approver_keys, "alice")
     with pytest.raises(PromotionRefused, match="promotion under mine .* is refused"):
-        promotion.promote(registry, judged.receipt_id, "alice", policy=loose)
+        promotion.promote(registry, judged.receipt_id, "alice", key=approver_keys["alice"], policy=loose)
     with pytest.raises(PromotionRefused, match="HOLD"):
-        promotion.promote(registry, judged.receipt_id, "alice")
+        promotion.promote(registry, judged.receipt_id, "alice", key=approver_keys["alice"])
     assert [m.to_value for m in registry.history()] == [parent.version]
 
 
@@ -216,13 +222,13 @@ def test_a_promotion_replayed_after_a_rollback_is_refused(
     approve(
         registry, passing_receipt(registry, parent, cand, "rec-replay", approver_keys), approver_keys, "alice"
     )
-    promotion.promote(registry, "rec-replay", "alice")
+    promotion.promote(registry, "rec-replay", "alice", key=approver_keys["alice"])
     rollbacks.rollback(
         registry, signed_rollback(registry, parent.version, "alice", approver_keys, reason="canary harm")
     )
 
     with pytest.raises(PromotionRefused, match="receipt rec-replay already moved .* promotes once"):
-        promotion.promote(registry, "rec-replay", "alice")
+        promotion.promote(registry, "rec-replay", "alice", key=approver_keys["alice"])
     monkeypatch.setenv("LD_STORE_URL", registry.store.url)
     argv = ["registry", "promote", "rec-replay", "--actor", "alice", "--tracking-uri", tracking.uri]
     assert main([*argv, "--model-name", registry.model_name]) == 1
@@ -242,7 +248,7 @@ def test_the_roles_that_approved_a_promotion_may_roll_it_back(registry, variant,
     receipt = passing_receipt(registry, parent, cand, "rec-own-role", approver_keys)
     assert receipt.plan.approvers.default == ["release-owner"]
     approve(registry, receipt, approver_keys, "alice")
-    promotion.promote(registry, "rec-own-role", "alice")
+    promotion.promote(registry, "rec-own-role", "alice", key=approver_keys["alice"])
 
     with pytest.raises(
         RollbackRefused, match=r"needs one of the roles \['default-approver', 'release-owner'\]"

@@ -19,7 +19,17 @@ from tests.registry.helpers import approve, bootstrap, candidate_kwargs, passing
 
 
 def _race(
-    tracking_uri, store_url, model_name, artifact_root, cache, roles, receipt_id, actor, barrier, queue
+    tracking_uri,
+    store_url,
+    model_name,
+    artifact_root,
+    cache,
+    roles,
+    approver_keys,
+    receipt_id,
+    actor,
+    barrier,
+    queue,
 ):
     registry = Registry(
         tracking_uri, Store(store_url), model_name, artifact_root, cache_dir=cache, roles_file=roles
@@ -27,7 +37,7 @@ def _race(
     registry.reconcile()  # connect and migrate before the start line, so the race is on the move itself
     barrier.wait(timeout=120)
     try:
-        result = promotion.promote(registry, receipt_id, actor)
+        result = promotion.promote(registry, receipt_id, actor, key=approver_keys[actor])
         queue.put((receipt_id, "won", result.move.to_value))
     except PointerConflict as exc:
         queue.put((receipt_id, "conflict", str(exc)))
@@ -52,6 +62,7 @@ def test_eight_processes_race_exactly_one_wins(
         tracking.artifact_root,
         registry.cache_dir,
         roles_file,
+        approver_keys,
     )
     procs = [
         ctx.Process(target=_race, args=(*args, f"rec-race-{i}", f"racer{i}", barrier, queue))
@@ -86,9 +97,14 @@ def test_a_receipt_judged_under_one_policy_cannot_be_promoted_under_another(regi
     lax = type(default).model_validate({**default.model_dump(), "version": "lax-v1"})
     assert lax.hash != default.hash
     with pytest.raises(PromotionRefused, match=f"judged under policy {default.version}"):
-        promotion.promote(registry, "rec-policy", "alice", policy=lax)
+        promotion.promote(registry, "rec-policy", "alice", key=approver_keys["alice"], policy=lax)
     assert [m.to_value for m in registry.history()] == [parent.version]
-    assert promotion.promote(registry, "rec-policy", "alice", policy=default).move.to_value == cand.version
+    assert (
+        promotion.promote(
+            registry, "rec-policy", "alice", key=approver_keys["alice"], policy=default
+        ).move.to_value
+        == cand.version
+    )
 
 
 def test_promotion_refusals(registry, variant, approver_keys):
@@ -103,13 +119,19 @@ def test_promotion_refusals(registry, variant, approver_keys):
     assert stored.version == 2 and stored.receipt.approvals[-1].actor == "alice"
 
     with pytest.raises(NotAuthorized):
-        promotion.promote(registry, "rec-refusals", "bob")
+        promotion.promote(registry, "rec-refusals", "bob", key=approver_keys["bob"])
     with pytest.raises(PromotionRefused, match="void"):
         promotion.promote(
-            registry, "rec-refusals", "alice", current_fingerprints={"evaluator": "sha256:" + "0" * 64}
+            registry,
+            "rec-refusals",
+            "alice",
+            key=approver_keys["alice"],
+            current_fingerprints={"evaluator": "sha256:" + "0" * 64},
         )
     with pytest.raises(PromotionRefused, match="differs from the ledger"):
-        promotion.promote(registry, receipt, "alice")  # version 1, not the ledger's head
+        promotion.promote(
+            registry, receipt, "alice", key=approver_keys["alice"]
+        )  # version 1, not the ledger's head
 
     def unverified(data):
         data["canary"]["tasks"][0]["verified"] = False
@@ -117,19 +139,19 @@ def test_promotion_refusals(registry, variant, approver_keys):
     held = passing_receipt(registry, parent, cand, "rec-hold", keys, edit=unverified)
     approve(registry, held, keys, "alice")
     with pytest.raises(PromotionRefused, match="check 6"):
-        promotion.promote(registry, "rec-hold", "alice")
+        promotion.promote(registry, "rec-hold", "alice", key=approver_keys["alice"])
 
     # A passing receipt whose parent is not the approved default: the compare-and-set refuses the move.
     wrong_parent = passing_receipt(registry, cand, other, "rec-wrong-parent", keys)
     approve(registry, wrong_parent, keys, "alice")
     with pytest.raises(PointerConflict):
-        promotion.promote(registry, "rec-wrong-parent", "alice")
+        promotion.promote(registry, "rec-wrong-parent", "alice", key=approver_keys["alice"])
     assert [m.to_value for m in registry.history()] == [parent.version]
 
-    result = promotion.promote(registry, "rec-refusals", "alice")
+    result = promotion.promote(registry, "rec-refusals", "alice", key=approver_keys["alice"])
     assert result.mirrored and result.move.to_value == cand.version
     with pytest.raises(PointerConflict):  # the same receipt again: its parent is no longer approved
-        promotion.promote(registry, "rec-refusals", "alice")
+        promotion.promote(registry, "rec-refusals", "alice", key=approver_keys["alice"])
 
 
 def test_rollback_restores_the_exact_parent(registry, variant, approver_keys):
@@ -137,7 +159,7 @@ def test_rollback_restores_the_exact_parent(registry, variant, approver_keys):
     approve(
         registry, passing_receipt(registry, parent, cand, "rec-rb", approver_keys), approver_keys, "alice"
     )
-    promotion.promote(registry, "rec-rb", "alice")
+    promotion.promote(registry, "rec-rb", "alice", key=approver_keys["alice"])
     assert checkpoint_hash(registry.resolve(APPROVED).local_path) == cand.weights_hash
 
     drill = registry.rollback_drill(parent.version)

@@ -78,9 +78,9 @@ def test_a_self_written_roles_file_authorizes_no_one(
     with pytest.raises(RolesConfigError, match="not the deployment's pinned roles"):
         receipts.approve(mine, "rec-signed", as_alice)
     with pytest.raises(RolesConfigError, match="not the deployment's pinned roles"):
-        promotion.promote(mine, "rec-signed", "alice")
+        promotion.promote(mine, "rec-signed", "alice", key=approver_keys["alice"])
 
-    # The command with LD_ROLES_FILE pointing at it: the variable is not read; the pinned key refuses.
+    # The command with LD_ROLES_FILE pointing at it: read, and refused loudly, naming both hashes.
     monkeypatch.setenv("LD_ROLES_FILE", forged)
     common = ["--tracking-uri", tracking.uri, "--store-url", store_url, "--model-name", registry.model_name]
     argv = ["promote", "rec-signed", "--actor", "alice", "--key", str(approver_keys["mallory"]), *common]
@@ -88,12 +88,13 @@ def test_a_self_written_roles_file_authorizes_no_one(
     register(parser)
     args = parser.parse_args(argv)
     assert args.handler(args) == 1
-    assert "does not verify with alice's key" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "not the deployment's pinned roles" in err and read_roles_file(forged).digest in err, err
 
-    # Nor can the caller re-pin the roles: that needs a roles-admin of the pinned roles to sign.
+    # Nor can the caller re-pin the roles: that needs the configured roles-admin key's signature.
     with pytest.raises(NotAuthorized, match="roles-admin"):
-        pin_roles(registry.store, read_roles_file(forged), actor="alice")
-    assert pinned_roles(registry.store).digest == read_roles_file(registry.roles_file).digest
+        pin_roles(registry.store, read_roles_file(forged), registry.gate)
+    assert pinned_roles(registry.store, registry.gate).digest == read_roles_file(registry.roles_file).digest
     assert [m.to_value for m in registry.history()] == [parent.version]
 
 
@@ -123,7 +124,7 @@ def test_every_approval_that_proves_nothing_is_refused_and_the_pointer_stays(
     # The signed approval of the canary step is valid, but it does not approve the default step.
     receipts.approve(registry, "rec-signed", canary)
     with pytest.raises(NotAuthorized, match="no signed default-step approval") as refused:
-        promotion.promote(registry, "rec-signed", "alice")
+        promotion.promote(registry, "rec-signed", "alice", key=approver_keys["alice"])
     # The real reason in one line: alice holds her role; what the receipt lacks is her signed approval.
     message = str(refused.value)
     assert "does not hold role" not in message and "'alice'" in message and "\n" not in message
@@ -134,7 +135,7 @@ def test_every_approval_that_proves_nothing_is_refused_and_the_pointer_stays(
     ledger.append(add_approval(head, Approval(actor="alice", role="release-owner", step="default", at=1.0)))
     # The gate's check 7 (verifying signatures too) or the registry's own check refuses it, whichever first.
     with pytest.raises((ApprovalRefused, PromotionRefused), match="not signed"):
-        promotion.promote(registry, "rec-signed", "alice")
+        promotion.promote(registry, "rec-signed", "alice", key=approver_keys["alice"])
     assert [m.to_value for m in registry.history()] == [parent.version]
 
 
@@ -158,12 +159,12 @@ def test_a_correctly_signed_approval_promotes(registry, variant, approver_keys):
     parent, cand, _ = _setup(registry, variant, approver_keys)
     stored = approve(registry, "rec-signed", approver_keys, "alice")
     assert [a.step for a in stored.receipt.approvals] == ["canary", "default"]
-    result = promotion.promote(registry, "rec-signed", "alice")
+    result = promotion.promote(registry, "rec-signed", "alice", key=approver_keys["alice"])
     assert result.move.to_value == cand.version and result.move.actor == "alice"
 
 
 @SQLITE
-def test_roles_change_only_with_a_roles_admin_signature(registry, approver_keys, tmp_path):
+def test_roles_change_only_with_a_roles_admin_signature(registry, approver_keys, deployment_keys, tmp_path):
     deployed = registry_roles(registry)
     text = read_roles_file(registry.roles_file)
     new = tmp_path / "roles-v2.yaml"
@@ -178,21 +179,23 @@ def test_roles_change_only_with_a_roles_admin_signature(registry, approver_keys,
     changed = read_roles_file(new)
     assert pin_state(registry.store) == (deployed.digest, 1)
     fields = pin_fields(deployed.digest, changed.digest, pin_seq=1)
-    wrong = sign(load_private_key(approver_keys["bob"]), ROLES_PIN, fields)
-    with pytest.raises(NotAuthorized):
-        pin_roles(registry.store, changed, actor="alice", signature=wrong)
-    right = sign(load_private_key(approver_keys["alice"]), ROLES_PIN, fields)
-    pin_roles(registry.store, changed, actor="alice", signature=right)
-    assert "bob" not in pinned_roles(registry.store).actors
+    # bob, and alice (a roles-admin of the pinned roles: a key the store holds), sign nothing that counts.
+    for actor in ("bob", "alice"):
+        wrong = sign(load_private_key(approver_keys[actor]), ROLES_PIN, fields)
+        with pytest.raises(NotAuthorized):
+            pin_roles(registry.store, changed, registry.gate, signature=wrong)
+    right = sign(load_private_key(deployment_keys["roles-admin"]), ROLES_PIN, fields)
+    pin_roles(registry.store, changed, registry.gate, signature=right)
+    assert "bob" not in pinned_roles(registry.store, registry.gate, match_configured=False).actors
     with pytest.raises(RolesConfigError, match="not the deployment's pinned roles"):
         registry_roles(registry)  # the old file no longer matches the pin
 
 
 @SQLITE
-def test_a_roles_signature_is_not_replayed_after_the_pin_moved_back(registry, approver_keys, tmp_path):
+def test_a_roles_signature_is_not_replayed_after_the_pin_moved_back(registry, deployment_keys, tmp_path):
     """Pins A -> B -> A: the signature that moved A to B names pin move 1 and does not verify at move 3."""
     a = registry_roles(registry)
-    alice = load_private_key(approver_keys["alice"])
+    alice = load_private_key(deployment_keys["roles-admin"])  # the configured roles-admin key
     new = tmp_path / "roles-b.yaml"
     new.write_text(
         "actors:\n"
@@ -204,17 +207,17 @@ def test_a_roles_signature_is_not_replayed_after_the_pin_moved_back(registry, ap
     )
     b = read_roles_file(new)
     to_b = sign(alice, ROLES_PIN, pin_fields(a.digest, b.digest, pin_seq=1))
-    pin_roles(registry.store, b, actor="alice", signature=to_b)
+    pin_roles(registry.store, b, registry.gate, signature=to_b)
     pin_roles(
         registry.store,
         a,
-        actor="alice",
+        registry.gate,
         signature=sign(alice, ROLES_PIN, pin_fields(b.digest, a.digest, pin_seq=2)),
     )
     assert pin_state(registry.store) == (a.digest, 3)
     with pytest.raises(NotAuthorized, match="move 3"):
-        pin_roles(registry.store, b, actor="alice", signature=to_b)  # the replay
-    assert pinned_roles(registry.store).digest == a.digest
+        pin_roles(registry.store, b, registry.gate, signature=to_b)  # the replay
+    assert pinned_roles(registry.store, registry.gate).digest == a.digest
     # Signatures in the formats before the one signed-message format verify no more: pin v1 (over the two
     # hashes only) and pin v2 (the hashes and the move number, each the canonical JSON of its own dict).
     for old in (
@@ -223,20 +226,20 @@ def test_a_roles_signature_is_not_replayed_after_the_pin_moved_back(registry, ap
     ):
         signature = base64.b64encode(alice.sign(canonical_json(old))).decode()
         with pytest.raises(NotAuthorized):
-            pin_roles(registry.store, b, actor="alice", signature=signature)
+            pin_roles(registry.store, b, registry.gate, signature=signature)
     # Signed over the pin as it stands, the same change is accepted.
     pin_roles(
         registry.store,
         b,
-        actor="alice",
+        registry.gate,
         signature=sign(alice, ROLES_PIN, pin_fields(a.digest, b.digest, pin_seq=3)),
     )
     assert pin_state(registry.store) == (b.digest, 4)
     assert [m.actor for m in registry.store.pointer_history("approval-roles")] == [
         "deployment",
-        "alice",
-        "alice",
-        "alice",
+        "roles-admin",
+        "roles-admin",
+        "roles-admin",
     ]
 
 
@@ -259,7 +262,7 @@ def test_keygen_writes_an_owner_only_key_and_prints_the_public_line(tmp_path, ca
 
 @SQLITE
 def test_the_roles_command_signs_over_the_pin_as_it_stands(
-    registry, approver_keys, tracking, store_url, tmp_path, capsys
+    registry, deployment_keys, tracking, store_url, tmp_path, capsys
 ):
     a = registry_roles(registry)
     new = tmp_path / "roles-c.yaml"
@@ -274,7 +277,7 @@ def test_the_roles_command_signs_over_the_pin_as_it_stands(
     parser = argparse.ArgumentParser()
     register(parser)
     common = ["--tracking-uri", tracking.uri, "--store-url", store_url, "--model-name", registry.model_name]
-    pin = ["roles", *common, "--pin", str(new), "--actor", "alice", "--key", str(approver_keys["alice"])]
+    pin = ["roles", *common, "--pin", str(new), "--key", str(deployment_keys["roles-admin"])]
     args = parser.parse_args(pin + ["--json"])
     assert args.handler(args) == 0
     assert json.loads(capsys.readouterr().out)["digest"] == read_roles_file(new).digest

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -132,7 +133,7 @@ def promoted(registry, variant, tracking, approver_keys):
         approver_keys,
         "alice",
     )
-    promotion.promote(registry, "rec-signed-rb", "alice")
+    promotion.promote(registry, "rec-signed-rb", "alice", key=approver_keys["alice"])
     return parent, cand
 
 
@@ -214,7 +215,11 @@ def test_cli_and_job_refuse_an_unverified_rollback_in_one_line_and_record_a_sign
         deferred=False,
         store=StoreResource(url=registry.store.url),
         mlflow=MLflowResource(tracking_uri=tracking.uri, model_name=registry.model_name),
-        gate=GateResource(roles_path=str(roles_file)),
+        gate=GateResource(
+            roles_path=str(roles_file),
+            pipeline_key_path=os.environ["LD_PIPELINE_KEY"],
+            roles_admin_key=os.environ["LD_ROLES_ADMIN_KEY"],
+        ),
     )
 
     def job(config: dict) -> dg.ExecuteInProcessResult:

@@ -28,6 +28,7 @@ from lightning_dagster.release.signing import (
     APPROVAL,
     FORMAT,
     LOOP_RESUME,
+    POINTER_MOVE,
     PURPOSES,
     ROLES_PIN,
     ROLLBACK,
@@ -38,6 +39,7 @@ from lightning_dagster.release.signing import (
     signed_message,
     verify,
 )
+from lightning_dagster.settings import GateSettings
 from lightning_dagster.store import Store
 from tests.gate.conftest import raw
 
@@ -129,11 +131,15 @@ def _roles_pin(tmp_path: Path) -> Kind:
     first, second = roles("alice"), roles("alice", "carol")
     fields = pin_fields(first.digest, second.digest, pin_seq=1)
 
+    gate = GateSettings(roles_admin_key=PUBLIC)  # the configured roles-admin key
+
     def accepts(signature: str) -> bool:
         with Store(f"sqlite:///{tmp_path / f'{uuid.uuid4().hex}.db'}") as store:  # a fresh pin per attempt
-            pin_roles(store, first)
+            pin_roles(
+                store, first, gate, signature=sign(KEY, ROLES_PIN, pin_fields(None, first.digest, pin_seq=0))
+            )
             try:
-                pin_roles(store, second, actor="alice", signature=signature)
+                pin_roles(store, second, gate, signature=signature)
             except NotAuthorized:
                 return False
             return True
@@ -142,13 +148,35 @@ def _roles_pin(tmp_path: Path) -> Kind:
     return Kind(ROLES_PIN, fields, accepts, canonical_json(old))
 
 
+def _pointer_move() -> Kind:
+    """A promotion of approved-default from move 1, checked by the chain's one verifier."""
+    import json
+
+    from lightning_dagster.release import chain
+    from lightning_dagster.store.records import PointerMove
+
+    roles = parse_roles({"actors": {"alice": {"roles": ROLES, "key": PUBLIC}}}, "test")
+    first = PointerMove(name="approved-default", from_value=None, to_value="1", actor="pipeline", receipt_id=None,
+                        note="{}", moved_at=1000.0, seq=1)  # fmt: skip
+    note = chain.move_note("sha256:w", None, kind=chain.PROMOTION, role="default-approver", at=1100.0)
+    fields = chain.signed_fields("approved-default", 2, "1", "2", "alice", None, note)
+
+    def accepts(signature: str) -> bool:
+        move = PointerMove(name="approved-default", from_value="1", to_value="2", actor="alice", receipt_id=None,
+                           note=json.dumps({**note, "signature": signature}), moved_at=1100.0, seq=2)  # fmt: skip
+        return chain.check_move(None, move, [first], [roles], 0, GateSettings())[0] is None
+
+    return Kind(POINTER_MOVE, fields, accepts, canonical_json({"purpose": "pointer move", **fields}))
+
+
 @pytest.fixture
 def kinds(tmp_path) -> dict[str, Kind]:
-    return {k.purpose: k for k in (_approval(), _resume(), _rollback(), _roles_pin(tmp_path))}
+    made = (_approval(), _resume(), _rollback(), _roles_pin(tmp_path), _pointer_move())
+    return {k.purpose: k for k in made}
 
 
 def test_the_table_names_every_kind_and_each_kind_builds_exactly_its_fields(kinds):
-    assert set(PURPOSES) == set(kinds) == {APPROVAL, LOOP_RESUME, ROLLBACK, ROLES_PIN}
+    assert set(PURPOSES) == set(kinds) == {APPROVAL, LOOP_RESUME, ROLLBACK, ROLES_PIN, POINTER_MOVE}
     for purpose, kind in kinds.items():
         assert set(kind.fields) == PURPOSES[purpose], purpose
 

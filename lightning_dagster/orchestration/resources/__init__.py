@@ -98,15 +98,7 @@ def default_pipeline(*, deferred: bool = True, **overrides: dg.ConfigurableResou
         "mlflow": MLflowResource(**env(tracking_uri="MLFLOW_TRACKING_URI", ui_url="LD_MLFLOW_UI_URL")),
         "serving": ServingResource(**env(upstream_url="LD_UPSTREAM_URL")),
         "training": TrainingResource(),
-        "gate": GateResource(
-            **env(
-                policy_path="LD_GATE_POLICY",
-                roles_path="LD_ROLES_FILE",
-                roles_admin_key="LD_ROLES_ADMIN_KEY",
-                pipeline_key_path="LD_PIPELINE_KEY",
-                pipeline_public_key="LD_PIPELINE_PUBLIC_KEY",
-            )
-        ),
+        "gate": GateResource(**env(**settings.GATE_ENV)),
     }
     parts.update(overrides)
     return PipelineResource(**parts)

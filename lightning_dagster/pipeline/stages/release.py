@@ -15,6 +15,7 @@ from lightning_dagster.types import RolloutKind
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import Approval, Receipt
     from lightning_dagster.pipeline.run import Pipeline
+    from lightning_dagster.release.promotion import PromoteRequest
     from lightning_dagster.release.rollbacks import RollbackRequest
 
 # Checks judged on the first batch alone, where their asset sits: coverage and retry debt of the rollouts
@@ -143,12 +144,13 @@ def approve(p: Pipeline, key: str, approval: Approval) -> StageResult:
     )
 
 
-def promote(p: Pipeline, receipt_id: str, actor: str) -> StageResult:
-    """Promote the receipt's candidate (`release.promotion.promote`, with today's fingerprints)."""
+def promote(p: Pipeline, signed: PromoteRequest) -> StageResult:
+    """Promote the receipt's candidate by the actor's signed move (`release.promotion.promote`, with today's
+    fingerprints)."""
     from lightning_dagster.release import promotion
     from lightning_dagster.release.errors import PromotionRefused
 
-    store = p.get_store()
+    store, receipt_id, actor = p.get_store(), signed.receipt_id, signed.actor
     key = ctx.receipt_snapshot(store, receipt_id)
     receipt = None if key is None else ctx.find_receipt(store, key)
     if key is None or receipt is None or receipt.gate is None:
@@ -159,6 +161,7 @@ def promote(p: Pipeline, receipt_id: str, actor: str) -> StageResult:
         ctx.registry(p),
         receipt_id,
         actor,
+        signed=signed,
         policy=ctx.policy(p),
         current_fingerprints=ctx.current_fingerprints(p, key),
     )
