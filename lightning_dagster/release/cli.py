@@ -24,6 +24,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_flags(p, MLflowSettings, ["tracking_uri", "model_name"])
         add_flags(p, StoreSettings)
+        add_flags(p, GateSettings, ["pipeline_key_path", "pipeline_public_key"])
         p.add_argument("--json", action="store_true", help="print JSON")
         p.set_defaults(handler=lambda args: _run(handler, args))
         return p
@@ -97,11 +98,16 @@ def _rollback_args(p: argparse.ArgumentParser, *, signed_file: bool) -> None:
 
 
 def _registry(args: argparse.Namespace):
+    from lightning_dagster.gate.ledger import use_keys
     from lightning_dagster.registry.core import Registry
+    from lightning_dagster.release.pipeline_key import from_env, keys
     from lightning_dagster.store import Store
 
     mlflow, store = from_flags(MLflowSettings(), args), from_flags(StoreSettings(), args)
-    return Registry(mlflow.resolved_uri(), Store(store.resolved_url()), mlflow.model_name)
+    reg = Registry(mlflow.resolved_uri(), Store(store.resolved_url()), mlflow.model_name)
+    # the receipts this command writes are attested, and those it reads verified, with the pipeline key
+    use_keys(reg.store, keys(from_env(from_flags(GateSettings(), args))))
+    return reg
 
 
 def _receipt_arg(value: str) -> Any:

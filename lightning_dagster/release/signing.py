@@ -1,6 +1,7 @@
 """The one signed-message format, Ed25519 signatures over it, and the actors' keys.
 
-Every authorization decision (an approval, a resume, a rollback, a change of the pinned roles) is signed
+Every authorization decision (an approval, a resume, a rollback, a change of the pinned roles) and the
+pipeline's attestation of each receipt version it writes is signed
 over `signed_message(purpose, fields)`, canonical JSON naming the purpose, so a signature of one kind never
 verifies as another; `PURPOSES` fixes the fields each kind binds. A private key is a PKCS#8 PEM file
 readable by its owner only; the public key is one line, `ed25519:<base64>`, for the roles file.
@@ -34,6 +35,7 @@ APPROVAL = "approval"
 LOOP_RESUME = "loop-resume"
 ROLLBACK = "rollback"
 ROLES_PIN = "roles-pin"
+RECEIPT_ATTESTATION = "receipt-attestation"
 # purpose -> the fields its signature binds, every one required. Weakening a kind means editing this table.
 PURPOSES: Mapping[str, frozenset[str]] = MappingProxyType(
     {
@@ -47,6 +49,9 @@ PURPOSES: Mapping[str, frozenset[str]] = MappingProxyType(
         ),
         # the pinned roles' hash, the new one, and the pin's newest move number
         ROLES_PIN: frozenset({"from", "to", "pin_seq"}),
+        # one receipt version as the pipeline wrote it: its id and number, its ledger hash (body and link,
+        # so every field of the evidence, approvals and verdict), the hash it links to, when
+        RECEIPT_ATTESTATION: frozenset({"receipt_id", "version", "content_hash", "previous_hash", "at"}),
     }
 )
 
