@@ -21,6 +21,7 @@ import json
 import math
 import os
 import sys
+from typing import Any
 
 from lightning_dagster.gate import attestation
 from lightning_dagster.gate.checks import HOLD, PROMOTE, UNATTESTED, Evaluation, evaluate
@@ -77,22 +78,33 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _evaluate(args: argparse.Namespace) -> int:
     gate = from_flags(GateSettings(), args)
     policy = _policy(gate.policy_path or None)
-    data, att = attestation.split_file(read_json(args.receipt, "receipt"))
-    receipt = parse_receipt(data)
     current = read_json(args.fingerprints, "fingerprints") if args.fingerprints else None
     if current is not None and not isinstance(current, dict):
         raise InvalidInput("fingerprints", [("", "expected a JSON object")])
-    roles = _roles(gate.roles_path or None)
-    result = evaluate(receipt, policy, current, roles=roles, clock_skew_s=args.clock_skew)
-    public = pipeline_public_key(gate)
-    if public is None:
-        why = "no pipeline public key to verify its attestation with (--pipeline-public-key, $LD_PIPELINE_PUBLIC_KEY)"
-    else:
-        why = file_problem(receipt, att, public)
-    if why is not None:
-        result = result.unattested(why)
+    result = judge(
+        read_json(args.receipt, "receipt"),
+        policy,
+        pipeline_public_key(gate),
+        current,
+        roles=_roles(gate.roles_path or None),
+        clock_skew_s=args.clock_skew,
+    )
     print(json.dumps(result.to_json_dict(), indent=2) if args.json else render(result))
     return EXIT[result.verdict]
+
+
+def judge(data: Any, policy: Policy, public_key: str | None, *args: Any, **kwargs: Any) -> Evaluation:
+    """What `gate evaluate` says of a receipt file's JSON: the seven checks (`evaluate(receipt, policy,
+    *args, **kwargs)`), then `UNATTESTED` unless the pipeline's attestation it carries verifies with
+    `public_key` (None: no key to verify with). Invalid input raises `InvalidInput`."""
+    body, att = attestation.split_file(data)
+    receipt = parse_receipt(body)
+    result = evaluate(receipt, policy, *args, **kwargs)
+    if public_key is None:
+        why = "no pipeline public key to verify its attestation with (--pipeline-public-key, $LD_PIPELINE_PUBLIC_KEY)"
+    else:
+        why = file_problem(receipt, att, public_key)
+    return result if why is None else result.unattested(why)
 
 
 def pipeline_public_key(gate: GateSettings) -> str | None:
