@@ -29,6 +29,7 @@ from lightning_dagster.release.signing import (
     FORMAT,
     LOOP_RESUME,
     PURPOSES,
+    RECEIPT_ATTESTATION,
     ROLES_PIN,
     ROLLBACK,
     VERSION,
@@ -122,6 +123,22 @@ def _rollback() -> Kind:
     )
 
 
+def _attestation() -> Kind:
+    from lightning_dagster.gate import attestation
+
+    att = attestation.Attestation(version=2, previous_hash="sha256:v1", at=1300.0, signature="-")
+    fields = attestation.signed_fields("res-cand-a", "sha256:v2", att)
+
+    def accepts(signature: str) -> bool:
+        signed = att.model_copy(update={"signature": signature})
+        return attestation.problem(PUBLIC, "res-cand-a", "sha256:v2", signed) is None
+
+    # a new kind: nothing signed it before the one format; a bare message naming it must not verify either
+    return Kind(
+        RECEIPT_ATTESTATION, fields, accepts, canonical_json({"purpose": RECEIPT_ATTESTATION, **fields})
+    )
+
+
 def _roles_pin(tmp_path: Path) -> Kind:
     def roles(*names: str):
         return parse_roles({"actors": {n: {"roles": ROLES, "key": PUBLIC} for n in names}}, "test")
@@ -144,11 +161,12 @@ def _roles_pin(tmp_path: Path) -> Kind:
 
 @pytest.fixture
 def kinds(tmp_path) -> dict[str, Kind]:
-    return {k.purpose: k for k in (_approval(), _resume(), _rollback(), _roles_pin(tmp_path))}
+    kinds = (_approval(), _resume(), _rollback(), _roles_pin(tmp_path), _attestation())
+    return {k.purpose: k for k in kinds}
 
 
 def test_the_table_names_every_kind_and_each_kind_builds_exactly_its_fields(kinds):
-    assert set(PURPOSES) == set(kinds) == {APPROVAL, LOOP_RESUME, ROLLBACK, ROLES_PIN}
+    assert set(PURPOSES) == set(kinds) == {APPROVAL, LOOP_RESUME, ROLLBACK, ROLES_PIN, RECEIPT_ATTESTATION}
     for purpose, kind in kinds.items():
         assert set(kind.fields) == PURPOSES[purpose], purpose
 
