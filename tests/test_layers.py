@@ -117,8 +117,19 @@ UPWARD: dict[str, set[str]] = {
     # Every reader of approved-default verifies its signed history, and the bootstrap move is signed, by the
     # release's chain (in functions), which builds on the registry.
     "registry.core": {"release.chain"},
-    # `gate evaluate --roles-path` reads a roles file (in a function: only when one is given).
-    "gate.cli": {"release.errors", "release.roles"},
+    # `gate evaluate --roles-path` reads a roles file (in a function: only when one is given); the pipeline's
+    # public key is parsed by the pure signing module, derived from a private key file (in a function) only
+    # when that is all the environment names; `gate verify` reads MLflow's receipt tags through the release
+    # (in a function: only for a receipt that names its candidate's model version).
+    "gate.cli": {
+        "release.errors",
+        "release.pipeline_key",
+        "release.receipts",
+        "release.roles",
+        "release.signing",
+    },
+    # A receipt version's attestation is a signed message of the one format.
+    "gate.attestation": {"release.signing"},
 }
 
 

@@ -1,5 +1,6 @@
-"""Regenerate the gate's reference fixture: receipts for candidates A, B, C and D and the policy they are
-judged by (a copy of the packaged default). All four improve held-out reward; only A promotes.
+"""Regenerate the gate's reference fixture: receipts for candidates A, B, C and D, each attested by the
+fixture's pipeline key as a ledger's first version, and the policy they are judged by (a copy of the
+packaged default). All four improve held-out reward; only A promotes.
 
     .venv/bin/python examples/gate/make_fixtures.py [OUT_DIR]
 
@@ -19,7 +20,9 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from lightning_dagster.gate import receipt as R
+from lightning_dagster.gate.attestation import attest, with_attestation
 from lightning_dagster.gate.hashing import fingerprint
+from lightning_dagster.gate.ledger import version_hash
 from lightning_dagster.release.approvals import approval_fields, evidence_hash
 from lightning_dagster.release.signing import APPROVAL, public_key_line, sign
 from lightning_dagster.types import (
@@ -40,6 +43,13 @@ CANARY_TASKS = [f"canary-{k:02d}" for k in range(20)]
 # alice's signing key, derived from a public seed so that the files are reproducible: an example key that
 # anyone can rebuild, never one to approve anything real with.
 ALICE_KEY = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"lightning-dagster example alice").digest())
+# The fixture's pipeline key, which attests the four receipts: a FIXTURE key from a public seed, so that anyone
+# can rebuild (and forge with) it. A deployment's pipeline key is its own, in a 0600 file outside models/
+# and MLflow's artifacts (`gate.pipeline_key_path`); its public half is `pipeline.pub` here.
+PIPELINE_KEY = Ed25519PrivateKey.from_private_bytes(
+    hashlib.sha256(b"lightning-dagster example pipeline").digest()
+)
+ATTESTED_AT = T0 + 7400
 
 
 def roles_text() -> str:
@@ -306,7 +316,7 @@ def write(out_dir: Path) -> list[Path]:
     written = []
     for spec in SPECS:
         path = out_dir / f"candidate-{spec.name}.json"
-        path.write_text(json.dumps(build(spec).to_json_dict(), indent=1, sort_keys=True) + "\n")
+        path.write_text(json.dumps(attested(build(spec)), indent=1, sort_keys=True) + "\n")
         written.append(path)
     policy = out_dir / "policy.yaml"
     policy.write_text(
@@ -314,7 +324,16 @@ def write(out_dir: Path) -> list[Path]:
     )
     roles = out_dir / "roles.yaml"
     roles.write_text(roles_text())
-    return [*written, policy, roles]
+    pub = out_dir / "pipeline.pub"
+    pub.write_text(public_key_line(PIPELINE_KEY) + "\n")
+    return [*written, policy, roles, pub]
+
+
+def attested(receipt: R.Receipt, key: Ed25519PrivateKey = PIPELINE_KEY) -> dict:
+    """The receipt as a file: its body with `key`'s attestation of it as a ledger's first version."""
+    body = receipt.to_json_dict()
+    digest = version_hash(body, None)
+    return with_attestation(body, attest(key, receipt.receipt_id, 1, digest, None, at=ATTESTED_AT))
 
 
 if __name__ == "__main__":

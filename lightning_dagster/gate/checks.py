@@ -1,5 +1,6 @@
 """The gate's verdict: validate the evidence's consistency, run the seven checks, void the stale ones, and
-decide: `PROMOTE TO BOUNDED CANARY` only when all seven pass and none is void, otherwise `HOLD`.
+decide: `PROMOTE TO BOUNDED CANARY` only when all seven pass and none is void, otherwise `HOLD`; a receipt
+whose pipeline attestation does not verify is `UNATTESTED` (`Evaluation.unattested`).
 
 An inconsistency fails the check it touches whatever its own body found. When a blocking check stopped the
 graph, the checks that need the missing evidence are unavailable and name the stage that did not run and
@@ -30,6 +31,7 @@ from lightning_dagster.gate.staleness import void_checks
 
 PROMOTE = "PROMOTE TO BOUNDED CANARY"
 HOLD = "HOLD"
+UNATTESTED = "UNATTESTED"
 
 _BODIES: dict[Check, Callable[[Receipt, Policy, Causes], CheckResult]] = {
     Check.pinned: check_pinned,
@@ -95,7 +97,8 @@ def _judged(
 
 
 class Evaluation(BaseModel):
-    verdict: Literal["PROMOTE TO BOUNDED CANARY", "HOLD"]
+    # UNATTESTED: judged on a receipt file whose pipeline attestation does not verify (`unattested`)
+    verdict: Literal["PROMOTE TO BOUNDED CANARY", "HOLD", "UNATTESTED"]
     checks: list[CheckResult]
     policy_version: str
     policy_hash: str
@@ -108,6 +111,11 @@ class Evaluation(BaseModel):
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def unattested(self, why: str) -> Evaluation:
+        """This evaluation of evidence the pipeline did not attest: never a promotion, whatever the checks."""
+        reasons = [f"{UNATTESTED}: {why}", *self.hold_reasons]
+        return self.model_copy(update={"verdict": UNATTESTED, "hold_reasons": reasons})
 
     def to_record(self) -> GateRecord:
         """What the receipt keeps of this evaluation (see `receipt.with_gate_record`)."""

@@ -1,9 +1,17 @@
-"""`lightning-dagster gate evaluate RECEIPT [--policy-path POLICY] [--roles-path ROLES] [--json]`: judge a
-receipt under a policy. Exit status: 0 `PROMOTE TO BOUNDED CANARY`, 1 `HOLD`, 2 invalid input (one line naming the field:
-unreadable, undecodable, too large or too deeply nested files included).
+"""`lightning-dagster gate evaluate RECEIPT [--policy-path POLICY] [--roles-path ROLES] [--pipeline-public-key
+KEY] [--json]`: judge a receipt file under a policy, and its pipeline attestation against the deployment's
+pipeline key (the flag, else $LD_PIPELINE_PUBLIC_KEY, else the public half of $LD_PIPELINE_KEY). Exit status:
+0 `PROMOTE TO BOUNDED CANARY`, 1 `HOLD`, 2 invalid input (one line naming the field: unreadable, undecodable,
+too large or too deeply nested files included), 3 `UNATTESTED` (no attestation, one that does not verify, or
+no pipeline key to verify it with).
 
-`lightning-dagster gate verify RECEIPT_ID [--store-url URL] [--head HASH]`: re-check a stored receipt's hash
-chain. Exit status: 0 intact, 1 tampered, 2 no such receipt or a store that cannot be read.
+`lightning-dagster gate verify RECEIPT_ID [--store-url URL] [--head HASH] [--pipeline-public-key KEY]`:
+re-check a stored receipt's hash chain, every version's attestation, and the head against a record kept
+elsewhere: MLflow's receipt tags on the candidate's version, `--head`. Exit status: 0 intact and confirmed,
+1 tampered or confirmed by no independent record, 2 no such receipt or a store that cannot be read.
+
+`lightning-dagster gate export RECEIPT_ID [--version N] [--store-url URL]`: print a stored receipt version as a
+receipt file, carrying its attestation (what auditors and CI judge with `gate evaluate`).
 """
 
 from __future__ import annotations
@@ -11,14 +19,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+from typing import Any
 
-from lightning_dagster.gate.checks import PROMOTE, Evaluation, evaluate
+from lightning_dagster.gate import attestation
+from lightning_dagster.gate.checks import HOLD, PROMOTE, UNATTESTED, Evaluation, evaluate
 from lightning_dagster.gate.consistency import CLOCK_SKEW_S, KnownActors
 from lightning_dagster.gate.errors import InvalidInput
+from lightning_dagster.gate.ledger import file_problem
 from lightning_dagster.gate.policy import Policy, load_policy
-from lightning_dagster.gate.receipt import load_receipt, read_json
-from lightning_dagster.settings import GateSettings, StoreSettings, add_flags, from_flags
+from lightning_dagster.gate.receipt import parse_receipt, read_json
+from lightning_dagster.release.signing import parse_public_key
+from lightning_dagster.settings import GateSettings, MLflowSettings, StoreSettings, add_flags, from_flags
+
+EXIT = {PROMOTE: 0, HOLD: 1, UNATTESTED: 3}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +47,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "pinned roles here) and any approval fails check 7.",
     )
     ev.add_argument("receipt", help="receipt JSON file")
-    add_flags(ev, GateSettings, ["policy_path", "roles_path"])
+    add_flags(ev, GateSettings, ["policy_path", "roles_path", "pipeline_public_key"])
     ev.add_argument("--fingerprints", help="JSON object of current fingerprints, to void stale checks")
     ev.add_argument(
         "--clock-skew",
@@ -43,24 +58,75 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     ev.add_argument("--json", action="store_true", help="print the evaluation as JSON")
     ev.set_defaults(handler=_evaluate)
-    ve = sub.add_parser("verify", help="re-check the hash chain of a receipt stored in the ledger")
+    ve = sub.add_parser(
+        "verify",
+        help="re-check a stored receipt: hash chain, attestations, the head against MLflow's receipt tags",
+    )
     ve.add_argument("receipt_id")
     add_flags(ve, StoreSettings)
+    add_flags(ve, MLflowSettings, ["tracking_uri", "model_name"])
+    add_flags(ve, GateSettings, ["pipeline_public_key"])
     ve.add_argument("--head", help="the head hash recorded elsewhere (e.g. with a pointer move)")
     ve.set_defaults(handler=_verify)
+    ex = sub.add_parser("export", help="print a stored receipt version as a file carrying its attestation")
+    ex.add_argument("receipt_id")
+    ex.add_argument("--version", type=int, help="the ledger version (default: the head)")
+    add_flags(ex, StoreSettings)
+    ex.set_defaults(handler=_export)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     gate = from_flags(GateSettings(), args)
     policy = _policy(gate.policy_path or None)
-    receipt = load_receipt(args.receipt)
     current = read_json(args.fingerprints, "fingerprints") if args.fingerprints else None
     if current is not None and not isinstance(current, dict):
         raise InvalidInput("fingerprints", [("", "expected a JSON object")])
-    roles = _roles(gate.roles_path or None)
-    result = evaluate(receipt, policy, current, roles=roles, clock_skew_s=args.clock_skew)
+    result = judge(
+        read_json(args.receipt, "receipt"),
+        policy,
+        pipeline_public_key(gate),
+        current,
+        roles=_roles(gate.roles_path or None),
+        clock_skew_s=args.clock_skew,
+    )
     print(json.dumps(result.to_json_dict(), indent=2) if args.json else render(result))
-    return 0 if result.verdict == PROMOTE else 1
+    return EXIT[result.verdict]
+
+
+def judge(data: Any, policy: Policy, public_key: str | None, *args: Any, **kwargs: Any) -> Evaluation:
+    """What `gate evaluate` says of a receipt file's JSON: the seven checks (`evaluate(receipt, policy,
+    *args, **kwargs)`), then `UNATTESTED` unless the pipeline's attestation it carries verifies with
+    `public_key` (None: no key to verify with). Invalid input raises `InvalidInput`."""
+    body, att = attestation.split_file(data)
+    receipt = parse_receipt(body)
+    result = evaluate(receipt, policy, *args, **kwargs)
+    if public_key is None:
+        why = "no pipeline public key to verify its attestation with (--pipeline-public-key, $LD_PIPELINE_PUBLIC_KEY)"
+    else:
+        why = file_problem(receipt, att, public_key)
+    return result if why is None else result.unattested(why)
+
+
+def pipeline_public_key(gate: GateSettings) -> str | None:
+    """The deployment's pipeline public key: the setting, else $LD_PIPELINE_PUBLIC_KEY, else the public half
+    of $LD_PIPELINE_KEY; None when none is configured. A malformed key is invalid input."""
+    text = gate.pipeline_public_key.strip() or os.environ.get("LD_PIPELINE_PUBLIC_KEY", "").strip()
+    if not text and os.environ.get("LD_PIPELINE_KEY"):
+        # loading a private key file pulls in the release's errors (and the registry): only when needed
+        from lightning_dagster.release.errors import KeyFileError
+        from lightning_dagster.release.pipeline_key import public_key
+
+        try:
+            return public_key(GateSettings(pipeline_key_path=os.environ["LD_PIPELINE_KEY"]))
+        except KeyFileError as err:
+            raise InvalidInput("pipeline_public_key", [("", str(err))]) from None
+    if not text:
+        return None
+    try:
+        parse_public_key(text)
+    except ValueError as err:
+        raise InvalidInput("pipeline_public_key", [("", str(err))]) from None
+    return text
 
 
 def _seconds(text: str) -> float:
@@ -102,19 +168,58 @@ def _verify(args: argparse.Namespace) -> int:
     from lightning_dagster.store import Store
 
     url = from_flags(StoreSettings(), args).url
+    public = pipeline_public_key(from_flags(GateSettings(), args))
     try:
-        report = ReceiptLedger(Store(url or None)).verify_chain(args.receipt_id, expected_head=args.head)
+        ledger = ReceiptLedger(store := Store(url or None), attestation.PipelineKeys(public=public))
+        report = ledger.verify_chain(args.receipt_id, expected_head=args.head)
     except (SQLAlchemyError, OSError, ValueError, RecursionError) as err:
         # one line: the first line of the driver's message names the cause ("file is not a database")
-        cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"error: cannot read the store {url or '(default)'}: {cause}", file=sys.stderr)
+        print(f"error: cannot read the store {url or '(default)'}: {_first_line(err)}", file=sys.stderr)
         return 2
     if report.versions == 0:
         print(f"error: no receipt {args.receipt_id!r} in the ledger", file=sys.stderr)
         return 2
+    confirmed = (["--head"] if args.head else []) + (["the attestation of every version"] if public else [])
+    problem, mlflow, version = _mlflow_record(args, store, ledger)
+    problems = report.problems + ([problem] if problem else [])
+    confirmed += [mlflow] if version == report.versions and not problem else []
     print(f"receipt {report.receipt_id}: {report.versions} versions, head {report.head_hash}")
-    print("chain intact" if report.ok else "TAMPERED:\n" + "\n".join(f"  - {p}" for p in report.problems))
-    return 0 if report.ok else 1
+    checked = f"verified with {public}" if public else "not checked (no pipeline public key)"
+    print(f"attestations: {checked}\nMLflow: {mlflow}")
+    if not problems and not confirmed:
+        problems = ["no independent record confirms the head: a rewrite that recomputes the chain's hashes "
+                    "would pass (give --pipeline-public-key or --head, or reach MLflow)"]  # fmt: skip
+    print("chain intact" if not problems else "TAMPERED:\n" + "\n".join(f"  - {p}" for p in problems))
+    return 0 if not problems else 1
+
+
+def _mlflow_record(args: argparse.Namespace, store, ledger) -> tuple[str | None, str, int]:
+    """What MLflow's receipt tags on the candidate's version say against the ledger: the disagreement (None:
+    none), what was compared or why nothing was, and the receipt version they record (0: none)."""
+    try:
+        candidate = ledger.head(args.receipt_id, verify=False).candidate
+    except ValueError:
+        return None, "not consulted (the head does not parse)", 0
+    if candidate is None or candidate.model_version is None:
+        return None, "not consulted (no candidate version recorded yet)", 0
+    # MLflow's receipt tags, through the release (which reads the registry): only when a version is named
+    from lightning_dagster.release.receipts import mlflow_record
+
+    ml = from_flags(MLflowSettings(), args)
+    return mlflow_record(store, ml.resolved_uri(), ml.model_name, args.receipt_id, candidate.model_version)
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def _export(args: argparse.Namespace) -> int:
+    from lightning_dagster.gate.ledger import ReceiptLedger
+    from lightning_dagster.store import Store
+
+    url = from_flags(StoreSettings(), args).url
+    print(json.dumps(ReceiptLedger(Store(url or None)).export(args.receipt_id, args.version), indent=1))
+    return 0
 
 
 def render(ev: Evaluation) -> str:

@@ -2,7 +2,8 @@
 an amendment is a new version pointing at the one before.
 
 The hash covers body and link (`sha256(canonical({"previous_hash", "receipt"}))`), so an edit breaks
-`verify_chain`. Amendments may only add; the gate's own record (`gate`) may be replaced, since a later
+`verify_chain`; a rewrite that recomputes the hashes does not, but the pipeline's attestation of each version
+(`gate.attestation`, kept beside it) then fails against the deployment's pipeline key. Amendments may only add; the gate's own record (`gate`) may be replaced, since a later
 evaluation under another policy is a new judgement of the same evidence.
 """
 
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from weakref import WeakKeyDictionary
 
+from lightning_dagster.gate import attestation
+from lightning_dagster.gate.attestation import ATTESTATIONS, NO_KEYS, Attestation, PipelineKeys
 from lightning_dagster.gate.errors import AmendmentError, InvalidInput, TamperedReceipt
 from lightning_dagster.gate.hashing import content_hash
 from lightning_dagster.gate.receipt import Receipt, parse_receipt
@@ -22,6 +26,14 @@ COLLECTION = "receipts"
 # brought in by hand (`registry approve|promote FILE.json`).
 RECEIPT_SNAPSHOTS = "receipt-snapshots"
 REPLACEABLE = frozenset({"gate"})
+# store -> the deployment's pipeline keys, for every ledger over that store (`use_keys`)
+_KEYS: WeakKeyDictionary[Any, PipelineKeys] = WeakKeyDictionary()
+
+
+def use_keys(store: Any, keys: PipelineKeys) -> None:
+    """Every `ReceiptLedger(store)` from now on attests what it writes and verifies what it reads with
+    `keys` (the deployment's, from its configuration: `release.pipeline_key.keys`)."""
+    _KEYS[store] = keys
 
 
 class DocumentStore(Protocol):
@@ -72,34 +84,80 @@ class LedgerEntry:
     version: int
     content_hash: str
     previous_hash: str | None
+    attested: bool = False  # written with the pipeline's attestation
 
 
 class ReceiptLedger:
-    def __init__(self, store: DocumentStore):
+    def __init__(self, store: DocumentStore, keys: PipelineKeys | None = None):
         self.store = store
+        self.keys = keys if keys is not None else _KEYS.get(store, NO_KEYS)
 
-    def append(self, receipt: Receipt) -> LedgerEntry:
-        """Store a receipt: version 1, or an amendment of the head (concurrent writers: `Conflict`)."""
+    @property
+    def attesting(self) -> bool:
+        return self.keys.signing is not None
+
+    def append(self, receipt: Receipt, *, attest: bool = True) -> LedgerEntry:
+        """Store a receipt: version 1, or an amendment of the head (concurrent writers: `Conflict`), attested
+        with the pipeline key when there is one (`attest=False`: a receipt brought in by hand, which the
+        pipeline did not write). An attesting ledger amends only a chain that verifies, attestations too:
+        it never signs evidence built on a version it did not write."""
         body = receipt.to_json_dict()
         versions = self.store.document_versions(COLLECTION, receipt.receipt_id)
         previous = versions[-1] if versions else None
+        if previous is not None and self.attesting and attest:
+            if not (report := self.verify_chain(receipt.receipt_id)).ok:
+                raise TamperedReceipt(f"receipt {receipt.receipt_id}: " + "; ".join(report.problems))
         if previous is not None:
             check_amendment(previous.body, body)
             if version_hash(body, previous.previous_hash) == previous.content_hash:
                 # the head already holds exactly this receipt: nothing to amend
                 return LedgerEntry(
-                    receipt.receipt_id, previous.version, previous.content_hash, previous.previous_hash
+                    receipt.receipt_id,
+                    previous.version,
+                    previous.content_hash,
+                    previous.previous_hash,
+                    self.attesting and attest,  # verified above
                 )
         prev_hash = previous.content_hash if previous is not None else None
         digest = version_hash(body, prev_hash)
         version = self.store.append_document(COLLECTION, receipt.receipt_id, digest, body, prev_hash)
-        return LedgerEntry(receipt.receipt_id, version, digest, prev_hash)
+        if self.keys.signing is not None and attest:
+            att = attestation.attest(self.keys.signing, receipt.receipt_id, version, digest, prev_hash)
+            stored = self.store.document_versions(ATTESTATIONS, receipt.receipt_id)
+            doc = att.model_dump(mode="json")
+            link = stored[-1].content_hash if stored else None
+            self.store.append_document(ATTESTATIONS, receipt.receipt_id, content_hash(doc), doc, link)
+        return LedgerEntry(receipt.receipt_id, version, digest, prev_hash, self.attesting and attest)
+
+    def attestations(self, receipt_id: str) -> dict[int, list[Attestation]]:
+        """Version number -> the attestations stored for it (a malformed one is left out: it proves nothing)."""
+        found: dict[int, list[Attestation]] = {}
+        for doc in self.store.document_versions(ATTESTATIONS, receipt_id):
+            try:
+                att = attestation.parse(doc.body)
+            except (InvalidInput, ValueError, TypeError):
+                continue
+            found.setdefault(att.version, []).append(att)
+        return found
+
+    def attestation_of(self, receipt_id: str, version: int, content_hash: str) -> Attestation | None:
+        """The stored attestation that verifies for this version (else the first stored, else None)."""
+        candidates = self.attestations(receipt_id).get(version, [])
+        for att in candidates:
+            if (
+                self.keys.public
+                and attestation.problem(self.keys.public, receipt_id, content_hash, att) is None
+            ):
+                return att
+        return candidates[0] if candidates else None
 
     def verify_chain(self, receipt_id: str, expected_head: str | None = None) -> ChainReport:
-        """Recompute every version's hash and link. `expected_head` (e.g. the hash recorded with a pointer
-        move) also catches a rewrite of the newest version together with its hash."""
+        """Recompute every version's hash and link and, with the deployment's public pipeline key, verify
+        each version's attestation (a rewrite that recomputes the hashes fails there). `expected_head` (e.g.
+        the hash recorded with a pointer move) also catches a rewrite of the newest version with its hash."""
         versions = sorted(self.store.document_versions(COLLECTION, receipt_id), key=lambda d: d.version)
         problems: list[str] = []
+        attested = self.attestations(receipt_id) if self.keys.public else {}
         prev_hash: str | None = None
         for i, doc in enumerate(versions, start=1):
             if doc.version != i:
@@ -113,6 +171,13 @@ class ReceiptLedger:
                 recomputed = f"unhashable ({type(err).__name__})"
             if recomputed != doc.content_hash:
                 problems.append(f"version {doc.version} body does not match its hash {doc.content_hash}")
+            if self.keys.public:
+                found = [
+                    attestation.problem(self.keys.public, receipt_id, recomputed, att)
+                    for att in attested.get(doc.version, [None])
+                ]
+                if None not in found:
+                    problems.append(f"version {doc.version}: {found[0]}")
             prev_hash = doc.content_hash
         if not versions:
             problems.append("no versions stored")
@@ -137,8 +202,25 @@ class ReceiptLedger:
         versions = self.store.document_versions(COLLECTION, receipt_id)
         return {evidence_hash(parse_receipt(d.body)) for d in versions}
 
+    def export(self, receipt_id: str, version: int | None = None) -> dict[str, Any]:
+        """A stored receipt version (default: the head) as a receipt file's JSON, carrying its attestation."""
+        versions = self.store.document_versions(COLLECTION, receipt_id)
+        doc = next((d for d in reversed(versions) if version in (None, d.version)), None)
+        if doc is None:
+            which = "any version" if version is None else f"version {version}"
+            raise InvalidInput("receipt", [("receipt_id", f"the ledger holds no {which} of {receipt_id!r}")])
+        att = self.attestation_of(receipt_id, doc.version, doc.content_hash)
+        return attestation.with_attestation(doc.body, att)
+
     def history(self, receipt_id: str) -> list[LedgerEntry]:
         return [
             LedgerEntry(receipt_id, d.version, d.content_hash, d.previous_hash)
             for d in self.store.document_versions(COLLECTION, receipt_id)
         ]
+
+
+def file_problem(receipt: Receipt, att: Attestation | None, public_key: str) -> str | None:
+    """Why a receipt read from a file is not a version the pipeline attested under `public_key` (None: it
+    is): its ledger hash is recomputed from the receipt as parsed, linked as the attestation says."""
+    digest = version_hash(receipt.to_json_dict(), att.previous_hash if att else None)
+    return attestation.problem(public_key, receipt.receipt_id, digest, att)

@@ -3,6 +3,7 @@ the harness and its tasks, the per-snapshot stage documents, and the fingerprint
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from lightning_dagster.runner.harness_spec import HarnessSpec
     from lightning_dagster.settings import PipelineSettings
     from lightning_dagster.store import Store
+
+log = logging.getLogger(__name__)
 
 # Store document collections written by the pipeline (append-only, like receipts).
 SNAPSHOTS = "snapshots"  # the frozen task sets of one snapshot
@@ -245,7 +248,12 @@ def append_receipt(store: Store, key: str, receipt: Receipt) -> LedgerEntry:
         raise ValueError(f"receipt {receipt.receipt_id!r} is not the receipt of snapshot {key!r}")
     if load_doc(store, RECEIPT_SNAPSHOTS, receipt.receipt_id) is None:
         save_doc(store, RECEIPT_SNAPSHOTS, receipt.receipt_id, {"snapshot_key": key})
-    return ReceiptLedger(store).append(receipt)
+    entry = ReceiptLedger(store).append(receipt)
+    if not entry.attested:
+        log.warning(
+            "receipt %s version %d written unattested: no pipeline key", entry.receipt_id, entry.version
+        )
+    return entry
 
 
 def receipt_snapshot(store: Store, receipt_id: str) -> str | None:

@@ -76,6 +76,37 @@ def of_stored(stored: StoredReceipt) -> ReceiptTags | None:
     )
 
 
+def recorded(reg: Registry, receipt_id: str, model_version: str) -> ReceiptTags | None:
+    """What MLflow's tags on `model_version` record of receipt `receipt_id`, a record kept outside the store
+    (None: they name no version of it)."""
+    tags = reg.call_mlflow("get version", reg.client.get_model_version, reg.model_name, model_version).tags
+    number, digest = str(tags.get("receipt_version", "")), tags.get("receipt_hash", "")
+    if tags.get("receipt_id") != receipt_id or not number.isdigit() or not digest:
+        return None
+    return ReceiptTags(model_version, receipt_id, int(number), digest, tags.get("verdict", ""))
+
+
+def compare(reg: Registry, receipt_id: str, model_version: str) -> tuple[str | None, str, int]:
+    """The ledger's versions of a receipt against what MLflow's tags on its candidate's version record: how
+    they disagree (None: they do not), what was compared or why nothing was, and the receipt version the
+    tags name (0: none)."""
+    try:
+        tags = recorded(reg, receipt_id, model_version)
+    except (RegistryError, MlflowException, OSError) as exc:
+        return None, f"not consulted ({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})", 0
+    if tags is None:
+        return None, f"not consulted (model version {model_version} has no tags of this receipt)", 0
+    held = {e.version: e.content_hash for e in ReceiptLedger(reg.store).history(receipt_id)}
+    v, where = tags.receipt_version, f"MLflow's receipt tags on model version {model_version}"
+    if held.get(v) == tags.receipt_hash:
+        problem = None
+    elif v not in held:
+        problem = f"{where} record version {v} ({tags.receipt_hash}), which the ledger does not hold"
+    else:
+        problem = f"version {v} disagrees with {where}: the ledger holds {held[v]}, MLflow records {tags.receipt_hash}"
+    return problem, f"{where} name receipt version {v}", v
+
+
 def head(store: Any, receipt_id: str) -> tuple[int, str] | None:
     """The ledger's newest (version, hash) of a receipt, or None if the ledger has none of it."""
     entries = ReceiptLedger(store).history(receipt_id)

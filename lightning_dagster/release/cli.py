@@ -31,6 +31,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_flags(p, MLflowSettings, ["tracking_uri", "model_name"])
         add_flags(p, StoreSettings)
+        add_flags(p, GateSettings, ["pipeline_key_path", "pipeline_public_key"])
         p.add_argument("--json", action="store_true", help="print JSON")
         p.set_defaults(handler=lambda args: _run(handler, args))
         return p
@@ -124,14 +125,19 @@ def _rollback_args(p: argparse.ArgumentParser, *, signed_file: bool) -> None:
 
 
 def _registry(args: argparse.Namespace):
+    from lightning_dagster.gate.ledger import use_keys
     from lightning_dagster.registry.core import Registry
+    from lightning_dagster.release.pipeline_key import keys
     from lightning_dagster.store import Store
 
     mlflow, store = from_flags(MLflowSettings(), args), from_flags(StoreSettings(), args)
     # The deployment's anchors (roles file, roles-admin and pipeline keys) from its environment, as the code
     # location reads them: a different $LD_ROLES_FILE than the verified pin is refused, naming both hashes.
     gate = from_flags(gate_from_env(), args)
-    return Registry(mlflow.resolved_uri(), Store(store.resolved_url()), mlflow.model_name, gate=gate)
+    reg = Registry(mlflow.resolved_uri(), Store(store.resolved_url()), mlflow.model_name, gate=gate)
+    # the receipts this command writes are attested, and those it reads verified, with the pipeline key
+    use_keys(reg.store, keys(gate))
+    return reg
 
 
 def _receipt_arg(value: str) -> Any:

@@ -60,7 +60,8 @@ def load(store: Any, value: Any, *, ingest: Roles | None = None) -> StoredReceip
             )
         if problems := approval_problems(receipt, ingest.actors):
             raise ApprovalRefused(problems)
-        entry = ReceiptLedger(store).append(receipt)
+        # brought in by hand: the pipeline did not write it, so its key never attests it
+        entry = ReceiptLedger(store).append(receipt, attest=False)
         return StoredReceipt(receipt, entry.version, entry.content_hash)
     if content_hash(receipt.to_json_dict()) != content_hash(stored.receipt.to_json_dict()):
         raise PromotionRefused(
@@ -123,3 +124,12 @@ def approve(reg: Registry, receipt: Any, approval: Approval) -> StoredReceipt:
     stored = record_approval(reg.store, receipt, approval, registry_roles(reg))
     receipt_tags.write_after(reg, stored)
     return stored
+
+
+def mlflow_record(
+    store: Any, tracking_uri: str, model_name: str, receipt_id: str, model_version: str
+) -> tuple[str | None, str, int]:
+    """`gate verify`'s record outside the store: `receipt_tags.compare` with that MLflow registry."""
+    from lightning_dagster.registry.core import Registry
+
+    return receipt_tags.compare(Registry(tracking_uri, store, model_name), receipt_id, model_version)

@@ -1,9 +1,10 @@
 """The one signed-message format, Ed25519 signatures over it, and the actors' keys.
 
 Every authorization decision (an approval, a resume, a rollback, a pointer move, a change of the pinned
-roles) is signed over `signed_message(purpose, fields)`, canonical JSON naming the purpose, so a signature of
-one kind never verifies as another; `PURPOSES` fixes the fields each kind binds. A private key is a PKCS#8
-PEM file readable by its owner only; the public key is one line, `ed25519:<base64>`, for the roles file.
+roles) and the pipeline's attestation of each receipt version it writes is signed over
+`signed_message(purpose, fields)`, canonical JSON naming the purpose, so a signature of one kind never
+verifies as another; `PURPOSES` fixes the fields each kind binds. A private key is a PKCS#8 PEM file
+readable by its owner only; the public key is one line, `ed25519:<base64>`, for the roles file.
 Imports nothing of the gate or the registry: the gate's check 7 verifies approvals through this module.
 """
 
@@ -35,6 +36,7 @@ LOOP_RESUME = "loop-resume"
 ROLLBACK = "rollback"
 ROLES_PIN = "roles-pin"
 POINTER_MOVE = "pointer-move"
+RECEIPT_ATTESTATION = "receipt-attestation"
 # purpose -> the fields its signature binds, every one required. Weakening a kind means editing this table.
 PURPOSES: Mapping[str, frozenset[str]] = MappingProxyType(
     {
@@ -54,6 +56,9 @@ PURPOSES: Mapping[str, frozenset[str]] = MappingProxyType(
             {"pointer", "seq", "from", "to", "weights_hash", "files_hash", "receipt_id", "receipt_hash"}
             | {"actor", "role", "at"}
         ),
+        # one receipt version as the pipeline wrote it: its id and number, its ledger hash (body and link,
+        # so every field of the evidence, approvals and verdict), the hash it links to, when
+        RECEIPT_ATTESTATION: frozenset({"receipt_id", "version", "content_hash", "previous_hash", "at"}),
     }
 )
 

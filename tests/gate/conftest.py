@@ -33,12 +33,20 @@ def example_approvers():
     return read_roles_file(EXAMPLES / "roles.yaml").actors
 
 
-_RAW = {name: json.loads((EXAMPLES / f"candidate-{name}.json").read_text()) for name in "abcd"}
+_FILES = {name: json.loads((EXAMPLES / f"candidate-{name}.json").read_text()) for name in "abcd"}
+_RAW = {name: {k: v for k, v in data.items() if k != "attestation"} for name, data in _FILES.items()}
+# The fixture's pipeline public key, which the receipt files' attestations verify with.
+PIPELINE_PUB = (EXAMPLES / "pipeline.pub").read_text().strip()
 
 
 def raw(name: str) -> dict[str, Any]:
-    """A fresh deep copy of a fixture receipt's JSON, safe to mutate."""
+    """A fresh deep copy of a fixture receipt's JSON (the receipt, without the file's attestation)."""
     return copy.deepcopy(_RAW[name])
+
+
+def attested(name: str) -> dict[str, Any]:
+    """A fresh deep copy of a fixture receipt file's JSON: the receipt and its pipeline attestation."""
+    return copy.deepcopy(_FILES[name])
 
 
 def set_path(data: Any, path: str, value: Any) -> Any:

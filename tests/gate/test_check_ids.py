@@ -12,7 +12,7 @@ from lightning_dagster.gate.checks import evaluate, run_check
 from lightning_dagster.gate.policy import ChecksPolicy, load_policy
 from lightning_dagster.gate.receipt import parse_receipt, with_gate_record
 from lightning_dagster.gate.staleness import VOIDS, void_checks
-from tests.gate.conftest import EXAMPLES, raw
+from tests.gate.conftest import EXAMPLES, PIPELINE_PUB, raw
 
 NAMES = [
     "pinned",
@@ -65,14 +65,14 @@ def test_unknown_policy_section_is_rejected_naming_the_known_numbers():
 
 
 def test_cli_table_and_json_use_the_enum_titles_and_names(capsys):
-    receipt = str(EXAMPLES / "candidate-d.json")
-    assert main(["gate", "evaluate", receipt]) == 1
+    receipt, key = str(EXAMPLES / "candidate-d.json"), ["--pipeline-public-key", PIPELINE_PUB]
+    assert main(["gate", "evaluate", receipt, *key]) == 1
     table = capsys.readouterr().out.splitlines()
     rows = table[table.index(next(line for line in table if line.startswith("#  check"))) + 1 :][:7]
     assert [row.split("  ")[0] for row in rows] == [str(c.value) for c in Check]
     assert all(c.title in row for c, row in zip(Check, rows, strict=True))
     assert "  - check 6 (bounded canary) fail: " in "\n".join(table)
-    assert main(["gate", "evaluate", receipt, "--json"]) == 1
+    assert main(["gate", "evaluate", receipt, "--json", *key]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert [(c["id"], c["name"], c["title"]) for c in doc["checks"]] == [
         (c.value, c.name, c.title) for c in Check

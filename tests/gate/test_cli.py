@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +13,14 @@ import pytest
 import yaml
 
 from lightning_dagster.cli import main
-from tests.gate.conftest import EXAMPLES, raw, set_path
+from tests.gate.conftest import EXAMPLES, PIPELINE_PUB, raw, set_path
 
 ROLES = str(EXAMPLES / "roles.yaml")
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(["gate", "evaluate", *args])
+    """`gate evaluate` with the fixture's pipeline key (a receipt written here from `raw` is unattested)."""
+    code = main(["gate", "evaluate", *args, "--pipeline-public-key", PIPELINE_PUB])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -211,6 +213,7 @@ def test_installed_command_runs_as_a_subprocess():
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "LD_PIPELINE_PUBLIC_KEY": PIPELINE_PUB},  # the key from the environment
     )
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)
@@ -233,7 +236,9 @@ def test_an_approval_without_roles_or_by_an_unknown_actor_holds_on_check_7(capsy
     data = set_path(raw("a"), "approvals.0.actor", "mallory")
     status, out, _ = run(capsys, write_receipt(tmp_path, data), "--roles-path", ROLES, "--json")
     doc = json.loads(out)
-    assert status == 1 and [c["id"] for c in doc["checks"] if c["status"] != "pass"] == [7]
+    # the edit also broke the pipeline's attestation: never a promotion, whatever the checks say
+    assert status == 3 and doc["verdict"] == "UNATTESTED"
+    assert [c["id"] for c in doc["checks"] if c["status"] != "pass"] == [7]
     assert "actor 'mallory' is not among the deployment's approvers" in doc["checks"][6]["reason"]
 
 

@@ -7,11 +7,14 @@ import json
 
 import pytest
 import sqlalchemy as sa
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from lightning_dagster.gate.attestation import PipelineKeys
 from lightning_dagster.gate.checks import evaluate
 from lightning_dagster.gate.errors import AmendmentError, TamperedReceipt
 from lightning_dagster.gate.ledger import ReceiptLedger, version_hash
 from lightning_dagster.gate.receipt import Approval, Receipt, add_approval, from_plan, with_gate_record
+from lightning_dagster.release.signing import public_key_line
 from lightning_dagster.store import Store
 from tests.gate.conftest import raw, set_path
 
@@ -44,7 +47,9 @@ def _tamper(store: Store, version: int, *, body: dict | None = None, content_has
         if store.engine.dialect.name == "postgresql":
             sets = sets.replace(":body", "CAST(:body AS JSON)")
         c.execute(
-            sa.text(f"UPDATE documents SET {sets} WHERE doc_id = :d AND version = :v"),
+            sa.text(
+                f"UPDATE documents SET {sets} WHERE collection = 'receipts' AND doc_id = :d AND version = :v"
+            ),
             {**values, "d": "res-cand-a", "v": version},
         )
 
@@ -134,20 +139,82 @@ def test_a_rewritten_head_is_caught_against_the_recorded_head_hash(store, receip
     assert not report.ok and "expected" in report.problems[0]  # ...is caught by the anchored head hash
 
 
-def test_verify_command_reports_an_intact_and_a_tampered_chain(store, receipt_a, capsys):
+def test_verify_command_reports_an_intact_and_a_tampered_chain(store, receipt_a, capsys, tmp_path):
     from lightning_dagster.cli import main
 
-    ledger = ReceiptLedger(store)
+    key = Ed25519PrivateKey.generate()
+    ledger = ReceiptLedger(store, PipelineKeys(key, public_key_line(key)))
     for r in _phases(receipt_a):
         ledger.append(r)
-    assert main(["gate", "verify", "res-cand-a", "--store-url", store.url]) == 0
-    assert "3 versions" in capsys.readouterr().out
+    verify = [
+        "gate",
+        "verify",
+        "res-cand-a",
+        "--store-url",
+        store.url,
+        "--tracking-uri",
+        _no_mlflow(tmp_path),
+    ]
+    # the chain alone confirms nothing: a rewrite that recomputes its hashes would pass it
+    assert main(verify) == 1
+    assert "no independent record confirms the head" in capsys.readouterr().out
+    assert main([*verify, "--pipeline-public-key", public_key_line(key)]) == 0
+    out = capsys.readouterr().out
+    assert "3 versions" in out and "chain intact" in out and "attestations: verified" in out
     assert main(["gate", "verify", "res-cand-zzz", "--store-url", store.url]) == 2
     _tamper(
         store, 1, body=set_path(store.document_versions("receipts", "res-cand-a")[0].body, "plan.scope", "x")
     )
-    assert main(["gate", "verify", "res-cand-a", "--store-url", store.url]) == 1
+    assert main([*verify, "--pipeline-public-key", public_key_line(key)]) == 1
     assert "version 1 body does not match" in capsys.readouterr().out
+
+
+def _no_mlflow(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_a_head_rewritten_with_its_hash_recomputed_fails_verify_by_its_attestation(
+    store, receipt_a, capsys, tmp_path
+):
+    from lightning_dagster.cli import main
+
+    key = Ed25519PrivateKey.generate()
+    keys = PipelineKeys(key, public_key_line(key))
+    entries = [ReceiptLedger(store, keys).append(r) for r in _phases(receipt_a)]
+    assert all(e.attested for e in entries)
+    v3 = store.document_versions("receipts", "res-cand-a")[2]
+    forged = set_path(dict(v3.body), "approvals.1.role", "release-owner")
+    _tamper(store, 3, body=forged, content_hash=version_hash(forged, v3.previous_hash))
+    assert ReceiptLedger(store).verify_chain("res-cand-a").ok  # the hash chain alone is consistent
+    report = ReceiptLedger(store, PipelineKeys(public=public_key_line(key))).verify_chain("res-cand-a")
+    assert not report.ok and report.problems == [
+        f"version 3: attestation of version 3 does not verify with the pipeline key {public_key_line(key)}: "
+        "the receipt was changed after the pipeline signed it, or another key signed it"
+    ]
+    with pytest.raises(TamperedReceipt, match="version 3"):
+        ReceiptLedger(store, keys).head("res-cand-a")
+    with pytest.raises(TamperedReceipt, match="version 3"):  # nothing is attested on top of it
+        ReceiptLedger(store, keys).append(
+            add_approval(receipt_a, Approval(actor="c", role="r", step="canary", at=2.0))
+        )
+    argv = ["gate", "verify", "res-cand-a", "--store-url", store.url, "--tracking-uri", _no_mlflow(tmp_path)]
+    assert main([*argv, "--pipeline-public-key", public_key_line(key)]) == 1
+    assert "version 3: attestation of version 3 does not verify" in capsys.readouterr().out
+
+
+def test_versions_the_pipeline_did_not_attest_fail_and_are_not_attested_over(store, receipt_a):
+    key = Ed25519PrivateKey.generate()
+    keys = PipelineKeys(key, public_key_line(key))
+    phases = _phases(receipt_a)
+    ReceiptLedger(store, keys).append(phases[0])
+    ReceiptLedger(store).append(phases[1])  # written around the pipeline: no attestation
+    report = ReceiptLedger(store, keys).verify_chain("res-cand-a")
+    assert report.problems == ["version 2: not attested: it carries no pipeline signature"]
+    with pytest.raises(TamperedReceipt, match="version 2: not attested"):
+        ReceiptLedger(store, keys).append(phases[2])
+    # another key's attestation of the same version is no attestation by this one
+    other = Ed25519PrivateKey.generate()
+    assert not ReceiptLedger(store, PipelineKeys(public=public_key_line(other))).verify_chain("res-cand-a").ok
 
 
 @pytest.mark.postgres

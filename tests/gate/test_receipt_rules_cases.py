@@ -21,7 +21,7 @@ from lightning_dagster.gate.checks import HOLD, PROMOTE, evaluate
 from lightning_dagster.gate.errors import InvalidInput
 from lightning_dagster.gate.policy import load_policy
 from lightning_dagster.gate.receipt import load_receipt, parse_receipt, receipt_hash
-from tests.gate.conftest import EXAMPLES, raw, resign_approval, set_path
+from tests.gate.conftest import EXAMPLES, PIPELINE_PUB, raw, resign_approval, set_path
 from tests.gate.test_receipt_rules import NOW, ROLES, outcome
 
 
@@ -187,7 +187,8 @@ def test_a_policy_named_like_the_default_must_hash_like_it(tmp_path, capsys):
 @pytest.mark.parametrize(
     "path, value, code, fragment",
     [
-        ("canary.tasks.3.destination", None, 1, "canary.tasks.3 (canary-03) is verified with no destination"),
+        # held by check 6, and unattested: the edit came after the pipeline's signature
+        ("canary.tasks.3.destination", None, 3, "canary.tasks.3 (canary-03) is verified with no destination"),
         ("canary.tasks.3.task_id", "canary-03\u2060", 2, "canary.tasks.3.task_id"),
     ],
 )
@@ -195,7 +196,7 @@ def test_gate_evaluate_as_a_subprocess_holds_or_refuses_naming_the_field(
     tmp_path, path, value, code, fragment
 ):
     data = set_path(raw("a"), path, value)
-    if code == 1:
+    if code == 3:
         resign_approval(data, 0)
     receipt = tmp_path / "receipt.json"
     receipt.write_text(json.dumps(data))
@@ -211,13 +212,15 @@ def test_gate_evaluate_as_a_subprocess_holds_or_refuses_naming_the_field(
             str(EXAMPLES / "policy.yaml"),
             "--roles-path",
             str(EXAMPLES / "roles.yaml"),
+            "--pipeline-public-key",
+            PIPELINE_PUB,
         ],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == code, proc.stdout + proc.stderr
-    assert fragment in (proc.stdout if code == 1 else proc.stderr)
+    assert fragment in (proc.stdout if code == 3 else proc.stderr)
     assert "PROMOTE" not in proc.stdout
 
 

@@ -30,6 +30,7 @@ from lightning_dagster.release.signing import (
     LOOP_RESUME,
     POINTER_MOVE,
     PURPOSES,
+    RECEIPT_ATTESTATION,
     ROLES_PIN,
     ROLLBACK,
     VERSION,
@@ -124,6 +125,22 @@ def _rollback() -> Kind:
     )
 
 
+def _attestation() -> Kind:
+    from lightning_dagster.gate import attestation
+
+    att = attestation.Attestation(version=2, previous_hash="sha256:v1", at=1300.0, signature="-")
+    fields = attestation.signed_fields("res-cand-a", "sha256:v2", att)
+
+    def accepts(signature: str) -> bool:
+        signed = att.model_copy(update={"signature": signature})
+        return attestation.problem(PUBLIC, "res-cand-a", "sha256:v2", signed) is None
+
+    # a new kind: nothing signed it before the one format; a bare message naming it must not verify either
+    return Kind(
+        RECEIPT_ATTESTATION, fields, accepts, canonical_json({"purpose": RECEIPT_ATTESTATION, **fields})
+    )
+
+
 def _roles_pin(tmp_path: Path) -> Kind:
     def roles(*names: str):
         return parse_roles({"actors": {n: {"roles": ROLES, "key": PUBLIC} for n in names}}, "test")
@@ -171,12 +188,13 @@ def _pointer_move() -> Kind:
 
 @pytest.fixture
 def kinds(tmp_path) -> dict[str, Kind]:
-    made = (_approval(), _resume(), _rollback(), _roles_pin(tmp_path), _pointer_move())
+    made = (_approval(), _resume(), _rollback(), _roles_pin(tmp_path), _pointer_move(), _attestation())
     return {k.purpose: k for k in made}
 
 
 def test_the_table_names_every_kind_and_each_kind_builds_exactly_its_fields(kinds):
-    assert set(PURPOSES) == set(kinds) == {APPROVAL, LOOP_RESUME, ROLLBACK, ROLES_PIN, POINTER_MOVE}
+    expected = {APPROVAL, LOOP_RESUME, ROLLBACK, ROLES_PIN, POINTER_MOVE, RECEIPT_ATTESTATION}
+    assert set(PURPOSES) == set(kinds) == expected
     for purpose, kind in kinds.items():
         assert set(kind.fields) == PURPOSES[purpose], purpose
 

@@ -118,6 +118,7 @@ def test_a_harness_inherits_only_the_allowlist_the_passthrough_and_its_attempt_v
 ):
     monkeypatch.setenv("LD_STORE_URL", "postgresql://ld:hunter2@db/ld")
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "mlflow-token")
+    monkeypatch.setenv("LD_PIPELINE_KEY", "/srv/keys/pipeline.key")  # the key that attests receipts
     monkeypatch.setenv("DATABASE_URL", "postgresql://app:pw@db/app")
     monkeypatch.setenv("OPENAI_ORG_ID", "org-stale")
     monkeypatch.setenv("PROJECT_FLAG", "on")
@@ -132,7 +133,8 @@ def test_a_harness_inherits_only_the_allowlist_the_passthrough_and_its_attempt_v
 
 
 @pytest.mark.parametrize(
-    "name", ["LD_GATEWAY_SECRET", "LD_ADMIN_KEY", "LD_STORE_URL", "MLFLOW_TRACKING_TOKEN"]
+    "name",
+    ["LD_GATEWAY_SECRET", "LD_ADMIN_KEY", "LD_STORE_URL", "LD_PIPELINE_KEY", "MLFLOW_TRACKING_TOKEN"],
 )
 def test_a_passthrough_naming_a_project_setting_or_mlflow_credential_is_refused(name):
     with pytest.raises(ValueError, match=name):
@@ -198,7 +200,19 @@ def test_rollouts_run_reads_the_gateways_secret_from_stdin(store, gateway, monke
     from lightning_dagster.cli import main
 
     monkeypatch.setattr(sys, "stdin", io.StringIO(gateway.secret + "\n"))
-    argv = ["rollouts", "run", "--harness", "calc", "--n", "1", "--group-size", "1", "--runner-mode", "inprocess", "--json"]
+    argv = [
+        "rollouts",
+        "run",
+        "--harness",
+        "calc",
+        "--n",
+        "1",
+        "--group-size",
+        "1",
+        "--runner-mode",
+        "inprocess",
+        "--json",
+    ]
     assert main(argv + ["--gateway", gateway.url, "--secret-file", "-", "--store-url", store.url]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["attempts_by_ending"] == {"succeeded": 1} and summary["rewards"] == 1

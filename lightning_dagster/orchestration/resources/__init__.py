@@ -72,9 +72,19 @@ class PipelineResource(dg.ConfigurableResource):
     serving: ServingResource
     training: TrainingResource
     gate: GateResource
+    _keyed: object = PrivateAttr(default=None)
 
     def get_store(self):
-        return self.store.get()
+        store = self.store.get()
+        if self._keyed is not store:
+            # Every receipt ledger over the store attests with the pipeline key and verifies with its public
+            # half (`gate.ledger.use_keys`); a key file that cannot be used fails here, loudly.
+            from lightning_dagster.gate.ledger import use_keys
+            from lightning_dagster.release.pipeline_key import keys
+
+            use_keys(store, keys(self.gate))
+            self._keyed = store
+        return store
 
 
 def default_pipeline(*, deferred: bool = True, **overrides: dg.ConfigurableResource) -> PipelineResource:
