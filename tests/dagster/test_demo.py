@@ -107,7 +107,40 @@ def test_demo_runs_two_cycles_promotes_between_them_and_summarizes(demo_env, tmp
     assert any(line.startswith("  Dagster UI:") for line in lines)
     assert "sensor: cursor kept for the UI: switching the sensor on cuts only new evidence" in text
     _mlflow_tells_the_stores_story([first, second])
+    _the_code_location_recorded_the_ticks_and_runs(first, second, lines)
     _previews_change_nothing(tmp_path)
+
+
+LOCATION = "lightning_dagster.orchestration.definitions"
+
+
+def _the_code_location_recorded_the_ticks_and_runs(first, second, lines) -> None:
+    """The demo's sensor ticks and runs are the code location's, as the UI finds them: the sensor's ticks
+    (cut, skip with its reason, cut) under the location's sensor, each cycle's run on the job's page (the
+    location's runs of `continual_learning`), the cut's run tagged with the sensor and its tick."""
+    import dagster as dg
+
+    with dg.DagsterInstance.get() as instance:
+        (state,) = [s for s in instance.all_instigator_state() if s.name == "continual_learning_sensor"]
+        assert state.origin.repository_origin.code_location_origin.location_name == LOCATION
+        ticks = list(reversed(instance.get_ticks(state.instigator_origin_id, state.selector_id)))
+        assert [t.status.value for t in ticks] == ["SUCCESS", "SKIPPED", "SUCCESS"], ticks
+        said = [line.split("sensor: ", 1)[1] for line in lines if "] sensor: " in line]
+        assert ticks[1].skip_reason == said[1] and said[1].startswith("waiting: 0 of")
+        repository = {".dagster/repository": f"__repository__@{LOCATION}"}
+        runs = instance.get_runs(dg.RunsFilter(job_name="continual_learning", tags=repository))
+        by_sensor = [r for r in runs if r.tags.get("dagster/sensor_name") == "continual_learning_sensor"]
+        assert {r.tags["dagster/partition"] for r in by_sensor} == {first.key, second.key}
+        assert {r.run_id for t in ticks for r in by_sensor if r.run_id in t.run_ids} == {
+            r.run_id for r in by_sensor
+        }
+        (cycle_1,) = [r for r in by_sensor if r.tags["dagster/partition"] == first.key]
+        assert cycle_1.status == dg.DagsterRunStatus.SUCCESS  # cycle 1 promotes: every check passed
+        for job in ("approve", "promote"):
+            done = instance.get_runs(dg.RunsFilter(job_name=job, tags=repository))
+            assert done and all(r.status == dg.DagsterRunStatus.SUCCESS for r in done), job
+        # every run of the demo is the location's: none is "Manually launched" without an origin
+        assert all(r.remote_job_origin is not None for r in instance.get_runs())
 
 
 def _mlflow_tells_the_stores_story(cycles) -> None:
