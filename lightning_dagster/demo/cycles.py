@@ -209,6 +209,7 @@ def run_cycles(demo: Demo) -> list[Cycle]:
     second = run_cycle(demo, 2, key2)
     if not first.promoted:
         after = promote(demo, second)
+    tick(demo)  # what the loop does next: waits for new evidence, or is paused (the condition and receipt)
     keep_cursor(demo)
     summary(demo, [first, second], before, after)
     return [first, second]

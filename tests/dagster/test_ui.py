@@ -37,10 +37,23 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serve(tmp_path: Path, workspace: Path = ROOT / "workspace.yaml", **env_extra: str):
-    """`dagster-webserver -w WORKSPACE` with a fresh DAGSTER_HOME (Dagster's default SQLite instance)."""
-    dagster_home = tmp_path / "dagster_home"
-    dagster_home.mkdir()
+def serve(
+    tmp_path: Path,
+    workspace: Path = ROOT / "workspace.yaml",
+    *,
+    dagster_home: Path | None = None,
+    target: list[str] | None = None,
+    **env_extra: str,
+):
+    """`dagster-webserver -w WORKSPACE` (or `target`, e.g. `-m MODULE`) with a fresh DAGSTER_HOME (Dagster's
+    default SQLite instance), or a copy of `dagster_home`."""
+    fresh = dagster_home is None
+    home = tmp_path / "dagster_home"
+    if fresh:
+        home.mkdir()
+    else:
+        shutil.copytree(dagster_home, home)
+    dagster_home = home
     # No daemon in this test: the default coordinator launches a run straight from the UI instead of queueing
     # it for the daemon (dagster.yaml's QueuedRunCoordinator is for real deployments under `dagster dev`).
     (dagster_home / "dagster.yaml").write_text(
@@ -48,7 +61,8 @@ def serve(tmp_path: Path, workspace: Path = ROOT / "workspace.yaml", **env_extra
         "telemetry:\n  enabled: false\n"
     )
     instance = dg.DagsterInstance.from_config(str(dagster_home))
-    instance.add_dynamic_partitions("snapshots", [KEY])
+    if fresh:
+        instance.add_dynamic_partitions("snapshots", [KEY])
     port = _free_port()
     env = {
         **os.environ,
@@ -65,8 +79,7 @@ def serve(tmp_path: Path, workspace: Path = ROOT / "workspace.yaml", **env_extra
             "127.0.0.1",
             "-p",
             str(port),
-            "-w",
-            str(workspace),
+            *(target or ["-w", str(workspace)]),
         ],
         cwd=ROOT,
         env=env,
