@@ -12,11 +12,14 @@ from __future__ import annotations
 import argparse
 import types
 import typing
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 S = TypeVar("S", bound="Settings")
+# A string for which "" means nothing (a name, a flag, a role): refused, naming its field. A setting whose ""
+# means "unset" says so in its description and stays a plain `str`.
+NonEmpty = Annotated[str, Field(min_length=1)]
 
 
 class UsageError(Exception):
@@ -97,7 +100,9 @@ class MLflowSettings(Settings):
     )
     model_name: str = Field("lightning-dagster-policy", min_length=1, description="the registered model")
     ui_url: str = Field(
-        "", description="the MLflow UI's address (e.g. http://127.0.0.1:5000), to turn run ids into links"
+        "",
+        description="the MLflow UI's address (e.g. http://127.0.0.1:5000) that MLflow pages are linked "
+        "under; empty: $LD_MLFLOW_UI_URL, else the tracking server's, else http://127.0.0.1:5000",
     )
 
     def resolved_uri(self) -> str:
@@ -121,7 +126,7 @@ class ServingSettings(Settings):
         "sync extension, dev mode; it must read the checkpoints the trainer writes); empty: the gateway "
         "starts and owns one",
     )
-    vllm_args: list[str] = Field(
+    vllm_args: list[NonEmpty] = Field(
         default_factory=list,
         description="engine vllm: more `vllm serve` flags for the server the gateway starts (one a value, "
         "e.g. --gpu-memory-utilization then 0.5)",
@@ -300,7 +305,7 @@ class TrainingSettings(Settings):
     lora_alpha: float = Field(
         16.0, gt=0, allow_inf_nan=False, description="adapter lora: the scale of the update (alpha / rank)"
     )
-    lora_targets: list[str] = Field(
+    lora_targets: list[NonEmpty] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         min_length=1,
         description="adapter lora: the linear layers (module names) that get an adapter",
@@ -334,14 +339,14 @@ class GateSettings(Settings):
     evaluator: str = Field("heldout-sampled-success", min_length=1, description="the evaluator's name")
     evaluator_version: str = Field("1", min_length=1, description="the evaluator's version")
     scope: str = Field("bounded-canary", min_length=1, description="what a PROMOTE lets the candidate touch")
-    canary_approver_roles: list[str] = Field(
+    canary_approver_roles: list[NonEmpty] = Field(
         default_factory=lambda: ["release-owner"], min_length=1, description="roles that may approve the canary step"
     )  # fmt: skip
-    default_approver_roles: list[str] = Field(
+    default_approver_roles: list[NonEmpty] = Field(
         default_factory=lambda: ["default-approver"], min_length=1,
         description="roles that may approve moving approved-default",
     )  # fmt: skip
-    canary_denied_tools: list[str] = Field(
+    canary_denied_tools: list[NonEmpty] = Field(
         default_factory=lambda: ["delete_account"], description="tools a canary task may not call"
     )
     canary_max_seconds: float = Field(300.0, gt=0, allow_inf_nan=False, description="the canary's time limit")

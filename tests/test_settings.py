@@ -12,8 +12,9 @@ import dataclasses
 import importlib
 import pkgutil
 import re
+import typing
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 
@@ -309,3 +310,34 @@ def test_no_internal_dataclass_keeps_a_default_of_its_own_for_a_setting(package)
                     f"{setting} is its one default"
                 )
     assert not problems, "\n".join(problems)
+
+
+def _is_text(annotation: Any) -> bool:
+    """`str`, or `str` with constraints (`settings.NonEmpty`)."""
+    return annotation is str or (
+        typing.get_origin(annotation) is Annotated and typing.get_args(annotation)[0] is str
+    )
+
+
+# Every text setting (a string, or each string of a list) with the value that means nothing there.
+TEXTS = [
+    (cls, name, [""] if typing.get_origin(field.annotation) is list else "")
+    for cls, name in SETTINGS
+    for field in [cls.model_fields[name]]
+    if _is_text(field.annotation)
+    or (typing.get_origin(field.annotation) is list and _is_text(typing.get_args(field.annotation)[0]))
+]
+
+
+@pytest.mark.parametrize(("cls", "name", "empty"), TEXTS, ids=[f"{c.__name__}.{n}" for c, n, _ in TEXTS])
+def test_an_empty_string_setting_is_refused_by_name_unless_it_says_what_empty_means(cls, name, empty):
+    """ "" is refused, naming the setting, wherever it means nothing; a setting whose "" means "unset" says
+    what it then means in its description ("empty: ...") and takes it."""
+    if empty == "" and "empty" in (cls.model_fields[name].description or ""):
+        assert getattr(cls.parse({name: ""}), name) == ""
+        return
+    where = f"{name}.0" if isinstance(empty, list) else name
+    with pytest.raises(
+        settings.SettingsError, match=rf"^training\.{re.escape(where)}: String should have at least 1"
+    ):
+        cls.parse({name: empty}, where="training")

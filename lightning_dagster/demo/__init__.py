@@ -100,8 +100,17 @@ def run_demo(
     defs = build_definitions(deferred=False, training=training, **({"serving": serving} if serving else {}))
     out(f"lightning-dagster demo: home {env['LIGHTNING_DAGSTER_HOME']}")
     out(summary)
-    with dg.DagsterInstance.get() as instance:
+    from dagster._core.instance.ref import InstanceRef
+
+    from lightning_dagster.demo.location import Location
+
+    # The demo's Dagster home as `dagster dev` opens it; the runs' console logs are quiet here only (the demo
+    # prints its own lines; each step's output stays in its compute logs for the UI).
+    quiet = {"python_logs": {"python_log_level": "CRITICAL"}}
+    ref = InstanceRef.from_dir(env["DAGSTER_HOME"], overrides=quiet)
+    with dg.DagsterInstance.from_ref(ref) as instance, Location(instance) as location:
         demo = Demo(defs=defs, instance=instance, copy=copy, lines=lines, env=env, actors=dict(actors))
+        demo.location = location
         try:
             return run_cycles(demo)
         finally:

@@ -1,15 +1,15 @@
 """The demo's two release cycles: bootstrap the parent, cycle 1 through the whole graph, promotion by the
 authorized demo actor when the gate says promote, new tasks, a real `continual_learning_sensor` tick that cuts
-snapshot 2, cycle 2 from the (new) `approved-default`, and the summary."""
+snapshot 2, cycle 2 from the (new) `approved-default`, and the summary. Every tick and run is the code
+location's (`location.Location`): the Dagster UI's sensor and job pages show them."""
 
 from __future__ import annotations
 
-import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning_dagster.demo.progress import QUIET, StageLines, run_snapshot
+from lightning_dagster.demo.progress import EventLines, StageLines
 from lightning_dagster.demo.setup import (
     DEMO_ACTORS,
     WorkingCopy,
@@ -19,6 +19,7 @@ from lightning_dagster.demo.setup import (
 )
 
 PROMOTE = "PROMOTE TO BOUNDED CANARY"
+SENSOR = "continual_learning_sensor"
 
 
 @dataclass
@@ -52,8 +53,9 @@ class Demo:
     lines: StageLines
     env: dict[str, str]  # what the printed commands set (home, Dagster home, roles file, project)
     actors: dict[str, str] = field(default_factory=lambda: dict(DEMO_ACTORS))
+    location: Any = None  # the code location the printed `dagster dev` serves (`location.Location`)
     cursor: str | None = None
-    cuts: dict[str, dict] = field(default_factory=dict)  # what each cut decided, for its `tasks` run
+    queued: dict[str, str] = field(default_factory=dict)  # snapshot key -> the queued run of its cut
 
     @property
     def pipeline(self) -> Any:
@@ -82,33 +84,45 @@ def bootstrap(demo: Demo) -> str:
     return str(meta["approved_default"])
 
 
+def run_job(
+    demo: Demo, job: str, run_config: dict[str, Any], *, run_id: str | None = None, **selection: Any
+) -> tuple[bool, list[str]]:
+    """A run of the code location's `job` (the queued `run_id`, else one submitted now with `selection`:
+    `partition`, `assets`, `tags`), launched here; whether it succeeded and its failed steps' messages.
+    `selection["on_event"]` sees each event as it happens."""
+    on_event = selection.pop("on_event", None)
+    run_id = run_id or demo.location.submit(job, run_config, **selection).run_id
+    failures: list[str] = []
+
+    def follow(event: Any) -> None:
+        if event.is_step_failure:
+            error = event.step_failure_data.error
+            failures.append(error.message.strip() if error is not None else str(event.step_key))
+        if on_event is not None:
+            on_event(event)
+
+    done = demo.location.launch(run_id, demo.defs.resolve_job_def(job), follow)
+    return done.status.value == "SUCCESS", failures
+
+
 def tick(demo: Demo) -> str | None:
-    """One real tick of `continual_learning_sensor` on the demo's instance: the key it cut, or None."""
-    import dagster as dg
-
-    from lightning_dagster.orchestration.sensors import continual_learning_sensor
-
-    with dg.build_sensor_context(
-        instance=demo.instance, resources={"pipeline": demo.pipeline}, cursor=demo.cursor
-    ) as context:
-        result = continual_learning_sensor(context)
-    if isinstance(result, dg.SkipReason):
-        demo.lines.line("sensor", result.skip_message or "skipped")
+    """One real tick of `continual_learning_sensor`, recorded as the code location's: the key it cut (its
+    run queued), or None (the tick's skip reason printed)."""
+    tick = demo.location.tick(SENSOR, demo.cursor)
+    demo.cursor = demo.location.cursor(SENSOR)
+    if not tick.run_ids:
+        demo.lines.line("sensor", tick.skip_reason or "skipped")
         return None
-    demo.cursor = result.cursor
-    if not result.run_requests:
-        demo.lines.line("sensor", result.skip_reason.skip_message if result.skip_reason else "skipped")
-        return None
-    keys = [k for request in result.dynamic_partitions_requests for k in request.partition_keys]
-    demo.instance.add_dynamic_partitions(result.dynamic_partitions_requests[0].partitions_def_name, keys)
-    (request,) = result.run_requests
-    demo.cuts[request.partition_key] = request.run_config["ops"]["tasks"]["config"]
-    demo.lines.line("sensor", f"cut snapshot {request.partition_key}")
-    return request.partition_key
+    (run_id,) = tick.run_ids
+    key = demo.instance.get_run_by_id(run_id).tags["dagster/partition"]
+    demo.queued[key] = run_id
+    demo.lines.line("sensor", f"cut snapshot {key}")
+    return key
 
 
 def cut_by_hand(demo: Demo, number: int) -> str:
-    """A snapshot cut without the sensor (used when the sensor paused): the demo's own trigger."""
+    """A snapshot cut without the sensor (used when the sensor paused): the demo's own trigger, its run
+    submitted as a launchpad run of the partition."""
     import datetime as dt
 
     from lightning_dagster.orchestration.partitions import snapshots
@@ -116,27 +130,43 @@ def cut_by_hand(demo: Demo, number: int) -> str:
 
     evidence = new_evidence(demo.pipeline, Watermark.from_cursor(demo.cursor), force=True)
     cut = cut_snapshot(demo.pipeline, evidence, dt.datetime.now(dt.UTC))
-    demo.cursor, demo.cuts[cut.key] = evidence.watermark.to_cursor(), cut.config
+    demo.cursor = evidence.watermark.to_cursor()
     demo.instance.add_dynamic_partitions(snapshots.name, [cut.key])
+    config = {"ops": {"tasks": {"config": cut.config}}}
+    run = demo.location.submit("continual_learning", config, partition=cut.key, tags={"trigger": "demo"})
+    demo.queued[cut.key] = run.run_id
     demo.lines.line("snapshot", f"{cut.key} cut by the demo for cycle {number}")
     return cut.key
 
 
-def run_cycle(demo: Demo, number: int, key: str) -> Cycle:
-    """The whole graph for `key`, the canary step approved by the release owner; the judged receipt."""
+def run_graph(demo: Demo, number: int, key: str) -> None:
+    """The queued run of `key`'s cut: the whole graph, the canary step approved by the release owner (an
+    `approve` run) right after `update_plan`; then `release_receipt` alone when a blocking check stopped the
+    graph before it (the receipt judges all seven checks itself, so selecting it alone is no bypass)."""
+    from lightning_dagster.demo.setup import approval_config
     from lightning_dagster.pipeline import context as ctx
 
-    label = f"cycle {number}"
-    owner = demo.actors["release-owner"]
-    run_snapshot(
-        demo.defs,
-        demo.instance,
-        key,
-        approver=(owner, "release-owner"),
-        lines=demo.lines,
-        label=label,
-        cut=demo.cuts.get(key),
-    )
+    label, owner = f"cycle {number}", demo.actors["release-owner"]
+
+    def approve_canary() -> None:
+        approval = approval_config(demo.pipeline, key, (owner, "release-owner"))
+        ok, failures = run_job(demo, "approve", {"ops": {"approve_receipt": {"config": approval}}})
+        said = f"{owner} signed the canary step (release-owner)" if ok else f"refused: {'; '.join(failures)}"
+        demo.lines.line(f"{label} approve", said)
+
+    training = ctx.settings(demo.pipeline).training
+    printer = EventLines(demo.lines, label, training, after={"update_plan": approve_canary})
+    run_job(demo, "continual_learning", {}, run_id=demo.queued.pop(key), on_event=printer)
+    if "release_receipt" not in printer.materialized:
+        printer.after = {}
+        run_job(demo, "continual_learning", {}, partition=key, assets=["release_receipt"], on_event=printer)
+
+
+def run_cycle(demo: Demo, number: int, key: str) -> Cycle:
+    """The whole graph for `key`; the judged receipt."""
+    from lightning_dagster.pipeline import context as ctx
+
+    run_graph(demo, number, key)
     cycle = Cycle(number, key)
     receipt = ctx.find_receipt(demo.pipeline.get_store(), key)
     if receipt is not None:
@@ -165,14 +195,9 @@ def promote(demo: Demo, cycle: Cycle) -> str:
         # signed once the approval is recorded: the move binds the receipt version that holds it
         ("promote", "promote_candidate", lambda: promotion_config(demo.pipeline, cycle.receipt_id, actor)),
     ):
-        result = demo.defs.resolve_job_def(job).execute_in_process(
-            instance=demo.instance,
-            run_config={**QUIET, "ops": {op: {"config": config()}}},
-            raise_on_error=False,
-        )
-        if not result.success:
-            failure = result.failure_data_for_node(op)
-            demo.lines.line("promotion", f"refused: {failure.error.message.strip() if failure else job}")
+        ok, failures = run_job(demo, job, {"ops": {op: {"config": config()}}})
+        if not ok:
+            demo.lines.line("promotion", f"refused: {failures[0] if failures else job}")
             return str(demo.registry().current(APPROVED))
     after, cycle.promoted = str(demo.registry().current(APPROVED)), True
     demo.lines.line("promotion", f"approved-default -> {after} by {actor} (receipt {cycle.receipt_id})")
@@ -191,27 +216,17 @@ def run_cycles(demo: Demo) -> list[Cycle]:
     second = run_cycle(demo, 2, key2)
     if not first.promoted:
         after = promote(demo, second)
+    tick(demo)  # what the loop does next: waits for new evidence, or is paused (the condition and receipt)
     keep_cursor(demo)
     summary(demo, [first, second], before, after)
     return [first, second]
 
 
 def keep_cursor(demo: Demo) -> None:
-    """The sensor's watermark (what the cycles trained on) kept as the cursor of the code location the printed
-    `dagster dev` loads, with Dagster's own command: switching the sensor on then cuts only new evidence."""
-    import subprocess
-    import sys
-
-    command = [sys.executable, "-m", "dagster", "sensor", "cursor", "continual_learning_sensor"]
-    command += ["--set", demo.cursor or "", "-m", "lightning_dagster.orchestration.definitions"]
-    done = subprocess.run(
-        command, env={**os.environ, **demo.env}, capture_output=True, text=True, timeout=300
-    )
-    if done.returncode == 0:
-        demo.lines.line("sensor", "cursor kept for the UI: switching the sensor on cuts only new evidence")
-    else:
-        error = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        demo.lines.line("sensor", f"cursor not kept ({error}); the first tick after switching it on retrains")
+    """The sensor's watermark (what the cycles trained on) kept as its cursor in the code location the printed
+    `dagster dev` loads: switching the sensor on then cuts only new evidence."""
+    demo.location.set_cursor(SENSOR, demo.cursor)
+    demo.lines.line("sensor", "cursor kept for the UI: switching the sensor on cuts only new evidence")
 
 
 def summary(demo: Demo, cycles: list[Cycle], before: str, after: str) -> None:

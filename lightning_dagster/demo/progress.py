@@ -95,22 +95,25 @@ def asset_figures(asset: str, meta: dict[str, Any], training: Any) -> str:
     return ""
 
 
-class _EventPrinter(logging.Handler):
-    """Turns a run's events into stage lines as they are logged."""
+class EventLines:
+    """Turns a run's events into stage lines as they happen; `after` (asset name -> callable) runs right
+    after that asset's materialization, before the run goes on."""
 
-    def __init__(self, lines: StageLines, label: str, training: Any) -> None:
-        super().__init__(level=logging.DEBUG)
-        self.lines, self.label, self.training = lines, label, training
+    def __init__(
+        self, lines: StageLines, label: str, training: Any, after: dict[str, Callable[[], None]] | None = None
+    ) -> None:
+        self.lines, self.label, self.training, self.after = lines, label, training, after or {}
+        self.materialized: list[str] = []  # the assets materialized, in order
 
-    def emit(self, record: logging.LogRecord) -> None:
-        event = getattr(record, "dagster_event", None)
-        if event is None:
-            return
+    def __call__(self, event: Any) -> None:
         if event.event_type_value == "ASSET_MATERIALIZATION":
             materialization = event.step_materialization_data.materialization
             asset = materialization.asset_key.to_user_string()
             meta = {k: v.value for k, v in materialization.metadata.items()}
             self.lines.line(f"{self.label} {asset}", asset_figures(asset, meta, self.training))
+            self.materialized.append(asset)
+            if asset in self.after:
+                self.after[asset]()
         elif event.event_type_value == "ASSET_CHECK_EVALUATION" and not event.event_specific_data.passed:
             evaluation = event.event_specific_data
             reason = evaluation.metadata.get("reason")
@@ -127,6 +130,19 @@ class _EventPrinter(logging.Handler):
                 cause = (error.message.strip().splitlines() or [""])[0] if error is not None else ""
                 text = f"{event.step_key} did not run to the end: {cause}"
             self.lines.line(f"{self.label} stopped", text)
+
+
+class _EventPrinter(logging.Handler):
+    """`EventLines` for a run's log records (a job executed in process with the `stages` logger)."""
+
+    def __init__(self, lines: StageLines, label: str, training: Any) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.printer = EventLines(lines, label, training)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = getattr(record, "dagster_event", None)
+        if event is not None:
+            self.printer(event)
 
 
 def with_stage_lines(job: Any, lines: StageLines, label: str, training: Any) -> Any:

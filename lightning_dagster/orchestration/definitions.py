@@ -22,14 +22,37 @@ from lightning_dagster.orchestration.sensors import (
     stale_evidence_sensor,
 )
 
+# The assets whose materializations keep MLflow page paths (`mlflow_run_path`, `mlflow_model_version_path`).
+MLFLOW_PAGES = ("candidate_resource", "release_receipt")
+
+
+def with_mlflow_ui(assets: list[dg.AssetsDefinition], ui: str) -> list[dg.AssetsDefinition]:
+    """`assets`, those in MLFLOW_PAGES with the MLflow UI's address `ui` as definition metadata (`mlflow_ui`):
+    set when the code location loads (a reload in the UI reads it anew), so a page's link follows the
+    address configured now, not the one of when it materialized."""
+    if not ui:
+        return assets
+    meta = {"mlflow_ui": dg.MetadataValue.url(ui)}
+    return [
+        a.map_asset_specs(lambda spec: spec.merge_attributes(metadata=meta))
+        if a.key.to_user_string() in MLFLOW_PAGES
+        else a
+        for a in assets
+    ]
+
 
 def build_definitions(
     *, deferred: bool = True, **resource_overrides: dg.ConfigurableResource
 ) -> dg.Definitions:
     """The whole code location; tests pass smaller settings (`training=TrainingResource(steps=1)`).
     `deferred=False` reads environment variables now (for runs launched from Python, not from the UI)."""
+    from lightning_dagster.registry import links
+
+    pipeline = default_pipeline(deferred=deferred, **resource_overrides)
+    given = pipeline.mlflow.ui_url
+    ui = given.rstrip("/") if given and not isinstance(given, dg.EnvVar) else links.current_ui()
     return dg.Definitions(
-        assets=snapshot_assets,
+        assets=with_mlflow_ui(snapshot_assets, ui),
         asset_checks=GATE_CHECKS,
         jobs=[continual_learning, approve, promote, rollback, resume, restore_approved_alias],
         # One process per run, its steps in order: the graph is a chain over one model, so the multiprocess
@@ -40,7 +63,7 @@ def build_definitions(
         sensors=[continual_learning_sensor, stale_evidence_sensor, approved_alias_sensor],
         schedules=[nightly_snapshot],
         resources={
-            "pipeline": default_pipeline(deferred=deferred, **resource_overrides),
+            "pipeline": pipeline,
             # where candidate_resource's training runs; a cluster swaps in dagster_k8s.PipesK8sClient (README)
             "trainer_pipes": dg.ResourceDefinition.hardcoded_resource(
                 dg.PipesSubprocessClient(),

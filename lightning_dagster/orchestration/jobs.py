@@ -31,17 +31,22 @@ class ApproveConfig(dg.Config):
     these fields; the signature covers them and the receipt's evidence hash."""
 
     snapshot_key: str = Field(
+        min_length=1,
         description="The snapshot partition whose receipt is approved (the receipt id without `rcpt-`); "
-        + WHERE
+        + WHERE,
     )
-    actor: str = Field(description="The approver, an actor of the pinned roles (release_receipt: `actors`)")
+    actor: str = Field(
+        min_length=1, description="The approver, an actor of the pinned roles (release_receipt: `actors`)"
+    )
     role: str = Field(
-        default="release-owner", description="The role signed in; the default policy requires release-owner"
+        min_length=1,
+        default="release-owner",
+        description="The role signed in; the default policy requires release-owner",
     )
-    step: str = Field(default="canary", description="The step approved: canary or default")
+    step: str = Field(min_length=1, default="canary", description="The step approved: canary or default")
     at: float = Field(description="Signing time (Unix seconds), as `registry sign` prints it")
-    evidence_hash: str = Field(description="The receipt's evidence hash the signature covers")
-    signature: str = Field(description="The Ed25519 signature `registry sign` prints")
+    evidence_hash: str = Field(min_length=1, description="The receipt's evidence hash the signature covers")
+    signature: str = Field(min_length=1, description="The Ed25519 signature `registry sign` prints")
 
     def approval(self):
         """The approval these fields make; `InvalidInput` naming each bad field."""
@@ -64,11 +69,13 @@ class PromoteConfig(dg.Config):
     role, time; so it promotes once, from the pointer state it was signed against)."""
 
     receipt_id: str = Field(
-        description="The receipt to promote, `rcpt-<snapshot key>` (release_receipt: `receipt_id`); " + WHERE
+        min_length=1,
+        description="The receipt to promote, `rcpt-<snapshot key>` (release_receipt: `receipt_id`); " + WHERE,
     )
     actor: str = Field(
+        min_length=1,
         description="A default-approver of the pinned roles (release_receipt: `actors`) whose signed "
-        "default-step approval the receipt holds"
+        "default-step approval the receipt holds",
     )
     role: str = Field(description="The role of that approval, as `sign-promote` prints it")
     seq: int = Field(
@@ -96,18 +103,23 @@ class RollbackConfig(dg.Config):
     prints (the signature covers them, this pointer and its newest move, so it rolls back once)."""
 
     target_version: str = Field(
+        min_length=1,
         description="An MLflow model version approved-default held before "
-        "(release_receipt: `rollback_targets`; `lightning-dagster registry history`)"
+        "(release_receipt: `rollback_targets`; `lightning-dagster registry history`)",
     )
     from_version: str = Field(
-        description="The version approved-default holds now, as `sign-rollback` prints it"
+        min_length=1, description="The version approved-default holds now, as `sign-rollback` prints it"
     )
     from_seq: int = Field(description="The pointer's newest move, as `sign-rollback` prints it")
-    actor: str = Field(description="A default-approver of the pinned roles (release_receipt: `actors`)")
-    role: str = Field(default="default-approver", description="The role signed in; only default-approver may")
-    reason: str = Field(description="Why approved-default goes back (signed)")
+    actor: str = Field(
+        min_length=1, description="A default-approver of the pinned roles (release_receipt: `actors`)"
+    )
+    role: str = Field(
+        min_length=1, default="default-approver", description="The role signed in; only default-approver may"
+    )
+    reason: str = Field(min_length=1, description="Why approved-default goes back (signed)")
     at: float = Field(description="Signing time (Unix seconds), as `sign-rollback` prints it")
-    signature: str = Field(description="The Ed25519 signature `sign-rollback` prints")
+    signature: str = Field(min_length=1, description="The Ed25519 signature `sign-rollback` prints")
 
     def request(self):
         """The signed rollback these fields make; `InvalidInput` naming each bad field."""
@@ -205,15 +217,20 @@ class ResumeConfig(dg.Config):
     `lightning-dagster loop sign --actor --role --key --reason` prints (the signature covers them and the
     pause in force). The actor must hold one of the roles the pause in force names."""
 
-    actor: str = Field(description="Who resumes: an actor of the pinned roles, as `loop sign` prints it")
+    actor: str = Field(
+        min_length=1, description="Who resumes: an actor of the pinned roles, as `loop sign` prints it"
+    )
     role: str = Field(
+        min_length=1,
         default="default-approver",
         description="The role signed in: one the pause in force names (`lightning-dagster loop status`)",
     )
-    reason: str = Field(description="Why the loop may learn again (signed)")
+    reason: str = Field(min_length=1, description="Why the loop may learn again (signed)")
     at: float = Field(description="Signing time (Unix seconds), as `loop sign` prints it")
-    pause_hash: str = Field(description="The pause in force this resume lifts, as `loop sign` prints it")
-    signature: str = Field(description="The Ed25519 signature `loop sign` prints")
+    pause_hash: str = Field(
+        min_length=1, description="The pause in force this resume lifts, as `loop sign` prints it"
+    )
+    signature: str = Field(min_length=1, description="The Ed25519 signature `loop sign` prints")
 
 
 @dg.op(description="Record a signed resume of the paused loop once it verifies; the history is the output.")

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from lightning_dagster.pipeline.results import Link, Markdown, Table
+from lightning_dagster.pipeline.results import Markdown, Table
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.checks import Evaluation
@@ -40,11 +40,19 @@ def markdown_checks(evaluation: Evaluation) -> str:
     return "\n".join(lines)
 
 
-def mlflow_links(p: Pipeline, reg: Registry, run_id: str, version: str) -> dict[str, Any]:
-    """The run and version ids, and links into the MLflow UI when its address is known."""
-    links = reg.ui_links(run_id, version, ui=p.mlflow.ui_url or None)
-    ids = {"mlflow_run_id": run_id, "mlflow_version": version}
-    return {**ids, **{f"{name}_link": Link(url) for name, url in links.items()}}
+def mlflow_links(reg: Registry, run_id: str, version: str) -> dict[str, Any]:
+    """The run and version ids and their pages in the MLflow UI as paths relative to its address: metadata
+    outlives the address, so the address is the reader's current setting (the asset definition's
+    `mlflow_ui`, built when the code location loads; `registry.links.resolve`), never fixed here."""
+    from lightning_dagster.registry import links
+
+    reg.connect()
+    return {
+        "mlflow_run_id": run_id,
+        "mlflow_version": version,
+        "mlflow_run_path": links.run_path(str(reg.experiment_id), run_id),
+        "mlflow_model_version_path": links.model_version_path(reg.model_name, version),
+    }
 
 
 def run_config(op: str, **config: Any) -> str:
@@ -72,7 +80,7 @@ def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
     }
     stage = ctx.load_doc(store, ctx.STAGES, f"{key}/candidate_resource")
     if stage is not None:
-        out.update(mlflow_links(p, reg, stage["run_id"], stage["version"]))
+        out.update(mlflow_links(reg, stage["run_id"], stage["version"]))
     try:
         actors = registry_roles(reg).actors
     except RegistryError:

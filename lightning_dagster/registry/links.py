@@ -23,6 +23,28 @@ def ui_url(tracking_uri: str) -> str:
     return tracking_uri.rstrip("/") if is_http(tracking_uri) else DEFAULT_UI_URL
 
 
+def current_ui() -> str:
+    """The MLflow UI's address as configured now (`ui_url` of the current tracking URI); empty: none."""
+    from lightning_dagster import paths
+
+    return ui_url(paths.mlflow_tracking_uri())
+
+
+def run_path(experiment_id: str, run_id: str) -> str:
+    """A run's page relative to the MLflow UI's address (what metadata keeps: the address may change)."""
+    return f"#/experiments/{quote(str(experiment_id), safe='')}/runs/{quote(run_id, safe='')}?{WORKFLOW}"
+
+
+def model_version_path(model_name: str, version: str | int) -> str:
+    """A registered model version's page relative to the MLflow UI's address."""
+    return f"#/models/{quote(model_name, safe='')}/versions/{quote(str(version), safe='')}?{WORKFLOW}"
+
+
+def resolve(ui: str, path: str) -> str:
+    """`path` (`run_path`, `model_version_path`) under the MLflow UI at `ui`."""
+    return f"{ui.rstrip('/')}/{path}"
+
+
 def experiment_url(ui: str, experiment_id: str) -> str:
     """The experiment's runs table."""
     return f"{ui.rstrip('/')}/#/experiments/{quote(str(experiment_id), safe='')}/runs?{WORKFLOW}"
@@ -30,12 +52,9 @@ def experiment_url(ui: str, experiment_id: str) -> str:
 
 def run_url(ui: str, experiment_id: str, run_id: str) -> str:
     """A run's page (parameters, metrics, dataset inputs, artifacts with the training plot)."""
-    return (
-        f"{ui.rstrip('/')}/#/experiments/{quote(str(experiment_id), safe='')}/runs/"
-        f"{quote(run_id, safe='')}?{WORKFLOW}"
-    )
+    return resolve(ui, run_path(experiment_id, run_id))
 
 
 def model_version_url(ui: str, model_name: str, version: str | int) -> str:
     """A registered model version's page (its tags: verdict, receipt version and hash, approved flag)."""
-    return f"{ui.rstrip('/')}/#/models/{quote(model_name, safe='')}/versions/{quote(str(version), safe='')}?{WORKFLOW}"
+    return resolve(ui, model_version_path(model_name, version))

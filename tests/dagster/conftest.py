@@ -164,3 +164,44 @@ def leaves_loop_running():
     """For a test that pauses the session store's loop: resumed afterwards, so later tests find it running."""
     yield
     resume_loop(pipeline_for())
+
+
+# What the demo sets in the environment (and its printed commands carry): restored after it, handed to tests.
+DEMO_ENV = ("LIGHTNING_DAGSTER_HOME", "DAGSTER_HOME", "LD_ROLES_FILE", "LD_PROJECT", "LD_GATE_POLICY")
+
+
+@pytest.fixture(scope="session")
+def finished_demo(bootstrapped, tmp_path_factory):
+    """The two-cycle demo, run once on the session's bootstrapped home with tiny settings and the test policy
+    (its approvers the session's actors), in a Dagster home of its own: its cycles, printed lines, the
+    warnings it raised, `approved-default` before it, and the environment its printed commands set. Tests
+    using it move the session's pointer (`moves_session_pointer(rewrites_approvers=True)`)."""
+    import warnings
+    from types import SimpleNamespace
+
+    from lightning_dagster.demo import run_demo
+    from lightning_dagster.pipeline import context as ctx
+    from lightning_dagster.project.examples import example_file
+    from lightning_dagster.registry.core import APPROVED
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DAGSTER_HOME", str(tmp_path_factory.mktemp("demo") / "dagster_home"))
+        env.setenv("LD_GATE_POLICY", str(TINY_POLICY))
+        for name in ("LD_PROJECT", "LD_ROLES_FILE"):
+            env.setenv(name, os.environ.get(name, ""))
+        resume_loop(pipeline_for())  # the demo starts, as on a fresh home, with the loop running
+        before = ctx.registry(pipeline_for()).current(APPROVED)
+        lines: list[str] = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # 8 tasks x 16 a step: a step whose rollouts all got the same reward leaves RL nothing to learn
+            # (check 1 then holds a candidate equal to its parent), so a step draws more than the parent's
+            # ~0.3 sampled success needs to make that vanishingly rare
+            training = tiny_training(tasks_per_step=8)
+            actors = {role: actor for actor, role in ACTORS.items()}
+            cycles = run_demo(example_file("calc"), training, actors=actors, out=lines.append)
+        demo_env = {name: os.environ[name] for name in DEMO_ENV if os.environ.get(name)}
+    return SimpleNamespace(
+        cycles=cycles, lines=lines, warnings=[str(w.message) for w in caught if issubclass(w.category, UserWarning)],
+        before=before, env=demo_env,
+    )  # fmt: skip

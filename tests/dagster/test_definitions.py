@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 
 import dagster as dg
@@ -217,3 +218,71 @@ def test_a_plan_too_small_for_its_policy_says_which_check_it_cannot_pass():
         update={"holdout_snapshot": plan.holdout_snapshot.model_copy(update={"n_tasks": 128})}
     )
     assert policy_shortfalls(large, policy) == []
+
+
+@pytest.mark.parametrize("ui", ["http://127.0.0.1:5123", "https://mlflow.example.org"])
+def test_the_mlflow_ui_address_shown_is_the_one_configured_when_the_code_location_loads(ui, tmp_path):
+    """The assets whose materializations keep MLflow page paths carry the UI's address as definition
+    metadata, read when the code location loads (as the UI's reload does), not when they materialized."""
+    import subprocess
+    import sys
+
+    show = (
+        "from lightning_dagster.orchestration.definitions import defs\n"
+        "for name in ('candidate_resource', 'release_receipt'):\n"
+        "    spec = defs.get_assets_def(name).specs_by_key[dg.AssetKey(name)]\n"
+        "    print(name, spec.metadata['mlflow_ui'].value)\n"
+    )
+    env = {**os.environ, "LD_MLFLOW_UI_URL": ui, "LIGHTNING_DAGSTER_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [sys.executable, "-c", "import dagster as dg\n" + show],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == [f"candidate_resource {ui}", f"release_receipt {ui}"]
+
+
+def _job_texts():
+    """(config class, field, a valid config) of every text field of the launchpad's job configs."""
+    from lightning_dagster.orchestration import jobs
+
+    valid = {
+        jobs.ApproveConfig: {"snapshot_key": "k", "actor": "a", "at": 1.0, "evidence_hash": "h", "signature": "s"},
+        jobs.PromoteConfig: {"receipt_id": "rcpt-k", "actor": "a"},
+        jobs.RollbackConfig: {
+            "target_version": "1", "from_version": "2", "from_seq": 1, "actor": "a", "reason": "r", "at": 1.0,
+            "signature": "s",
+        },
+        jobs.ResumeConfig: {"actor": "a", "reason": "r", "at": 1.0, "pause_hash": "h", "signature": "s"},
+    }  # fmt: skip
+    return [
+        (cls, name, config)
+        for cls, config in valid.items()
+        for name, field in cls.model_fields.items()
+        if field.annotation is str
+    ]
+
+
+@pytest.mark.parametrize(("cls", "name", "config"), _job_texts(), ids=lambda v: getattr(v, "__name__", v))
+def test_a_job_config_field_given_an_empty_string_is_refused_by_name(cls, name, config):
+    """A name, key, version, reason or signature of "" means nothing: the config refuses it, naming the
+    field (a run given it fails before its op does anything)."""
+    from pydantic import ValidationError
+
+    assert cls(**config)  # the valid config is accepted
+    with pytest.raises(ValidationError) as refused:
+        cls(**{**config, name: ""})
+    assert [(e["loc"], e["type"]) for e in refused.value.errors()] == [((name,), "string_too_short")]
+
+
+def test_a_promote_run_given_an_empty_actor_fails_naming_the_field():
+    result = defs.resolve_job_def("promote").execute_in_process(
+        run_config={"ops": {"promote_candidate": {"config": {"receipt_id": "rcpt-k", "actor": ""}}}},
+        raise_on_error=False,
+    )
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    error = failure.step_failure_data.error
+    while error.cause is not None:
+        error = error.cause
+    assert "PromoteConfig\nactor\n  String should have at least 1 character" in error.message

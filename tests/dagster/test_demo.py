@@ -14,16 +14,13 @@ import re
 import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
-from lightning_dagster.demo import run_demo
 from lightning_dagster.pipeline import context as ctx
-from lightning_dagster.project.examples import example_file
 from lightning_dagster.registry.core import APPROVED
-from tests.dagster.conftest import ACTORS, TINY_POLICY, pipeline_for, resume_loop, tiny_training
+from tests.dagster.conftest import pipeline_for
 
 PROMOTE = "PROMOTE TO BOUNDED CANARY"
 STAGES = [
@@ -42,14 +39,11 @@ STAGES = [
 
 
 @pytest.fixture
-def demo_env(bootstrapped, tmp_path, monkeypatch):
-    """The session's home with its approvers as the demo's actors; every variable the demo sets is restored."""
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
-    monkeypatch.setenv("LD_GATE_POLICY", str(TINY_POLICY))
-    for name in ("LD_PROJECT", "LD_ROLES_FILE"):
-        monkeypatch.setenv(name, os.environ.get(name, ""))
-    resume_loop(pipeline_for())  # the demo starts, as on a fresh home, with the loop running
-    return {role: actor for actor, role in ACTORS.items()}
+def demo_env(finished_demo, monkeypatch):
+    """The environment the finished demo's printed commands set."""
+    for name, value in finished_demo.env.items():
+        monkeypatch.setenv(name, value)
+    return finished_demo
 
 
 def _stage_order(lines: list[str], cycle: int) -> list[str]:
@@ -60,16 +54,8 @@ def _stage_order(lines: list[str], cycle: int) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.moves_session_pointer(rewrites_approvers=True)
 def test_demo_runs_two_cycles_promotes_between_them_and_summarizes(demo_env, tmp_path):
-    before = ctx.registry(pipeline_for()).current(APPROVED)
-    lines: list[str] = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        # 8 tasks x 16 a step: a step whose rollouts all got the same reward leaves RL nothing to learn
-        # (check 1 then holds a candidate equal to its parent), so a step draws more than the parent's
-        # ~0.3 sampled success needs to make that vanishingly rare
-        training = tiny_training(tasks_per_step=8)
-        first, second = run_demo(example_file("calc"), training, actors=demo_env, out=lines.append)
-    assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []
+    before, lines, (first, second) = demo_env.before, demo_env.lines, demo_env.cycles
+    assert demo_env.warnings == []
     text = "\n".join(lines)
 
     # Stage lines as the assets materialized, in the graph's order, each cycle.
@@ -107,7 +93,45 @@ def test_demo_runs_two_cycles_promotes_between_them_and_summarizes(demo_env, tmp
     assert any(line.startswith("  Dagster UI:") for line in lines)
     assert "sensor: cursor kept for the UI: switching the sensor on cuts only new evidence" in text
     _mlflow_tells_the_stores_story([first, second])
+    _the_code_location_recorded_the_ticks_and_runs(first, second, lines)
     _previews_change_nothing(tmp_path)
+
+
+LOCATION = "lightning_dagster.orchestration.definitions"
+
+
+def _the_code_location_recorded_the_ticks_and_runs(first, second, lines) -> None:
+    """The demo's sensor ticks and runs are the code location's, as the UI finds them: the sensor's ticks
+    (cut, skip with its reason, cut) under the location's sensor, each cycle's run on the job's page (the
+    location's runs of `continual_learning`), the cut's run tagged with the sensor and its tick."""
+    import dagster as dg
+
+    from lightning_dagster.pipeline import loop_history
+
+    with dg.DagsterInstance.get() as instance:
+        (state,) = [s for s in instance.all_instigator_state() if s.name == "continual_learning_sensor"]
+        assert state.origin.repository_origin.code_location_origin.location_name == LOCATION
+        ticks = list(reversed(instance.get_ticks(state.instigator_origin_id, state.selector_id)))
+        assert [t.status.value for t in ticks] == ["SUCCESS", "SKIPPED", "SUCCESS", "SKIPPED"], ticks
+        said = [line.split("sensor: ", 1)[1] for line in lines if "] sensor: " in line]
+        assert ticks[1].skip_reason == said[1] and said[1].startswith("waiting: 0 of")
+        # the last tick says what the loop does next: paused (the condition and receipt), or waiting
+        paused = loop_history.current_pause(pipeline_for().get_store()) is not None
+        assert ticks[3].skip_reason == said[3] and said[3].startswith("paused: " if paused else "waiting: ")
+        repository = {".dagster/repository": f"__repository__@{LOCATION}"}
+        runs = instance.get_runs(dg.RunsFilter(job_name="continual_learning", tags=repository))
+        by_sensor = [r for r in runs if r.tags.get("dagster/sensor_name") == "continual_learning_sensor"]
+        assert {r.tags["dagster/partition"] for r in by_sensor} == {first.key, second.key}
+        assert {r.run_id for t in ticks for r in by_sensor if r.run_id in t.run_ids} == {
+            r.run_id for r in by_sensor
+        }
+        (cycle_1,) = [r for r in by_sensor if r.tags["dagster/partition"] == first.key]
+        assert cycle_1.status == dg.DagsterRunStatus.SUCCESS  # cycle 1 promotes: every check passed
+        for job in ("approve", "promote"):
+            done = instance.get_runs(dg.RunsFilter(job_name=job, tags=repository))
+            assert done and all(r.status == dg.DagsterRunStatus.SUCCESS for r in done), job
+        # every run of the demo is the location's: none is "Manually launched" without an origin
+        assert all(r.remote_job_origin is not None for r in instance.get_runs())
 
 
 def _mlflow_tells_the_stores_story(cycles) -> None:

@@ -38,10 +38,23 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serve(tmp_path: Path, workspace: Path = ROOT / "workspace.yaml", **env_extra: str):
-    """`dagster-webserver -w WORKSPACE` with a fresh DAGSTER_HOME (Dagster's default SQLite instance)."""
-    dagster_home = tmp_path / "dagster_home"
-    dagster_home.mkdir()
+def serve(
+    tmp_path: Path,
+    workspace: Path = ROOT / "workspace.yaml",
+    *,
+    dagster_home: Path | None = None,
+    target: list[str] | None = None,
+    **env_extra: str,
+):
+    """`dagster-webserver -w WORKSPACE` (or `target`, e.g. `-m MODULE`) with a fresh DAGSTER_HOME (Dagster's
+    default SQLite instance), or a copy of `dagster_home`."""
+    fresh = dagster_home is None
+    home = tmp_path / "dagster_home"
+    if fresh:
+        home.mkdir()
+    else:
+        shutil.copytree(dagster_home, home)
+    dagster_home = home
     # No daemon in this test: the default coordinator launches a run straight from the UI instead of queueing
     # it for the daemon (dagster.yaml's QueuedRunCoordinator is for real deployments under `dagster dev`).
     (dagster_home / "dagster.yaml").write_text(
@@ -49,7 +62,8 @@ def serve(tmp_path: Path, workspace: Path = ROOT / "workspace.yaml", **env_extra
         "telemetry:\n  enabled: false\n"
     )
     instance = dg.DagsterInstance.from_config(str(dagster_home))
-    instance.add_dynamic_partitions("snapshots", [KEY])
+    if fresh:
+        instance.add_dynamic_partitions("snapshots", [KEY])
     port = _free_port()
     env = {
         **os.environ,
@@ -66,8 +80,7 @@ def serve(tmp_path: Path, workspace: Path = ROOT / "workspace.yaml", **env_extra
             "127.0.0.1",
             "-p",
             str(port),
-            "-w",
-            str(workspace),
+            *(target or ["-w", str(workspace)]),
         ],
         cwd=ROOT,
         env=env,
@@ -320,3 +333,158 @@ def test_a_cycle_started_from_the_ui_is_judged_on_its_merits_and_a_refused_promo
         description = failure.dagster_event.step_failure_data.user_failure_data.description
         assert description.startswith("promotion refused: ") and "HOLD" in description
         assert "\n" not in description
+
+
+# ---------------------------------------------------------------- after the demo: what a user finds
+
+LOCATION = "lightning_dagster.orchestration.definitions"  # as the demo's printed `dagster dev -m` names it
+
+
+def _hover_texts(browser, label: str) -> str:
+    """The tooltips of every element reading `label` (a tick's status tag keeps its skip reason there)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    _dismiss_welcome(browser)
+    time.sleep(1)
+    seen = []
+    for element in browser.find_elements(By.XPATH, f"//*[normalize-space(text())='{label}']"):
+        if element.is_displayed():
+            ActionChains(browser).move_to_element(element).perform()
+            time.sleep(0.7)
+            seen.append(browser.find_element(By.TAG_NAME, "body").text)
+    return "\n".join(seen)
+
+
+def _receipt_metadata(instance, key: str) -> dict:
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("release_receipt"), asset_partitions=[key]), limit=1
+    ).records
+    return {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
+
+
+@pytest.mark.moves_session_pointer(rewrites_approvers=True)
+def test_after_the_demo_the_uis_show_its_lineage_receipts_ticks_runs_a_refusal_and_agreeing_verdicts(
+    finished_demo, tmp_path, browser
+):
+    """Dagster's UI and MLflow's, opened on the finished demo's state with the commands it prints: the lineage,
+    each snapshot's receipt and the gate checks, the sensor's ticks (each cut with its run, each skip and pause
+    with its reason), the `continual_learning` job listing the demo's runs, a promotion launched from the
+    launchpad refused with its real reason, and MLflow's versions carrying the verdicts Dagster shows."""
+    from urllib.parse import quote
+
+    from lightning_dagster.orchestration.assets.gate_checks import GATE_CHECKS
+    from lightning_dagster.pipeline.report import run_config
+    from lightning_dagster.registry import links
+    from tests.registry.mlflow_server import MlflowServer
+    from tests.support.browser import page_shows
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    cycles, env = finished_demo.cycles, finished_demo.env
+    home = Path(env["LIGHTNING_DAGSTER_HOME"])
+    mlflow = MlflowServer(f"sqlite:///{home / 'mlflow.db'}", tmp_path / "served", tmp_path / "mlflow.log")
+    mlflow.start()
+    try:
+        with serve(
+            tmp_path,
+            dagster_home=Path(env["DAGSTER_HOME"]),
+            target=["-m", LOCATION],
+            **env,
+            LD_MLFLOW_UI_URL=mlflow.url,
+        ) as (url, instance):
+            location = f"{url}/locations/{LOCATION}"
+
+            # The lineage: every group of the graph.
+            browser.get(f"{url}/asset-groups")
+            for group in ("snapshot", "rollouts", "training", "evaluation", "release"):
+                _click(browser, f"//*[local-name()='svg']//*[normalize-space(text())='{group}']", click=False)
+            _screenshot(browser, "demo-lineage.png")
+
+            # Each snapshot's receipt: its id, verdict and candidate, and the MLflow UI address set now.
+            verdicts = {}
+            for cycle in cycles:
+                meta = _receipt_metadata(instance, cycle.key)
+                verdicts[cycle.key] = meta["verdict"]
+                assert meta["receipt_id"] == cycle.receipt_id and meta["verdict"] == cycle.verdict
+                browser.get(f"{url}/assets/release_receipt?partition={cycle.key}")
+                page_shows(browser, [cycle.key, cycle.receipt_id, cycle.verdict, meta["candidate_version"]])
+                _screenshot(browser, f"demo-receipt-cycle-{cycle.number}.png")
+            browser.get(f"{url}/assets/release_receipt")
+            page_shows(browser, ["mlflow_ui", mlflow.url])
+
+            # The gate checks, on the asset whose evidence each judges.
+            for checks in GATE_CHECKS:
+                (asset,) = {key.asset_key.to_user_string() for key in checks.check_keys}
+                names = [key.name for key in checks.check_keys]
+                browser.get(f"{url}/assets/{asset}?view=checks")
+                page_shows(browser, names)
+                _screenshot(browser, f"demo-checks-{asset}.png")
+
+            # The sensor's ticks as the demo made them: each cut with its run, each skip with its reason.
+            state = next(s for s in instance.all_instigator_state() if s.name == "continual_learning_sensor")
+            ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id)
+            cut_runs = [run_id for tick in ticks for run_id in tick.run_ids]
+            reasons = [tick.skip_reason for tick in ticks if tick.skip_reason]
+            assert len(cut_runs) >= 1 and len(reasons) >= 2
+            browser.get(f"{location}/sensors/continual_learning_sensor")
+            # a skipped tick reads "0 runs requested", its skip reason in the status tag's tooltip
+            page_shows(browser, ["0 runs requested", "1 run requested"])
+            hovered = _hover_texts(browser, "0 runs requested")
+            for reason in reasons:
+                assert reason.split(";")[0][:60] in hovered, (reason, hovered)
+            _screenshot(browser, "demo-sensor-ticks.png")
+            browser.get(f"{url}/automation")
+            page_shows(browser, ["continual_learning_sensor", "stale_evidence_sensor"])
+            _screenshot(browser, "demo-automation.png")
+
+            # The job's page lists the demo's runs of it, the cuts' launched by the sensor.
+            runs = instance.get_runs(dg.RunsFilter(job_name="continual_learning"))
+            assert runs and set(cut_runs) <= {r.run_id for r in runs}
+            browser.get(f"{location}/jobs/continual_learning/runs")
+            body = page_shows(browser, [r.run_id[:8] for r in runs] + ["continual_learning_sensor"])
+            assert "No runs found" not in body
+            _screenshot(browser, "demo-job-runs.png")
+
+            # promote launched from the launchpad on cycle 2's receipt, which holds no default-step approval:
+            # the run fails with the real reason, in one line.
+            second = cycles[-1]
+            started = len(instance.get_runs())
+            config = run_config("promote_candidate", receipt_id=second.receipt_id, actor="bob")
+            browser.get(f"{location}/jobs/promote/playground/setup?config={quote(config)}")
+            _click(browser, "//button[contains(normalize-space(.), 'Launch Run')]", timeout=120)
+            run = _wait_for_run(instance, started, 300)
+            assert run.status == dg.DagsterRunStatus.FAILURE
+            (failure,) = [
+                e
+                for e in instance.all_logs(run.run_id)
+                if e.dagster_event and e.dagster_event.is_step_failure
+            ]
+            reason = failure.dagster_event.step_failure_data.user_failure_data.description
+            assert reason.startswith("promotion refused: ") and "\n" not in reason
+            if second.verdict == "PROMOTE TO BOUNDED CANARY" and not second.promoted:
+                assert "holds no signed default-step approval by 'bob'" in reason, reason
+            browser.get(f"{url}/runs/{run.run_id}")
+            page_shows(browser, [reason[:80]])
+            _screenshot(browser, "demo-promote-refused.png")
+
+        # MLflow's model versions carry the verdicts Dagster shows; the model page lists them.
+        from mlflow import MlflowClient
+
+        client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+        (model,) = client.search_registered_models()
+        for cycle in cycles:
+            version = _receipt_metadata_version(client, model.name, cycle.receipt_id)
+            browser.get(links.model_version_url(mlflow.url, model.name, version))
+            page_shows(browser, ["verdict", verdicts[cycle.key], cycle.receipt_id])
+            _screenshot(browser, f"mlflow-version-cycle-{cycle.number}.png")
+        browser.get(f"{mlflow.url}/#/models/{quote(model.name)}?workflowType=machine_learning")
+        page_shows(browser, [model.name, "approved-default"])
+        _screenshot(browser, "mlflow-model.png")
+    finally:
+        mlflow.stop()
+
+
+def _receipt_metadata_version(client, model_name: str, receipt_id: str) -> str:
+    """The model version MLflow tags with `receipt_id`."""
+    (version,) = client.search_model_versions(f"name='{model_name}' and tags.receipt_id='{receipt_id}'")
+    return version.version

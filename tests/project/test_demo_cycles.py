@@ -79,9 +79,9 @@ def test_a_cycle_stopped_by_a_blocking_check_lists_the_checks_after_it_as_never_
     receipt = parse_receipt(data)
     judged = with_gate_record(receipt, evaluate(receipt, load_policy(None)).to_record())
     assert judged.gate.failed_checks == [4] and sorted(judged.gate.unavailable_checks) == [6, 7]
-    monkeypatch.setattr(cycles, "run_snapshot", lambda *a, **kw: None)
+    monkeypatch.setattr(cycles, "run_graph", lambda *a, **kw: None)
     monkeypatch.setattr(ctx, "find_receipt", lambda store, key: judged)
-    demo = SimpleNamespace(actors={"release-owner": "o"}, defs=None, instance=None, lines=None, cuts={})
+    demo = SimpleNamespace(actors={"release-owner": "o"}, defs=None, instance=None, lines=None, queued={})
     demo.pipeline = SimpleNamespace(get_store=lambda: None)
     cycle = cycles.run_cycle(demo, 1, "snap-1")
     assert (cycle.verdict, cycle.policy, cycle.parent_version) == (HOLD, "default-v1", "1")
@@ -98,16 +98,12 @@ class FakeDemo:
         self.pipeline = self.instance = None
         self.copy = SimpleNamespace(add_late_tasks=lambda: 3, tasks_file="tasks.jsonl")
         self.lines = SimpleNamespace(line=lambda stage, text: self.said.append(f"{stage}: {text}"))
-        self.defs = SimpleNamespace(resolve_job_def=self._job)
 
-    def _job(self, name):
-        def execute_in_process(**kw):
-            self.ran.append(name)
-            if name == "promote":
-                self.version += 1
-            return SimpleNamespace(success=True)
-
-        return SimpleNamespace(execute_in_process=execute_in_process)
+    def run_job(self, demo, name, run_config, **kw):
+        self.ran.append(name)
+        if name == "promote":
+            self.version += 1
+        return True, []
 
     def registry(self):
         return SimpleNamespace(current=lambda alias: self.version)
@@ -126,6 +122,7 @@ def test_the_pointer_moves_after_whichever_cycle_first_earns_promotion(verdicts,
     monkeypatch.setattr(cycles, "run_cycle", lambda d, n, k: cycles.Cycle(n, k, next(made), f"rcpt-{n}"))
     monkeypatch.setattr(cycles, "summary", lambda d, cs, before, after: summaries.append((before, after)))
     monkeypatch.setattr(cycles, "keep_cursor", lambda d: None)
+    monkeypatch.setattr(cycles, "run_job", demo.run_job)
     first, second = cycles.run_cycles(demo)
     assert [c.number for c in (first, second) if c.promoted] == promoted
     assert demo.ran == ["approve", "promote"] * len(promoted)

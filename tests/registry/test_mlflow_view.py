@@ -192,3 +192,20 @@ def test_a_receipt_naming_other_weights_does_not_tag_the_version(registry, varia
         "receipt_id"
         not in MlflowClient(registry.tracking_uri).get_model_version(registry.model_name, cand.version).tags
     )
+
+
+def test_metadata_keeps_mlflow_pages_relative_and_links_follow_the_ui_address_read_now(registry):
+    """What a materialization keeps (ids and paths) names no UI address; the link is built from whichever
+    address is configured when it is read, so an MLflow UI moved to another port is still reached."""
+    from lightning_dagster.pipeline.report import mlflow_links
+
+    kept = mlflow_links(registry, "abc123", "3")
+    assert kept["mlflow_run_id"] == "abc123" and kept["mlflow_version"] == "3"
+    assert all("://" not in str(v) and "5000" not in str(v) for v in kept.values()), kept
+    for ui in ("http://127.0.0.1:5000", "https://mlflow.example.org:8443/"):
+        assert links.resolve(ui, kept["mlflow_run_path"]) == links.run_url(
+            ui, str(registry.experiment_id), "abc123"
+        )
+        assert links.resolve(ui, kept["mlflow_model_version_path"]) == links.model_version_url(
+            ui, registry.model_name, "3"
+        )

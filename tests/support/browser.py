@@ -44,3 +44,24 @@ def chromium(profile: Path) -> Iterator:
         yield driver
     finally:
         driver.quit()
+
+
+def page_shows(driver, texts: list[str], timeout: float = 60) -> str:
+    """The page's text once every one of `texts` is on it (the UIs render asynchronously); fails naming the
+    texts missing and what the page showed."""
+    import time
+
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.by import By
+
+    deadline = time.time() + timeout
+    body = ""
+    while time.time() < deadline:
+        try:
+            body = driver.find_element(By.TAG_NAME, "body").text
+        except WebDriverException:
+            body = ""
+        if all(t in body for t in texts):
+            return body
+        time.sleep(0.5)
+    raise AssertionError(f"{[t for t in texts if t not in body]} not shown at {driver.current_url}:\n{body}")

@@ -22,6 +22,7 @@ from lightning_dagster.pipeline.report import receipt_guide
 from lightning_dagster.pipeline.stages import evaluation, release, snapshot, training
 from lightning_dagster.pipeline.stages import rollouts as rollout_stages
 from lightning_dagster.pipeline.versions import code_version
+from lightning_dagster.settings import NonEmpty
 from lightning_dagster.training.distributed import command
 
 TRAINER_POOL = "trainer"
@@ -43,7 +44,7 @@ class SnapshotCut(dg.Config):
     tasks are then drawn with the key's own seed). Read only by the run that first freezes the snapshot."""
 
     train_seed: int | None = Field(default=None, description="The train seed of the cut")
-    serve_rollout_ids: list[str] = Field(default=[], description="The serve rollouts the snapshot holds")
+    serve_rollout_ids: list[NonEmpty] = Field(default=[], description="The serve rollouts the snapshot holds")
 
 
 @snapshot_asset("snapshot", {"python"}, "harnesses")
@@ -91,7 +92,12 @@ def training_transitions(
 
 
 @snapshot_asset(
-    "training", {"pytorch", "mlflow"}, "training", "registry", deps=[training_transitions], pool=TRAINER_POOL
+    "training",
+    {"pytorch", "mlflow"},
+    "training",
+    "registry",
+    deps=[training_transitions],
+    pool=TRAINER_POOL,
 )
 def candidate_resource(
     context: dg.AssetExecutionContext,

@@ -186,7 +186,7 @@ def candidate_resource(
             "trained_rows": sum(int(point.get("trained_rows", 0)) for point in curve),
             "curves": Markdown(curve_table(curve)),
             "receipt_version": stored.version,
-            **mlflow_links(p, reg, version.run_id, version.version),
+            **mlflow_links(reg, version.run_id, version.version),
         },
         data_version=version.weights_hash,
     )
