@@ -33,7 +33,7 @@ def _signed(store, **kw):
 
 
 def _actors(store):
-    return deployment_roles(store).actors
+    return deployment_roles(store, os.environ["LD_ROLES_FILE"]).actors
 
 
 def _loop(*argv: str) -> int:
@@ -142,11 +142,11 @@ def _resume_job(store, config: dict) -> dg.ExecuteInProcessResult:
 @pytest.mark.parametrize(
     "edit, refused",
     [
-        ({"signature": ""}, "ResumeRefused"),  # unsigned
+        ({"signature": ""}, "config"),  # unsigned: the config refuses "" by name
         ({"actor": "alice"}, "ResumeRefused"),  # a release-owner, not a default-approver
         ({"reason": "edited after signing"}, "ResumeRefused"),
         ({"reason": "  "}, "InvalidInput"),
-        ({"actor": ""}, "InvalidInput"),
+        ({"actor": ""}, "config"),
         ({"at": 1e20}, "ResumeRefused"),
     ],
 )
@@ -156,8 +156,14 @@ def test_the_resume_job_refuses_in_one_named_line_and_records_nothing(store, edi
     assert not result.success
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     error = failure.step_failure_data.error
-    assert error.cls_name == "Failure" and "Failure: resume refused: " in error.message
-    assert failure.step_failure_data.user_failure_data.metadata["refused"].value == refused
+    if refused == "config":
+        while error.cause is not None:
+            error = error.cause
+        (field,) = edit
+        assert f"ResumeConfig\n{field}\n  String should have at least 1 character" in error.message
+    else:
+        assert error.cls_name == "Failure" and "Failure: resume refused: " in error.message
+        assert failure.step_failure_data.user_failure_data.metadata["refused"].value == refused
     assert len(loop_history.history(store)) == 1
 
 
@@ -193,6 +199,7 @@ def owned(tmp_path, monkeypatch):
     (tmp_path / "roles.yaml").write_text("actors:\n" + entries)
     url = f"sqlite:///{tmp_path / 'store.db'}"
     monkeypatch.setenv("LD_STORE_URL", url)
+    monkeypatch.setenv("LD_ROLES_FILE", str(tmp_path / "roles.yaml"))  # what `loop resume` reads
     pipeline = default_pipeline(
         deferred=False,
         store=StoreResource(url=url),

@@ -118,6 +118,7 @@ def test_the_pointer_moves_after_whichever_cycle_first_earns_promotion(verdicts,
     monkeypatch.setattr(cycles, "bootstrap", lambda d: "1")
     monkeypatch.setattr(cycles, "tick", lambda d: "snap")
     monkeypatch.setattr(cycles, "approval_config", lambda *a: {})
+    monkeypatch.setattr(cycles, "promotion_config", lambda *a: {})
     made = iter(verdicts)
     monkeypatch.setattr(cycles, "run_cycle", lambda d, n, k: cycles.Cycle(n, k, next(made), f"rcpt-{n}"))
     monkeypatch.setattr(cycles, "summary", lambda d, cs, before, after: summaries.append((before, after)))

@@ -94,9 +94,6 @@ def roles_file(tmp_path_factory, approver_keys) -> Path:
     return path
 
 
-DEPLOYMENT_ENV = ("LD_ROLES_FILE", "LD_PIPELINE_KEY", "LD_ROLES_ADMIN_KEY", "LD_PIPELINE_PUBLIC_KEY")
-
-
 @pytest.fixture(scope="session")
 def deployment_keys(tmp_path_factory) -> dict[str, Path]:
     """The deployment's own keys: the pipeline's (signs the bootstrap move) and the roles-admin's."""
@@ -106,24 +103,18 @@ def deployment_keys(tmp_path_factory) -> dict[str, Path]:
     return {actor: generate_keypair(actor, out).private_path for actor in ("pipeline", "roles-admin")}
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _deployment(roles_file, deployment_keys):
+@pytest.fixture(autouse=True)
+def _deployment(roles_file, deployment_keys, monkeypatch):
     """The deployment's configuration, as the code location and every command read it: its roles file, the
-    pipeline's key and the roles-admin's public key."""
-    old = {name: os.environ.get(name) for name in DEPLOYMENT_ENV}
+    pipeline's key and the roles-admin's public key. Set per test, from the keys this test's fixtures made:
+    `tests/release` imports these fixtures into a second set of session instances, and the order pytest runs
+    the two backends in interleaves the directories, so a session-wide environment would belong to one of
+    the two sets only."""
     admin = deployment_keys["roles-admin"].with_suffix(".pub").read_text().strip()
-    os.environ.pop("LD_PIPELINE_PUBLIC_KEY", None)
-    os.environ.update(
-        LD_ROLES_FILE=str(roles_file),
-        LD_PIPELINE_KEY=str(deployment_keys["pipeline"]),
-        LD_ROLES_ADMIN_KEY=admin,
-    )
-    yield
-    for name, value in old.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    monkeypatch.delenv("LD_PIPELINE_PUBLIC_KEY", raising=False)
+    monkeypatch.setenv("LD_ROLES_FILE", str(roles_file))
+    monkeypatch.setenv("LD_PIPELINE_KEY", str(deployment_keys["pipeline"]))
+    monkeypatch.setenv("LD_ROLES_ADMIN_KEY", admin)
 
 
 @dataclass
