@@ -324,12 +324,14 @@ class GateSettings(Settings):
     roles_admin_key: str = Field(
         "",
         description="the public key (ed25519:...) of the deployment's roles-admin, who signs every change "
-        "of the pinned roles; read from the configuration only, never from the store ($LD_ROLES_ADMIN_KEY)",
+        "of the pinned roles; read from the configuration only, never from the store; empty: no roles change "
+        "can be verified, so only the configured roles file may be pinned ($LD_ROLES_ADMIN_KEY)",
     )
     pipeline_key_path: str = Field(
         "",
         description="the pipeline's private key (a 0600 PEM file outside models/ and the MLflow artifacts), "
-        "which attests receipts and signs the bootstrap move ($LD_PIPELINE_KEY)",
+        "which attests receipts and signs the bootstrap move; empty: receipts are written unattested and the "
+        "bootstrap of approved-default is refused ($LD_PIPELINE_KEY)",
     )
     pipeline_public_key: str = Field(
         "",

@@ -77,12 +77,12 @@ class PromoteConfig(dg.Config):
         description="A default-approver of the pinned roles (release_receipt: `actors`) whose signed "
         "default-step approval the receipt holds",
     )
-    role: str = Field(description="The role of that approval, as `sign-promote` prints it")
+    role: str = Field(min_length=1, description="The role of that approval, as `sign-promote` prints it")
     seq: int = Field(
         description="The move this makes (the pointer's newest move + 1), as `sign-promote` prints it"
     )
     at: float = Field(description="Signing time (Unix seconds), as `sign-promote` prints it")
-    signature: str = Field(description="The Ed25519 signature `sign-promote` prints")
+    signature: str = Field(min_length=1, description="The Ed25519 signature `sign-promote` prints")
 
     def request(self):
         """The signed promotion these fields make; `InvalidInput` naming each bad field."""

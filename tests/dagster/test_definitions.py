@@ -248,7 +248,9 @@ def _job_texts():
 
     valid = {
         jobs.ApproveConfig: {"snapshot_key": "k", "actor": "a", "at": 1.0, "evidence_hash": "h", "signature": "s"},
-        jobs.PromoteConfig: {"receipt_id": "rcpt-k", "actor": "a"},
+        jobs.PromoteConfig: {
+            "receipt_id": "rcpt-k", "actor": "a", "role": "r", "seq": 2, "at": 1.0, "signature": "s",
+        },
         jobs.RollbackConfig: {
             "target_version": "1", "from_version": "2", "from_seq": 1, "actor": "a", "reason": "r", "at": 1.0,
             "signature": "s",
@@ -275,9 +277,12 @@ def test_a_job_config_field_given_an_empty_string_is_refused_by_name(cls, name, 
     assert [(e["loc"], e["type"]) for e in refused.value.errors()] == [((name,), "string_too_short")]
 
 
+PROMOTE_FIELDS = {"receipt_id": "rcpt-k", "role": "r", "seq": 2, "at": 1.0, "signature": "s"}
+
+
 def test_a_promote_run_given_an_empty_actor_fails_naming_the_field():
     result = defs.resolve_job_def("promote").execute_in_process(
-        run_config={"ops": {"promote_candidate": {"config": {"receipt_id": "rcpt-k", "actor": ""}}}},
+        run_config={"ops": {"promote_candidate": {"config": {**PROMOTE_FIELDS, "actor": ""}}}},
         raise_on_error=False,
     )
     assert not result.success

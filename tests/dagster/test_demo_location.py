@@ -40,7 +40,8 @@ def test_a_tick_and_a_run_through_the_location_are_recorded_as_the_locations(tmp
         location.set_cursor("continual_learning_sensor", '{"pool": "p"}')
         assert location.cursor("continual_learning_sensor") == '{"pool": "p"}'
 
-        config = {"ops": {"promote_candidate": {"config": {"receipt_id": "rcpt-none", "actor": "bob"}}}}
+        fields = {"receipt_id": "rcpt-none", "actor": "bob", "role": "default-approver", "seq": 2, "at": 1.0}
+        config = {"ops": {"promote_candidate": {"config": {**fields, "signature": "s"}}}}
         queued = location.submit("promote", config)
         assert queued.status == dg.DagsterRunStatus.QUEUED and queued.remote_job_origin is not None
         events = []

@@ -406,7 +406,8 @@ def test_after_the_demo_the_uis_show_its_lineage_receipts_ticks_runs_a_refusal_a
                 meta = _receipt_metadata(instance, cycle.key)
                 verdicts[cycle.key] = meta["verdict"]
                 assert meta["receipt_id"] == cycle.receipt_id and meta["verdict"] == cycle.verdict
-                browser.get(f"{url}/assets/release_receipt?partition={cycle.key}")
+                # the partition's own materialization (the overview shows the latest partition's)
+                browser.get(f"{url}/assets/release_receipt?view=partitions&partition={cycle.key}")
                 page_shows(browser, [cycle.key, cycle.receipt_id, cycle.verdict, meta["candidate_version"]])
                 _screenshot(browser, f"demo-receipt-cycle-{cycle.number}.png")
             browser.get(f"{url}/assets/release_receipt")
@@ -449,7 +450,10 @@ def test_after_the_demo_the_uis_show_its_lineage_receipts_ticks_runs_a_refusal_a
             # the run fails with the real reason, in one line.
             second = cycles[-1]
             started = len(instance.get_runs())
-            config = run_config("promote_candidate", receipt_id=second.receipt_id, actor="bob")
+            # the fields `registry sign-promote` prints (which itself refuses to sign without the approval): the
+            # receipt's approvals are judged before the move's signature
+            fields = {"receipt_id": second.receipt_id, "actor": "bob", "role": "default-approver"}
+            config = run_config("promote_candidate", **fields, seq=9, at=time.time(), signature="unsigned")
             browser.get(f"{location}/jobs/promote/playground/setup?config={quote(config)}")
             _click(browser, "//button[contains(normalize-space(.), 'Launch Run')]", timeout=120)
             run = _wait_for_run(instance, started, 300)

@@ -165,16 +165,22 @@ def store_url(new_store_url) -> str:
 
 
 @pytest.fixture
-def make_registry(tracking, store_url, roles_file, tmp_path):
-    """Registries on one model name and one store (as separate processes would build them)."""
+def make_registry(tracking, store_url, roles_file, deployment_keys, tmp_path):
+    """Registries on one model name and one store (as separate processes would build them); the pipeline's
+    receipts on it are attested by the deployment's pipeline key, as the code location's are."""
+    from lightning_dagster.gate.ledger import use_keys
     from lightning_dagster.registry import Registry
+    from lightning_dagster.release.pipeline_key import keys
+    from lightning_dagster.settings import GateSettings
     from lightning_dagster.store import Store
 
     model_name = f"policy-{uuid.uuid4().hex[:8]}"
     stores: list = []
+    pipeline = keys(GateSettings(pipeline_key_path=str(deployment_keys["pipeline"])))
 
     def make() -> Registry:
         store = Store(store_url)
+        use_keys(store, pipeline)
         stores.append(store)
         return Registry(
             tracking.uri,

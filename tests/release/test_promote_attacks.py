@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
+from lightning_dagster.gate.errors import TamperedReceipt
 from lightning_dagster.release import promotion, receipts, rollbacks
 from lightning_dagster.release.errors import NotAuthorized, PromotionRefused
 from lightning_dagster.release.roles import registry_roles
@@ -140,8 +141,12 @@ def test_cli_promote_of_a_receipt_written_by_hand_is_refused_whatever_it_claims(
         key = ["--key", str(approver_keys["alice"])]
         argv = ["registry", "promote", str(path), "--actor", "alice", *key, *policy, *common]
         assert main(argv) == 1
-        assert "was not written by the pipeline" in capsys.readouterr().err
-        with pytest.raises(PromotionRefused, match="not written by the pipeline"):
+        # the deployment attests its receipts (its pipeline key is configured): the file's is not attested
+        err = capsys.readouterr().err
+        assert "not attested: it carries no pipeline signature" in err or "not written by the pipeline" in err
+        with pytest.raises(
+            (PromotionRefused, TamperedReceipt), match="not written by the pipeline|not attested"
+        ):
             promotion.promote(
                 registry,
                 receipt.receipt_id,
@@ -195,10 +200,16 @@ def test_a_receipt_brought_in_under_a_snapshots_id_is_not_adopted_by_the_pipelin
     parent, (cand,) = bootstrap(registry, variant)
     early = passing_receipt(registry, parent, cand, "rcpt-snap-future", approver_keys)
     (canary,) = early.approvals
-    receipts.approve(
-        registry, early.model_copy(update={"approvals": []}), Approval.model_validate(canary.model_dump())
-    )
-    with pytest.raises(ForeignReceipt, match="was not written by the pipeline"):
+    try:
+        receipts.approve(
+            registry, early.model_copy(update={"approvals": []}), Approval.model_validate(canary.model_dump())
+        )
+    except TamperedReceipt as refused:  # a deployment with a pipeline key approves no unattested receipt
+        assert "not attested" in str(refused)
+    # refused as not the pipeline's: unattested on a deployment with a pipeline key, else not its snapshot's
+    with pytest.raises(
+        (ForeignReceipt, TamperedReceipt), match="was not written by the pipeline|not attested"
+    ):
         find_receipt(registry.store, "snap-future")
 
     save_doc(registry.store, RECEIPT_SNAPSHOTS, "rcpt-snap-claimed", {"snapshot_key": "snap-claimed"})

@@ -229,8 +229,14 @@ def test_cli_and_job_refuse_an_unverified_rollback_in_one_line_and_record_a_sign
             raise_on_error=False,
         )
 
+    # an empty signature is refused by the job's config, naming the field, before the op runs
+    empty = job({**signed, "signature": ""})
+    (failure,) = [e for e in empty.all_events if e.event_type_value == "STEP_FAILURE"]
+    error = failure.step_failure_data.error
+    while error.cause is not None:
+        error = error.cause
+    assert "RollbackConfig\nsignature\n  String should have at least 1 character" in error.message
     for config, refused in (
-        ({**signed, "signature": ""}, "RollbackRefused"),
         ({**signed, "reason": "edited after signing"}, "RollbackRefused"),
         ({**signed, "actor": "bob"}, "RollbackRefused"),
         ({**signed, "reason": " "}, "InvalidInput"),
