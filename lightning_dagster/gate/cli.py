@@ -7,8 +7,10 @@ no pipeline key to verify it with).
 
 `lightning-dagster gate verify RECEIPT_ID [--store-url URL] [--head HASH] [--pipeline-public-key KEY]`:
 re-check a stored receipt's hash chain, every version's attestation, and the head against a record kept
-elsewhere: MLflow's receipt tags on the candidate's version, `--head`. Exit status: 0 intact and confirmed,
-1 tampered or confirmed by no independent record, 2 no such receipt or a store that cannot be read.
+elsewhere: MLflow's receipt tags on the candidate's version, `--head`. A break of the stored chain is recorded
+once as a receipt incident (`gate.receipt_incidents`), and every incident recorded for the receipt is listed.
+Exit status: 0 intact and confirmed, 1 tampered or confirmed by no independent record, 2 no such receipt or a
+store that cannot be read.
 
 `lightning-dagster gate export RECEIPT_ID [--version N] [--store-url URL]`: print a stored receipt version as a
 receipt file, carrying its attestation (what auditors and CI judge with `gate evaluate`).
@@ -190,7 +192,32 @@ def _verify(args: argparse.Namespace) -> int:
         problems = ["no independent record confirms the head: a rewrite that recomputes the chain's hashes "
                     "would pass (give --pipeline-public-key or --head, or reach MLflow)"]  # fmt: skip
     print("chain intact" if not problems else "TAMPERED:\n" + "\n".join(f"  - {p}" for p in problems))
+    _incidents(ledger, report)
     return 0 if not problems else 1
+
+
+def _incidents(ledger, report) -> None:
+    """Record the break of the stored chain (once: an earlier reader's record stands), then list every
+    receipt incident of the receipt."""
+    from lightning_dagster.gate.receipt_incidents import incidents
+
+    try:
+        recorded = ledger.record_break(report, "gate verify")
+    except Exception as err:  # noqa: BLE001 - the verdict stands; say why it has no record
+        print(f"receipt incident: the break could not be recorded: {_first_line(err)}")
+        recorded = None
+    if recorded is not None:
+        incident, new = recorded
+        when = "recorded now" if new else "recorded before"
+        print(f"receipt incident {incident.number} ({when}): {incident.problem}")
+    try:
+        known = incidents(ledger.store, report.receipt_id)
+    except Exception as err:  # noqa: BLE001 - the verdict stands
+        print(f"receipt incidents: cannot be listed: {_first_line(err)}")
+        return
+    if known:
+        print(f"receipt incidents of {report.receipt_id}:")
+        print("\n".join(f"  - {i.summary()}" for i in known))
 
 
 def _mlflow_record(args: argparse.Namespace, store, ledger) -> tuple[str | None, str, int]:
