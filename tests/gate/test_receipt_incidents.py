@@ -148,10 +148,11 @@ def test_two_readers_finding_a_break_at_once_leave_one_incident(store_url, keys,
 
 
 def test_gate_verify_records_the_break_once_and_lists_the_incidents(
-    store_url, keys, receipt_a, capsys, tmp_path
+    store_url, keys, receipt_a, capsys, tmp_path, monkeypatch
 ):
     from lightning_dagster.cli import main
 
+    monkeypatch.setenv("LD_PIPELINE_PUBLIC_KEY", keys.public)  # the deployment's key, also given by flag
     store = _written(store_url, keys, receipt_a)
     argv = ["gate", "verify", RID, "--store-url", store_url, "--tracking-uri", _no_mlflow(tmp_path)]
     argv += ["--pipeline-public-key", keys.public]
@@ -166,3 +167,24 @@ def test_gate_verify_records_the_break_once_and_lists_the_incidents(
     assert f"receipt incident 1 (recorded before): {problem}" in capsys.readouterr().out
     (incident,) = incidents(store, RID)
     assert incident.reader == "gate verify" and incident.problem == problem
+
+
+def test_gate_verify_with_a_key_that_is_not_the_deployments_records_no_incident(
+    store_url, keys, receipt_a, capsys, tmp_path, monkeypatch
+):
+    """A caller's wrong `--pipeline-public-key` fails the attestations, but says nothing about the store."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from lightning_dagster.cli import main
+    from lightning_dagster.release.signing import public_key_line
+
+    monkeypatch.setenv("LD_PIPELINE_PUBLIC_KEY", keys.public)
+    store = _written(store_url, keys, receipt_a)
+    other = public_key_line(Ed25519PrivateKey.generate())
+    argv = ["gate", "verify", RID, "--store-url", store_url, "--tracking-uri", _no_mlflow(tmp_path)]
+    assert main([*argv, "--pipeline-public-key", other]) == 1
+    out = capsys.readouterr().out
+    assert "does not verify" in out and "receipt incident" not in out
+    assert incidents(store, RID) == []
+    assert main(argv) == 0  # the deployment's key: intact, nothing recorded
+    assert incidents(store, RID) == []
