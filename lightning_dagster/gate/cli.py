@@ -7,8 +7,10 @@ no pipeline key to verify it with).
 
 `lightning-dagster gate verify RECEIPT_ID [--store-url URL] [--head HASH] [--pipeline-public-key KEY]`:
 re-check a stored receipt's hash chain, every version's attestation, and the head against a record kept
-elsewhere: MLflow's receipt tags on the candidate's version, `--head`. Exit status: 0 intact and confirmed,
-1 tampered or confirmed by no independent record, 2 no such receipt or a store that cannot be read.
+elsewhere: MLflow's receipt tags on the candidate's version, `--head`. A break of the stored chain is recorded
+once as a receipt incident (`gate.receipt_incidents`), and every incident recorded for the receipt is listed.
+Exit status: 0 intact and confirmed, 1 tampered or confirmed by no independent record, 2 no such receipt or a
+store that cannot be read.
 
 `lightning-dagster gate export RECEIPT_ID [--version N] [--store-url URL]`: print a stored receipt version as a
 receipt file, carrying its attestation (what auditors and CI judge with `gate evaluate`).
@@ -31,7 +33,14 @@ from lightning_dagster.gate.ledger import file_problem
 from lightning_dagster.gate.policy import Policy, load_policy
 from lightning_dagster.gate.receipt import parse_receipt, read_json
 from lightning_dagster.release.signing import parse_public_key
-from lightning_dagster.settings import GateSettings, MLflowSettings, StoreSettings, add_flags, from_flags
+from lightning_dagster.settings import (
+    GateSettings,
+    MLflowSettings,
+    StoreSettings,
+    add_flags,
+    dest_of,
+    from_flags,
+)
 
 EXIT = {PROMOTE: 0, HOLD: 1, UNATTESTED: 3}
 
@@ -190,7 +199,36 @@ def _verify(args: argparse.Namespace) -> int:
         problems = ["no independent record confirms the head: a rewrite that recomputes the chain's hashes "
                     "would pass (give --pipeline-public-key or --head, or reach MLflow)"]  # fmt: skip
     print("chain intact" if not problems else "TAMPERED:\n" + "\n".join(f"  - {p}" for p in problems))
+    # A key given on the command line that is not the deployment's says nothing about the store: its
+    # attestations failing against it is the caller's finding, not an incident.
+    given = getattr(args, dest_of(GateSettings, "pipeline_public_key"), "")
+    record = not given or public == pipeline_public_key(GateSettings())
+    _incidents(ledger, report, record)
     return 0 if not problems else 1
+
+
+def _incidents(ledger, report, record: bool) -> None:
+    """Record the break of the stored chain (once: an earlier reader's record stands) when `record`, then
+    list every receipt incident of the receipt."""
+    from lightning_dagster.gate.receipt_incidents import incidents
+
+    recorded = None
+    try:
+        recorded = ledger.record_break(report, "gate verify") if record else None
+    except Exception as err:  # noqa: BLE001 - the verdict stands; say why it has no record
+        print(f"receipt incident: the break could not be recorded: {_first_line(err)}")
+    if recorded is not None:
+        incident, new = recorded
+        when = "recorded now" if new else "recorded before"
+        print(f"receipt incident {incident.number} ({when}): {incident.problem}")
+    try:
+        known = incidents(ledger.store, report.receipt_id)
+    except Exception as err:  # noqa: BLE001 - the verdict stands
+        print(f"receipt incidents: cannot be listed: {_first_line(err)}")
+        return
+    if known:
+        print(f"receipt incidents of {report.receipt_id}:")
+        print("\n".join(f"  - {i.summary()}" for i in known))
 
 
 def _mlflow_record(args: argparse.Namespace, store, ledger) -> tuple[str | None, str, int]:

@@ -35,7 +35,12 @@ class AmendmentError(ValueError):
 
 
 class TamperedReceipt(RuntimeError):
-    """A stored receipt chain does not verify: a body, hash or link was changed after it was written."""
+    """A stored receipt chain does not verify: a body, hash or link was changed after it was written.
+    `incident`: the receipt incident recording the break (None: none could be recorded)."""
+
+    def __init__(self, message: str, incident: object = None):
+        super().__init__(message)
+        self.incident = incident
 
 
 def from_validation_error(what: str, err: ValidationError, prefix: str = "") -> InvalidInput:

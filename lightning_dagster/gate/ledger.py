@@ -4,7 +4,8 @@ an amendment is a new version pointing at the one before.
 The hash covers body and link (`sha256(canonical({"previous_hash", "receipt"}))`), so an edit breaks
 `verify_chain`; a rewrite that recomputes the hashes does not, but the pipeline's attestation of each version
 (`gate.attestation`, kept beside it) then fails against the deployment's pipeline key. Amendments may only add; the gate's own record (`gate`) may be replaced, since a later
-evaluation under another policy is a new judgement of the same evidence.
+evaluation under another policy is a new judgement of the same evidence. A verifying read that finds a break
+refuses it (`TamperedReceipt`) and records it once as a receipt incident (`gate.receipt_incidents`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from weakref import WeakKeyDictionary
 
-from lightning_dagster.gate import attestation
+from lightning_dagster.gate import attestation, receipt_incidents
 from lightning_dagster.gate.attestation import ATTESTATIONS, NO_KEYS, Attestation, PipelineKeys
 from lightning_dagster.gate.errors import AmendmentError, InvalidInput, TamperedReceipt
 from lightning_dagster.gate.hashing import content_hash
 from lightning_dagster.gate.receipt import Receipt, parse_receipt
+from lightning_dagster.gate.receipt_incidents import ReceiptIncident
 from lightning_dagster.release.approvals import evidence_hash
 
 COLLECTION = "receipts"
@@ -76,6 +78,7 @@ class ChainReport:
     versions: int
     head_hash: str | None
     problems: list[str] = field(default_factory=list)
+    first_bad: int | None = None  # the first stored version that does not verify (None: every one does)
 
 
 @dataclass
@@ -106,7 +109,7 @@ class ReceiptLedger:
         previous = versions[-1] if versions else None
         if previous is not None and self.attesting and attest:
             if not (report := self.verify_chain(receipt.receipt_id)).ok:
-                raise TamperedReceipt(f"receipt {receipt.receipt_id}: " + "; ".join(report.problems))
+                raise self._tampered(report, "ledger amendment")
         if previous is not None:
             check_amendment(previous.body, body)
             if version_hash(body, previous.previous_hash) == previous.content_hash:
@@ -159,6 +162,7 @@ class ReceiptLedger:
         problems: list[str] = []
         attested = self.attestations(receipt_id) if self.keys.public else {}
         prev_hash: str | None = None
+        first_bad: int | None = None
         for i, doc in enumerate(versions, start=1):
             if doc.version != i:
                 problems.append(f"version {doc.version} found where {i} was expected")
@@ -178,19 +182,53 @@ class ReceiptLedger:
                 ]
                 if None not in found:
                     problems.append(f"version {doc.version}: {found[0]}")
+            if problems and first_bad is None:
+                first_bad = doc.version
             prev_hash = doc.content_hash
         if not versions:
             problems.append("no versions stored")
         if expected_head is not None and prev_hash != expected_head:
             problems.append(f"head is {prev_hash}, expected {expected_head}")
-        return ChainReport(receipt_id, not problems, len(versions), prev_hash, problems)
+        return ChainReport(receipt_id, not problems, len(versions), prev_hash, problems, first_bad)
+
+    def record_break(self, report: ChainReport, reader: str) -> tuple[ReceiptIncident, bool] | None:
+        """Record the break `report` found in the store's chain as a receipt incident, once per first bad
+        version and problem: the incident, and whether this call recorded it (None: no break in the chain;
+        a head that disagrees only with a hash recorded elsewhere is the caller's finding, not recorded)."""
+        if report.first_bad is None:
+            return None
+        return receipt_incidents.record_once(
+            self.store,
+            report.receipt_id,
+            report.first_bad,
+            report.problems[0],
+            problems=report.problems,
+            head_hash=report.head_hash,
+            reader=reader,
+        )
+
+    def _tampered(self, report: ChainReport, reader: str) -> TamperedReceipt:
+        """The refusal of a chain that does not verify, its break recorded as a receipt incident."""
+        message = f"receipt {report.receipt_id}: " + "; ".join(report.problems)
+        try:
+            recorded = self.record_break(report, reader)
+        except Exception as err:  # noqa: BLE001 - a store that cannot take the record still refuses the read
+            return TamperedReceipt(
+                f"{message} (the break could not be recorded as a receipt incident: {err})"
+            )
+        if recorded is None:
+            return TamperedReceipt(message)
+        incident, new = recorded
+        when = "recorded" if new else "already recorded"
+        return TamperedReceipt(f"{message} ({when} as receipt incident {incident.number})", incident)
 
     def head(self, receipt_id: str, *, verify: bool = True) -> Receipt:
-        """The newest version as a `Receipt`; with `verify`, raises `TamperedReceipt` on a broken chain."""
+        """The newest version as a `Receipt`; with `verify`, raises `TamperedReceipt` on a broken chain (its
+        break recorded once as a receipt incident)."""
         if verify:
             report = self.verify_chain(receipt_id)
             if not report.ok:
-                raise TamperedReceipt(f"receipt {receipt_id}: " + "; ".join(report.problems))
+                raise self._tampered(report, "ledger read")
         versions = self.store.document_versions(COLLECTION, receipt_id)
         if not versions:
             raise InvalidInput("receipt", [("receipt_id", f"no receipt {receipt_id!r} in the ledger")])

@@ -1,0 +1,99 @@
+"""Receipt incidents: a stored receipt chain a verifying reader found broken (a body, hash or link changed, a
+version missing or out of place, or a version whose pipeline attestation does not verify), kept in the
+store's append-only documents (`receipt_incidents`, doc id = the receipt id, one hash-chained version per
+incident). A break is recorded once, keyed by its first bad version and what is wrong with it: the first
+reader that finds it appends it; every later reader, and a concurrent one whose append lost the head, finds
+it there. Reading records nothing while the chain verifies.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from lightning_dagster.gate.hashing import content_hash
+
+COLLECTION = "receipt_incidents"
+_APPEND_ATTEMPTS = 5  # another reader recording at the same moment takes the head: re-read, then append
+
+
+@dataclass(frozen=True)
+class ReceiptIncident:
+    """One break of a receipt's chain; `number` is its place in the receipt's incidents (from 1)."""
+
+    receipt_id: str
+    version: int  # the first stored version that does not verify
+    problem: str  # what is wrong with it: the chain's first problem
+    problems: list[str] = field(default_factory=list)  # every problem the reader found
+    head_hash: str | None = None  # the head as the reader found it
+    detected_at: float = 0.0
+    reader: str = ""  # which read found it ("ledger read", "ledger amendment", "gate verify")
+    number: int = 0
+
+    def summary(self) -> str:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.detected_at))
+        return (
+            f"receipt incident {self.number} ({when}, found by {self.reader or 'a reader'}): "
+            f"receipt {self.receipt_id}: {self.problem}"
+        )
+
+
+def incidents(store: Any, receipt_id: str) -> list[ReceiptIncident]:
+    """Every recorded incident of `receipt_id`, oldest first (a body not of an incident's shape is left out)."""
+    return _parse(store.document_versions(COLLECTION, receipt_id))
+
+
+def _parse(docs: list[Any]) -> list[ReceiptIncident]:
+    known = {f.name for f in fields(ReceiptIncident)} - {"number"}
+    found = []
+    for doc in docs:
+        try:
+            found.append(
+                ReceiptIncident(**{k: v for k, v in doc.body.items() if k in known}, number=doc.version)
+            )
+        except TypeError:
+            continue
+    return found
+
+
+def find(store: Any, receipt_id: str, version: int, problem: str) -> ReceiptIncident | None:
+    """The recorded incident of this break (its first bad version and problem), if any."""
+    return _same(incidents(store, receipt_id), version, problem)
+
+
+def _same(found: list[ReceiptIncident], version: int, problem: str) -> ReceiptIncident | None:
+    return next((i for i in found if (i.version, i.problem) == (version, problem)), None)
+
+
+def record_once(
+    store: Any,
+    receipt_id: str,
+    version: int,
+    problem: str,
+    *,
+    problems: list[str] | None = None,
+    head_hash: str | None = None,
+    reader: str = "",
+) -> tuple[ReceiptIncident, bool]:
+    """The incident recording this break, appended unless one already records it; and whether it was new."""
+    # The store's errors load SQLAlchemy: only when there is a break to record.
+    from lightning_dagster.store.errors import Conflict
+
+    incident = ReceiptIncident(
+        receipt_id, version, problem, list(problems or [problem]), head_hash, time.time(), reader
+    )
+    body = {k: v for k, v in asdict(incident).items() if k != "number"}
+    for _ in range(_APPEND_ATTEMPTS):
+        versions = store.document_versions(COLLECTION, receipt_id)
+        if (same := _same(_parse(versions), version, problem)) is not None:
+            return same, False
+        head = versions[-1].content_hash if versions else None
+        try:
+            number = store.append_document(
+                COLLECTION, receipt_id, content_hash({"previous": head, **body}), body, head
+            )
+        except Conflict:
+            continue  # another reader appended first: it may have recorded this very break
+        return replace(incident, number=number), True
+    raise Conflict(f"could not append to {COLLECTION}/{receipt_id} after {_APPEND_ATTEMPTS} attempts")
