@@ -177,6 +177,22 @@ def _materialize_from_the_ui(
     return _wait_for_run(instance, started, timeout)
 
 
+def _launch_from_the_launchpad(browser, instance, started: int, timeout: float) -> dg.DagsterRun:
+    """Press Launch Run once the launchpad shows its config valid ("No errors"), and wait for the run; a press
+    that launched nothing (the page still loading) is repeated, a screenshot of the page kept."""
+    for attempt in range(3):
+        _click(browser, "//*[normalize-space(text())='No errors']", timeout=120, click=False)
+        _click(browser, "//button[contains(normalize-space(.), 'Launch Run')]", timeout=120)
+        deadline = time.time() + 30
+        while time.time() < deadline and len(instance.get_runs()) == started:
+            time.sleep(1)
+        if len(instance.get_runs()) > started:
+            return _wait_for_run(instance, started, timeout)
+        ARTIFACTS.mkdir(exist_ok=True)
+        browser.save_screenshot(str(ARTIFACTS / f"launchpad-launched-nothing-{attempt}.png"))
+    raise TimeoutError("Launch Run launched no run in three presses")
+
+
 def _wait_for_run(instance, started: int, timeout: float) -> dg.DagsterRun:
     """The run launched after `started` runs existed, once it has finished."""
     deadline = time.time() + timeout
@@ -455,8 +471,7 @@ def test_after_the_demo_the_uis_show_its_lineage_receipts_ticks_runs_a_refusal_a
             fields = {"receipt_id": second.receipt_id, "actor": "bob", "role": "default-approver"}
             config = run_config("promote_candidate", **fields, seq=9, at=time.time(), signature="unsigned")
             browser.get(f"{location}/jobs/promote/playground/setup?config={quote(config)}")
-            _click(browser, "//button[contains(normalize-space(.), 'Launch Run')]", timeout=120)
-            run = _wait_for_run(instance, started, 300)
+            run = _launch_from_the_launchpad(browser, instance, started, 300)
             assert run.status == dg.DagsterRunStatus.FAILURE
             (failure,) = [
                 e
