@@ -67,10 +67,11 @@ def serve(
     port = _free_port()
     env = {
         **os.environ,
-        "DAGSTER_HOME": str(dagster_home),
         "LIGHTNING_DAGSTER_HOME": str(tmp_path / "home"),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         **env_extra,
+        # the copy, whatever the caller's environment names (a demo's printed commands name its own home)
+        "DAGSTER_HOME": str(dagster_home),
     }
     log = open(tmp_path / "webserver.log", "w")
     proc = subprocess.Popen(
@@ -177,10 +178,13 @@ def _materialize_from_the_ui(
     return _wait_for_run(instance, started, timeout)
 
 
-def _launch_from_the_launchpad(browser, instance, started: int, timeout: float) -> dg.DagsterRun:
-    """Press Launch Run once the launchpad shows its config valid ("No errors"), and wait for the run; a press
-    that launched nothing (the page still loading) is repeated, a screenshot of the page kept."""
+def _launch_from_the_launchpad(browser, launchpad: str, instance, timeout: float) -> dg.DagsterRun:
+    """Open `launchpad` (a job's launchpad URL with its config), press Launch Run once the config reads valid
+    ("No errors"), and wait for the run; a press that launched nothing (the page still loading) is repeated on
+    the page opened again, a screenshot of the page kept."""
+    started = len(instance.get_runs())
     for attempt in range(3):
+        browser.get(launchpad)
         _click(browser, "//*[normalize-space(text())='No errors']", timeout=120, click=False)
         _click(browser, "//button[contains(normalize-space(.), 'Launch Run')]", timeout=120)
         deadline = time.time() + 30
@@ -465,13 +469,12 @@ def test_after_the_demo_the_uis_show_its_lineage_receipts_ticks_runs_a_refusal_a
             # promote launched from the launchpad on cycle 2's receipt, which holds no default-step approval:
             # the run fails with the real reason, in one line.
             second = cycles[-1]
-            started = len(instance.get_runs())
             # the fields `registry sign-promote` prints (which itself refuses to sign without the approval): the
             # receipt's approvals are judged before the move's signature
             fields = {"receipt_id": second.receipt_id, "actor": "bob", "role": "default-approver"}
             config = run_config("promote_candidate", **fields, seq=9, at=time.time(), signature="unsigned")
-            browser.get(f"{location}/jobs/promote/playground/setup?config={quote(config)}")
-            run = _launch_from_the_launchpad(browser, instance, started, 300)
+            launchpad = f"{location}/jobs/promote/playground/setup?config={quote(config)}"
+            run = _launch_from_the_launchpad(browser, launchpad, instance, 300)
             assert run.status == dg.DagsterRunStatus.FAILURE
             (failure,) = [
                 e

@@ -15,7 +15,7 @@ from lightning_dagster.release import promotion
 from lightning_dagster.store import Store
 from tests.registry.helpers import approve, candidate_kwargs, passing_receipt
 from tests.registry.mlflow_server import MlflowServer
-from tests.support.browser import chromium, needs_chromium
+from tests.support.browser import chromium, needs_chromium, page_shows
 
 pytestmark = needs_chromium
 
@@ -24,24 +24,6 @@ pytestmark = needs_chromium
 def browser(tmp_path):
     with chromium(tmp_path / "chromium-profile") as driver:
         yield driver
-
-
-def _page_shows(driver, texts: list[str], timeout: float = 60) -> str:
-    """The page's text once every one of `texts` is on it (the UI renders asynchronously)."""
-    from selenium.common.exceptions import WebDriverException
-    from selenium.webdriver.common.by import By
-
-    deadline = time.time() + timeout
-    body = ""
-    while time.time() < deadline:
-        try:
-            body = driver.find_element(By.TAG_NAME, "body").text
-        except WebDriverException:
-            body = ""
-        if all(t in body for t in texts):
-            return body
-        time.sleep(0.5)
-    raise AssertionError(f"{[t for t in texts if t not in body]} not shown at {driver.current_url}:\n{body}")
 
 
 def test_mlflow_ui_opens_the_classic_ml_view_and_shows_the_verdict_on_the_version(
@@ -73,19 +55,17 @@ def test_mlflow_ui_opens_the_classic_ml_view_and_shows_the_verdict_on_the_versio
     try:
         browser.get(links.experiment_url(server.url, reg.experiment_id))
         run_name = reg.client.get_run(cand.run_id).info.run_name
-        body = _page_shows(browser, [run_name, "initial-parent"])
+        body = page_shows(browser, [run_name, "initial-parent"])
         browser.save_screenshot(str(tmp_path / "experiment.png"))
         assert "workflowType=machine_learning" in browser.current_url and "/runs" in browser.current_url
         assert "Evaluation runs" not in body  # the GenAI view's navigation
 
         browser.get(links.run_url(server.url, reg.experiment_id, cand.run_id))
-        _page_shows(
-            browser, [run_name, "2.7min"]
-        )  # 161 s of training, not the logging's fraction of a second
+        page_shows(browser, [run_name, "2.7min"])  # 161 s of training, not the logging's fraction of a second
         browser.save_screenshot(str(tmp_path / "run.png"))
 
         browser.get(links.model_version_url(server.url, reg.model_name, cand.version))
-        _page_shows(browser, ["verdict", PROMOTE, "receipt_version", "approved_default", "true"])
+        page_shows(browser, ["verdict", PROMOTE, "receipt_version", "approved_default", "true"])
         browser.save_screenshot(str(tmp_path / "version.png"))
     finally:
         server.stop()
