@@ -391,7 +391,7 @@ def test_after_the_demo_the_uis_show_its_lineage_receipts_ticks_runs_a_refusal_a
     each snapshot's receipt and the gate checks, the sensor's ticks (each cut with its run, each skip and pause
     with its reason), the `continual_learning` job listing the demo's runs, a promotion launched from the
     launchpad refused with its real reason, and MLflow's versions carrying the verdicts Dagster shows."""
-    from urllib.parse import quote
+    from urllib.parse import quote, unquote
 
     from lightning_dagster.orchestration.assets.gate_checks import GATE_CHECKS
     from lightning_dagster.pipeline.report import run_config
@@ -421,10 +421,12 @@ def test_after_the_demo_the_uis_show_its_lineage_receipts_ticks_runs_a_refusal_a
             _screenshot(browser, "demo-lineage.png")
 
             # Each snapshot's receipt: its id, verdict and candidate, and the MLflow UI address set now.
-            verdicts = {}
+            verdicts, model_names = {}, set()
             for cycle in cycles:
                 meta = _receipt_metadata(instance, cycle.key)
                 verdicts[cycle.key] = meta["verdict"]
+                # the registered model the receipt links (the session's home holds other tests' models too)
+                model_names.add(unquote(meta["mlflow_model_version_path"].split("/")[2]))
                 assert meta["receipt_id"] == cycle.receipt_id and meta["verdict"] == cycle.verdict
                 # the partition's own materialization (the overview shows the latest partition's)
                 browser.get(f"{url}/assets/release_receipt?view=partitions&partition={cycle.key}")
@@ -493,7 +495,8 @@ def test_after_the_demo_the_uis_show_its_lineage_receipts_ticks_runs_a_refusal_a
         from mlflow import MlflowClient
 
         client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
-        (model,) = client.search_registered_models()
+        (name,) = model_names
+        model = client.get_registered_model(name)
         for cycle in cycles:
             version = _receipt_metadata_version(client, model.name, cycle.receipt_id)
             browser.get(links.model_version_url(mlflow.url, model.name, version))
