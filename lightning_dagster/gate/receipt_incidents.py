@@ -57,11 +57,6 @@ def _parse(docs: list[Any]) -> list[ReceiptIncident]:
     return found
 
 
-def find(store: Any, receipt_id: str, version: int, problem: str) -> ReceiptIncident | None:
-    """The recorded incident of this break (its first bad version and problem), if any."""
-    return _same(incidents(store, receipt_id), version, problem)
-
-
 def _same(found: list[ReceiptIncident], version: int, problem: str) -> ReceiptIncident | None:
     return next((i for i in found if (i.version, i.problem) == (version, problem)), None)
 
