@@ -31,8 +31,9 @@ vllm: $(VLLM_STAMP)
 system-deps:
 	@bash scripts/system-deps.sh
 
+# Flags of `lightning-dagster demo`: make demo DEMO_FLAGS="--seed 3" (or --quick, --project DIR)
 demo: install
-	$(BIN)/lightning-dagster demo
+	$(BIN)/lightning-dagster demo $(DEMO_FLAGS)
 
 lint: install
 	$(BIN)/ruff check lightning_dagster tests benchmarks

@@ -54,7 +54,7 @@ def main() -> None:
         pipeline_key_path=os.environ.get("LD_PIPELINE_KEY", ""),  # signs the bootstrap move
         roles_admin_key=os.environ.get("LD_ROLES_ADMIN_KEY", ""),
     )
-    defs = build_definitions(deferred=False, training=demo_training(None, quick=not args.demo), gate=gate)
+    defs = build_definitions(deferred=False, training=demo_training(not args.demo), gate=gate)
     p = defs.resources["pipeline"]
     bootstrap_parent(p)
     approver = (DEMO_ACTORS["release-owner"], "release-owner")

@@ -67,7 +67,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "way if cycle 1's was not (else the command that would is printed). Prints both verdicts (checks not "
         "passed, checks never run) and the pointer history. Exit status 0 when both were judged, else 1."
     )
-    add_flags(parser, TrainingSettings, ["steps", "adapter"])
+    add_flags(parser, TrainingSettings, ["seed", "steps", "adapter"])
     add_flags(parser, ServingSettings, DEMO_SERVING)
     parser.add_argument("--quick", action="store_true", help="tiny settings, quick-v1 policy: a smoke run")
     add_project_option(parser)
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     given = from_flags(TrainingSettings(), args).given()
     serving = from_flags(ServingSettings(), args).given()
     project = Path(chosen.project) if chosen.project else example_file(chosen.harness)
-    training = demo_training(given.get("steps"), args.quick, adapter=given.get("adapter"))
+    training = demo_training(args.quick, **given)
     if args.quick:  # read by the demo's code location and carried by the commands it prints
         os.environ["LD_GATE_POLICY"] = str(QUICK_POLICY)
     cycles = run_demo(project, training, serving=ServingResource(**serving) if serving else None)

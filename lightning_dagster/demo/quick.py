@@ -9,26 +9,27 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from lightning_dagster.orchestration.resources import TrainingResource
 
-# Tiny settings: a smoke run of the whole flow, not a learning one (`--quick`, and the Dagster tests).
+# Small settings that still show the whole flow (`--quick`; the Dagster tests start from them): a warm start
+# long enough that the parent solves some tasks (a parent that solves none gives every group the same reward:
+# RL then changes no weight and check 1 holds the candidate, so checks 4 to 7 never run), groups of 8 so a
+# step nearly always has a group whose rewards differ, and closed sets that `QUICK_POLICY`'s minimums fit.
 QUICK_TRAINING: dict[str, int | float] = dict(
     steps=2,
     tasks_per_step=4,
-    group_size=4,
+    group_size=8,
     holdout_tasks=8,
     protected_tasks=4,
     canary_tasks=2,
-    warm_start_max_steps=4,
-    warm_start_probe_tasks=8,
-    warm_start_demos=64,
+    warm_start_max_steps=120,
+    warm_start_probe_tasks=16,
+    warm_start_demos=1000,
 )
 QUICK_POLICY = Path(__file__).parents[1] / "gate" / "policies" / "quick-v1.yaml"
 
 
-def demo_training(steps: int | None, quick: bool, *, adapter: str | None = None) -> TrainingResource:
+def demo_training(quick: bool, **given: object) -> TrainingResource:
     """The code location's defaults (`TrainingResource()`: one evaluator fingerprint in the demo and the UI),
-    or `QUICK_TRAINING`, with `steps` RL steps and the `adapter` when given."""
+    or `QUICK_TRAINING`, with the settings the command line `given` (`--seed`, `--steps`, `--adapter`)."""
     from lightning_dagster.orchestration.resources import TrainingResource
 
-    settings = QUICK_TRAINING if quick else {}
-    given = {"steps": steps, "adapter": adapter}
-    return TrainingResource(**settings, **{k: v for k, v in given.items() if v})
+    return TrainingResource(**{**(QUICK_TRAINING if quick else {}), **given})

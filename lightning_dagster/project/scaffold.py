@@ -15,37 +15,51 @@ from typing import Any
 STARTER_FILES = ("lightning-dagster.yaml", "agent.py")
 # Per 20 tasks: 14 train, 4 holdout, 1 protected, 1 canary.
 SPLIT_CYCLE = ["train"] * 14 + ["holdout"] * 4 + ["protected", "canary"]
-OPERATIONS = {"add": "+", "subtract": "-"}
-SYSTEM_PROMPT = "Reply with the number only."  # agent.py's
+STARTER_TASKS = 1000
+SYSTEM_PROMPT = "Reply with the sum or difference to compute, like 12+7."  # agent.py's
+NAMES = ("Ann", "Bo", "Cy", "Dee", "Eve", "Max")
+ITEMS = ("apples", "pens", "cards", "coins")
+
+
+def _problem(rng: random.Random) -> tuple[str, str, str, int]:
+    """(family, question, expression, answer): a two-digit sum or difference told as a story."""
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    if rng.random() < 0.5:
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        return "add", f"{name} has {a} {item} and gets {b} more. How many now?", f"{a}+{b}", a + b
+    a = rng.randint(30, 99)
+    b = rng.randint(10, a - 1)
+    return "subtract", f"{name} has {a} {item} and gives away {b}. How many left?", f"{a}-{b}", a - b
 
 
 def starter_tasks() -> list[dict[str, Any]]:
-    """Every single-digit sum and difference (a >= b), shuffled the same way every time, every split getting
-    both families: small enough that the embedded model, warm-started on the train split's demonstrations,
-    solves some of them and RL has rewards that differ within a group to learn from."""
-    pairs = [
-        (f, a, b) for a in range(1, 10) for b in range(1, 10) for f in OPERATIONS if f == "add" or a >= b
-    ]
-    random.Random(0).shuffle(pairs)
-    return [
-        {
-            "task_id": f"arith-{i:03d}",
-            "family": family,
-            "split": SPLIT_CYCLE[i % len(SPLIT_CYCLE)],
-            "question": f"What is {a} {OPERATIONS[family]} {b}?",
-            "answer": a + b if family == "add" else a - b,
-        }
-        for i, (family, a, b) in enumerate(pairs)
-    ]
+    """`STARTER_TASKS` distinct word problems, the same every time, every split getting both families. The
+    agent asks the model for the expression and computes it itself (a calculator tool): a model built from
+    scratch and warm-started on the train split's demonstrations learns to copy the numbers and pick the
+    operation for stories it never saw, so RL has rewards that differ within a group and held-out tasks
+    that measure more than memory. (Asking for the number itself, a model this small learns the train
+    split's answers by heart and none of the held-out ones.)"""
+    rng, seen, tasks = random.Random(0), set(), []
+    while len(tasks) < STARTER_TASKS:
+        family, question, expression, answer = _problem(rng)
+        if question in seen:
+            continue
+        seen.add(question)
+        i = len(tasks)
+        tasks.append({
+            "task_id": f"story-{i:04d}", "family": family, "split": SPLIT_CYCLE[i % len(SPLIT_CYCLE)],
+            "question": question, "expression": expression, "answer": answer,
+        })  # fmt: skip
+    return tasks
 
 
 def demonstration(task: dict[str, Any]) -> dict[str, Any]:
-    """The ideal episode of `task` as agent.py would have it: its question, the answer alone."""
+    """The ideal episode of `task` as agent.py would have it: its question, the expression alone."""
     return {
         "messages": [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": task["question"]},
-            {"role": "assistant", "content": str(task["answer"])},
+            {"role": "assistant", "content": task["expression"]},
         ]
     }
 

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from lightning_dagster.runner.output import DEFAULT_MAX_OUTPUT_BYTES, Capture, notices
 from lightning_dagster.settings import UsageError
+from lightning_dagster.store.errors import StoreLocked
 from lightning_dagster.types import AttemptState
 
 log = logging.getLogger(__name__)
@@ -201,8 +202,9 @@ def supervise(
                 return "timeout"
             try:
                 ours = heartbeat()
-            except Exception:  # noqa: BLE001 - a missed beat is transient; the reaper judges a run of them
-                log.warning("heartbeat failed", exc_info=True)
+            except Exception as err:  # noqa: BLE001 - a missed beat is transient; the reaper judges a run of them
+                # a store locked by other writers is the usual cause: one line; anything else with its trace
+                log.warning("heartbeat failed: %s", err, exc_info=not isinstance(err, StoreLocked))
                 ours = True
             if not ours:
                 stop()

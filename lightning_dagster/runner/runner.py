@@ -42,7 +42,7 @@ from lightning_dagster.runner.retry import RetryPolicy
 from lightning_dagster.runner.summary import RunSummary, summarize
 from lightning_dagster.runner.transcript import Decode, transcript
 from lightning_dagster.store import Store
-from lightning_dagster.store.errors import Conflict, NotFound
+from lightning_dagster.store.errors import Conflict, NotFound, StoreLocked
 from lightning_dagster.store.queue import FINAL_ROLLOUT_STATUSES
 from lightning_dagster.types import (
     Attempt,
@@ -214,6 +214,8 @@ class Runner:
             if not self._holding():
                 try:
                     claimed = self._next(worker_id, ids)
+                except StoreLocked as err:  # other writers held the store: the next poll claims again
+                    log.warning("claim waited too long, retrying: %s", err)
                 except Exception:  # noqa: BLE001 - a store hiccup must not kill the worker
                     log.exception("claim failed")
             if claimed is None:

@@ -153,8 +153,8 @@ def test_the_code_location_trains_and_judges_with_the_demos_settings_and_the_pol
     from lightning_dagster.pipeline import context as ctx
 
     location = defs.resources["pipeline"]
-    assert location.training == demo_training(None, False)
-    demo = default_pipeline(deferred=False, training=demo_training(None, False))
+    assert location.training == demo_training(False)
+    demo = default_pipeline(deferred=False, training=demo_training(False))
     # The same evaluator, tools, retry policy, permissions and destinations: the same fingerprints.
     assert ctx.fingerprint_inputs(demo) == ctx.fingerprint_inputs(default_pipeline(deferred=False))
     assert location.training.holdout_tasks >= load_policy().checks.heldout_margin.min_n

@@ -5,6 +5,7 @@ show; everything else is the real thing."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import shutil
 from pathlib import Path
 from urllib.parse import urlparse
@@ -150,6 +151,13 @@ def test_the_same_snapshot_content_and_parent_make_the_same_candidate_and_verdic
     assert second.protected.families == first.protected.families
     gate = ("verdict", "failed_checks", "unavailable_checks", "stale_checks")
     assert [getattr(second.gate, f) for f in gate] == [getattr(first.gate, f) for f in gate]
+    # what a rerun needs is in the receipt: the seeds, the thread settings, the torch build
+    reproduce = first.plan.algorithm["reproduce"]
+    assert second.plan.algorithm == first.plan.algorithm
+    assert reproduce["seed"] == ctx.settings(p).training.seed and reproduce[
+        "torch"
+    ] == importlib.metadata.version("torch")
+    assert reproduce["engine_threads"] == ctx.settings(p).serving.engine_threads
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,14 +30,15 @@ def test_init_writes_a_starter_project_that_loads_with_every_split(tmp_path, cap
     assert project.harness.command == (sys.executable, "agent.py")
     assert project.model is not None and project.model.warm_start == folder / "demos.jsonl"
     tasks = load_tasks(project)
-    assert len(tasks) == 126  # every single-digit sum, and every difference that is not negative
+    assert len(tasks) == 1000  # distinct two-digit word problems
     assert {split: len(tasks.splits[split]) for split in SPLITS} == {
-        "train": 90,
-        "holdout": 24,
-        "protected": 6,
-        "canary": 6,
+        "train": 700,
+        "holdout": 200,
+        "protected": 50,
+        "canary": 50,
     }
     assert all(set(tasks.families(split)) == {"add", "subtract"} for split in SPLITS)
+    assert len({t["question"] for split in SPLITS for t in tasks.splits[split]}) == 1000
     assert f"project check --project {folder}" in capsys.readouterr().out
 
 
@@ -51,8 +53,9 @@ def test_the_starters_demonstrations_are_its_train_tasks_answered_as_its_agent_a
         system, user, reply = demo["messages"]
         assert f'"content": "{system["content"]}"' in agent  # the agent's own system prompt
         assert user == {"role": "user", "content": task["question"]}
-        a, op, b = task["question"].removeprefix("What is ").removesuffix("?").split()
-        assert int(reply["content"]) == (int(a) + int(b) if op == "+" else int(a) - int(b)) == task["answer"]
+        a, op, b = re.fullmatch(r"(\d+)([+-])(\d+)", reply["content"]).groups()
+        assert a in task["question"] and b in task["question"]
+        assert (int(a) + int(b) if op == "+" else int(a) - int(b)) == task["answer"]
     held_out = {
         t["question"] for s in ("holdout", "protected", "canary") for t in load_tasks(project).splits[s]
     }
@@ -72,10 +75,13 @@ def test_init_refuses_a_folder_that_is_not_empty(tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
-@pytest.mark.parametrize(("reply", "reward"), [("19", 1.0), ("The answer is 20.", 0.0)])
+@pytest.mark.parametrize(
+    ("reply", "reward"), [("12+7", 1.0), (" 12 + 7 ", 1.0), ("12-7", 0.0), ("19", 0.0), ("12+7 is 19", 0.0)]
+)
 def test_the_starter_agent_asks_the_model_and_posts_its_reward(tmp_path, reply, reward):
     main(["init", str(tmp_path)])
-    task = {"task_id": "t1", "family": "add", "split": "train", "question": "What is 12 + 7?", "answer": 19}
+    question = "Bo has 12 pens and gets 7 more. How many now?"
+    task = {"task_id": "t1", "family": "add", "split": "train", "question": question, "answer": 19}
     with ScriptedLLM([say(reply)]) as llm:
         env = {
             **os.environ,
@@ -103,10 +109,10 @@ def test_project_check_prints_rows_per_split_and_family(tmp_path, capsys):
     assert f"harness: command {sys.executable} agent.py" in out
     table = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
     assert table["split"] == ["rows", "add", "subtract"]
-    assert table["train"] == ["90", "58", "32"]
-    assert table["holdout"] == ["24", "15", "9"]
-    assert table["protected"] == ["6", "3", "3"]
-    assert table["canary"] == ["6", "5", "1"]
+    assert table["train"] == ["700", "362", "338"]
+    assert table["holdout"] == ["200", "86", "114"]
+    assert table["protected"] == ["50", "25", "25"]
+    assert table["canary"] == ["50", "20", "30"]
     assert out.splitlines()[-1] == "ok"
 
 

@@ -113,6 +113,26 @@ def test_warm_start_probes_through_the_runner_and_registers_the_parent(tmp_path,
     assert Engine(result.model_dir).render([{"role": "user", "content": "hi"}])  # a loadable HF checkpoint
 
 
+def test_the_same_seed_warm_starts_the_same_parent_and_another_seed_another(tmp_path, base_model_dir):
+    """The first parent is reproducible: the same base, seed and settings give the same SFT rows, probe and
+    weights, byte for byte (its probe's rollouts sampled several at a time); another seed draws other rows."""
+    from lightning_dagster.engine.build import checkpoint_hash
+    from lightning_dagster.store import Store
+    from lightning_dagster.training.warmstart import warm_start
+
+    def run(name: str, seed: int):
+        store = Store(f"sqlite:///{tmp_path / name}.db")
+        config = tiny_warm_start(
+            seed=seed, max_steps=3, min_steps=3, probe_tasks=8, demos=24, batch_size=8, window=(0.0, 1.0)
+        )
+        result = warm_start(store, base_model_dir, tmp_path / name, config)
+        return checkpoint_hash(result.model_dir), result.probe_success, [m["nll"] for m in result.history]
+
+    first, again, other = run("a", 0), run("b", 0), run("c", 1)
+    assert first == again
+    assert other[0] != first[0] and other[2] != first[2]
+
+
 def test_warm_start_keeps_training_until_its_target_or_max_steps(tmp_path, base_model_dir):
     from lightning_dagster.store import Store
     from lightning_dagster.training.warmstart import warm_start

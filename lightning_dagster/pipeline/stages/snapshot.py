@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -177,7 +179,10 @@ def _plan_result(p: Pipeline, receipt: Receipt, stored: LedgerEntry) -> StageRes
 
 
 def algorithm(p: Pipeline, harness: str) -> dict[str, Any]:
-    t = ctx.settings(p).training
+    """The recipe, and what a rerun needs to reproduce it (`reproduce`: the seeds, the thread settings,
+    the torch build; the tasks and the sampling seed are the snapshot's)."""
+    settings = ctx.settings(p)
+    t = settings.training
     return {
         "name": t.advantage,
         "steps": t.steps,
@@ -192,4 +197,15 @@ def algorithm(p: Pipeline, harness: str) -> dict[str, Any]:
         "validation_every": t.validation_every,
         "validation_patience": t.validation_patience,
         "harness": harness,
+        "reproduce": {
+            "seed": t.seed,
+            "eval_seed": t.eval_seed,
+            # as the trainer sets them: $LD_TRAINER_THREADS, else the cores shared by its ranks
+            "trainer_threads": int(
+                os.environ.get("LD_TRAINER_THREADS") or max(1, (os.cpu_count() or 1) // t.nproc)
+            ),
+            "engine_threads": settings.serving.engine_threads,
+            "device": t.device,
+            "torch": importlib.metadata.version("torch"),
+        },
     }
