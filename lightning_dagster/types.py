@@ -52,28 +52,12 @@ class AttemptState(str, enum.Enum):
     cancelled = "cancelled"
 
 
-TERMINAL_ATTEMPT_STATES = frozenset(
-    {
-        AttemptState.succeeded,
-        AttemptState.failed,
-        AttemptState.timeout,
-        AttemptState.unresponsive,
-        AttemptState.cancelled,
-    }
-)
+TERMINAL_ATTEMPT_STATES = frozenset(AttemptState) - {AttemptState.queued, AttemptState.running}
 
-# The whole attempt state machine. Terminal states have no way out.
+# The whole attempt state machine: a running attempt may end in any terminal state, which has no way out.
 ALLOWED_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
     AttemptState.queued: frozenset({AttemptState.running, AttemptState.cancelled}),
-    AttemptState.running: frozenset(
-        {
-            AttemptState.succeeded,
-            AttemptState.failed,
-            AttemptState.timeout,
-            AttemptState.unresponsive,
-            AttemptState.cancelled,
-        }
-    ),
+    AttemptState.running: TERMINAL_ATTEMPT_STATES,
     **{s: frozenset() for s in TERMINAL_ATTEMPT_STATES},
 }
 

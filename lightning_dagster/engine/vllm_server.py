@@ -196,20 +196,15 @@ class VllmServer:
         model_dir: str | Path,
         *,
         name: str = "policy",
-        request_timeout: float = 120.0,
         max_lora_rank: int | None = None,
-        work_dir: str | Path | None = None,
     ) -> VllmServer:
         """A server someone else runs at `url` (started with `command_line()`'s flags and environment), used
         as if it were ours, except that `stop` leaves it running. VllmRequestError if it does not answer."""
-        server = cls.__new__(cls)
-        server.__init__(model_dir, name=name, python=sys.executable, request_timeout=request_timeout,
-                        max_lora_rank=max_lora_rank, work_dir=work_dir)  # fmt: skip
+        server = cls(model_dir, name=name, python=sys.executable, max_lora_rank=max_lora_rank)
         parts = httpx.URL(url.removesuffix("/").removesuffix("/v1"))
         server.host, server.port, server._attached = parts.host, parts.port or 80, True
-        if server._work_dir is None:
-            server._work_dir = Path(tempfile.mkdtemp(prefix="ld-vllm-"))
-        server._client = httpx.Client(base_url=server.url, timeout=request_timeout)
+        server._work_dir = Path(tempfile.mkdtemp(prefix="ld-vllm-"))
+        server._client = httpx.Client(base_url=server.url, timeout=server.request_timeout)
         server._request("GET", "/health")
         return server
 

@@ -15,7 +15,6 @@ from typing import Any
 from lightning_dagster.gate.hashing import content_hash
 
 COLLECTION = "receipt_incidents"
-_APPEND_ATTEMPTS = 5  # another reader recording at the same moment takes the head: re-read, then append
 
 
 @dataclass(frozen=True)
@@ -71,24 +70,18 @@ def record_once(
     head_hash: str | None = None,
     reader: str = "",
 ) -> tuple[ReceiptIncident, bool]:
-    """The incident recording this break, appended unless one already records it; and whether it was new."""
-    # The store's errors load SQLAlchemy: only when there is a break to record.
-    from lightning_dagster.store.errors import Conflict
+    """The incident recording this break, appended unless one already records it; and whether it was new.
+    Another reader recording at the same moment takes the head: this one re-reads, and may find its break."""
+    # The store's documents load SQLAlchemy: only when there is a break to record.
+    from lightning_dagster.store.documents import append_chained
 
     incident = ReceiptIncident(
         receipt_id, version, problem, list(problems or [problem]), head_hash, time.time(), reader
     )
     body = {k: v for k, v in asdict(incident).items() if k != "number"}
-    for _ in range(_APPEND_ATTEMPTS):
-        versions = store.document_versions(COLLECTION, receipt_id)
-        if (same := _same(_parse(versions), version, problem)) is not None:
-            return same, False
-        head = versions[-1].content_hash if versions else None
-        try:
-            number = store.append_document(
-                COLLECTION, receipt_id, content_hash({"previous": head, **body}), body, head
-            )
-        except Conflict:
-            continue  # another reader appended first: it may have recorded this very break
-        return replace(incident, number=number), True
-    raise Conflict(f"could not append to {COLLECTION}/{receipt_id} after {_APPEND_ATTEMPTS} attempts")
+    digest = lambda head: content_hash({"previous": head, **body})  # noqa: E731
+    recorded = lambda versions: _same(_parse(versions), version, problem) is not None  # noqa: E731
+    number = append_chained(store, COLLECTION, receipt_id, body, digest, unless=recorded)
+    if number is None:
+        return _same(incidents(store, receipt_id), version, problem), False
+    return replace(incident, number=number), True

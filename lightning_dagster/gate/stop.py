@@ -36,17 +36,15 @@ def stop_decision(latest: Receipt, policy: Policy, previous: Receipt | None = No
         if before is not None and share < before - policy.stop.max_coverage_drop:
             reasons.append(f"span coverage dropped from {before} to {share}")
 
-    retries = run_check(Check.retry_debt, latest, policy)
-    if retries.status == "fail":
-        reasons.append(f"retry debt over its limit: {retries.reason}")
-    elif retries.status == "unavailable":
-        unavailable.append(f"retry debt: {retries.reason}")
-
-    protected = run_check(Check.protected_cases, latest, policy)
-    if protected.status == "fail":
-        reasons.append(f"protected set regressed: {protected.reason}")
-    elif protected.status == "unavailable":
-        unavailable.append(f"protected set: {protected.reason}")
+    for check, what, failed in (
+        (Check.retry_debt, "retry debt", "over its limit"),
+        (Check.protected_cases, "protected set", "regressed"),
+    ):
+        result = run_check(check, latest, policy)
+        if result.status == "fail":
+            reasons.append(f"{what} {failed}: {result.reason}")
+        elif result.status == "unavailable":
+            unavailable.append(f"{what}: {result.reason}")
 
     # The parent is the rollback target and the baseline: unknown availability is as bad as none.
     parent = latest.plan.parent

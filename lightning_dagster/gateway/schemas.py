@@ -154,18 +154,23 @@ def validate(model: type[BaseModel], raw: bytes) -> Any:
     return check(model, parse(raw))
 
 
-def parse(raw: bytes) -> dict:
-    """A JSON object without NaN, Infinity or NUL characters (JSON has no NaN, and PostgreSQL stores
+def parse_json(raw: bytes) -> Any:
+    """Any JSON value without NaN, Infinity or NUL characters (JSON has no NaN, and PostgreSQL stores
     neither): any of them is a 422 naming its field, on every store alike."""
     # pydantic_core's Rust parser (cheaper than json.loads per call); it also rejects invalid UTF-8
     try:
         data = pydantic_core.from_json(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise GatewayError(400, f"the body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise GatewayError(400, "the body must be a JSON object")
     if suspect_json(raw) and (found := bad_json(data)):
         raise GatewayError(422, found, param=found.split(":", 1)[0])
+    return data
+
+
+def parse(raw: bytes) -> dict:
+    """A JSON object (`parse_json`)."""
+    if not isinstance(data := parse_json(raw), dict):
+        raise GatewayError(400, "the body must be a JSON object")
     return data
 
 

@@ -1,6 +1,7 @@
 """What the example agents share to run as standalone Agent Lightning programs: the attempt's task from the
-environment, a client for the attempt, the assistant turn a tool loop sends back, and the reward posted as
-Agent Lightning's event. It needs only `openai` (and its `httpx`), like the agents themselves."""
+environment, a client for the attempt, their tool loop (the tools' shape, the assistant turn it sends back, a
+tool call's arguments and errors), and the reward posted as Agent Lightning's event. It needs only `openai`
+(and its `httpx`), like the agents themselves."""
 
 from __future__ import annotations
 
@@ -36,6 +37,70 @@ def assistant_turn(message: Any) -> dict[str, Any]:
             for call in message.tool_calls or []
         ],
     }  # fmt: skip
+
+
+def tool(name: str, description: str, **properties: str) -> dict[str, Any]:
+    """A function tool in OpenAI's shape; every parameter (`name="JSON type"`) is required."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {key: {"type": kind} for key, kind in properties.items()},
+                "required": list(properties),
+            },
+        },
+    }
+
+
+def tool_result(call: Callable[[dict[str, Any]], str], arguments: str, refused: type[Exception]) -> str:
+    """A tool call's message content: `call(its arguments)`, or an `error: ...` the model can read when the
+    arguments are not a JSON object or the tool raises `refused`."""
+    try:
+        args = json.loads(arguments or "{}")
+        if not isinstance(args, dict):
+            raise refused("arguments must be a JSON object")
+        return call(args)
+    except json.JSONDecodeError:
+        return "error: arguments are not valid JSON"
+    except refused as exc:
+        return f"error: {exc}"
+
+
+def tool_loop(
+    client: OpenAI,
+    system: str,
+    question: str,
+    tools: list[dict[str, Any]],
+    run_tool: Callable[[str, str], str],
+    *,
+    max_turns: int,
+    max_tokens: int,
+) -> str | None:
+    """Ask the model, answer its tool calls with `run_tool(name, arguments)`, repeat: the content of its first
+    reply without a tool call, or None when `max_turns` model calls ended in tool calls."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": question},
+    ]
+    for _ in range(max_turns):
+        response = client.chat.completions.create(
+            model="policy",
+            messages=messages,
+            tools=tools,
+            temperature=1.0,  # a rollout's own sampling, when it has one, is applied by the gateway
+            max_tokens=max_tokens,
+        )
+        message = response.choices[0].message
+        if not message.tool_calls:
+            return message.content
+        messages.append(assistant_turn(message))
+        for call in message.tool_calls:
+            result = run_tool(call.function.name, call.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    return None
 
 
 def post_reward(event_url: str, api_key: str, value: float) -> None:

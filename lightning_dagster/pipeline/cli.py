@@ -68,16 +68,12 @@ def _status(args: argparse.Namespace) -> tuple[Any, str]:
         text = "running" + (f" ({describe(last.decision)})" if last else " (never paused)")
         return data, text
     roles = pause_roles(last)
-    data = {
-        "state": "paused",
-        "pause_hash": last.hash,
-        "pause": last.decision.model_dump(mode="json"),
-        "resume_roles": roles,
-    }
-    text = (
-        f"paused: {describe(last.decision)}\npause {last.hash}\nmay resume: {', '.join(roles) or '(no role)'}"
+    pause = last.decision.model_dump(mode="json")
+    data = {"state": "paused", "pause_hash": last.hash, "pause": pause, "resume_roles": roles}
+    return (
+        data,
+        f"paused: {describe(last.decision)}\npause {last.hash}\nmay resume: {', '.join(roles) or '(no role)'}",
     )
-    return data, text
 
 
 def _history(args: argparse.Namespace) -> tuple[Any, str]:
@@ -110,9 +106,8 @@ def _resume(args: argparse.Namespace) -> tuple[Any, str]:
     request = _signed(args, store)
     # the deployment's roles as configured ($LD_ROLES_FILE, $LD_ROLES_ADMIN_KEY), the pin verified against them
     recorded = resume(store, request, actors=deployment_roles(store, gate=gate_from_env()).actors)
-    return recorded.decision.model_dump(
-        mode="json"
-    ), f"{describe(recorded.decision)} (decision {recorded.version})"
+    text = f"{describe(recorded.decision)} (decision {recorded.version})"
+    return recorded.decision.model_dump(mode="json"), text
 
 
 def _run(handler, args: argparse.Namespace) -> int:

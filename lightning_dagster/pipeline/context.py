@@ -191,10 +191,9 @@ def candidate_dir(key: str) -> Path:
 
 def save_doc(store: Store, collection: str, doc_id: str, body: dict) -> int:
     from lightning_dagster.gate.hashing import content_hash
+    from lightning_dagster.store.documents import append_chained
 
-    versions = store.document_versions(collection, doc_id)
-    previous = versions[-1].content_hash if versions else None
-    return store.append_document(collection, doc_id, content_hash(body), body, previous)
+    return append_chained(store, collection, doc_id, body, lambda _: content_hash(body), attempts=1)
 
 
 def load_doc(store: Store, collection: str, doc_id: str) -> dict | None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_dagster.gate.hashing import content_hash
 from lightning_dagster.registry.errors import RegistryUnavailable
+from lightning_dagster.store.documents import append_chained
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import RollbackDrill
@@ -94,9 +95,6 @@ def rollback_drill(
 def record_drill(store: Any, model_name: str, result: Mapping[str, Any]) -> int:
     """Append a rollback drill's outcome to the store (collection `rollback_drills`, one chain per version)."""
     doc_id = f"{model_name}/{result['version']}"
-    versions = store.document_versions(DRILLS, doc_id)
-    previous = versions[-1].content_hash if versions else None
     body = dict(result)
-    return store.append_document(
-        DRILLS, doc_id, content_hash({"previous": previous, "drill": body}), body, previous
-    )
+    digest = lambda previous: content_hash({"previous": previous, "drill": body})  # noqa: E731
+    return append_chained(store, DRILLS, doc_id, body, digest, attempts=1)

@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from lightning_dagster.gate import content_hash
-from lightning_dagster.store.errors import Conflict
+from lightning_dagster.store.documents import append_chained
 
 COLLECTION = "pointer_incidents"
 UNKNOWN_ACTOR = "unknown"
 ACTOR_SOURCE = "MLflow records no author or time for alias changes"
-_APPEND_ATTEMPTS = 5  # another process appending an incident at the same moment loses the head; re-read
 
 
 @dataclass(frozen=True)
@@ -62,19 +61,11 @@ class PointerIncident:
 
 
 def record(store, incident: PointerIncident) -> PointerIncident:
-    """Append the incident to its pointer's chain; returns it with its number."""
+    """Append the incident to its pointer's chain (retried when another process appends at once); returns
+    it with its number."""
     body = {k: v for k, v in incident.to_dict().items() if k != "number"}
-    for _ in range(_APPEND_ATTEMPTS):
-        versions = store.document_versions(COLLECTION, incident.pointer)
-        head = versions[-1].content_hash if versions else None
-        try:
-            number = store.append_document(
-                COLLECTION, incident.pointer, content_hash({"previous": head, **body}), body, head
-            )
-        except Conflict:
-            continue
-        return replace(incident, number=number)
-    raise Conflict(f"could not append to {COLLECTION}/{incident.pointer} after {_APPEND_ATTEMPTS} attempts")
+    digest = lambda head: content_hash({"previous": head, **body})  # noqa: E731
+    return replace(incident, number=append_chained(store, COLLECTION, incident.pointer, body, digest))
 
 
 def incidents(store, pointer: str) -> list[PointerIncident]:

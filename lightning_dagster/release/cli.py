@@ -288,12 +288,15 @@ def _signed(reg, receipt_arg: Any, actor: str, role: str, key: str, step: str | 
     return sign_approval(_receipt_value(reg, receipt_arg), actor=actor, role=role, key=key, step=step)
 
 
-def _sign(args):
-    approval = _signed(
-        _registry(args), _receipt_arg(args.receipt), args.actor, args.role, args.key, args.step
-    )
-    data = approval.model_dump(mode="json")
+def _printed(signed) -> tuple[dict, str]:
+    """A signed decision the `sign*` commands print: as JSON either way."""
+    data = signed.model_dump(mode="json")
     return data, json.dumps(data, indent=2)
+
+
+def _sign(args):
+    reg = _registry(args)
+    return _printed(_signed(reg, _receipt_arg(args.receipt), args.actor, args.role, args.key, args.step))
 
 
 def _approve(args):
@@ -308,38 +311,24 @@ def _approve(args):
     else:
         raise ValueError("give --approval FILE, or --actor, --role and --key to sign here")
     stored = approve(reg, receipt, approval)
-    data = {
-        "receipt_id": stored.receipt.receipt_id,
-        "version": stored.version,
-        "content_hash": stored.content_hash,
-    }
-    return (
-        data,
-        f"approved by {approval.actor} as {approval.role} ({approval.step}): "
-        f"receipt {data['receipt_id']} version {stored.version}",
-    )
+    rid = stored.receipt.receipt_id
+    data = {"receipt_id": rid, "version": stored.version, "content_hash": stored.content_hash}
+    text = f"approved by {approval.actor} as {approval.role} ({approval.step}): receipt {rid} version {stored.version}"
+    return data, text
 
 
 def _promote(args):
-    from lightning_dagster.release.promotion import promote
+    from lightning_dagster.gate.receipt import read_json
+    from lightning_dagster.release.promotion import PromoteRequest, promote
     from lightning_dagster.release.receipts import approve
 
-    current = None
-    if args.fingerprints:
-        from lightning_dagster.gate.receipt import read_json
-
-        current = read_json(args.fingerprints, "fingerprints")
+    current = read_json(args.fingerprints, "fingerprints") if args.fingerprints else None
     reg, receipt = _registry(args), _receipt_arg(args.receipt)
     if args.key:
         role = args.role or _receipt_value(reg, receipt).plan.approvers.default[0]
         approval = _signed(reg, receipt, args.actor, role, args.key, "default")
         receipt = approve(reg, receipt, approval).receipt.receipt_id
-    signed = None
-    if args.signed:
-        from lightning_dagster.gate.receipt import read_json
-        from lightning_dagster.release.promotion import PromoteRequest
-
-        signed = PromoteRequest.model_validate(read_json(args.signed, "promotion"))
+    signed = PromoteRequest.model_validate(read_json(args.signed, "promotion")) if args.signed else None
     result = promote(
         reg, receipt, args.actor, signed=signed, key=args.key, policy=reg.gate.policy_path or None,
         current_fingerprints=current,
@@ -358,10 +347,7 @@ def _promote(args):
 def _sign_promote(args):
     from lightning_dagster.release.promotion import sign_promotion
 
-    data = sign_promotion(_registry(args), args.receipt, actor=args.actor, key=args.key).model_dump(
-        mode="json"
-    )
-    return data, json.dumps(data, indent=2)
+    return _printed(sign_promotion(_registry(args), args.receipt, actor=args.actor, key=args.key))
 
 
 def _signed_rollback(reg, args):
@@ -373,8 +359,7 @@ def _signed_rollback(reg, args):
 
 
 def _sign_rollback(args):
-    data = _signed_rollback(_registry(args), args).model_dump(mode="json")
-    return data, json.dumps(data, indent=2)
+    return _printed(_signed_rollback(_registry(args), args))
 
 
 def _rollback(args):
@@ -401,9 +386,8 @@ def _anchor(args):
     from lightning_dagster.release.chain import anchor
 
     move = anchor(_registry(args), args.version, args.key)
-    return _move_row(
-        move
-    ), f"approved-default anchored at {move.to_value} (move {move.seq}) by the roles-admin"
+    text = f"approved-default anchored at {move.to_value} (move {move.seq}) by the roles-admin"
+    return _move_row(move), text
 
 
 def _serving(args):

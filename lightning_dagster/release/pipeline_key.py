@@ -8,7 +8,6 @@ never against anything the store holds.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,11 +55,3 @@ def public_key(gate: GateSettings) -> str | None:
 def keys(gate: GateSettings) -> PipelineKeys:
     """The pipeline keys a deployment's receipt ledger attests and verifies with (`gate.ledger.use_keys`)."""
     return PipelineKeys(signing=signing_key(gate), public=public_key(gate))
-
-
-def from_env(gate: GateSettings) -> GateSettings:
-    """`gate` with the pipeline key settings it leaves empty read from $LD_PIPELINE_KEY and
-    $LD_PIPELINE_PUBLIC_KEY, as the code location reads them (for the command line)."""
-    env = {"pipeline_key_path": "LD_PIPELINE_KEY", "pipeline_public_key": "LD_PIPELINE_PUBLIC_KEY"}
-    found = {k: os.environ[v] for k, v in env.items() if not getattr(gate, k) and os.environ.get(v)}
-    return gate.updated(found) if found else gate

@@ -3,6 +3,9 @@ and flags."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -11,6 +14,31 @@ from lightning_dagster.store.connection import Connection, checked, nonempty_tex
 from lightning_dagster.store.errors import Conflict, InvalidInput, PointerConflict, PointerSeqConflict
 from lightning_dagster.store.records import PointerMove, StoredDocument
 from lightning_dagster.types import now
+
+
+def append_chained(
+    store: Any,
+    collection: str,
+    doc_id: str,
+    body: dict,
+    digest: Callable[[str | None], str],
+    *,
+    unless: Callable[[list[StoredDocument]], bool] | None = None,
+    attempts: int = 5,
+) -> int | None:
+    """Append `body` to `store`'s document after its head, hashed `digest(head hash)`; another writer taking
+    the head first makes it re-read and retry, `attempts` times in all (then `Conflict`). Nothing is appended
+    (None) when `unless(the versions read)` is true."""
+    for _ in range(attempts):
+        versions = store.document_versions(collection, doc_id)
+        if unless is not None and unless(versions):
+            return None
+        head = versions[-1].content_hash if versions else None
+        try:
+            return store.append_document(collection, doc_id, digest(head), body, head)
+        except Conflict:
+            continue
+    raise Conflict(f"could not append to {collection}/{doc_id} after {attempts} attempts")
 
 
 class DocumentStore(Connection):

@@ -17,9 +17,8 @@ from lightning_dagster.gate.ledger import ReceiptLedger, use_keys, version_hash
 from lightning_dagster.gate.receipt_incidents import incidents
 from lightning_dagster.pipeline.context import find_receipt, receipt_id
 from lightning_dagster.release import promotion
-from lightning_dagster.release.pipeline_key import from_env
 from lightning_dagster.release.pipeline_key import keys as pipeline_keys
-from lightning_dagster.settings import GateSettings
+from lightning_dagster.settings import gate_from_env
 from tests.registry.helpers import approve, bootstrap, passing_receipt
 from tests.registry.test_chain_tamper import _sql
 
@@ -51,7 +50,7 @@ def test_a_rewritten_head_is_refused_and_named_by_every_record(
     from lightning_dagster.cli import main
 
     # the deployment's pipeline key, as the code location and every command load it ($LD_PIPELINE_KEY)
-    deployment = pipeline_keys(from_env(GateSettings()))
+    deployment = pipeline_keys(gate_from_env())
     use_keys(registry.store, deployment)
     public = deployment.public
     parent, (cand,) = bootstrap(registry, variant)

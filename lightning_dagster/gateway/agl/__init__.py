@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import pydantic
-import pydantic_core
 from cachetools import LRUCache
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -20,8 +19,8 @@ from fastapi.responses import Response
 from lightning_dagster.gateway import schemas
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.keys import attempt_key, request_key, same_key
+from lightning_dagster.gateway.schemas import parse_json
 from lightning_dagster.store import agl_rollouts as store_agl
-from lightning_dagster.store.connection import bad_json, suspect_json
 from lightning_dagster.types import Sampling
 
 if TYPE_CHECKING:
@@ -107,17 +106,6 @@ class Agl:
             if self.targets.get(rollout_id) is known:  # no move or delete of the rollout meanwhile
                 known[attempt_id] = found
         return found
-
-
-def parse_json(raw: bytes) -> Any:
-    """Any JSON value without NaN, Infinity or NUL characters (422 naming the field)."""
-    try:
-        data = pydantic_core.from_json(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise GatewayError(400, f"the body is not valid JSON: {exc}") from exc
-    if suspect_json(raw) and (found := bad_json(data)):
-        raise GatewayError(422, found, param=found.split(":", 1)[0])
-    return data
 
 
 def validated(adapter: pydantic.TypeAdapter, raw: bytes) -> Any:

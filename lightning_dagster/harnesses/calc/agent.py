@@ -21,18 +21,7 @@ from lightning_dagster.harnesses import program
 
 SYSTEM_PROMPT = "Use the calculator tool, then reply ANSWER: <number>."
 TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    }
+    program.tool("calculator", "Evaluate an arithmetic expression.", expression="string")
 ]
 MAX_TURNS = 3  # model calls per episode: tool call, answer, one spare
 MAX_TOKENS = 48
@@ -104,15 +93,7 @@ def run_tool(name: str, arguments: str) -> str:
     """One tool call -> the tool message content; every failure becomes an `error: ...` the model can read."""
     if name != "calculator":
         return f"error: unknown tool {name!r}"
-    try:
-        args = json.loads(arguments or "{}")
-        if not isinstance(args, dict):
-            raise CalculatorError("arguments must be a JSON object")
-        return calculate(args.get("expression", ""))
-    except json.JSONDecodeError:
-        return "error: arguments are not valid JSON"
-    except CalculatorError as exc:
-        return f"error: {exc}"
+    return program.tool_result(lambda args: calculate(args.get("expression", "")), arguments, CalculatorError)
 
 
 def extract_answer(content: str | None) -> float | None:
@@ -126,27 +107,10 @@ def score(answer: float | None, expected: float) -> float:
 
 def run_episode(client: OpenAI, question: str) -> float | None:
     """The tool loop; returns the model's final answer, or None if it never gave one."""
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": question},
-    ]
-    for _ in range(MAX_TURNS):
-        response = client.chat.completions.create(
-            model="policy",
-            messages=messages,
-            tools=TOOLS,
-            temperature=1.0,  # a rollout's own sampling, when it has one, is applied by the gateway
-            max_tokens=MAX_TOKENS,
-        )
-        message = response.choices[0].message
-        tool_calls = message.tool_calls or []
-        if not tool_calls:
-            return extract_answer(message.content)
-        messages.append(program.assistant_turn(message))
-        for call in tool_calls:
-            result = run_tool(call.function.name, call.function.arguments)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    return None
+    reply = program.tool_loop(
+        client, SYSTEM_PROMPT, question, TOOLS, run_tool, max_turns=MAX_TURNS, max_tokens=MAX_TOKENS
+    )
+    return extract_answer(reply)
 
 
 def solve(task: dict[str, Any], client: OpenAI) -> float:
