@@ -23,9 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PARENT = re.compile(r"\] parent: approved-default = version \S+ \((.*)\)")
 PROBE = re.compile(r"probe ([\d.]+)")
-VERDICT = re.compile(
-    r"^verdict: cycle (\d) \([^)]*\): (.+?)(?: under (\S+).*?)?(?:; checks not passed: ([^;]*))?$"
-)
+VERDICT = re.compile(r"^verdict: cycle (\d) \([^)]*\): (.+?)(?: under (\S+)|$)")
+NOT_PASSED = re.compile(r"; checks not passed: ([^;]*)")
 PROMOTED = re.compile(r"^\[\s*(\d+)s\] promotion: approved-default -> (\S+) by")
 POINTER = re.compile(r"^approved-default: (\S+) -> (\S+)$")
 CYCLE_LINE = re.compile(r"^\[\s*\d+s\] cycle (\d) ")
@@ -45,8 +44,8 @@ def summarize(lines: list[str]) -> dict:
         if m := VERDICT.match(line):
             out["verdicts"][m.group(1)] = m.group(2)
             out["policy"] = m.group(3)
-            if m.group(4):
-                out["not_passed"][m.group(1)] = m.group(4)
+            if failed := NOT_PASSED.search(line):
+                out["not_passed"][m.group(1)] = failed.group(1)
         if m := PROMOTED.match(line):
             out["moved_at_s"], out["after_cycle"] = int(m.group(1)), cycle
         if m := POINTER.match(line):
