@@ -172,6 +172,7 @@ def run_one(recipe: str, seed: int, home: Path, parent: Path, quick: bool) -> di
 
     from lightning_dagster import paths
     from lightning_dagster.demo.cycles import Demo, bootstrap, run_cycle
+    from lightning_dagster.demo.location import Location
     from lightning_dagster.demo.progress import StageLines
     from lightning_dagster.demo.setup import DEMO_ACTORS, WorkingCopy, prepare_environment, use_project
     from lightning_dagster.orchestration.definitions import build_definitions
@@ -186,12 +187,15 @@ def run_one(recipe: str, seed: int, home: Path, parent: Path, quick: bool) -> di
     env = prepare_environment(dict(DEMO_ACTORS))
     defs = build_definitions(deferred=False, training=training)
     key = validate_snapshot_key(snapshot_key_for(seed))
-    with dg.DagsterInstance.get() as instance:
+    with dg.DagsterInstance.get() as instance, Location(instance) as location:
         demo = Demo(defs=defs, instance=instance, copy=copy, lines=lines, env=env, actors=dict(DEMO_ACTORS))
+        demo.location = location
         try:
             parent_version = bootstrap(demo)
             instance.add_dynamic_partitions(snapshots.name, [key])
             lines.line("snapshot", f"{key} added by hand for seed {seed}")
+            # queued as the sensor's cut would be: `run_cycle` runs the snapshot's queued run
+            demo.queued[key] = location.submit("continual_learning", {}, partition=key).run_id
             cycle_started = time.perf_counter()
             cycle = run_cycle(demo, 1, key)
             cycle_seconds = time.perf_counter() - cycle_started

@@ -10,6 +10,7 @@ given on the command line, a Dagster resource field set in code or by an environ
 from __future__ import annotations
 
 import argparse
+import os
 import types
 import typing
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
@@ -198,6 +199,12 @@ class ServingSettings(Settings):
         return self.max_batch * (2 if self.runner_mode == "inprocess" else 1)
 
 
+def trainer_threads(ranks: int) -> int:
+    """torch threads of each trainer rank: $LD_TRAINER_THREADS, else the machine's cores shared by the ranks
+    (ranks on one machine share its cores). The receipt records it, as a rerun needs it."""
+    return int(os.environ.get("LD_TRAINER_THREADS") or max(1, (os.cpu_count() or 1) // ranks))
+
+
 class TrainingSettings(Settings):
     """RL, evaluation and checkpoint selection. The defaults are the demo's: 8 steps of 8 tasks x group 16
     at lr 1e-4 with KL, selection and early stop promoted on 3 of 3 seeds (benchmarks/README.md, release
@@ -268,7 +275,7 @@ class TrainingSettings(Settings):
         "killed (subprocess) or abandoned (in-process)"
     )  # fmt: skip
     validation_tasks: int = Field(
-        64,
+        128,
         ge=0,
         description="train-split tasks outside the train pool each checkpoint is judged on greedily; the "
         "proposed checkpoint keeps every case the parent solved; 0: the last checkpoint",

@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from lightning_dagster.engine.engine import autocast, resolve_device
+from lightning_dagster.settings import trainer_threads
 from lightning_dagster.training import distributed, lora
 from lightning_dagster.training.advantages import Advantages
 from lightning_dagster.training.loss import LossConfig, LossParts, policy_loss, row_weights
@@ -336,10 +337,8 @@ class Trainer:
     @contextlib.contextmanager
     def _threads(self) -> Iterator[None]:
         before = torch.get_num_threads()
-        # ranks on one machine share its cores
         ranks = self.group.world_size if self.group is not None else 1
-        per_core = max(1, (os.cpu_count() or 1) // ranks)
-        torch.set_num_threads(self.config.threads or int(os.environ.get("LD_TRAINER_THREADS") or per_core))
+        torch.set_num_threads(self.config.threads or trainer_threads(ranks))
         try:
             yield
         finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +11,7 @@ from lightning_dagster.pipeline.report import family_table
 from lightning_dagster.pipeline.results import Markdown, StageResult, Table
 from lightning_dagster.pipeline.snapshots import freeze_tasks, load_manifest, snapshot_refs
 from lightning_dagster.pipeline.versions import code_version
+from lightning_dagster.settings import trainer_threads
 from lightning_dagster.types import RolloutKind
 
 if TYPE_CHECKING:
@@ -200,10 +200,7 @@ def algorithm(p: Pipeline, harness: str) -> dict[str, Any]:
         "reproduce": {
             "seed": t.seed,
             "eval_seed": t.eval_seed,
-            # as the trainer sets them: $LD_TRAINER_THREADS, else the cores shared by its ranks
-            "trainer_threads": int(
-                os.environ.get("LD_TRAINER_THREADS") or max(1, (os.cpu_count() or 1) // t.nproc)
-            ),
+            "trainer_threads": trainer_threads(t.nproc),
             "engine_threads": settings.serving.engine_threads,
             "device": t.device,
             "torch": importlib.metadata.version("torch"),
