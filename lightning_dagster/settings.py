@@ -275,7 +275,7 @@ class TrainingSettings(Settings):
         "killed (subprocess) or abandoned (in-process)"
     )  # fmt: skip
     validation_tasks: int = Field(
-        128,
+        64,
         ge=0,
         description="train-split tasks outside the train pool each checkpoint is judged on greedily; the "
         "proposed checkpoint keeps every case the parent solved; 0: the last checkpoint",

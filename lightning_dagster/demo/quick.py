@@ -23,7 +23,6 @@ QUICK_TRAINING: dict[str, int | float] = dict(
     warm_start_max_steps=120,
     warm_start_probe_tasks=16,
     warm_start_demos=1000,
-    validation_tasks=64,
 )
 QUICK_POLICY = Path(__file__).parents[1] / "gate" / "policies" / "quick-v1.yaml"
 
