@@ -1,12 +1,9 @@
-"""A receipt is an attestation: the pipeline signs every receipt version it writes with its own key
-(`signing.RECEIPT_ATTESTATION`: the receipt's id, the version's number, its ledger hash over body and link,
-the hash it links to, the time). The ledger keeps each version's attestation beside it (`ATTESTATIONS`), and
-a receipt file carries its version's as a top-level `attestation` object, left out of every hash.
-
-Verification recomputes the ledger hash from the receipt as parsed, so a re-serialization that keeps the
-content (key order, whitespace, number forms, escapes) keeps its attestation, and any edit of any field
-(evidence, approvals, the gate's record), another key, or another receipt's or version's signature does not
-verify. Pure: the keys come from the deployment's configuration (`release.pipeline_key`).
+"""The pipeline signs every receipt version it writes (`signing.RECEIPT_ATTESTATION`: receipt id, version
+number, ledger hash over body and link, the hash it links to, the time). The ledger keeps each attestation
+beside its version (`ATTESTATIONS`); a receipt file carries its version's as a top-level `attestation`, left
+out of every hash. Verification recomputes the ledger hash from the receipt as parsed: a re-serialization
+keeps its attestation; an edit of any field, another key, or another receipt's or version's signature does
+not verify. Pure: the keys come from the deployment's configuration (`release.pipeline_key`).
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ class Attestation(BaseModel):
 
 @dataclass(frozen=True)
 class PipelineKeys:
-    """The deployment's pipeline key: `signing` attests what is written (None: written unattested), `public`
-    verifies what is read (None: attestations are not checked)."""
+    """`signing` attests what is written, `public` verifies what is read (None: neither is done)."""
 
     signing: Ed25519PrivateKey | None = None
     public: str | None = None
@@ -50,13 +46,7 @@ NO_KEYS = PipelineKeys()
 
 
 def signed_fields(receipt_id: str, content_hash: str, att: Attestation) -> dict[str, Any]:
-    return {
-        "receipt_id": receipt_id,
-        "version": att.version,
-        "content_hash": content_hash,
-        "previous_hash": att.previous_hash,
-        "at": att.at,
-    }
+    return {"receipt_id": receipt_id, "content_hash": content_hash, **att.model_dump(exclude={"signature"})}
 
 
 def attest(
@@ -103,5 +93,4 @@ def split_file(data: Any) -> tuple[Any, Attestation | None]:
 
 
 def with_attestation(body: dict[str, Any], att: Attestation | None) -> dict[str, Any]:
-    """A receipt file's JSON: the receipt version's body, carrying its attestation when it has one."""
     return body if att is None else {**body, FILE_KEY: att.model_dump(mode="json")}

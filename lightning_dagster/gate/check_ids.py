@@ -1,6 +1,4 @@
-"""The seven checks of the release gate, named once (number, machine name, title, description) in `Check`,
-so a check cannot be called two things in two places.
-"""
+"""The seven checks of the release gate, named once (number, machine name, title, description)."""
 
 from __future__ import annotations
 
@@ -8,8 +6,7 @@ from enum import IntEnum
 
 
 class Check(IntEnum):
-    """A check: its value is its number 1..7 (what receipts and policy files store), its member name the
-    machine name (asset check name, policy attribute), `title` what people read, `description` one line."""
+    """Value: the number receipts and policy files store; name: the asset check's and policy attribute's."""
 
     title: str
     description: str

@@ -1,10 +1,7 @@
-"""The gate's verdict: validate the evidence's consistency, run the seven checks, void the stale ones, and
-decide: `PROMOTE TO BOUNDED CANARY` only when all seven pass and none is void, otherwise `HOLD`; a receipt
-whose pipeline attestation does not verify is `UNATTESTED` (`Evaluation.unattested`).
-
-An inconsistency fails the check it touches whatever its own body found. When a blocking check stopped the
-graph, the checks that need the missing evidence are unavailable and name the stage that did not run and
-the check that stopped it (`stages.stop_causes`).
+"""The gate's verdict: check consistency, run the seven checks, void the stale ones, and decide `PROMOTE TO
+BOUNDED CANARY` only when all seven pass and none is void, else `HOLD` (`UNATTESTED`: a receipt file whose
+pipeline attestation does not verify). An inconsistency fails the check it touches whatever its body found;
+when a blocking check stopped the graph, the checks lacking evidence name the stage that did not run and why.
 """
 
 from __future__ import annotations
@@ -57,7 +54,7 @@ def run_check(
     """One check on a receipt under a policy (staleness aside), after the consistency validation."""
     check = Check(check)
     found = inconsistencies(receipt, roles=roles, now=now, clock_skew_s=clock_skew_s, earlier=earlier)
-    if all(ran(receipt, stage.name) for stage in STAGES):
+    if all(ran(receipt, stage.name) for stage in STAGES):  # nothing stopped: no other check to judge
         return _judged(check, receipt, policy, found[check])
     return _judged_all(receipt, policy, found)[0][check]
 
@@ -65,7 +62,7 @@ def run_check(
 def _judged_all(
     receipt: Receipt, policy: Policy, found: dict[Check, Findings]
 ) -> tuple[dict[Check, CheckResult], dict[str, str]]:
-    """All seven checks, their findings naming why stages that did not run did not; and those causes."""
+    """All seven checks (naming why the stages that did not run did not), and those causes."""
     results = {check: _judged(check, receipt, policy, found[check]) for check in Check}
     causes = stop_causes(receipt, {check: r.status for check, r in results.items()})
     if causes:
@@ -118,7 +115,6 @@ class Evaluation(BaseModel):
         return self.model_copy(update={"verdict": UNATTESTED, "hold_reasons": reasons})
 
     def to_record(self) -> GateRecord:
-        """What the receipt keeps of this evaluation (see `receipt.with_gate_record`)."""
         return GateRecord(
             verdict=self.verdict,
             policy_version=self.policy_version,
@@ -140,9 +136,7 @@ def evaluate(
     clock_skew_s: float = CLOCK_SKEW_S,
     earlier: Collection[str] = (),
 ) -> Evaluation:
-    """Validate consistency, run the seven checks, void the ones staleness affects, and decide the verdict.
-    `earlier`: evidence hashes of the receipt's earlier versions (the ledger's), which canary approvals may
-    have signed; a receipt judged on its own has none, so each approval must sign the evidence as it is."""
+    """The verdict; `earlier`: evidence hashes of the receipt's earlier versions (for canary approvals)."""
     found = inconsistencies(receipt, roles=roles, now=now, clock_skew_s=clock_skew_s, earlier=earlier)
     judged, causes = _judged_all(receipt, policy, found)
     checks = list(judged.values())

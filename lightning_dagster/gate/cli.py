@@ -1,20 +1,13 @@
-"""`lightning-dagster gate evaluate RECEIPT [--policy-path POLICY] [--roles-path ROLES] [--pipeline-public-key
-KEY] [--json]`: judge a receipt file under a policy, and its pipeline attestation against the deployment's
-pipeline key (the flag, else $LD_PIPELINE_PUBLIC_KEY, else the public half of $LD_PIPELINE_KEY). Exit status:
-0 `PROMOTE TO BOUNDED CANARY`, 1 `HOLD`, 2 invalid input (one line naming the field: unreadable, undecodable,
-too large or too deeply nested files included), 3 `UNATTESTED` (no attestation, one that does not verify, or
-no pipeline key to verify it with).
+"""`lightning-dagster gate evaluate | verify | export`.
 
-`lightning-dagster gate verify RECEIPT_ID [--store-url URL] [--head HASH] [--pipeline-public-key KEY]`:
-re-check a stored receipt's hash chain, every version's attestation, and the head against a record kept
-elsewhere: MLflow's receipt tags on the candidate's version, `--head`. A break of the stored chain is recorded
-once as a receipt incident (`gate.receipt_incidents`), and every incident recorded for the receipt is listed.
-Exit status: 0 intact and confirmed, 1 tampered or confirmed by no independent record, 2 no such receipt or a
-store that cannot be read.
-
-`lightning-dagster gate export RECEIPT_ID [--version N] [--store-url URL]`: print a stored receipt version as a
-receipt file, carrying its attestation (what auditors and CI judge with `gate evaluate`).
-"""
+`evaluate RECEIPT` judges a receipt file under a policy, and its attestation against the pipeline key (the
+flag, else $LD_PIPELINE_PUBLIC_KEY, else the public half of $LD_PIPELINE_KEY). Exit status: 0 `PROMOTE TO
+BOUNDED CANARY`, 1 `HOLD`, 2 invalid input (one line naming the field; unreadable, oversized or too deeply
+nested files too), 3 `UNATTESTED` (no attestation, one that does not verify, or no key to verify it with).
+`verify RECEIPT_ID` re-checks a stored receipt's hash chain, attestations, and head against MLflow's receipt
+tags or `--head`; a break is recorded once as a receipt incident, and the receipt's incidents are listed.
+Exit status: 0 intact and confirmed, 1 tampered or unconfirmed, 2 no such receipt or an unreadable store.
+`export RECEIPT_ID` prints a stored version as a receipt file carrying its attestation."""
 
 from __future__ import annotations
 
@@ -103,9 +96,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def judge(data: Any, policy: Policy, public_key: str | None, *args: Any, **kwargs: Any) -> Evaluation:
-    """What `gate evaluate` says of a receipt file's JSON: the seven checks (`evaluate(receipt, policy,
-    *args, **kwargs)`), then `UNATTESTED` unless the pipeline's attestation it carries verifies with
-    `public_key` (None: no key to verify with). Invalid input raises `InvalidInput`."""
+    """`evaluate` a receipt file's JSON, `UNATTESTED` unless its attestation verifies with `public_key`."""
     body, att = attestation.split_file(data)
     receipt = parse_receipt(body)
     result = evaluate(receipt, policy, *args, **kwargs)
@@ -117,8 +108,7 @@ def judge(data: Any, policy: Policy, public_key: str | None, *args: Any, **kwarg
 
 
 def pipeline_public_key(gate: GateSettings) -> str | None:
-    """The deployment's pipeline public key: the setting, else $LD_PIPELINE_PUBLIC_KEY, else the public half
-    of $LD_PIPELINE_KEY; None when none is configured. A malformed key is invalid input."""
+    """The setting, else $LD_PIPELINE_PUBLIC_KEY, else the public half of $LD_PIPELINE_KEY (None: none)."""
     text = gate.pipeline_public_key.strip() or os.environ.get("LD_PIPELINE_PUBLIC_KEY", "").strip()
     if not text and os.environ.get("LD_PIPELINE_KEY"):
         # loading a private key file pulls in the release's errors (and the registry): only when needed
@@ -208,8 +198,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _incidents(ledger, report, record: bool) -> None:
-    """Record the break of the stored chain (once: an earlier reader's record stands) when `record`, then
-    list every receipt incident of the receipt."""
+    """Record the chain's break (once) when `record`, then list every receipt incident of the receipt."""
     from lightning_dagster.gate.receipt_incidents import incidents
 
     recorded = None
@@ -232,8 +221,7 @@ def _incidents(ledger, report, record: bool) -> None:
 
 
 def _mlflow_record(args: argparse.Namespace, store, ledger) -> tuple[str | None, str, int]:
-    """What MLflow's receipt tags on the candidate's version say against the ledger: the disagreement (None:
-    none), what was compared or why nothing was, and the receipt version they record (0: none)."""
+    """`receipt_tags.compare` for the candidate's version, when the head names one."""
     try:
         candidate = ledger.head(args.receipt_id, verify=False).candidate
     except ValueError:
@@ -261,7 +249,6 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def render(ev: Evaluation) -> str:
-    """A readable table: one row per check, then the verdict and every reason to hold."""
     rows = [(str(c.id), c.title, c.status + (" (void)" if c.void else ""), c.reason) for c in ev.checks]
     widths = [max(len(r[i]) for r in [("#", "check", "status", ""), *rows]) for i in range(3)]
     lines = [

@@ -1,6 +1,5 @@
-"""Evidence that must agree with itself: the cross-field validations the gate runs before it judges. An
-inconsistency fails the check whose evidence it touches; a field they need but lack makes it unavailable.
-"""
+"""Cross-field validations the gate runs before it judges: an inconsistency fails the check whose evidence it
+touches; a field they need but lack makes that check unavailable."""
 
 from __future__ import annotations
 
@@ -39,9 +38,8 @@ def inconsistencies(
     clock_skew_s: float = CLOCK_SKEW_S,
     earlier: Collection[str] = (),
 ) -> dict[Check, Findings]:
-    """Per check, the contradictions (failures) and missing fields (unavailable) found in the receipt. With
-    `roles`, every approval must verify over this evidence (a canary approval: or over `earlier` evidence
-    hashes, those of the receipt's versions in the ledger) and be recorded once."""
+    """Per check, the contradictions (failures) and missing fields (unavailable); with `roles`, every
+    approval must verify (a canary one: maybe over `earlier` evidence) and be recorded once."""
     if not math.isfinite(clock_skew_s) or clock_skew_s < 0:
         # a NaN skew would compare false with every time and let any future time through
         raise ValueError(f"clock skew must be a finite number of seconds >= 0, not {clock_skew_s!r}")
@@ -61,8 +59,7 @@ def _repeated(values: Iterable[str]) -> list[str]:
 
 
 def _identities(r: Receipt, f: Findings) -> None:
-    """The candidate is another artifact than its parent; the plan's sets of different splits are different
-    sets (an empty one aside)."""
+    """The candidate is not its parent; the plan's splits are different sets (an empty one aside)."""
     cand, parent = r.candidate, r.plan.parent
     for field in ARTIFACT_FIELDS if cand is not None else ():
         if (value := getattr(cand, field)) and value == getattr(parent, field):
@@ -82,9 +79,8 @@ def _iso(t: float) -> str:
 
 
 def _timeline(r: Receipt, out: dict[Check, Findings], latest: float, skew: float) -> None:
-    """Plan, training, evaluation, canary and the approval of the default happen in that order, none after
-    now plus skew. Each time is compared with the latest time recorded at an earlier stage."""
-    # (stage rank, what, time, the check its evidence feeds); a recorded section without its time is missing
+    """Plan, training, evaluation, canary and the default's approval happen in that order, none after `latest`
+    (entries: stage rank, what, time, the check it feeds); a recorded section without a time is missing."""
     stages: list[tuple[int, str, float | None, Check]] = [(0, "plan", r.plan.created_at, Check.pinned)]
     if r.candidate is not None:
         stages.append((1, "candidate (training)", r.candidate.created_at, Check.pinned))
@@ -99,8 +95,7 @@ def _timeline(r: Receipt, out: dict[Check, Findings], latest: float, skew: float
         for a in r.approvals
         if a.step == "default"
     ]
-    # These follow the plan only: the canary step is approved on the plan, before training runs, and the
-    # drill exercises the parent, which it may do at any time.
+    # These only follow the plan: the canary is approved before training, the drill may run any time.
     after_plan = [
         (1, f"approval of the canary by {a.actor}", a.at, Check.rollback_and_approval)
         for a in r.approvals
@@ -155,8 +150,7 @@ def _rollouts(r: Receipt, out: dict[Check, Findings]) -> None:
 
 
 def _planned(ref: SnapshotRef | None, what: str, families: list[tuple[str, int]], f: Findings) -> None:
-    """Each family listed once, and the families are the plan's with their planned sizes (or, when the
-    plan records only the set's size, add up to it)."""
+    """Each family once, the plan's with their planned sizes (or adding up to the set's size)."""
     if dup := _repeated(name for name, _ in families):
         f.fail(f"{what} families listed more than once: {dup}")
     got = dict(families)
@@ -199,8 +193,7 @@ def _closed_sets(r: Receipt, out: dict[Check, Findings]) -> None:
 
 
 def _canary(r: Receipt, f: Findings) -> None:
-    """Each canary task once and one the plan lists; a verified one names its destination and no uncertainty;
-    tools and destinations are those the plan fingerprinted; usage and the plan count the listed tasks."""
+    """Each canary task once and planned, a verified one re-read; tools and destinations as fingerprinted."""
     c, pinned = r.canary, r.plan.canary_snapshot
     if c is None:
         return

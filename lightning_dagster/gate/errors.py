@@ -19,9 +19,7 @@ class InvalidInput(ValueError, UsageError):
     """A receipt, policy or fingerprint file that cannot be judged. `fields` lists the dotted paths at fault."""
 
     def __init__(self, what: str, problems: list[tuple[str, str]]):
-        self.what = what
-        self.problems = problems
-        self.fields = [field for field, _ in problems]
+        self.what, self.problems, self.fields = what, problems, [field for field, _ in problems]
         detail = "; ".join(f"{field or '<root>'}: {message}" for field, message in problems)
         super().__init__(f"invalid {what}: {detail}")
 
@@ -35,8 +33,7 @@ class AmendmentError(ValueError):
 
 
 class TamperedReceipt(RuntimeError):
-    """A stored receipt chain does not verify: a body, hash or link was changed after it was written.
-    `incident`: the receipt incident recording the break (None: none could be recorded)."""
+    """A stored receipt chain does not verify; `incident`: the one recording it (None: none could be)."""
 
     def __init__(self, message: str, incident: object = None):
         super().__init__(message)

@@ -76,9 +76,8 @@ def check_pinned(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> Chec
 def expected_of_stages_that_ran(
     r: Receipt, causes: Causes, stop: EarlyStop | None
 ) -> tuple[dict[RolloutKind, int], dict[str, dict]]:
-    """Per kind, the rollouts the plan expects of the stages that ran; and per stage that did not, the
-    rollouts it would have started and why. Before training runs only the first batch of train rollouts is
-    expected; training that stopped early as its validation justifies (`stop`), those of the steps it ran."""
+    """Per kind, the rollouts expected of the stages that ran (before training, the first batch; after a
+    justified early `stop`, the steps run); per stage that did not, those it would have started and why."""
     expected = dict(r.plan.expected_rollouts or {})
     skipped: dict[str, dict] = {}
     for stage in STAGES:
@@ -151,10 +150,7 @@ def check_span_coverage(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) 
     recorded = Counter(ev.kinds)
     stop = early_stop(r)
     expected, skipped = expected_of_stages_that_ran(r, causes, stop)
-    planned_by_kind = {k: max(n, expected.get(k, 0)) for k, n in recorded.items()}
-    for k, n in expected.items():
-        planned_by_kind.setdefault(k, n)
-    planned = sum(planned_by_kind.values())
+    planned = sum(max(recorded[k], expected.get(k, 0)) for k in recorded.keys() | expected.keys())
     never_recorded = planned - len(ev.kinds)
     undeclared = sorted(k.value for k, req in required.items() if req is None)
     figures = {
@@ -193,8 +189,7 @@ def check_span_coverage(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) 
 
 
 def check_retry_debt(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES) -> CheckResult:
-    """Retries beyond the plan's budget (sample and infrastructure counted apart), plus retries whose
-    kind was never classified (a second `first` attempt), are unexpected retry debt."""
+    """Retries beyond the plan's budgets, plus unclassified ones (a second `first` attempt), are debt."""
     ev, f = r.rollouts, Findings()
     limit = policy.checks.retry_debt.max_unexpected_retries
     budget = r.plan.retry_budget

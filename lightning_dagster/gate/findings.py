@@ -1,5 +1,5 @@
-"""What one check returns (`CheckResult`) and how a check body collects its failures and missing evidence:
-a definite failure outranks missing evidence; missing evidence is never a pass.
+"""A check's result, and how a check body collects failures and missing evidence: a definite failure outranks
+missing evidence; missing evidence is never a pass.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Immutable receipts: each version is content-hashed and appended to the store's append-only documents;
-an amendment is a new version pointing at the one before.
-
-The hash covers body and link (`sha256(canonical({"previous_hash", "receipt"}))`), so an edit breaks
-`verify_chain`; a rewrite that recomputes the hashes does not, but the pipeline's attestation of each version
-(`gate.attestation`, kept beside it) then fails against the deployment's pipeline key. Amendments may only add; the gate's own record (`gate`) may be replaced, since a later
-evaluation under another policy is a new judgement of the same evidence. A verifying read that finds a break
-refuses it (`TamperedReceipt`) and records it once as a receipt incident (`gate.receipt_incidents`).
-"""
+"""Immutable receipts: each version is content-hashed (body and link) and appended to the store's append-only
+documents. An amendment is a new version that only adds (the gate's record may be replaced: a later
+evaluation under another policy is a new judgement of the same evidence). An edit breaks `verify_chain`; a
+rewrite that recomputes the hashes fails each version's pipeline attestation (`gate.attestation`). A
+verifying read refuses a break (`TamperedReceipt`) and records it once as a receipt incident."""
 
 from __future__ import annotations
 
@@ -23,9 +19,8 @@ from lightning_dagster.gate.receipt_incidents import ReceiptIncident
 from lightning_dagster.release.approvals import evidence_hash
 
 COLLECTION = "receipts"
-# receipt id -> the snapshot key the pipeline planned it for, written by the pipeline with a receipt's first
-# version and by nothing else: what tells a receipt whose evidence the pipeline's stages recorded from one
-# brought in by hand (`registry approve|promote FILE.json`).
+# receipt id -> the snapshot key the pipeline planned it for, written only by the pipeline with a receipt's
+# first version: what tells its receipts from one brought in by hand (`registry approve|promote FILE.json`).
 RECEIPT_SNAPSHOTS = "receipt-snapshots"
 REPLACEABLE = frozenset({"gate"})
 # store -> the deployment's pipeline keys, for every ledger over that store (`use_keys`)
@@ -33,8 +28,7 @@ _KEYS: WeakKeyDictionary[Any, PipelineKeys] = WeakKeyDictionary()
 
 
 def use_keys(store: Any, keys: PipelineKeys) -> None:
-    """Every `ReceiptLedger(store)` from now on attests what it writes and verifies what it reads with
-    `keys` (the deployment's, from its configuration: `release.pipeline_key.keys`)."""
+    """Every `ReceiptLedger(store)` from now on attests and verifies with `keys` (`pipeline_key.keys`)."""
     _KEYS[store] = keys
 
 
@@ -101,36 +95,28 @@ class ReceiptLedger:
 
     def append(self, receipt: Receipt, *, attest: bool = True) -> LedgerEntry:
         """Store a receipt: version 1, or an amendment of the head (concurrent writers: `Conflict`), attested
-        with the pipeline key when there is one (`attest=False`: a receipt brought in by hand, which the
-        pipeline did not write). An attesting ledger amends only a chain that verifies, attestations too:
-        it never signs evidence built on a version it did not write."""
-        body = receipt.to_json_dict()
-        versions = self.store.document_versions(COLLECTION, receipt.receipt_id)
+        with the pipeline key unless `attest=False` (a receipt brought in by hand). An attesting ledger amends
+        only a chain that verifies: it never signs evidence built on a version it did not write."""
+        rid, body, attested = receipt.receipt_id, receipt.to_json_dict(), self.attesting and attest
+        versions = self.store.document_versions(COLLECTION, rid)
         previous = versions[-1] if versions else None
-        if previous is not None and self.attesting and attest:
-            if not (report := self.verify_chain(receipt.receipt_id)).ok:
-                raise self._tampered(report, "ledger amendment")
-        if previous is not None:
-            check_amendment(previous.body, body)
-            if version_hash(body, previous.previous_hash) == previous.content_hash:
-                # the head already holds exactly this receipt: nothing to amend
-                return LedgerEntry(
-                    receipt.receipt_id,
-                    previous.version,
-                    previous.content_hash,
-                    previous.previous_hash,
-                    self.attesting and attest,  # verified above
-                )
         prev_hash = previous.content_hash if previous is not None else None
+        if previous is not None:
+            if attested and not (report := self.verify_chain(rid)).ok:
+                raise self._tampered(report, "ledger amendment")
+            check_amendment(previous.body, body)
+            if version_hash(body, previous.previous_hash) == prev_hash:
+                # the head already holds exactly this receipt (its attestation verified above): nothing to do
+                return LedgerEntry(rid, previous.version, prev_hash, previous.previous_hash, attested)
         digest = version_hash(body, prev_hash)
-        version = self.store.append_document(COLLECTION, receipt.receipt_id, digest, body, prev_hash)
-        if self.keys.signing is not None and attest:
-            att = attestation.attest(self.keys.signing, receipt.receipt_id, version, digest, prev_hash)
-            stored = self.store.document_versions(ATTESTATIONS, receipt.receipt_id)
+        version = self.store.append_document(COLLECTION, rid, digest, body, prev_hash)
+        if attested:
+            att = attestation.attest(self.keys.signing, rid, version, digest, prev_hash)
+            stored = self.store.document_versions(ATTESTATIONS, rid)
             doc = att.model_dump(mode="json")
             link = stored[-1].content_hash if stored else None
-            self.store.append_document(ATTESTATIONS, receipt.receipt_id, content_hash(doc), doc, link)
-        return LedgerEntry(receipt.receipt_id, version, digest, prev_hash, self.attesting and attest)
+            self.store.append_document(ATTESTATIONS, rid, content_hash(doc), doc, link)
+        return LedgerEntry(rid, version, digest, prev_hash, attested)
 
     def attestations(self, receipt_id: str) -> dict[int, list[Attestation]]:
         """Version number -> the attestations stored for it (a malformed one is left out: it proves nothing)."""
@@ -145,19 +131,15 @@ class ReceiptLedger:
 
     def attestation_of(self, receipt_id: str, version: int, content_hash: str) -> Attestation | None:
         """The stored attestation that verifies for this version (else the first stored, else None)."""
-        candidates = self.attestations(receipt_id).get(version, [])
-        for att in candidates:
-            if (
-                self.keys.public
-                and attestation.problem(self.keys.public, receipt_id, content_hash, att) is None
-            ):
-                return att
-        return candidates[0] if candidates else None
+        candidates, key = self.attestations(receipt_id).get(version, []), self.keys.public
+        good = [
+            a for a in candidates if key and attestation.problem(key, receipt_id, content_hash, a) is None
+        ]
+        return (good or candidates or [None])[0]
 
     def verify_chain(self, receipt_id: str, expected_head: str | None = None) -> ChainReport:
-        """Recompute every version's hash and link and, with the deployment's public pipeline key, verify
-        each version's attestation (a rewrite that recomputes the hashes fails there). `expected_head` (e.g.
-        the hash recorded with a pointer move) also catches a rewrite of the newest version with its hash."""
+        """Recompute every version's hash and link and, with a public pipeline key, verify its attestation.
+        `expected_head` (e.g. recorded with a pointer move) also catches a rewrite of the newest version."""
         versions = sorted(self.store.document_versions(COLLECTION, receipt_id), key=lambda d: d.version)
         problems: list[str] = []
         attested = self.attestations(receipt_id) if self.keys.public else {}
@@ -192,9 +174,8 @@ class ReceiptLedger:
         return ChainReport(receipt_id, not problems, len(versions), prev_hash, problems, first_bad)
 
     def record_break(self, report: ChainReport, reader: str) -> tuple[ReceiptIncident, bool] | None:
-        """Record the break `report` found in the store's chain as a receipt incident, once per first bad
-        version and problem: the incident, and whether this call recorded it (None: no break in the chain;
-        a head that disagrees only with a hash recorded elsewhere is the caller's finding, not recorded)."""
+        """The receipt incident recording `report`'s break (once per first bad version and problem), and
+        whether this call recorded it; None without a break in the chain (a mismatched head is not one)."""
         if report.first_bad is None:
             return None
         return receipt_incidents.record_once(
@@ -208,7 +189,6 @@ class ReceiptLedger:
         )
 
     def _tampered(self, report: ChainReport, reader: str) -> TamperedReceipt:
-        """The refusal of a chain that does not verify, its break recorded as a receipt incident."""
         message = f"receipt {report.receipt_id}: " + "; ".join(report.problems)
         try:
             recorded = self.record_break(report, reader)
@@ -223,8 +203,7 @@ class ReceiptLedger:
         return TamperedReceipt(f"{message} ({when} as receipt incident {incident.number})", incident)
 
     def head(self, receipt_id: str, *, verify: bool = True) -> Receipt:
-        """The newest version as a `Receipt`; with `verify`, raises `TamperedReceipt` on a broken chain (its
-        break recorded once as a receipt incident)."""
+        """The newest version; with `verify`, `TamperedReceipt` on a broken chain (recorded once)."""
         if verify:
             report = self.verify_chain(receipt_id)
             if not report.ok:
@@ -235,8 +214,7 @@ class ReceiptLedger:
         return parse_receipt(versions[-1].body)
 
     def evidence_hashes(self, receipt_id: str) -> set[str]:
-        """The evidence hash of every stored version: what a canary approval, signed before the evidence it
-        precedes, may bind (`gate.evaluate(earlier=...)`)."""
+        """Every stored version's evidence hash: what a canary approval may have signed."""
         versions = self.store.document_versions(COLLECTION, receipt_id)
         return {evidence_hash(parse_receipt(d.body)) for d in versions}
 
@@ -258,7 +236,6 @@ class ReceiptLedger:
 
 
 def file_problem(receipt: Receipt, att: Attestation | None, public_key: str) -> str | None:
-    """Why a receipt read from a file is not a version the pipeline attested under `public_key` (None: it
-    is): its ledger hash is recomputed from the receipt as parsed, linked as the attestation says."""
+    """Why a receipt file is not a version the pipeline attested under `public_key` (None: it is)."""
     digest = version_hash(receipt.to_json_dict(), att.previous_hash if att else None)
     return attestation.problem(public_key, receipt.receipt_id, digest, att)

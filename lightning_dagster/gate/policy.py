@@ -1,6 +1,6 @@
-"""The versioned gate policy: every threshold of the seven checks, loaded from YAML or JSON. `Policy.hash` is
-the sha256 of its canonical JSON form (comments and key order do not change it; any threshold does). A policy
-is known by that hash: one named like a packaged policy (`default-v1`) must hash like it.
+"""The versioned gate policy: every threshold of the seven checks, from YAML or JSON. `Policy.hash` is the
+sha256 of its canonical JSON (comments and key order do not change it); a policy named like a packaged one
+(`default-v1`) must hash like it.
 """
 
 from __future__ import annotations
@@ -17,22 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.errors import InvalidInput, from_validation_error
 from lightning_dagster.gate.hashing import content_hash
-from lightning_dagster.gate.receipt_models import Count, Name, Share
+from lightning_dagster.gate.receipt_models import Count, Fingerprints, Name, Share
 
 POLICY_SCHEMA_VERSION = 1
 DEFAULT_POLICY = "default-v1"
 POLICIES = resources.files("lightning_dagster.gate").joinpath("policies")  # the packaged ones
 
-FingerprintName = Literal[
-    "evaluator",
-    "tool_contract",
-    "task_distribution",
-    "parent",
-    "serving_model",
-    "retry_policy",
-    "permissions",
-    "destinations",
-]
+FingerprintName = Literal[tuple(Fingerprints.model_fields)]  # the names a receipt records
 
 
 class _Model(BaseModel):
@@ -108,8 +99,7 @@ class Policy(_Model):
 
 
 def parse_policy(data: Any) -> Policy:
-    """Validate policy data; raises `InvalidInput` naming the field (`checks.8`, `schema_version`, ...), or
-    the version when it names a packaged policy whose content this is not."""
+    """Validate policy data; `InvalidInput` names the field, or the version of a false packaged name."""
     policy = _validated(data)
     if (packaged := _packaged_hash(policy.version)) not in (None, policy.hash):
         why = f"names the packaged policy of hash {packaged}, not this one ({policy.hash}): rename it"
@@ -119,7 +109,6 @@ def parse_policy(data: Any) -> Policy:
 
 @cache
 def _packaged_hash(version: str) -> str | None:
-    """The content hash of the packaged policy called `version`; None: no packaged policy has that name."""
     if f"{version}.yaml" not in {p.name for p in POLICIES.iterdir()}:
         return None
     return _validated(yaml.safe_load(POLICIES.joinpath(f"{version}.yaml").read_text())).hash

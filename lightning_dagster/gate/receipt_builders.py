@@ -1,6 +1,6 @@
-"""Pure builders of the update receipt: each takes a receipt and returns a new, validated one. Phase-3
-builders stamp the time a stage finished (`at`) unless the evidence carries one: the gate checks that
-plan, training, evaluation, canary and approval happened in that order.
+"""Pure builders of the update receipt: each returns a new, validated receipt. Phase-3 builders stamp when a
+stage finished (`at`) unless the evidence carries it: the gate checks plan, training, evaluation, canary and
+approval happened in that order.
 """
 
 from __future__ import annotations
@@ -86,8 +86,7 @@ def rollout_evidence(
 
 
 def _with(receipt: Receipt, **update: Any) -> Receipt:
-    """A new receipt with `update` applied and type-checked. Model instances already validated are taken
-    as they are (pydantic does not revalidate instances), so large phase-2 evidence costs nothing here."""
+    """`receipt` with `update`, validated (instances are taken as they are: evidence costs nothing)."""
     try:
         return Receipt.model_validate({**dict(receipt), **update})
     except ValidationError as err:
@@ -108,8 +107,8 @@ def add_rollout_evidence(
 
 
 def _stamped(model: Any, field: str, at: float | None, recorded: BaseModel | None) -> Any:
-    """`model` with its time `field` set (to `at`, else now) unless it already records one. Evidence equal
-    to what the receipt already holds keeps the recorded time, so re-running a stage amends nothing."""
+    """`model` with its time `field` set (to `at`, else now) unless it records one; evidence equal to what the
+    receipt holds keeps its time, so re-running a stage amends nothing."""
     if not isinstance(model, BaseModel) or getattr(model, field) is not None:
         return model
     if recorded is not None and recorded.model_copy(update={field: None}) == model:
@@ -124,8 +123,7 @@ def add_candidate(receipt: Receipt, candidate: CandidateArtifact, *, at: float |
 def family_scores(
     candidate: Mapping[str, Mapping[str, float]], parent: Mapping[str, Mapping[str, float]]
 ) -> list[FamilyScore]:
-    """Per-family means from per-task rewards (family -> task id -> reward); a family one side lacks gets
-    None on that side. `n` and `distinct_tasks` (recorded apart, against edits) count the tasks both had."""
+    """Per-family means of family -> task id -> reward; `n`, `distinct_tasks`: the tasks both sides had."""
     scores = []
     for family in sorted(set(candidate) | set(parent)):
         c, p = candidate.get(family) or {}, parent.get(family) or {}

@@ -1,9 +1,7 @@
 """Receipt incidents: a stored receipt chain a verifying reader found broken (a body, hash or link changed, a
-version missing or out of place, or a version whose pipeline attestation does not verify), kept in the
-store's append-only documents (`receipt_incidents`, doc id = the receipt id, one hash-chained version per
-incident). A break is recorded once, keyed by its first bad version and what is wrong with it: the first
-reader that finds it appends it; every later reader, and a concurrent one whose append lost the head, finds
-it there. Reading records nothing while the chain verifies.
+version missing or out of place, an attestation that does not verify), in the store's append-only documents
+(`receipt_incidents`, doc id = receipt id). A break is recorded once, keyed by its first bad version and its
+problem: later readers, and a concurrent one whose append lost the head, find it there.
 """
 
 from __future__ import annotations
@@ -70,8 +68,7 @@ def record_once(
     head_hash: str | None = None,
     reader: str = "",
 ) -> tuple[ReceiptIncident, bool]:
-    """The incident recording this break, appended unless one already records it; and whether it was new.
-    Another reader recording at the same moment takes the head: this one re-reads, and may find its break."""
+    """The incident recording this break, appended unless one already records it; and whether it was new."""
     # The store's documents load SQLAlchemy: only when there is a break to record.
     from lightning_dagster.store.documents import append_chained
 

@@ -1,8 +1,7 @@
-"""The update receipt's schema: one machine-readable document that binds a candidate to its exact parent,
-data, evaluator, attempts, span coverage, held-out and protected results, canary, rollback drill, approvals.
-
-Phase 1 (`Plan`) is frozen before training; phase 2 (`RolloutEvidence`) is columnar; phase 3 holds the
-rest. Evidence that does not exist is `None` (or an empty list), never a healthy default.
+"""The update receipt's schema: one document binding a candidate to its exact parent, data, evaluator,
+attempts, span coverage, held-out and protected results, canary, rollback drill and approvals. Phase 1
+(`Plan`) is frozen before training; phase 2 (`RolloutEvidence`) is columnar; phase 3 holds the rest.
+Evidence that does not exist is `None` (or an empty list), never a healthy default.
 """
 
 from __future__ import annotations
@@ -25,16 +24,15 @@ from lightning_dagster.types import AttemptState, RetryKind, RolloutKind, Rollou
 RECEIPT_SCHEMA_VERSION = 1
 # Larger files are refused before reading: a million rollouts in columnar form stay well below this.
 MAX_JSON_BYTES = 256 * 2**20
-# Free-form algorithm settings nesting deeper than this are refused before validation, hashing or
-# serialisation would recurse through them.
+# Algorithm settings nesting deeper are refused before validation, hashing or serialisation recurse.
 MAX_DEPTH = 64
 
 NonEmpty = Annotated[str, Field(min_length=1)]
 
 
 def _normalized(value: str) -> str:
-    """Ids and names compare as written: two that look alike must be equal strings, so no invisible character
-    (format, zero-width, control or separator other than the space), no surrounding whitespace, and NFC."""
+    """Ids and names that look alike must be equal strings: NFC, no invisible character (format, zero-width,
+    control, separator but the space) and no surrounding whitespace."""
     if not value.isprintable() or value != value.strip() or not unicodedata.is_normalized("NFC", value):
         raise ValueError(
             f"{value!r} is not a normalized name (NFC, no invisible or surrounding blank characters)"
@@ -48,8 +46,8 @@ Share = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
 class _Model(BaseModel):
-    # frozen: builders return new receipts; forbid: a misspelt field is an error, not silently dropped;
-    # no NaN/inf anywhere: a NaN reward compares false with everything and would pass or fail by accident.
+    # frozen: builders return new receipts; forbid: a misspelt field is an error, not dropped; no NaN/inf: a
+    # NaN reward compares false with everything and would pass or fail by accident.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
@@ -62,9 +60,6 @@ def _check_json_finite(value: Any, path: str = "") -> None:
     elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
             _check_json_finite(v, f"{path}.{i}" if path else str(i))
-
-
-# ---------------------------------------------------------------- phase 1: the plan
 
 
 class SnapshotRef(_Model):
@@ -101,8 +96,7 @@ class ApproverRoles(_Model):
 
 
 class RetryBudget(_Model):
-    """Retries declared up front: sample retries are part of the agent's method, infrastructure retries pay
-    for broken workers or timeouts. Anything beyond these is unexpected retry debt."""
+    """Retries declared up front (sample: the agent's method; infrastructure: broken workers, timeouts)."""
 
     expected_sample_retries: Count
     infrastructure_retries: Count
@@ -134,13 +128,9 @@ class Plan(_Model):
         return v
 
 
-# ---------------------------------------------------------------- phase 2: rollouts, attempts, spans
-
-
 class RolloutEvidence(_Model):
-    """Columnar: rollout i is (`rollout_ids[i]`, `kinds[i]`, `statuses[i]`, `span_counts[i]`), where
-    `span_counts[i][j]` counts the rollout's spans of family `families[j]` and `None` means its spans could
-    not be read (unavailable, not zero). Attempt k belongs to rollout `attempt_rollout[k]`."""
+    """Columnar: rollout i has `span_counts[i][j]` spans of family `families[j]` (None: unreadable, not zero);
+    attempt k is rollout `attempt_rollout[k]`'s."""
 
     rollout_ids: list[Name]
     kinds: list[RolloutKind]
@@ -178,9 +168,6 @@ class RolloutEvidence(_Model):
         return sum(sum(row) for row in self.span_counts if row is not None)
 
 
-# ---------------------------------------------------------------- phase 3: after training
-
-
 class ValidationEval(_Model):
     """One checkpoint judged greedily on the run's validation split."""
 
@@ -190,8 +177,7 @@ class ValidationEval(_Model):
 
 
 class TrainingRun(_Model):
-    """How training ran against the plan: the steps it took and, when it stopped early, why, with the
-    validation evaluations the gate recomputes the stop from."""
+    """Steps run against the plan, an early stop's reason and the validation the gate recomputes it from."""
 
     steps_planned: Annotated[int, Field(ge=1)]
     steps_run: Annotated[int, Field(ge=1)]
@@ -211,20 +197,18 @@ class CandidateArtifact(_Model):
     resource_id: Name
     uri: Name
     weights_hash: str | None = None
-    # The hash of the checkpoint's other files (tokenizer, chat template, configs; the registry's
-    # `checkpoints.files_hash`). Left out of the JSON when None, as `training` is.
+    # the checkpoint's other files (tokenizer, chat template, configs: `checkpoints.files_hash`)
     files_hash: str | None = Field(default=None, exclude_if=lambda v: v is None)
     parent_id: Name
     model_version: Name | None = None  # the registry's version (e.g. "3"), when registered
     created_at: float | None = None  # when training produced it (unix seconds)
-    # None: not recorded, and the whole plan's steps are expected. Left out of the JSON when None, so
-    # receipts written before this field hash (and verify their signatures) as they did.
+    # None: every planned step is expected. Left out of the JSON when None (as `files_hash`), so receipts
+    # written before the field hash (and verify their signatures) as they did.
     training: TrainingRun | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class FamilyScore(_Model):
-    """Mean reward of candidate and parent on one task family; None: that side was not evaluated.
-    `distinct_tasks` counts the distinct task ids behind `n` (None: not recorded)."""
+    """Mean rewards on one family (None: not evaluated); `distinct_tasks`: distinct ids behind `n`."""
 
     family: Name
     n: Count
@@ -244,8 +228,7 @@ class HoldoutComparison(_Model):
 
 
 class ProtectedFamily(_Model):
-    """Protected cases of one family: `regressed` are cases the parent passed and the candidate failed;
-    `missing` counts cases with no result on either side."""
+    """`regressed`: cases the parent passed and the candidate failed; `missing`: cases without a result."""
 
     family: Name
     n: Count
@@ -287,9 +270,8 @@ class CanaryUsage(_Model):
 
 
 class CanaryTask(_Model):
-    """One canary task. `verified`: the destination was re-read and matched (not just the command run).
-    Otherwise `evidence` says what weaker evidence exists and `uncertainty` how unsure it is.
-    `harmful_effect` None means no record either way."""
+    """`verified`: the destination was re-read and matched, else `evidence` names weaker evidence and
+    `uncertainty` how unsure it is. `harmful_effect` None: no record either way."""
 
     task_id: Name
     destination: Name | None = None
@@ -310,7 +292,7 @@ class CanaryReport(_Model):
 
 
 class RollbackDrill(_Model):
-    """The exact parent loaded in the same environment and routing returned to it; None: not tried."""
+    """The exact parent resolved, loaded and routed back to; None: not tried."""
 
     parent_id: Name
     environment: str = ""
@@ -378,9 +360,6 @@ def receipt_hash(receipt: Receipt) -> str:
     return content_hash(receipt.model_dump(mode="json", exclude={"gate"}))
 
 
-# ---------------------------------------------------------------- parsing
-
-
 def _too_deep(data: Any, limit: int) -> str | None:
     """The path of the first value nested deeper than `limit`, else None (iterative: any depth is safe)."""
     stack: list[tuple[Any, str, int]] = [(data, "", 0)]
@@ -406,8 +385,7 @@ def parse_receipt(data: Any) -> Receipt:
             "receipt",
             [("schema_version", f"receipt schema {version!r} is not supported (this gate reads 1)")],
         )
-    # Only the free-form algorithm settings can nest without bound: typed fields refuse a nested value at
-    # its first level.
+    # Only the free-form algorithm settings can nest without bound: typed fields refuse nesting at once.
     plan = data.get("plan")
     algorithm = plan.get("algorithm") if isinstance(plan, dict) else None
     if isinstance(algorithm, dict) and (deep := _too_deep(algorithm, MAX_DEPTH)) is not None:
@@ -421,9 +399,9 @@ def parse_receipt(data: Any) -> Receipt:
         raise from_validation_error("receipt", err) from None
 
 
-def read_json(path: str | Path, what: str, max_bytes: int | None = None) -> Any:
+def read_json(path: str | Path, what: str) -> Any:
     """Read a JSON file; anything unreadable, oversized or malformed is `InvalidInput`."""
-    limit = MAX_JSON_BYTES if max_bytes is None else max_bytes
+    limit = MAX_JSON_BYTES
     try:
         size = Path(path).stat().st_size
         if size > limit:

@@ -31,19 +31,16 @@ def check_heldout_margin(r: Receipt, policy: Policy, causes: Causes = NO_CAUSES)
     unscored = 0  # tasks of families lacking a score on one side
     per_family = {}
     for s in h.families:
+        both = s.candidate_mean is not None and s.parent_mean is not None
         per_family[s.family] = {
             "n": s.n,
             "candidate": rounded(s.candidate_mean),
             "parent": rounded(s.parent_mean),
-            "delta": rounded(
-                None
-                if s.candidate_mean is None or s.parent_mean is None
-                else s.candidate_mean - s.parent_mean
-            ),
+            "delta": rounded(s.candidate_mean - s.parent_mean if both else None),
         }
         if s.n == 0:
             continue
-        if s.candidate_mean is None or s.parent_mean is None:
+        if not both:
             f.miss(f"family {s.family} lacks a {'candidate' if s.candidate_mean is None else 'parent'} score")
             unscored += s.n
             continue

@@ -1,6 +1,6 @@
-"""The graph's stages as the gate sees them: which evidence each produces, which rollout kinds it starts,
-and which blocking checks stop every stage after it, so a stopped graph reads as a diagnosis. The names are
-the Dagster assets that produce the evidence (a test keeps this and `assets.checks.JUDGED_ASSET` equal).
+"""The graph's stages as the gate sees them: the evidence each produces, the rollout kinds it starts, and the
+blocking checks that stop every stage after it. The names are the Dagster assets that produce the evidence
+(a test keeps this and `assets.gate_checks.JUDGED_ASSET` equal).
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ ROLLOUTS, TRAINING, EVALUATION, CANARY, DRILL = (
     "rollback_drill",
 )
 
-# In graph order. The first batch of train rollouts comes from `rollouts`; later RL steps' train rollouts
-# from training, so the train kind belongs to both (see `first_batch_size`).
+# In graph order. The train kind is both `rollouts`' (the first batch) and training's (later steps).
 STAGES: tuple[Stage, ...] = (
     Stage(
         ROLLOUTS,
@@ -75,8 +74,7 @@ def first_batch_size(receipt: Receipt) -> int | None:
 
 
 def stop_causes(receipt: Receipt, statuses: Mapping[Check, str]) -> dict[str, str]:
-    """For each stage that did not run, why: the blocking checks that did not pass on the last stage before
-    it that ran (none did: no cause, it has not run yet or its evidence was lost)."""
+    """For each stage that did not run, the blocking checks of the last stage that ran that did not pass."""
     causes: dict[str, str] = {}
     last_ran: Stage | None = None
     for stage in STAGES:
@@ -104,8 +102,7 @@ def not_run(name: str, causes: Causes, otherwise: str) -> str:
 
 
 def _first_stop(regressed: list[bool], patience: int) -> int | None:
-    """The index of the evaluation at which `training.selection.stop_reason` first stops a run (the end of
-    the first `patience` regressions in a row), in one pass: a forged receipt's long list costs linear time."""
+    """Where `patience` regressions in a row first end, in one pass (a forged long list costs linear time)."""
     run = 0
     for i, flag in enumerate(regressed):
         run = run + 1 if flag else 0
@@ -124,10 +121,9 @@ class EarlyStop:
 
 
 def early_stop(receipt: Receipt) -> EarlyStop | None:
-    """The early stop training recorded (None: none). The stop is recomputed from the recorded validation
-    under the trainer's rule (`training.selection.stop_reason`): it must first hold at the last evaluation,
-    the last step run. One the evidence does not support leaves every planned train rollout expected, so a
-    run cannot shorten its own plan by claiming one."""
+    """Training's early stop (None: none), recomputed from its validation under the trainer's rule
+    (`training.selection.stop_reason`), which must first hold at the last step run. One the evidence does not
+    support leaves every planned rollout expected: a run cannot shorten its own plan by claiming one."""
     from lightning_dagster.training.selection import CheckpointEval, regressions
 
     run = receipt.candidate.training if receipt.candidate is not None else None

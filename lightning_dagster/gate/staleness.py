@@ -1,19 +1,7 @@
-"""Stale evidence: which of the seven checks a changed fingerprint voids.
-
-| fingerprint        | voids checks | why                                                                    |
-|--------------------|--------------|------------------------------------------------------------------------|
-| evaluator          | 4, 5         | held-out and protected scores came from the old evaluator              |
-| tool_contract      | 2, 4, 5, 6   | expected span families, scores and the canary all assumed the old tools |
-| task_distribution  | 4, 5         | the held-out and protected cases drawn now are not the ones judged      |
-| parent             | 1, 4, 7      | pinning, the comparison against the parent and the rollback target      |
-| serving_model      | 6            | an earlier canary does not cover a new serving model                   |
-| retry_policy       | 3, 6         | retry debt is counted against the old policy; the canary ran under it   |
-| permissions        | 6            | an earlier canary does not cover a new permission                      |
-| destinations       | 6            | an earlier canary does not cover a new destination                     |
-
-Rules: a fingerprint is compared only when a current value is given. If the current value differs from the
-recorded one, or the receipt never recorded it, its checks are void. A fingerprint the policy requires but
-the receipt lacks voids its checks even with no current values (freshness cannot be shown later).
+"""Stale evidence: which of the seven checks a changed fingerprint voids (`VOIDS`). A fingerprint is compared
+only when a current value is given: if it differs from the recorded one, or the receipt never recorded it, its
+checks are void. One the policy requires but the receipt lacks voids its checks even with no current values
+(freshness cannot be shown later).
 """
 
 from __future__ import annotations
@@ -25,20 +13,26 @@ from lightning_dagster.gate.check_ids import Check
 from lightning_dagster.gate.errors import InvalidInput
 from lightning_dagster.gate.receipt_models import Fingerprints
 
+# fingerprint -> the checks a change voids, and why
 VOIDS: dict[str, tuple[Check, ...]] = {
+    # held-out and protected scores came from the old evaluator
     "evaluator": (Check.heldout_margin, Check.protected_cases),
+    # expected span families, scores and the canary all assumed the old tools
     "tool_contract": (
         Check.span_coverage,
         Check.heldout_margin,
         Check.protected_cases,
         Check.canary_verified,
     ),
+    # the held-out and protected cases drawn now are not the ones judged
     "task_distribution": (Check.heldout_margin, Check.protected_cases),
+    # pinning, the comparison against the parent and the rollback target
     "parent": (Check.pinned, Check.heldout_margin, Check.rollback_and_approval),
-    "serving_model": (Check.canary_verified,),
+    "serving_model": (Check.canary_verified,),  # an earlier canary does not cover a new serving model
+    # retry debt is counted against the old policy; the canary ran under it
     "retry_policy": (Check.retry_debt, Check.canary_verified),
-    "permissions": (Check.canary_verified,),
-    "destinations": (Check.canary_verified,),
+    "permissions": (Check.canary_verified,),  # an earlier canary does not cover a new permission
+    "destinations": (Check.canary_verified,),  # an earlier canary does not cover a new destination
 }
 
 
@@ -70,8 +64,7 @@ def void_checks(
 
 
 def changed_settings(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, list[str]]:
-    """Which settings behind each fingerprint changed between the plan and now, e.g.
-    `{"evaluator": ["holdout_tasks: 128 -> 64"]}`: what to set back."""
+    """The changed settings behind each fingerprint, e.g. `{"evaluator": ["holdout_tasks: 128 -> 64"]}`."""
     out: dict[str, list[str]] = {}
     for name in sorted(set(recorded) & set(current)):
         was, now = recorded[name], current[name]

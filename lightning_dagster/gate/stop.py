@@ -1,8 +1,6 @@
-"""Stop conditions for continual learning: pause on evidence that training is no longer useful progress.
-
-Pause when span coverage dropped, retry debt crossed its limit, the protected set regressed, the parent
-became unavailable, or the canary could not verify an external effect, judged by the gate's own check
-functions. Missing evidence does not pause by itself; it is listed in `unavailable`.
+"""Stop conditions for continual learning, judged by the gate's own checks: pause when span coverage dropped,
+retry debt crossed its limit, the protected set regressed, the parent became unavailable, or the canary could
+not verify an external effect. Missing evidence does not pause by itself; it is listed in `unavailable`.
 """
 
 from __future__ import annotations

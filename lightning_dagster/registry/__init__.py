@@ -3,41 +3,15 @@
 Core package: imports nothing from Dagster, nor from `lightning_dagster.release` (which builds on it).
 """
 
-from lightning_dagster.registry.core import DEFAULT_MODEL_NAME, Registry
-from lightning_dagster.registry.drill import DrillResult
-from lightning_dagster.registry.errors import (
-    AliasDiverged,
-    CheckpointFilesMismatch,
-    PointerConflict,
-    PointerNotSet,
-    RegistryError,
-    RegistryUnavailable,
-    UnknownVersion,
-    WeightsMismatch,
-)
-from lightning_dagster.registry.incidents import PointerIncident
-from lightning_dagster.registry.lineage import CandidateVersion, SnapshotRef
-from lightning_dagster.registry.pointers import APPROVED, LATEST, ReconcileResult, ResolvedVersion
-from lightning_dagster.registry.tracking import ensure_tracking_store
-
-__all__ = [
-    "APPROVED",
-    "AliasDiverged",
-    "DEFAULT_MODEL_NAME",
-    "LATEST",
-    "CandidateVersion",
-    "CheckpointFilesMismatch",
-    "DrillResult",
-    "PointerConflict",
-    "PointerIncident",
-    "PointerNotSet",
-    "ReconcileResult",
-    "Registry",
-    "RegistryError",
-    "RegistryUnavailable",
-    "ResolvedVersion",
-    "SnapshotRef",
-    "UnknownVersion",
-    "WeightsMismatch",
-    "ensure_tracking_store",
-]
+from lightning_dagster.registry.core import Registry as Registry
+from lightning_dagster.registry.drill import DrillResult as DrillResult
+from lightning_dagster.registry.errors import AliasDiverged as AliasDiverged
+from lightning_dagster.registry.errors import CheckpointFilesMismatch as CheckpointFilesMismatch
+from lightning_dagster.registry.errors import PointerConflict as PointerConflict
+from lightning_dagster.registry.errors import PointerNotSet as PointerNotSet
+from lightning_dagster.registry.errors import RegistryUnavailable as RegistryUnavailable
+from lightning_dagster.registry.errors import WeightsMismatch as WeightsMismatch
+from lightning_dagster.registry.incidents import PointerIncident as PointerIncident
+from lightning_dagster.registry.pointers import APPROVED as APPROVED
+from lightning_dagster.registry.pointers import LATEST as LATEST
+from lightning_dagster.registry.tracking import ensure_tracking_store as ensure_tracking_store

@@ -1,6 +1,6 @@
-"""What serving loads: `approved-default` only while its history verifies and MLflow's alias agrees with the
-store; and the probe that proves a checkpoint serves, shared by rollback and the drill (a temporary gateway
-over a scratch store, so its span never lands among the serve rollouts the sensor counts).
+"""What serving loads: `approved-default` while its history verifies and MLflow's alias agrees; and the probe
+that proves a checkpoint serves (a temporary gateway over a scratch store, so its span never lands among
+the serve rollouts the sensor counts), shared by rollback and the drill.
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ if TYPE_CHECKING:
 
 
 def approved_for_serving(reg: Registry, *, download: bool = True) -> pointers.ResolvedVersion:
-    """`approved-default` with its verified checkpoint, refused with `ChainBroken` while the store's history
-    does not verify and with `AliasDiverged` while MLflow's alias names another version than the store's
-    pointer (a consumer of MLflow would get the alias's version), until the watch has restored the alias."""
+    """`approved-default` with its checkpoint; `AliasDiverged` while MLflow's alias names another version."""
     reg.connect()
     pointer = reg.verified().require().value
     mv = reg.alias_version(pointers.APPROVED)
@@ -39,8 +37,8 @@ def serve_once(
     timeout: float = 60.0,
     serving: ServingSettings | None = None,
 ) -> str:
-    """Load `checkpoint_dir`, serve it on 127.0.0.1 with `serving`'s engine, make one chat completion, return
-    the reply text. `on_loaded` is called once the weights are served ("did not load" vs "did not answer")."""
+    """Serve `checkpoint_dir` on 127.0.0.1 and return one chat completion's text; `on_loaded` is called once
+    the weights are served ("did not load" vs "did not answer")."""
     import openai
 
     from lightning_dagster.gateway.keys import GatewayKeys

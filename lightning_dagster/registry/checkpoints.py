@@ -1,11 +1,8 @@
-"""A registered version's checkpoint on local disk, its bytes verified against the registered hashes.
-
-Two hashes pin a checkpoint: `weights_hash` (over the tensors) and `files_hash` (sha256 over the sorted
-relative paths and each file's sha256) over every other file (tokenizer, chat template, configs), which
-change what a model says as surely as its weights do. A symlink to a regular file inside the checkpoint is
-hashed as that file under the link's path; any other link is refused (`CheckpointFilesMismatch`).
-
-The cache is keyed by weights hash and re-verified on every use: a cache can be tampered with too.
+"""A registered version's checkpoint on local disk, verified against two hashes: `weights_hash` over the
+tensors, and `files_hash` (sha256 over sorted relative paths and each file's sha256) over every other file
+(tokenizer, chat template, configs change what a model says as surely as its weights). A symlink to a file
+inside the checkpoint is hashed as that file; any other link is refused. The cache, keyed by weights hash,
+is re-verified on every use: a cache can be tampered with too.
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ def weights_hash(path: Path) -> str:
 
 
 def same_hash(a: str | None, b: str | None) -> bool:
-    """Weights hashes compare without their optional `sha256:` prefix: the engine writes bare hex while a
-    receipt may carry the prefixed form, and `gate.hashing` defines no weights-hash format to share."""
+    """Weights hashes compare without the `sha256:` prefix a receipt may carry (the engine writes hex)."""
     return bool(a) and bool(b) and a.removeprefix("sha256:") == b.removeprefix("sha256:")
 
 
@@ -46,7 +42,6 @@ def weight_files(root: Path) -> set[str]:
 
 
 def files_manifest(checkpoint_dir: Path | str, *, version: str = "?") -> dict[str, str]:
-    """Relative path -> sha256 of every non-weight file of the checkpoint (see the module on symlinks)."""
     root = Path(checkpoint_dir)
     real_root = root.resolve()
     skip = weight_files(root)
@@ -87,18 +82,16 @@ def manifest_hash(manifest: dict[str, str]) -> str:
 
 
 def files_hash(checkpoint_dir: Path | str) -> str:
-    """sha256 over the checkpoint's non-weight files (see the module docstring)."""
     return manifest_hash(files_manifest(checkpoint_dir))
 
 
 def manifest_tag(manifest: dict[str, str]) -> str | None:
-    """The manifest as a version tag value (compact JSON), None when it would exceed MLflow's limit."""
+    """The manifest as a compact JSON tag value, None when too long for a tag."""
     text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
     return text if len(text) <= MANIFEST_TAG_CHARS else None
 
 
 def changed_files(registered: dict[str, str] | None, actual: dict[str, str]) -> list[str]:
-    """The files added, removed or edited since registration (empty when the registered list is unknown)."""
     if not registered:
         return []
     return sorted(k for k in set(registered) | set(actual) if registered.get(k) != actual.get(k))

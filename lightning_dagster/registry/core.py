@@ -1,7 +1,6 @@
-"""The `Registry` facade: one registered model's lineage in MLflow and its two pointers.
-
-It holds the connection and the MLflow plumbing every concern shares; lineage, pointers, the drill and the
-local cache live in their own modules, and moving `approved-default` is `lightning_dagster.release`'s.
+"""The `Registry` facade: one registered model's lineage in MLflow and its two pointers. It holds the
+connection and the MLflow plumbing; lineage, pointers, the drill and the cache live in their own modules,
+and moving `approved-default` is `lightning_dagster.release`'s.
 """
 
 from __future__ import annotations
@@ -29,6 +28,8 @@ from lightning_dagster.registry.tracking import (
     is_http,
     probe,
 )
+from lightning_dagster.settings import gate_from_env
+from lightning_dagster.store import Store
 
 DEFAULT_MODEL_NAME = "lightning-dagster-policy"
 
@@ -48,12 +49,8 @@ class Registry:
         roles_file: Path | str | None = None,
         gate: Any = None,
     ) -> None:
-        if store is None:
-            from lightning_dagster.store import Store
-
-            store = Store()
         self.tracking_uri = tracking_uri or paths.mlflow_tracking_uri()
-        self.store = store
+        self.store = Store() if store is None else store
         self.model_name = model_name
         self.experiment_name = experiment_name
         # A SQL tracking store needs an explicit artifact location; a server proxies its own.
@@ -61,11 +58,8 @@ class Registry:
             None if is_http(self.tracking_uri) else Path(artifact_root or paths.mlflow_artifact_root())
         )
         self.cache_dir = Path(cache_dir) if cache_dir else paths.home() / "registry-cache"
-        from lightning_dagster.settings import gate_from_env
-
-        # The deployment's anchors every read verifies the pointer against (`release.chain`): the roles file
-        # (pinned on first use), the roles-admin's and the pipeline's keys; by default from the environment
-        # the code location reads ($LD_ROLES_FILE, ...). `roles_file` overrides the roles file's path.
+        # The anchors every read verifies the pointer against (`release.chain`: roles file, roles-admin and
+        # pipeline keys), by default from the code location's environment; `roles_file` overrides the file.
         gate = gate or gate_from_env()
         self.gate = gate.updated({"roles_path": str(roles_file)}) if roles_file else gate
         self.roles_file = self.gate.roles_path or None
@@ -77,7 +71,6 @@ class Registry:
         """The store's pointer name: the bare alias for the default model, namespaced otherwise."""
         return alias if self.model_name == DEFAULT_MODEL_NAME else f"{self.model_name}/{alias}"
 
-    # ---- MLflow plumbing ---------------------------------------------------------------------------
     def call_mlflow(self, what: str, fn, *args, **kwargs):
         """Call MLflow; connection failures become `RegistryUnavailable` (a clear, named error)."""
         try:
@@ -160,7 +153,6 @@ class Registry:
 
         return cached_checkpoint(version, self.cache_dir / self.model_name, download, fresh=fresh)
 
-    # ---- lineage -----------------------------------------------------------------------------------
     def log_candidate(
         self,
         checkpoint_dir: Path | str,
@@ -179,11 +171,8 @@ class Registry:
         started_at: float | None = None,
         ended_at: float | None = None,
     ) -> CandidateVersion:
-        """Log a trained candidate as a run and a registered version, then move `latest-candidate` to it.
-
-        The parent must be a registered version. `receipt` is a gate `Receipt` or its JSON dict; the version's
-        receipt tags name the ledger's head of it now (verdict `pending`) until `receipt_tags.write` rewrites
-        them. `started_at`/`ended_at` (both or neither) are when the training ran."""
+        """Log a trained candidate of a registered parent and move `latest-candidate` to it; its tags name the
+        ledger head of `receipt` (a `Receipt` or its JSON; verdict `pending` until `receipt_tags.write`)."""
         self.reconcile()
         if receipt is not None and hasattr(receipt, "to_json_dict"):
             receipt_id = receipt_id or receipt.receipt_id
@@ -199,11 +188,9 @@ class Registry:
             "parent_weights_hash": parent.weights_hash,
             "snapshot_key": snapshot_key,
             "receipt_id": receipt_id,
-            **(
-                {"receipt_version": str(ledger_head[0]), "receipt_hash": ledger_head[1]}
-                if ledger_head
-                else {}
-            ),
+            # empty values are left out (`register_version`)
+            "receipt_version": str(ledger_head[0]) if ledger_head else "",
+            "receipt_hash": ledger_head[1] if ledger_head else "",
             "verdict": receipt_tags.PENDING if receipt_id else "",
             "code_revision": code_revision,
             "evaluator_version": evaluator_version,
@@ -237,8 +224,7 @@ class Registry:
         note: str = "initial parent",
         key: Any = None,
     ) -> CandidateVersion:
-        """Register the first parent and make it `approved-default`, once (else `PointerConflict`), by a move
-        signed with the pipeline's `key` (default: `gate.pipeline_key_path`'s)."""
+        """Register the first parent as `approved-default`, once, by the pipeline's `key`."""
         from lightning_dagster.release import chain  # the signed move is the release's
 
         key = key or chain.pipeline_signer(self.gate)  # no key: refused before anything is registered
@@ -266,51 +252,40 @@ class Registry:
         return version
 
     def verified(self) -> Any:
-        """`approved-default`'s history verified from its first move to its head against the deployment's
-        anchors (`release.chain.verified`); a break is recorded once as an incident."""
+        """`approved-default`'s history verified (`release.chain.verified`); a break is recorded once."""
         from lightning_dagster.release.chain import verified
 
         return verified(self)
 
-    # ---- pointers ----------------------------------------------------------------------------------
     def reconcile(self, *, last_verified: float | None = None, check_only: bool = False) -> ReconcileResult:
-        """Make MLflow's `approved-default` mirror agree with the store (see `pointers.reconcile`)."""
         return pointers.reconcile(self, last_verified=last_verified, check_only=check_only)
 
     def current(self, alias: str = APPROVED) -> str | None:
-        """The version an alias points at, or None; `approved-default` is read from the store."""
         return pointers.current(self, alias)
 
     def resolve(self, alias: str = APPROVED, *, download: bool = True) -> ResolvedVersion:
-        """The version behind `alias` (never a substitute), with its verified checkpoint when `download`."""
         return pointers.resolve(self, alias, download=download)
 
     def download(self, version: str) -> Path:
-        """The version's checkpoint in the local cache, its bytes verified against the registered hash."""
         self.connect()
         return self.fetch(self.model_version(version))
 
     def history(self) -> list:
-        """The append-only history of `approved-default` moves (from the store), as stored: verified or not
-        (`verified()` says which)."""
+        """`approved-default`'s moves as stored, verified or not (`verified()` says which)."""
         return self.store.pointer_history(self.pointer_name())
 
     def incidents(self) -> list[PointerIncident]:
-        """Every time `approved-default`'s MLflow alias was found moved outside the registry (from the store)."""
         return incidents.incidents(self.store, self.pointer_name())
 
     def serve_approved(self, *, download: bool = True) -> ResolvedVersion:
-        """`approved-default` for serving: refused with `AliasDiverged` while MLflow's alias disagrees."""
         return approved_for_serving(self, download=download)
 
     def rollback_drill(self, parent_version: str, *, record: bool = True, serving=None) -> DrillResult:
-        """Resolve, verify, load and serve `parent_version` in a temporary gateway; the pointer stays put."""
         return rollback_drill(self, parent_version, record=record, serving=serving)
 
-    # ---- inspection --------------------------------------------------------------------------------
-    def ui_links(self, run_id: str, version: str, ui: str | None = None) -> dict[str, str]:
+    def ui_links(self, run_id: str, version: str) -> dict[str, str]:
         """MLflow UI addresses of a lineage run and a model version; {} when no UI address is known."""
-        base = links.ui_url(self.tracking_uri) if ui is None else ui
+        base = links.ui_url(self.tracking_uri)
         if not base:
             return {}
         self.connect()
@@ -324,6 +299,8 @@ class Registry:
         rec = self.reconcile()
         rm = self.client.get_registered_model(self.model_name)
         versions = self.client.search_model_versions(f"name='{self.model_name}'", max_results=200)
+        newest = sorted(versions, key=lambda v: int(v.version), reverse=True)
+        tags = ("kind", "weights_hash", "parent_version", "snapshot_key", "receipt_id")
         chain = rec.chain
         return {
             "model": self.model_name,
@@ -333,16 +310,7 @@ class Registry:
             "pointer_row": chain.row[0],
             "mlflow_alias_" + APPROVED.replace("-", "_"): _alias(rm, APPROVED),
             LATEST: _alias(rm, LATEST),
-            "versions": [
-                {
-                    "version": str(v.version),
-                    **{
-                        k: v.tags.get(k, "")
-                        for k in ("kind", "weights_hash", "parent_version", "snapshot_key", "receipt_id")
-                    },
-                }
-                for v in sorted(versions, key=lambda v: int(v.version), reverse=True)
-            ],
+            "versions": [{"version": str(v.version), **{k: v.tags.get(k, "") for k in tags}} for v in newest],
         }
 
 

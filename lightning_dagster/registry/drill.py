@@ -8,11 +8,11 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lightning_dagster.gate.hashing import content_hash
+from lightning_dagster.gate.receipt import RollbackDrill
 from lightning_dagster.registry.errors import RegistryUnavailable
 from lightning_dagster.store.documents import append_chained
 
 if TYPE_CHECKING:
-    from lightning_dagster.gate.receipt import RollbackDrill
     from lightning_dagster.registry.core import Registry
     from lightning_dagster.settings import ServingSettings
 
@@ -43,7 +43,6 @@ class DrillResult:
 
     def to_receipt_drill(self, parent_id: str, environment: str | None = None) -> RollbackDrill:
         """The receipt's `RollbackDrill`: a step not reached is None (unavailable), one that failed False."""
-        from lightning_dagster.gate.receipt import RollbackDrill
 
         def step(done: bool, tried: bool) -> bool | None:
             return True if done else (False if tried and not self.unavailable else None)
@@ -66,8 +65,7 @@ class DrillResult:
 def rollback_drill(
     reg: Registry, parent_version: str, *, record: bool = True, serving: ServingSettings | None = None
 ) -> DrillResult:
-    """Resolve, verify, load and serve `parent_version` in a temporary gateway on `serving`'s engine; the
-    pointer stays put. Every failure is captured in the result, never raised."""
+    """Resolve, verify, load and serve `parent_version` in a temporary gateway; failures are not raised."""
     from lightning_dagster.registry.approved import serve_once
 
     result = DrillResult(version=str(parent_version), engine=serving.engine if serving else "embedded")
@@ -93,7 +91,6 @@ def rollback_drill(
 
 
 def record_drill(store: Any, model_name: str, result: Mapping[str, Any]) -> int:
-    """Append a rollback drill's outcome to the store (collection `rollback_drills`, one chain per version)."""
     doc_id = f"{model_name}/{result['version']}"
     body = dict(result)
     digest = lambda previous: content_hash({"previous": previous, "drill": body})  # noqa: E731

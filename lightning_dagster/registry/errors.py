@@ -2,19 +2,7 @@
 
 from __future__ import annotations
 
-from lightning_dagster.store.errors import PointerConflict
-
-__all__ = [
-    "AliasDiverged",
-    "ChainBroken",
-    "CheckpointFilesMismatch",
-    "PointerConflict",
-    "PointerNotSet",
-    "RegistryError",
-    "RegistryUnavailable",
-    "UnknownVersion",
-    "WeightsMismatch",
-]
+from lightning_dagster.store.errors import PointerConflict as PointerConflict
 
 
 class RegistryError(Exception):
@@ -26,8 +14,7 @@ class RegistryUnavailable(RegistryError):
 
     def __init__(self, uri: str, cause: BaseException | str):
         super().__init__(f"MLflow tracking store {uri} is unavailable: {cause}")
-        self.uri = uri
-        self.cause = cause
+        self.uri, self.cause = uri, cause
 
 
 class PointerNotSet(RegistryError):
@@ -41,34 +28,28 @@ class PointerNotSet(RegistryError):
 class UnknownVersion(RegistryError):
     def __init__(self, model_name: str, version: str):
         super().__init__(f"model {model_name!r} has no version {version!r}")
-        self.model_name = model_name
-        self.version = version
+        self.model_name, self.version = model_name, version
 
 
 class WeightsMismatch(RegistryError):
     """The downloaded checkpoint's bytes do not hash to the weights hash registered for the version."""
 
-    def __init__(self, version: str, expected: str, actual: str):
-        super().__init__(f"version {version}: weights hash {actual} does not match the registered {expected}")
-        self.version = version
-        self.expected = expected
-        self.actual = actual
+    hashed = "weights hash"
+
+    def __init__(self, version: str, expected: str, actual: str, changed: list[str] | None = None):
+        self.version, self.expected, self.actual = version, expected, actual
+        self.changed = list(changed or [])
+        also = f" (changed: {', '.join(self.changed)})" if self.changed else ""
+        super().__init__(
+            f"version {version}: {self.hashed} {actual} does not match the registered {expected}{also}"
+        )
 
 
 class CheckpointFilesMismatch(WeightsMismatch):
     """The checkpoint's other files do not hash to the registered `files_hash` (or a symlink leaves the
     checkpoint); `changed` names the files that differ when the registered file list is known."""
 
-    def __init__(self, version: str, expected: str, actual: str, changed: list[str] | None = None):
-        RegistryError.__init__(
-            self,
-            f"version {version}: checkpoint files hash {actual} does not match the registered {expected}"
-            + (f" (changed: {', '.join(changed)})" if changed else ""),
-        )
-        self.version = version
-        self.expected = expected
-        self.actual = actual
-        self.changed = list(changed or [])
+    hashed = "checkpoint files hash"
 
 
 class AliasDiverged(RegistryError):
@@ -79,10 +60,8 @@ class AliasDiverged(RegistryError):
             f"refusing to serve {model_name}@{alias}: MLflow's alias names "
             f"{alias_version or '(no version)'}, the store's pointer is {store_version or '(unset)'}"
         )
-        self.model_name = model_name
-        self.alias = alias
-        self.alias_version = alias_version
-        self.store_version = store_version
+        self.model_name, self.alias = model_name, alias
+        self.alias_version, self.store_version = alias_version, store_version
 
 
 class ChainBroken(RegistryError):

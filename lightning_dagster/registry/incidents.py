@@ -1,14 +1,14 @@
-"""Pointer incidents: a store-backed pointer's MLflow alias found moved behind the registry's back, kept in
-the store's append-only documents (`pointer_incidents`, one version per incident). MLflow 3.17 records
-neither who nor when an alias changed, so the actor is "unknown" and the time is a window: after the
-registry last wrote or verified the mirror (`not_before`), at or before the watch found it (`detected_at`).
+"""Pointer incidents: `approved-default`'s MLflow mirror found changed behind the registry's back, or its
+store history not verifying, in the store's append-only documents (`pointer_incidents`). MLflow records
+neither who nor when an alias changed, so the actor is "unknown" and the time a window: after the registry
+last wrote or verified the mirror (`not_before`), at or before the watch found it (`detected_at`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from lightning_dagster.gate import content_hash
+from lightning_dagster.gate.hashing import content_hash
 from lightning_dagster.store.documents import append_chained
 
 COLLECTION = "pointer_incidents"
@@ -32,13 +32,12 @@ class PointerIncident:
     error: str | None = None  # why the alias could not be restored
     moved_by: str = UNKNOWN_ACTOR
     moved_by_source: str = ACTOR_SOURCE
-    # The mirror was changed outside the registry (the alias, or any mirrored tag or the description while
-    # the alias was right); `differences` names each mirrored field found otherwise than the store says.
-    # Incidents recorded before the whole mirror was compared read back as False with no differences.
+    # The mirror was changed outside the registry; `differences` names each field found otherwise (an
+    # incident recorded before the whole mirror was compared reads back as False with none).
     tampered: bool = False
     differences: list[str] = field(default_factory=list)
-    # The store's own history did not verify (`release.chain`): its first bad record. Then `found_version` is
-    # what the pointer row says and `store_version` the last verified move's value, which the pointer reads as.
+    # The store's history did not verify: its first bad record (`found_version`: the pointer row's value,
+    # `store_version`: the last verified move's, which the pointer reads as).
     chain: str = ""
     number: int = 0
 
@@ -61,15 +60,13 @@ class PointerIncident:
 
 
 def record(store, incident: PointerIncident) -> PointerIncident:
-    """Append the incident to its pointer's chain (retried when another process appends at once); returns
-    it with its number."""
+    """Append the incident to its pointer's chain (retried on a concurrent append), numbered."""
     body = {k: v for k, v in incident.to_dict().items() if k != "number"}
     digest = lambda head: content_hash({"previous": head, **body})  # noqa: E731
     return replace(incident, number=append_chained(store, COLLECTION, incident.pointer, body, digest))
 
 
 def incidents(store, pointer: str) -> list[PointerIncident]:
-    """Every recorded incident of `pointer`, oldest first."""
     known = {f.name for f in fields(PointerIncident)}
     return [
         PointerIncident(**{k: v for k, v in doc.body.items() if k in known}, number=doc.version)

@@ -1,6 +1,5 @@
 """Registering a version: one MLflow run with its whole lineage (parameters, curve, snapshots, checkpoint,
-receipt, plot) written before the version exists. Version numbers restart if the registered model is
-re-created, so the weights hash is the key that survives.
+receipt, plot) written before the version exists.
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ FILES_MANIFEST_TAG = "files_manifest"
 
 @dataclass(frozen=True)
 class SnapshotRef:
-    """A frozen data snapshot: its name (partition key), content hash, row count, optionally its `records`
-    (the task dicts, whose schema MLflow shows) and the `uri` of the file they were read from."""
+    """A frozen data snapshot (name: its partition key); `records`: its task dicts, `uri`: their file."""
 
     name: str
     content_hash: str
@@ -59,7 +57,8 @@ class SnapshotRef:
 
 @dataclass(frozen=True)
 class CandidateVersion:
-    """A registered version's identities, typed where MLflow hands them out (never parsed back from a URI)."""
+    """A registered version's identities, typed where MLflow hands them out (never parsed from a URI). The
+    weights hash is the key that survives a re-created registered model, whose version numbers restart."""
 
     version: str
     run_id: str
@@ -82,7 +81,7 @@ class CandidateVersion:
 
     @property
     def files_manifest(self) -> dict[str, str] | None:
-        """The registered non-weight files and their sha256, None when not recorded (or unreadable)."""
+        """The registered non-weight files' sha256, None when not recorded (or unreadable)."""
         try:
             manifest = json.loads(self.files_list) if self.files_list else None
         except ValueError:
@@ -123,8 +122,7 @@ def step_metrics(metrics_per_step: Sequence[Mapping[str, float]]) -> list[Metric
     return metrics
 
 
-# The training plot's panels: (title, metric key). The reward is the trainer's `reward_mean` (the mean reward
-# of the rollouts the step trained on), logged under that name.
+# The training plot's panels: (title, metric key); `reward_mean`: the mean reward the step trained on.
 PLOT_PANELS = (("reward (mean per step)", "reward_mean"), ("loss", "loss"))
 
 
@@ -164,8 +162,7 @@ def training_plot_png(metrics_per_step: Sequence[Mapping[str, float]]) -> bytes:
 
 
 def dataset_input(snapshot: SnapshotRef, context: str) -> DatasetInput:
-    """A snapshot as an MLflow dataset; the digest is the hash's first 36 hex digits, the source the full
-    hash and the tasks file."""
+    """A snapshot as an MLflow dataset (digest: the hash's first 36 hex digits)."""
     import mlflow.data
     import pandas as pd
 
@@ -178,8 +175,7 @@ def dataset_input(snapshot: SnapshotRef, context: str) -> DatasetInput:
             pd.DataFrame(list(snapshot.records)), name=snapshot.name, digest=digest
         ).to_dict()
     dataset |= {
-        # The snapshot's own source record (the frozen content's hash and the file it was read from) in
-        # place of the code location MLflow would infer.
+        # the frozen content's hash and file, in place of the code location MLflow would infer
         "source_type": "lightning-dagster-snapshot",
         "source": json.dumps(source | ({"uri": snapshot.uri} if snapshot.uri else {})),
         "profile": json.dumps({"num_rows": snapshot.rows}),
@@ -189,8 +185,6 @@ def dataset_input(snapshot: SnapshotRef, context: str) -> DatasetInput:
 
 @dataclass(frozen=True)
 class LineageRun:
-    """A finished lineage run: its id, the URI of its checkpoint, and the MLflow logged model it output."""
-
     run_id: str
     checkpoint_uri: str
     model_id: str
@@ -198,8 +192,6 @@ class LineageRun:
 
 @dataclass(frozen=True)
 class Timing:
-    """When the work a run records started and ended (seconds since the epoch), e.g. the training."""
-
     started_at: float
     ended_at: float
 
@@ -227,8 +219,7 @@ def log_lineage_run(
     receipt: Mapping[str, Any] | None = None,
     timing: Timing | None = None,
 ) -> LineageRun:
-    """Log a finished run holding the checkpoint (under `checkpoint/`), spanning `timing` when given, with an
-    MLflow logged model as its output (MLflow 3 files a run without one as an evaluation run)."""
+    """Log a finished run with the checkpoint and a logged model (MLflow 3 files one without as eval)."""
     from mlflow.entities import LoggedModelOutput
 
     metrics = step_metrics(metrics_per_step)  # validate before anything is written
@@ -293,41 +284,20 @@ def register_version(
     manifest = checkpoints.files_manifest(checkpoint_dir)  # refuses a symlink leaving the checkpoint
     files_hash = checkpoints.manifest_hash(manifest)
     files_list = checkpoints.manifest_tag(manifest) or ""
-    all_tags = {k: str(v) for k, v in tags.items() if v not in (None, "")} | {
+    tagged = {k: str(v) for k, v in tags.items() if v not in (None, "")} | {
         "weights_hash": weights_hash,
         FILES_HASH_TAG: files_hash,
         **({FILES_MANIFEST_TAG: files_list} if files_list else {}),
     }
-    run = reg.call_mlflow(
-        "log lineage run",
-        log_lineage_run,
-        reg.client,
-        reg.experiment_id,
-        checkpoint_dir=checkpoint_dir,
-        tags=all_tags,
-        **lineage,
+    c, m, call = reg.client, reg.model_name, reg.call_mlflow
+    lineage |= {"checkpoint_dir": checkpoint_dir, "tags": tagged}
+    run = call("log lineage run", log_lineage_run, c, reg.experiment_id, **lineage)
+    mv = call(
+        "create model version", c.create_model_version, m, run.checkpoint_uri, run_id=run.run_id, tags=tagged
     )
-    mv = reg.call_mlflow(
-        "create model version",
-        reg.client.create_model_version,
-        reg.model_name,
-        run.checkpoint_uri,
-        run_id=run.run_id,
-        tags=all_tags,
-    )
+    version = str(mv.version)
     # As MLflow's own `register_model` does: the logged model names its registered versions.
-    reg.call_mlflow(
-        "tag logged model",
-        reg.client.set_logged_model_tags,
-        run.model_id,
-        {"mlflow.modelVersions": json.dumps([{"name": reg.model_name, "version": str(mv.version)}])},
-    )
+    names = json.dumps([{"name": m, "version": version}])
+    call("tag logged model", c.set_logged_model_tags, run.model_id, {"mlflow.modelVersions": names})
     # Built from what was just written: a server's reply need not echo the tags.
-    return CandidateVersion(
-        str(mv.version),
-        run.run_id,
-        weights_hash,
-        model_uri(reg.model_name, mv.version),
-        files_hash=files_hash,
-        files_list=files_list,
-    )
+    return CandidateVersion(version, run.run_id, weights_hash, model_uri(m, version), files_hash, files_list)

@@ -1,6 +1,5 @@
-"""Addresses in the MLflow UI of an experiment, a run and a model version, for links in asset metadata, each
-asking for the classic ML view (MLflow 3's UI otherwise may open on an empty GenAI traces page).
-"""
+"""MLflow UI addresses for asset metadata, each asking for the classic ML view (MLflow 3's UI otherwise may
+open on an empty GenAI traces page)."""
 
 from __future__ import annotations
 
@@ -16,15 +15,13 @@ WORKFLOW = "workflowType=machine_learning"
 
 
 def ui_url(tracking_uri: str) -> str:
-    """The MLflow UI's base URL: `$LD_MLFLOW_UI_URL` when set (empty: no links), else the tracking server,
-    else `DEFAULT_UI_URL`."""
+    """`$LD_MLFLOW_UI_URL` when set (empty: no links), else the tracking server, else `DEFAULT_UI_URL`."""
     if UI_URL_ENV in os.environ:
         return os.environ[UI_URL_ENV].rstrip("/")
     return tracking_uri.rstrip("/") if is_http(tracking_uri) else DEFAULT_UI_URL
 
 
 def current_ui() -> str:
-    """The MLflow UI's address as configured now (`ui_url` of the current tracking URI); empty: none."""
     from lightning_dagster import paths
 
     return ui_url(paths.mlflow_tracking_uri())
@@ -36,25 +33,20 @@ def run_path(experiment_id: str, run_id: str) -> str:
 
 
 def model_version_path(model_name: str, version: str | int) -> str:
-    """A registered model version's page relative to the MLflow UI's address."""
     return f"#/models/{quote(model_name, safe='')}/versions/{quote(str(version), safe='')}?{WORKFLOW}"
 
 
 def resolve(ui: str, path: str) -> str:
-    """`path` (`run_path`, `model_version_path`) under the MLflow UI at `ui`."""
     return f"{ui.rstrip('/')}/{path}"
 
 
 def experiment_url(ui: str, experiment_id: str) -> str:
-    """The experiment's runs table."""
     return f"{ui.rstrip('/')}/#/experiments/{quote(str(experiment_id), safe='')}/runs?{WORKFLOW}"
 
 
 def run_url(ui: str, experiment_id: str, run_id: str) -> str:
-    """A run's page (parameters, metrics, dataset inputs, artifacts with the training plot)."""
     return resolve(ui, run_path(experiment_id, run_id))
 
 
 def model_version_url(ui: str, model_name: str, version: str | int) -> str:
-    """A registered model version's page (its tags: verdict, receipt version and hash, approved flag)."""
     return resolve(ui, model_version_path(model_name, version))

@@ -1,8 +1,7 @@
-"""The two pointers: `latest-candidate` (an MLflow alias) and `approved-default` (the store's, mirrored).
-
-`approved-default` lives in the store (compare-and-set, append-only history) and is mirrored to MLflow as an
-alias plus tags, because MLflow aliases have neither history nor compare-and-set. `reconcile` makes the
-mirror agree with the store at the start of every operation, so a mirror write lost to an outage heals.
+"""The two pointers: `latest-candidate` (an MLflow alias) and `approved-default`, which lives in the store
+(compare-and-set, append-only history) and is mirrored to MLflow as an alias plus tags, since MLflow aliases
+have neither. `reconcile` makes the mirror agree with the store at the start of every operation, so a mirror
+write lost to an outage heals.
 """
 
 from __future__ import annotations
@@ -66,18 +65,13 @@ def check_alias(alias: str) -> None:
         )
 
 
-def approved_hash(move: Any) -> str | None:
-    """The weights hash recorded when `move` was made: version numbers can be reused, this cannot."""
-    return None if move is None else move_note(move).get("weights_hash")
-
-
-def approved_files_hash(move: Any) -> str | None:
-    """The checkpoint files hash recorded when `move` was made (None: the move recorded none)."""
-    return None if move is None else move_note(move).get("files_hash")
+def approved_hash(move: Any, kind: str = "weights_hash") -> str | None:
+    """The weights (or files) hash recorded with `move`: version numbers can be reused, this cannot."""
+    return None if move is None else move_note(move).get(kind)
 
 
 def move_note(move: Any) -> dict[str, Any]:
-    """The JSON body `move` records with a pointer move; {} for a note written by hand, not by the registry."""
+    """The JSON body recorded with a pointer move; {} for a note not written by the registry."""
     try:
         body = json.loads(move.note or "{}")
     except ValueError:
@@ -102,7 +96,7 @@ def iso(ts: float) -> str:
 
 
 def mirror_flag(pointer: str) -> str:
-    """The store flag holding what the registry last wrote to (or verified in) the MLflow mirror."""
+    """The store flag holding what the registry last wrote to (or verified in) the mirror."""
     return f"mirror/{pointer}"
 
 
@@ -120,23 +114,19 @@ class MirrorState:
         return None if self.alias_version is None else str(self.alias_version.version)
 
 
+def _flagged(reg: Registry) -> set[str]:
+    query = f"name='{reg.model_name}' and tags.{APPROVED_FLAG} = 'true'"
+    found = reg.call_mlflow("search versions", reg.client.search_model_versions, query)
+    return {str(v.version) for v in found}
+
+
 def read_mirror(reg: Registry) -> MirrorState:
-    c, m, call = reg.client, reg.model_name, reg.call_mlflow
     mv = reg.alias_version(APPROVED)
-    rm = call("get registered model", c.get_registered_model, m)
-    flagged = call(
-        "search versions", c.search_model_versions, f"name='{m}' and tags.{APPROVED_FLAG} = 'true'"
-    )
-    return MirrorState(
-        alias_version=mv,
-        model_tags=dict(rm.tags or {}),
-        description=rm.description or "",
-        flagged=frozenset(str(v.version) for v in flagged),
-    )
+    rm = reg.call_mlflow("get registered model", reg.client.get_registered_model, reg.model_name)
+    return MirrorState(mv, dict(rm.tags or {}), rm.description or "", frozenset(_flagged(reg)))
 
 
 def version_tags(last: Any) -> dict[str, str]:
-    """The tags the mirror keeps on the pointer's version."""
     return {
         APPROVED_FLAG: "true",
         f"{APPROVED}.approved_by": last.actor,
@@ -147,7 +137,6 @@ def version_tags(last: Any) -> dict[str, str]:
 
 
 def model_tags(history: list) -> dict[str, str]:
-    """The tags the mirror keeps on the registered model."""
     entries = [move_dict(mv) for mv in history[-HISTORY_TAG_ENTRIES:]]
     return {f"{APPROVED}.history": json.dumps(entries), f"{APPROVED}.moves": str(len(history))}
 
@@ -183,19 +172,14 @@ def mirror_differences(history: list, found: MirrorState) -> list[str]:
 def reconcile(
     reg: Registry, *, last_verified: float | None = None, check_only: bool = False
 ) -> ReconcileResult:
-    """Make MLflow's `approved-default` mirror agree with the store's pointer and history.
-
-    The whole mirror is compared (`mirror_differences`) in three MLflow calls and rewritten when anything
-    differs; idempotent. A mirror the registry cannot have left that way (`_explained`, `_written`) is
-    recorded as a `PointerIncident` before it is restored; one merely behind the store (a write lost to an
-    outage) is repaired without. `last_verified` narrows the incident's time window. `check_only`: compare,
-    write nothing (`changed` says whether a reconcile would)."""
+    """Make MLflow's `approved-default` mirror agree with the store, rewriting it when anything differs. A
+    mirror the registry cannot have left so (`_explained`, `_written`) is recorded as a `PointerIncident`
+    first. `last_verified` narrows the incident's window; `check_only` writes nothing."""
     reg.connect()
     incident = None
     for _ in range(3):
-        # Read in the reverse order of the registry's writes (store move, mirror, then the mirror flag), so
-        # that whatever mirror the registry wrote is backed by the flag and the history read here. Only the
-        # verified history is mirrored: an unverified move never reaches the alias.
+        # Read in the reverse order of the registry's writes (store move, mirror, flag): any mirror the
+        # registry wrote is backed by the flag and history read here. Only verified moves are mirrored.
         mirrored = reg.store.get_flag(mirror_flag(reg.pointer_name()))
         found = read_mirror(reg)
         chain = reg.verified()
@@ -227,14 +211,12 @@ def reconcile(
 
 
 def _written(last: Any, mirrored: dict | None) -> bool:
-    """Whether the registry already wrote (or verified) the mirror of the store's newest move: from then on
-    nothing but someone else can make the mirror differ."""
+    """Whether the registry wrote (or verified) the mirror of the newest move: only others change it then."""
     return last is not None and mirrored is not None and mirrored.get("seq") == last.seq
 
 
 def _explained(alias: str | None, history: list, mirrored: dict | None) -> bool:
-    """Whether the registry itself can have left the alias where it is: unset while never mirrored, or a
-    value the store held since the registry's last mirror write."""
+    """Whether the registry can have left the alias so: unset, or a value held since its last mirror write."""
     if mirrored is None:
         return alias is None or alias in {m.to_value for m in history}
     return alias is not None and alias in {m.to_value for m in history if m.seq >= mirrored["seq"]}
@@ -282,22 +264,19 @@ def _write_mirror(reg: Registry, history: list, alias: str | None) -> None:
     # Tags first, alias last, and the alias's version carries the move's seq: an interrupted write leaves
     # the alias or its seq behind the store, so the next reconcile redoes all of it.
     c, m, call = reg.client, reg.model_name, reg.call_mlflow
-    flagged_true = f"name='{m}' and tags.{APPROVED_FLAG} = 'true'"
-    if not history:
-        for left in {str(v.version) for v in call("search versions", c.search_model_versions, flagged_true)}:
-            call("set version tag", c.set_model_version_tag, m, left, APPROVED_FLAG, "false")
+    last = history[-1] if history else None
+    # Never mirror the pointer onto other weights than were approved (a re-created registered model reuses
+    # version numbers): MLflow would then advertise a model nobody approved.
+    if last is not None:
+        expected, actual = approved_hash(last), reg.model_version(last.to_value).weights_hash
+        if expected and expected != actual:
+            raise WeightsMismatch(last.to_value, expected, actual)
+    for left in _flagged(reg) - {last.to_value if last else None}:
+        call("set version tag", c.set_model_version_tag, m, left, APPROVED_FLAG, "false")
+    if last is None:
         if alias is not None:
             call("delete alias", c.delete_registered_model_alias, m, APPROVED)
         return
-    last = history[-1]
-    # Never mirror the pointer onto other weights than were approved (a re-created registered model reuses
-    # version numbers): MLflow would then advertise a model nobody approved.
-    expected, actual = approved_hash(last), reg.model_version(last.to_value).weights_hash
-    if expected and expected != actual:
-        raise WeightsMismatch(last.to_value, expected, actual)
-    flagged = call("search versions", c.search_model_versions, flagged_true)
-    for left in {str(v.version) for v in flagged} - {last.to_value}:
-        call("set version tag", c.set_model_version_tag, m, left, APPROVED_FLAG, "false")
     for key, value in version_tags(last).items():
         call("set version tag", c.set_model_version_tag, m, last.to_value, key, value)
     for key, value in model_tags(history).items():
@@ -330,9 +309,8 @@ def move(
     reg: Registry, *, expected: str | None, expected_seq: int, to: str, actor: str, signed: dict, note: str = "",
     **extra,
 ) -> Any:  # fmt: skip
-    """Compare-and-set `approved-default` in the store on its value and its move number `expected_seq`
-    (0: never set), so even a move back to `expected` (A -> B -> A) since refuses this one. `signed`: the
-    note's signed part (`release.chain.move_note`: weights and files hashes, kind, role, time, signature)."""
+    """Compare-and-set `approved-default` on its value and move number `expected_seq` (0: never set), so even
+    a move back to `expected` since (A -> B -> A) refuses this one. `signed`: `release.chain.move_note`."""
     body = {"model": reg.model_name, "note": note, **extra, **signed}
     return reg.store.move_pointer(
         reg.pointer_name(),
@@ -355,24 +333,20 @@ def current(reg: Registry, alias: str = APPROVED) -> str | None:
 
 
 def resolve(reg: Registry, alias: str = APPROVED, *, download: bool = True) -> ResolvedVersion:
-    """The version behind `alias`, with its verified local checkpoint when `download`. `approved-default`
-    comes only from the store's verified history (never set: `PointerNotSet`; a history that does not
-    verify: `ChainBroken`; no fallback)."""
+    """The version behind `alias` (with its checkpoint); `approved-default` only from verified history."""
     check_alias(alias)
     reg.connect()
-    last = pointer = approved = None
+    last = None  # the store's move behind `approved-default`
     if alias == APPROVED:
         chain = reg.verified().require()
-        last, pointer = chain.head, chain.value
-        approved = reg.alias_version(APPROVED)
-        seq = approved.tags.get(f"{APPROVED}.seq", "") if approved else ""
-        if (None if approved is None else str(approved.version)) != pointer or seq != (
-            str(last.seq) if last else ""
-        ):
+        last, version, mv = chain.head, chain.value, reg.alias_version(APPROVED)
+        seq = mv.tags.get(f"{APPROVED}.seq", "") if mv else ""
+        if (None if mv is None else str(mv.version)) != version or seq != (str(last.seq) if last else ""):
             rec = reconcile(reg)
-            last, pointer, approved = rec.last_move, rec.pointer, rec.model_version
-    mv = approved if alias == APPROVED else reg.alias_version(alias)
-    version = pointer if alias == APPROVED else (None if mv is None else str(mv.version))
+            last, version, mv = rec.last_move, rec.pointer, rec.model_version
+    else:
+        mv = reg.alias_version(alias)
+        version = None if mv is None else str(mv.version)
     if version is None:
         raise PointerNotSet(alias)
     typed = (
@@ -380,20 +354,13 @@ def resolve(reg: Registry, alias: str = APPROVED, *, download: bool = True) -> R
         if mv is not None and str(mv.version) == version
         else reg.model_version(version)
     )
-    if alias == APPROVED:
-        # Version numbers restart when a registered model is re-created; the content hash recorded at
-        # approval time is what the pointer really means.
-        expected = approved_hash(last)
-        if expected and expected != typed.weights_hash:
-            raise WeightsMismatch(version, expected, typed.weights_hash)
-        # Likewise the checkpoint files: a version whose `files_hash` tag was rewritten or removed after
-        # approval would otherwise be fetched against the new tag (or none).
-        expected_files = approved_files_hash(last)
-        if expected_files and expected_files != typed.files_hash:
-            raise CheckpointFilesMismatch(version, expected_files, typed.files_hash or "(none recorded)")
+    # Version numbers restart when a registered model is re-created; the content hash recorded at approval
+    # time is what the pointer really means. Likewise the checkpoint files: a version whose `files_hash` tag
+    # was rewritten or removed after approval would otherwise be fetched against the new tag (or none).
+    if (expected := approved_hash(last)) and expected != typed.weights_hash:
+        raise WeightsMismatch(version, expected, typed.weights_hash)
+    if (expected := approved_hash(last, "files_hash")) and expected != typed.files_hash:
+        raise CheckpointFilesMismatch(version, expected, typed.files_hash or "(none recorded)")
     return ResolvedVersion(
-        version=typed.version,
-        weights_hash=typed.weights_hash,
-        local_path=reg.fetch(typed) if download else None,
-        model_uri=typed.model_uri,
+        typed.version, typed.weights_hash, reg.fetch(typed) if download else None, typed.model_uri
     )

@@ -1,14 +1,13 @@
-"""The receipt on the model version it judged: MLflow version tags, and the same tags on the version's
-lineage run, repeating the ledger's head of that receipt (id, ledger version, ledger hash, verdict),
-rewritten at every new receipt version; the run also gets the held-out and protected figures as metrics,
-where MLflow compares candidates. `receipt_hash` is the ledger's hash of that version, never the gate's
-evidence hash.
+"""The receipt on the model version it judged: version tags, and the same tags on its lineage run, naming the
+ledger's head of that receipt (id, ledger version, ledger hash, verdict), rewritten at every new receipt
+version; the run also gets the held-out and protected figures as metrics. `receipt_hash` is the ledger's
+hash of that version, never the gate's evidence hash.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from mlflow.exceptions import MlflowException
@@ -44,8 +43,6 @@ def stored_head(store: Any, receipt_id: str) -> StoredReceipt | None:
 
 @dataclass(frozen=True)
 class ReceiptTags:
-    """What a model version's tags say about the receipt that judged it."""
-
     model_version: str
     receipt_id: str
     receipt_version: int
@@ -53,32 +50,21 @@ class ReceiptTags:
     verdict: str  # the gate's verdict on that receipt version, or `PENDING`
 
     def as_tags(self) -> dict[str, str]:
-        return {
-            "receipt_id": self.receipt_id,
-            "receipt_version": str(self.receipt_version),
-            "receipt_hash": self.receipt_hash,
-            "verdict": self.verdict,
-        }
+        """The version tags: every field but the version they are on."""
+        return {k: str(v) for k, v in asdict(self).items() if k != "model_version"}
 
 
 def of_stored(stored: StoredReceipt) -> ReceiptTags | None:
     """The tags a stored receipt version gives its candidate's version; None before a candidate is recorded."""
-    candidate = stored.receipt.candidate
+    candidate, gate, rid = stored.receipt.candidate, stored.receipt.gate, stored.receipt.receipt_id
     if candidate is None or candidate.model_version is None:
         return None
-    gate = stored.receipt.gate
-    return ReceiptTags(
-        model_version=candidate.model_version,
-        receipt_id=stored.receipt.receipt_id,
-        receipt_version=stored.version,
-        receipt_hash=stored.content_hash,
-        verdict=PENDING if gate is None else gate.verdict,
-    )
+    verdict = PENDING if gate is None else gate.verdict
+    return ReceiptTags(candidate.model_version, rid, stored.version, stored.content_hash, verdict)
 
 
 def recorded(reg: Registry, receipt_id: str, model_version: str) -> ReceiptTags | None:
-    """What MLflow's tags on `model_version` record of receipt `receipt_id`, a record kept outside the store
-    (None: they name no version of it)."""
+    """What `model_version`'s tags record of receipt `receipt_id` (None: no version of it)."""
     tags = reg.call_mlflow("get version", reg.client.get_model_version, reg.model_name, model_version).tags
     number, digest = str(tags.get("receipt_version", "")), tags.get("receipt_hash", "")
     if tags.get("receipt_id") != receipt_id or not number.isdigit() or not digest:
@@ -87,9 +73,7 @@ def recorded(reg: Registry, receipt_id: str, model_version: str) -> ReceiptTags 
 
 
 def compare(reg: Registry, receipt_id: str, model_version: str) -> tuple[str | None, str, int]:
-    """The ledger's versions of a receipt against what MLflow's tags on its candidate's version record: how
-    they disagree (None: they do not), what was compared or why nothing was, and the receipt version the
-    tags name (0: none)."""
+    """How the ledger and the version's tags disagree (None: not), what was compared, and their version."""
     try:
         tags = recorded(reg, receipt_id, model_version)
     except (RegistryError, MlflowException, OSError) as exc:
@@ -108,14 +92,12 @@ def compare(reg: Registry, receipt_id: str, model_version: str) -> tuple[str | N
 
 
 def head(store: Any, receipt_id: str) -> tuple[int, str] | None:
-    """The ledger's newest (version, hash) of a receipt, or None if the ledger has none of it."""
     entries = ReceiptLedger(store).history(receipt_id)
     return (entries[-1].version, entries[-1].content_hash) if entries else None
 
 
 def write(reg: Registry, value: str | StoredReceipt) -> ReceiptTags | None:
-    """Tag the receipt's candidate version with the ledger head of the receipt; `WeightsMismatch` when the
-    version holds other weights than the receipt names."""
+    """Tag the candidate's version with the receipt's ledger head (`WeightsMismatch`: other weights)."""
     stored = value if isinstance(value, StoredReceipt) else stored_head(reg.store, value)
     if stored is None:
         raise RegistryError(f"receipt {value!r} is not in the ledger")

@@ -1,6 +1,5 @@
-"""Connecting to an MLflow tracking store: SQLite initialised once under a file lock (several processes
-migrating a fresh file at once fail with "table already exists"), servers probed fast.
-"""
+"""Connecting to an MLflow tracking store: SQLite initialised once under a file lock (processes migrating a
+fresh file at once fail with "table already exists"), servers probed fast."""
 
 from __future__ import annotations
 
@@ -15,14 +14,12 @@ from lightning_dagster.registry.errors import RegistryUnavailable
 
 # Telemetry is a network call; this project talks only to its own servers.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-# MLflow's default (7 retries, backoff factor 2) keeps a call to a dead server hanging for minutes; a
-# registry operation should fail fast and leave reconciliation to the next one.
+# MLflow's default (7 retries, backoff 2) hangs on a dead server for minutes: fail fast, reconcile later.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-# The experiment's type in MLflow 3 (`mlflow.experimentKind`): a classic ML experiment (runs, metrics,
-# models), not GenAI development (traces), which the UI assumes for an experiment without the tag.
+# A classic ML experiment in MLflow 3, not GenAI development, which the UI assumes without the tag.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
@@ -30,7 +27,6 @@ _initialised: set[str] = set()
 
 
 def sqlite_path(uri: str) -> Path | None:
-    """The database file of a `sqlite:////abs/path` URI, or None for other stores."""
     if not uri.startswith("sqlite:"):
         return None
     path = uri.split(":///", 1)[1] if ":///" in uri else ""
@@ -67,8 +63,7 @@ def ensure_tracking_store(uri: str) -> None:
 
 
 def probe(uri: str, timeout: float = 3.0) -> None:
-    """Raise `RegistryUnavailable` at once if an MLflow server does not answer `/health` (MLflow's client
-    would retry a refused connection for minutes)."""
+    """`RegistryUnavailable` at once if a server does not answer `/health` (MLflow retries for minutes)."""
     if not is_http(uri):
         return
     try:

@@ -1,9 +1,6 @@
-"""What an approval signs and how it is verified: an Ed25519 signature by the actor's key (`signing.APPROVAL`)
-over the receipt's id and evidence hash, the step, the actor, the role and the time. Pure.
-
-The evidence hash leaves out the approvals and the gate's record, so approvals added later do not change
-what earlier ones signed, while any added or edited evidence does. Imports nothing of the gate (check 7
-verifies approvals through this module).
+"""What an approval signs (`signing.APPROVAL`: receipt id, evidence hash, step, actor, role, time) and how it
+is verified. The evidence hash leaves out the approvals and the gate's record, so later approvals do not
+change what earlier ones signed, while any added or edited evidence does. Pure: imports nothing of the gate.
 """
 
 from __future__ import annotations
@@ -23,22 +20,13 @@ def evidence_hash(receipt: Receipt) -> str:
 
 
 def approval_fields(receipt_id: str, approval: Approval) -> dict[str, Any]:
-    """What `approval` of receipt `receipt_id` signs (`signing.PURPOSES[APPROVAL]`)."""
-    return {
-        "receipt_id": receipt_id,
-        "evidence_hash": approval.evidence_hash,
-        "step": approval.step,
-        "actor": approval.actor,
-        "role": approval.role,
-        "at": approval.at,
-    }
+    return {"receipt_id": receipt_id, **approval.model_dump(exclude={"signature"})}
 
 
 def approval_problem(
     receipt: Receipt, approval: Approval, actors: Mapping[str, ActorKey], accepted: Collection[str]
 ) -> str | None:
-    """Why `approval` proves nothing for `receipt` (None: it is valid). `accepted` holds the evidence
-    hashes it may have signed: the receipt's own, or for a canary approval any earlier version's."""
+    """Why `approval` proves nothing for `receipt` (None: valid); `accepted`: evidence hashes it may sign."""
     who = f"approval by {approval.actor} as {approval.role} ({approval.step})"
     allowed = receipt.plan.approvers.default if approval.step == "default" else receipt.plan.approvers.canary
     if approval.role not in allowed:
@@ -60,8 +48,7 @@ def approval_problem(
 def approval_problems(
     receipt: Receipt, actors: Mapping[str, ActorKey], earlier: Collection[str] = ()
 ) -> list[str]:
-    """Every approval of `receipt` that does not verify (a canary approval may sign an `earlier` version), or
-    repeats one recorded before it (an approval counts once)."""
+    """Every approval that does not verify (a canary one may sign an `earlier` version) or repeats one."""
     current = evidence_hash(receipt)
     problems = []
     for k, approval in enumerate(receipt.approvals):

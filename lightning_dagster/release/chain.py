@@ -1,20 +1,15 @@
-"""A pointer's history verified on every read: each move is a signed record, checked from the first move to
-the head against the deployment's configured anchors (the pipeline's public key; the roles pin, verified
-against the configured roles-admin key and roles file), never against a key the store holds.
-
-Kinds of move (the `kind` its note records):
+"""A pointer's history verified on every read, from its first move to its head, against the deployment's
+configured anchors (the pipeline's public key; the roles pin, verified against the configured roles-admin key
+and roles file), never a key the store holds. Kinds of move (its note's `kind`):
 - `bootstrap`, move 1 only: a `POINTER_MOVE` signature by the pipeline's key (`release.pipeline_key`).
 - `promotion`: a `POINTER_MOVE` signature by an actor of the verified roles, in `default-approver` or a role
   the promoted receipt's version (bound by its hash) names for its default step.
-- `rollback`: the actor's `ROLLBACK` signature is the move's (pointer, from, from_seq, target, who, role,
-  why, when); the role is `default-approver` or one the undone move's receipt names for its default step,
-  and the target a value an earlier verified move approved, with its weights.
-- `anchor`: a `POINTER_MOVE` signature by the configured roles-admin key (`registry anchor`): the moves
-  before the newest anchor read as vouched for, not verified; verification resumes after it.
-A move of another kind, or unsigned (made before moves were signed), breaks the chain there. So do a gap or
-repeat in the move numbers, a move not starting where the previous ended, and a pointer row that is not the
-last move. A break is recorded once as a pointer incident; the pointer then reads as its last verified move.
-"""
+- `rollback`: the actor's `ROLLBACK` signature, in such a role of the undone move's receipt; the target a
+  value an earlier verified move approved, with its weights.
+- `anchor`: a `POINTER_MOVE` signature by the roles-admin key: moves up to the newest one are vouched for.
+Anything else (unsigned: made before moves were signed), a gap or repeat in the move numbers, a move not
+starting where the previous ended, or a pointer row that is not the last move breaks the chain there: the
+break is recorded once as a pointer incident, and the pointer reads as its last verified move."""
 
 from __future__ import annotations
 
@@ -61,7 +56,6 @@ class Chain:
     moves: list[PointerMove]
     history: list[PointerMove]
     row: tuple[str | None, int]  # the `pointers` row as read: (value, seq)
-    roles: Roles | None  # the verified roles now (the configured file while nothing is pinned)
     problem: str | None = None
     incident: Any = None  # the `PointerIncident` recording the break
     versions: list[Roles] = field(default_factory=list)  # every verified roles version, oldest first
@@ -81,7 +75,6 @@ class Chain:
         return self.head.to_value if self.head else None
 
     def require(self) -> Chain:
-        """This chain, or `ChainBroken` naming its first bad record."""
         if self.problem is not None:
             raise ChainBroken(self.pointer, self.problem, self.value)
         return self
@@ -110,9 +103,10 @@ def sign_move(key: Ed25519PrivateKey, pointer: str, seq: int, from_value: str | 
     return sign(key, POINTER_MOVE, signed_fields(pointer, seq, from_value, to_value, actor, receipt_id, note))
 
 
-def _default_roles(store: Any, receipt_id: str | None, receipt_hash: Any) -> set[str]:
-    """The roles the receipt version `receipt_hash` names for its default step (its body must hash to it)."""
-    for doc in store.document_versions(RECEIPTS, receipt_id) if receipt_id and receipt_hash else []:
+def _default_roles(store: Any, move: PointerMove | None) -> set[str]:
+    """The default-step roles of the receipt version `move` records (its body must hash to that)."""
+    receipt_hash = pointers.move_note(move).get("receipt_hash") if move else None
+    for doc in store.document_versions(RECEIPTS, move.receipt_id) if receipt_hash and move.receipt_id else []:
         if doc.content_hash == receipt_hash and version_hash(doc.body, doc.previous_hash) == receipt_hash:
             try:
                 return {str(r) for r in doc.body["plan"]["approvers"]["default"]}
@@ -123,26 +117,18 @@ def _default_roles(store: Any, receipt_id: str | None, receipt_hash: Any) -> set
 
 def check_move(store: Any, m: PointerMove, verified: list[PointerMove], versions: list[Roles], since: int,
                gate: GateSettings) -> tuple[str | None, int]:  # fmt: skip
-    """Why `m` does not verify as the move after `verified` (None: it does), and the index of the roles
-    version it verified under (moves never verify under roles older than the previous move's)."""
+    """Why `m` does not verify after `verified` (None: it does), and the roles version it verified under."""
     prev, note = (verified[-1] if verified else None), pointers.move_note(m)
     where = f"move {m.seq} ({m.from_value or '(unset)'} -> {m.to_value} by {m.actor})"
-    if m.seq != (prev.seq if prev else 0) + 1:
-        return (
-            f"{where}: expected move {(prev.seq if prev else 0) + 1} (a move was inserted, deleted or reordered)",
-            since,
-        )
+    if m.seq != (expected := (prev.seq if prev else 0) + 1):
+        return f"{where}: expected move {expected} (a move was inserted, deleted or reordered)", since
     if m.from_value != (prev.to_value if prev else None):
-        return (
-            f"{where}: does not start where move {m.seq - 1} ended ({prev.to_value if prev else '(unset)'})",
-            since,
-        )
+        ended = prev.to_value if prev else "(unset)"
+        return f"{where}: does not start where move {m.seq - 1} ended ({ended})", since
     kind, signature, role = note.get("kind"), note.get("signature"), note.get("role")
     if not signature or kind not in (BOOTSTRAP, PROMOTION, ROLLED_BACK):
-        return (
-            f"{where}: unsigned or of no known kind (made before moves were signed, or not by the registry)",
-            since,
-        )
+        why = "unsigned or of no known kind (made before moves were signed, or not by the registry)"
+        return f"{where}: {why}", since
     fields = signed_fields(m.name, m.seq, m.from_value, m.to_value, m.actor, m.receipt_id, note)
     if kind == BOOTSTRAP:
         key = public_key(gate)
@@ -153,14 +139,10 @@ def check_move(store: Any, m: PointerMove, verified: list[PointerMove], versions
             )
         good = m.seq == 1 and role == PIPELINE_ROLE and verify(key, POINTER_MOVE, fields, signature)
         return (None if good else f"{where}: not a bootstrap signed by the configured pipeline key"), since
-    if kind == PROMOTION:
-        allowed = {DEFAULT_APPROVER} | _default_roles(store, m.receipt_id, note.get("receipt_hash"))
-        purpose = POINTER_MOVE
-    else:
-        prev_note = pointers.move_note(prev) if prev else {}
-        allowed = {DEFAULT_APPROVER} | _default_roles(
-            store, prev and prev.receipt_id, prev_note.get("receipt_hash")
-        )
+    # a promotion's receipt names its roles; a rollback's, the receipt of the move it undoes
+    allowed = {DEFAULT_APPROVER} | _default_roles(store, m if kind == PROMOTION else prev)
+    purpose = POINTER_MOVE
+    if kind == ROLLED_BACK:
         purpose, fields = ROLLBACK, {
             "pointer": m.name, "from_version": m.from_value, "from_seq": m.seq - 1, "target_version": m.to_value,
             "actor": m.actor, "role": role, "reason": note.get("reason"), "at": note.get("signed_at"),
@@ -181,8 +163,7 @@ def check_move(store: Any, m: PointerMove, verified: list[PointerMove], versions
 
 
 def _anchored(history: list[PointerMove], gate: GateSettings) -> int:
-    """How many moves the newest anchor the configured roles-admin key signed ends (0: none): `registry
-    anchor` re-anchors a history with unsigned moves (a home made before moves were signed) or a break."""
+    """How many moves the newest anchor signed by the configured roles-admin key ends (0: none)."""
     admin = gate.roles_admin_key.strip()
     for k in range(len(history) - 1, -1, -1) if admin else ():
         m, note = history[k], pointers.move_note(history[k])
@@ -194,9 +175,7 @@ def _anchored(history: list[PointerMove], gate: GateSettings) -> int:
 
 
 def anchor(reg: Registry, version: str, key: Path | str) -> PointerMove:
-    """Move `approved-default` to `version` by the configured roles-admin's signed anchor: the history up to
-    it reads as vouched for, verification resumes after it. For a home whose moves predate signing, and to
-    recover from a recorded break (the anchor names the version the admin checked)."""
+    """Move `approved-default` to `version` by the roles-admin's signed anchor, vouching for the history."""
     private = load_private_key(key)
     if public_key_line(private) != reg.gate.roles_admin_key.strip():
         raise KeyFileError(
@@ -215,7 +194,6 @@ def anchor(reg: Registry, version: str, key: Path | str) -> PointerMove:
 
 
 def verify_chain(store: Any, pointer: str, gate: GateSettings) -> Chain:
-    """`pointer`'s whole history verified against the configuration (one read of each history)."""
     pin = verify_pin(store, gate)
     versions = pin.versions if pin.versions or pin.problem else [pin.configured] if pin.configured else []
     history, row = store.pointer_history(pointer), store.pointer_state(pointer)
@@ -236,9 +214,7 @@ def verify_chain(store: Any, pointer: str, gate: GateSettings) -> Chain:
         )
     if pin.problem is not None:
         problem = pin.problem + (f"; then {problem}" if problem else "")
-    return Chain(
-        pointer, verified, history, row, pin.roles, problem, versions=versions, since=since, vouched=vouched
-    )
+    return Chain(pointer, verified, history, row, problem, versions=versions, since=since, vouched=vouched)
 
 
 def verified(reg: Registry) -> Chain:
@@ -279,7 +255,6 @@ def pipeline_signer(gate: GateSettings) -> Ed25519PrivateKey:
 
 
 def bootstrap_note(reg: Registry, version: Any, key: Ed25519PrivateKey, actor: str) -> dict[str, Any]:
-    """The signed note of `approved-default`'s first move to `version`, by the pipeline's key."""
     note = move_note(
         version.weights_hash, version.files_hash, kind=BOOTSTRAP, role=PIPELINE_ROLE, at=time.time()
     )

@@ -1,19 +1,31 @@
 """`lightning-dagster registry show | history | serving | keygen | roles | sign | approve | promote |
-sign-promote | sign-rollback | rollback | anchor | drill`.
-
-The command keeps the registry's name; it lives with the release because most of it is the release's (keys,
-roles, approvals, promotion, rollback), while `show`, `history`, `serving` and `drill` read the registry.
-Exit status: 0 done, 1 refused (not authorized, conflict, stale, unavailable), 2 bad input."""
+sign-promote | sign-rollback | rollback | anchor | drill`: the registry's command, living with the release
+since most of it is the release's. Exit status: 0 done, 1 refused (not authorized, conflict, stale,
+unavailable), 2 bad input."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+from lightning_dagster.gate.errors import TamperedReceipt
+from lightning_dagster.gate.ledger import use_keys
+from lightning_dagster.gate.receipt import Approval, parse_receipt, read_json
+from lightning_dagster.registry.core import Registry
+from lightning_dagster.registry.errors import PointerConflict, RegistryError
 from lightning_dagster.registry.lineage import model_uri
-from lightning_dagster.release.promotion import DEFAULT_APPROVER
+from lightning_dagster.registry.pointers import iso, move_dict
+from lightning_dagster.release import receipts
+from lightning_dagster.release.chain import anchor
+from lightning_dagster.release.pipeline_key import keys
+from lightning_dagster.release.promotion import DEFAULT_APPROVER, PromoteRequest, promote, sign_promotion
+from lightning_dagster.release.receipts import sign_approval
+from lightning_dagster.release.roles import pin_fields, pin_roles, pin_state, read_roles_file, verify_pin
+from lightning_dagster.release.rollbacks import rollback, rollback_request, sign_rollback
+from lightning_dagster.release.signing import ROLES_PIN, generate_keypair, load_private_key, sign
 from lightning_dagster.settings import (
     GateSettings,
     MLflowSettings,
@@ -22,6 +34,7 @@ from lightning_dagster.settings import (
     from_flags,
     gate_from_env,
 )
+from lightning_dagster.store import Store
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -125,14 +138,8 @@ def _rollback_args(p: argparse.ArgumentParser, *, signed_file: bool) -> None:
 
 
 def _registry(args: argparse.Namespace):
-    from lightning_dagster.gate.ledger import use_keys
-    from lightning_dagster.registry.core import Registry
-    from lightning_dagster.release.pipeline_key import keys
-    from lightning_dagster.store import Store
-
     mlflow, store = from_flags(MLflowSettings(), args), from_flags(StoreSettings(), args)
-    # The deployment's anchors (roles file, roles-admin and pipeline keys) from its environment, as the code
-    # location reads them: a different $LD_ROLES_FILE than the verified pin is refused, naming both hashes.
+    # The deployment's anchors from its environment, as the code location reads them.
     gate = from_flags(gate_from_env(), args)
     reg = Registry(mlflow.resolved_uri(), Store(store.resolved_url()), mlflow.model_name, gate=gate)
     # the receipts this command writes are attested, and those it reads verified, with the pipeline key
@@ -141,18 +148,10 @@ def _registry(args: argparse.Namespace):
 
 
 def _receipt_arg(value: str) -> Any:
-    """A path to a JSON file is read; anything else is a ledger id."""
-    from pathlib import Path
-
-    from lightning_dagster.gate.receipt import read_json
-
     return read_json(value, "receipt") if value.endswith(".json") or Path(value).is_file() else value
 
 
 def _run(handler, args: argparse.Namespace) -> int:
-    from lightning_dagster.gate.errors import TamperedReceipt
-    from lightning_dagster.registry.errors import PointerConflict, RegistryError
-
     try:
         data, text, *status = handler(args)
     except (RegistryError, PointerConflict, TamperedReceipt) as exc:
@@ -166,8 +165,6 @@ def _run(handler, args: argparse.Namespace) -> int:
 
 
 def _move_row(m) -> dict[str, Any]:
-    from lightning_dagster.registry.pointers import move_dict
-
     return move_dict(m) | {"note": m.note}
 
 
@@ -189,9 +186,6 @@ def _show(args):
 
 
 def _history(args):
-    """The moves, then the incidents marked with `!`; `--json` gives one timeline whose rows say their `kind`."""
-    from lightning_dagster.registry.pointers import iso
-
     reg = _registry(args)
     chain = reg.verified()  # records a break as an incident before the incidents are read
     history, found = chain.history, reg.incidents()
@@ -238,8 +232,6 @@ def _history(args):
 
 
 def _keygen(args):
-    from lightning_dagster.release.signing import generate_keypair
-
     pair = generate_keypair(args.actor, args.out)
     data = {"actor": pair.actor, "private_key": str(pair.private_path), "public_key": pair.public_key}
     text = f"{pair.public_key}\n# private key: {pair.private_path} (keep it; never share it)"
@@ -249,14 +241,10 @@ def _keygen(args):
 
 
 def _roles(args):
-    from lightning_dagster.release.roles import pin_fields, pin_roles, pin_state, read_roles_file, verify_pin
-
     reg = _registry(args)
     if args.pin:
         roles, signature = read_roles_file(args.pin), None
         if args.key:
-            from lightning_dagster.release.signing import ROLES_PIN, load_private_key, sign
-
             previous, pin_seq = pin_state(reg.store)
             fields = pin_fields(previous, roles.digest, pin_seq=pin_seq)
             signature = sign(load_private_key(args.key), ROLES_PIN, fields)
@@ -275,21 +263,14 @@ def _roles(args):
 
 
 def _receipt_value(reg, value: Any):
-    """The receipt an approval signs: the ledger's head for an id, the file's receipt for a file."""
-    from lightning_dagster.gate import parse_receipt
-    from lightning_dagster.release import receipts
-
     return receipts.load(reg.store, value).receipt if isinstance(value, str) else parse_receipt(value)
 
 
 def _signed(reg, receipt_arg: Any, actor: str, role: str, key: str, step: str | None = None):
-    from lightning_dagster.release.receipts import sign_approval
-
     return sign_approval(_receipt_value(reg, receipt_arg), actor=actor, role=role, key=key, step=step)
 
 
 def _printed(signed) -> tuple[dict, str]:
-    """A signed decision the `sign*` commands print: as JSON either way."""
     data = signed.model_dump(mode="json")
     return data, json.dumps(data, indent=2)
 
@@ -300,9 +281,6 @@ def _sign(args):
 
 
 def _approve(args):
-    from lightning_dagster.gate.receipt import Approval, read_json
-    from lightning_dagster.release.receipts import approve
-
     reg, receipt = _registry(args), _receipt_arg(args.receipt)
     if args.approval:
         approval = Approval.model_validate(read_json(args.approval, "approval"))
@@ -310,7 +288,7 @@ def _approve(args):
         approval = _signed(reg, receipt, args.actor, args.role, args.key, args.step)
     else:
         raise ValueError("give --approval FILE, or --actor, --role and --key to sign here")
-    stored = approve(reg, receipt, approval)
+    stored = receipts.approve(reg, receipt, approval)
     rid = stored.receipt.receipt_id
     data = {"receipt_id": rid, "version": stored.version, "content_hash": stored.content_hash}
     text = f"approved by {approval.actor} as {approval.role} ({approval.step}): receipt {rid} version {stored.version}"
@@ -318,16 +296,12 @@ def _approve(args):
 
 
 def _promote(args):
-    from lightning_dagster.gate.receipt import read_json
-    from lightning_dagster.release.promotion import PromoteRequest, promote
-    from lightning_dagster.release.receipts import approve
-
     current = read_json(args.fingerprints, "fingerprints") if args.fingerprints else None
     reg, receipt = _registry(args), _receipt_arg(args.receipt)
     if args.key:
         role = args.role or _receipt_value(reg, receipt).plan.approvers.default[0]
         approval = _signed(reg, receipt, args.actor, role, args.key, "default")
-        receipt = approve(reg, receipt, approval).receipt.receipt_id
+        receipt = receipts.approve(reg, receipt, approval).receipt.receipt_id
     signed = PromoteRequest.model_validate(read_json(args.signed, "promotion")) if args.signed else None
     result = promote(
         reg, receipt, args.actor, signed=signed, key=args.key, policy=reg.gate.policy_path or None,
@@ -345,14 +319,10 @@ def _promote(args):
 
 
 def _sign_promote(args):
-    from lightning_dagster.release.promotion import sign_promotion
-
     return _printed(sign_promotion(_registry(args), args.receipt, actor=args.actor, key=args.key))
 
 
 def _signed_rollback(reg, args):
-    from lightning_dagster.release.rollbacks import sign_rollback
-
     return sign_rollback(
         reg, args.version, actor=args.actor, role=args.role, key=args.key, reason=args.reason
     )
@@ -363,9 +333,6 @@ def _sign_rollback(args):
 
 
 def _rollback(args):
-    from lightning_dagster.gate.receipt import read_json
-    from lightning_dagster.release.rollbacks import rollback, rollback_request
-
     reg = _registry(args)
     if args.signed:
         request = rollback_request(read_json(args.signed, "rollback"))
@@ -383,15 +350,12 @@ def _rollback(args):
 
 
 def _anchor(args):
-    from lightning_dagster.release.chain import anchor
-
     move = anchor(_registry(args), args.version, args.key)
     text = f"approved-default anchored at {move.to_value} (move {move.seq}) by the roles-admin"
     return _move_row(move), text
 
 
 def _serving(args):
-    """What a server loads: refused (exit 1, one line) while the MLflow alias names another version."""
     resolved = _registry(args).serve_approved()
     data = {"version": resolved.version, "weights_hash": resolved.weights_hash,
             "local_path": str(resolved.local_path), "model_uri": resolved.model_uri}  # fmt: skip

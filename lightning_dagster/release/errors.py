@@ -7,33 +7,21 @@ from __future__ import annotations
 from lightning_dagster.registry.errors import RegistryError
 from lightning_dagster.settings import UsageError
 
-__all__ = [
-    "ApprovalRefused",
-    "KeyFileError",
-    "NotAuthorized",
-    "PromotionRefused",
-    "RolesConfigError",
-    "RollbackRefused",
-]
-
 
 class NotAuthorized(RegistryError):
     """`actor` may not act in `role` here; `reason` says exactly what is missing, in one line."""
 
+    refused = "not authorized"
+
     def __init__(self, actor: str, role: str, reason: str):
-        super().__init__(f"not authorized: {reason}")
-        self.actor = actor
-        self.role = role
+        super().__init__(f"{self.refused}: {reason}")
+        self.actor, self.role, self.reason = actor, role, reason
 
 
 class RollbackRefused(NotAuthorized):
     """A rollback that is not an authorized actor's signed decision over exactly this move."""
 
-    def __init__(self, actor: str, role: str, reason: str):
-        RegistryError.__init__(self, f"rollback refused: {reason}")
-        self.actor = actor
-        self.role = role
-        self.reason = reason
+    refused = "rollback refused"
 
 
 class RolesConfigError(RegistryError):

@@ -1,11 +1,8 @@
-"""Pause and resume of the continual-learning loop as recorded decisions: what each says, what a resume
-signs (`signing.LOOP_RESUME`), and what the next tick decides. Pure: the history comes from the caller
-(`pipeline.loop_history`).
-
-A pause names its stop conditions, the receipt that met them and the roles that may lift it. It is lifted
-by an authorized actor's signed resume (the same receipt then does not pause the loop again), or by itself
-when a newer judged receipt meets no stop condition. Conditions that are not a receipt's (the parent cannot
-be resolved now) pause again on every tick while they hold.
+"""Pause and resume of the continual-learning loop as recorded decisions: what a resume signs
+(`signing.LOOP_RESUME`) and what the next tick decides; the history comes from the caller. A pause names its
+stop conditions, the receipt that met them and the roles that may lift it. An authorized actor's signed
+resume lifts it (the same receipt then does not pause again), as does a newer judged receipt meeting no
+stop condition. Conditions that are not a receipt's (the parent cannot be resolved now) pause every tick.
 """
 
 from __future__ import annotations
@@ -25,11 +22,8 @@ DEFAULT_RESUME_ROLES = ("default-approver",)
 
 
 class LoopDecision(BaseModel):
-    """One pause or resume. `by`: the gate (a stop condition held when a receipt was judged; pauses recorded
-    before the release_receipt run recorded them say `sensor`), an actor (signed resume) or a
-    receipt (a newer judged receipt cleared the conditions). A resume names the pause it lifts by its hash
-    in the history (`pause_hash`). `resume_roles`: for a pause, the roles whose signed resume lifts it
-    (None: recorded before pauses named them; see `resume_roles_of`)."""
+    """`by`: the gate (older pauses: `sensor`), an actor (signed resume) or a newer receipt. A resume names
+    its pause by hash; a pause, the roles that may lift it (`resume_roles`; None: recorded before)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -48,12 +42,11 @@ class LoopDecision(BaseModel):
 
 
 def resume_roles_of(pause: LoopDecision) -> list[str]:
-    """The roles whose signed resume lifts `pause`: the ones it names, else `DEFAULT_RESUME_ROLES`."""
     return list(DEFAULT_RESUME_ROLES) if pause.resume_roles is None else list(pause.resume_roles)
 
 
 class ResumeRequest(BaseModel):
-    """What an actor signs to resume (`resume_fields`), as `loop sign` prints it."""
+    """What an actor signs to resume, as `loop sign` prints it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -66,14 +59,7 @@ class ResumeRequest(BaseModel):
 
 
 def resume_fields(request: ResumeRequest) -> dict[str, Any]:
-    """What a resume's signature binds (`signing.LOOP_RESUME`): one recorded pause, who, role, why, when."""
-    return {
-        "pause_hash": request.pause_hash,
-        "actor": request.actor,
-        "role": request.role,
-        "reason": request.reason,
-        "at": request.at,
-    }
+    return request.model_dump(exclude={"signature"})
 
 
 def resume_problem(
@@ -86,8 +72,7 @@ def resume_problem(
     now: float | None = None,
     clock_skew_s: float = CLOCK_SKEW_S,
 ) -> str | None:
-    """Why `request` may not resume the loop (None: it may). `current_pause`: the hash of the pause in
-    force, recorded at `paused_at`; the resume's time may not precede it nor lie ahead of `now`."""
+    """Why `request` may not resume the loop (None: it may); `current_pause`: the pause in force's hash."""
     who = f"resume by {request.actor} as {request.role}"
     if current_pause is None:
         return f"{who}: the loop is not paused"
@@ -109,18 +94,9 @@ def resume_problem(
 
 
 def actor_resume(request: ResumeRequest, paused: LoopDecision) -> LoopDecision:
-    """The decision recorded for a verified resume of the pause `paused`."""
+    # every field of the request: when, which pause, who, in which role, why, and the signature
     return LoopDecision(
-        action="resume",
-        by="actor",
-        at=request.at,
-        loop=paused.loop,
-        receipt_id=paused.receipt_id,
-        pause_hash=request.pause_hash,
-        actor=request.actor,
-        role=request.role,
-        reason=request.reason,
-        signature=request.signature,
+        action="resume", by="actor", loop=paused.loop, receipt_id=paused.receipt_id, **request.model_dump()
     )
 
 
@@ -133,8 +109,7 @@ def next_decision(
     *,
     resume_roles: Sequence[str] | None = None,
 ) -> LoopDecision | None:
-    """The decision a tick records, None when the state stays as it is. `live_conditions` are the stop
-    conditions holding now whatever the receipts say."""
+    """The decision a tick records (None: none). `live_conditions` hold now whatever the receipts say."""
     last = history[-1] if history else None
     if last is not None and last.action == "pause":
         cleared = not receipt_conditions and not live_conditions

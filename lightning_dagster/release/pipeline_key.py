@@ -1,9 +1,7 @@
-"""The pipeline's own key. Its private half attests every receipt version the pipeline writes and signs the
-bootstrap move of `approved-default`; it lives in a 0600 file the deployment configures
-(`gate.pipeline_key_path`, `$LD_PIPELINE_KEY`) outside the learner's write surface (the models folder and
-MLflow's artifacts), and harnesses never get its path (their environment is scrubbed). Readers verify against
-the public half from the configuration (`gate.pipeline_public_key`, else derived from the private file),
-never against anything the store holds.
+"""The pipeline's own key: its private half attests every receipt version the pipeline writes and signs the
+bootstrap move; a 0600 file the deployment configures (`gate.pipeline_key_path`, $LD_PIPELINE_KEY) outside
+the learner's write surface, whose path harnesses never get. Readers verify against the configured public
+half (`gate.pipeline_public_key`, else derived from the private file), never anything the store holds.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ if TYPE_CHECKING:
 
 
 def signing_key(gate: GateSettings) -> Ed25519PrivateKey | None:
-    """The pipeline's private key, None when the deployment configures none; `KeyFileError` for a key file
-    inside the learner's write surface, readable by others, or not an Ed25519 PEM."""
+    """The private key (None: none configured); `KeyFileError` for one in the learner's write surface."""
     if not gate.pipeline_key_path:
         return None
     path = Path(gate.pipeline_key_path).resolve()
@@ -35,8 +32,7 @@ def signing_key(gate: GateSettings) -> Ed25519PrivateKey | None:
 
 
 def public_key(gate: GateSettings) -> str | None:
-    """The pipeline's public key line (`ed25519:...`) readers verify against, None when none is configured;
-    `KeyFileError` when the configured public key is malformed or is not the configured private key's."""
+    """The public key line (None: none configured); `KeyFileError` for one malformed or not the private's."""
     configured = gate.pipeline_public_key.strip()
     if configured:
         try:
@@ -53,5 +49,4 @@ def public_key(gate: GateSettings) -> str | None:
 
 
 def keys(gate: GateSettings) -> PipelineKeys:
-    """The pipeline keys a deployment's receipt ledger attests and verifies with (`gate.ledger.use_keys`)."""
     return PipelineKeys(signing=signing_key(gate), public=public_key(gate))

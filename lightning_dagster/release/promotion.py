@@ -1,6 +1,6 @@
-"""Moving `approved-default` forward to a passing receipt's candidate, authorized by an actor's signed
-default-step approval, once the gate passes it again now. The move is a compare-and-set in the store,
-mirrored to MLflow afterwards; a failed mirror leaves the move standing and the next operation repairs it.
+"""Moving `approved-default` forward to a passing receipt's candidate, by an actor's signed default-step
+approval, once the gate passes it again now: a compare-and-set in the store, mirrored to MLflow afterwards
+(a failed mirror leaves the move standing; the next operation repairs it).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lightning_dagster.gate import PROMOTE, Policy, ReceiptLedger, evaluate, load_policy
+from lightning_dagster.gate import PROMOTE, ReceiptLedger, evaluate
+from lightning_dagster.gate.policy import Policy, load_policy
 from lightning_dagster.gate.receipt import Receipt
 from lightning_dagster.registry import pointers, receipt_tags
 from lightning_dagster.registry.checkpoints import same_hash
@@ -40,10 +41,8 @@ class PromotionResult:
 
 
 class PromoteRequest(BaseModel):
-    """A signed promotion: the fields `registry sign-promote` prints and the `promote` job takes. The
-    signature (`signing.POINTER_MOVE`, see `chain.signed_fields`) binds the move it makes: pointer, its move
-    number `seq`, from, to, the candidate's weights and files, the receipt version's hash, who, role, when;
-    so it promotes once, from the pointer state and receipt version it was signed against."""
+    """A signed promotion (`registry sign-promote`, the `promote` job's config), binding the move
+    (`chain.signed_fields`): it promotes once, from the pointer state and receipt version it was signed on."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -66,7 +65,7 @@ class ReceiptFacts:
 
 
 def _registered(value: str | None, field: str, receipt: Receipt, model_name: str) -> str | None:
-    """A receipt's typed version field, checked to be a version number (never recovered from a URI)."""
+    """A receipt's version field, checked to be a version number (never recovered from a URI)."""
     if value is not None and not value.isdigit():
         raise PromotionRefused(
             f"receipt {receipt.receipt_id}: {field} {value!r} is not a version number of {model_name}"
@@ -75,8 +74,7 @@ def _registered(value: str | None, field: str, receipt: Receipt, model_name: str
 
 
 def facts(receipt: Receipt, model_name: str) -> ReceiptFacts:
-    """The identities promotion checks (the parent's version and/or weights hash, the candidate's version);
-    a receipt that does not name them is refused, naming the field."""
+    """The identities promotion checks; a receipt that does not name them is refused, naming the field."""
     plan = receipt.plan
     parent = _registered(plan.parent.model_version, "plan.parent.model_version", receipt, model_name)
     if parent is None and not plan.parent.weights_hash:
@@ -100,8 +98,7 @@ def facts(receipt: Receipt, model_name: str) -> ReceiptFacts:
 
 
 def require_pipeline_written(store: Any, receipt: Receipt) -> str:
-    """The receipt's snapshot key, or `PromotionRefused` unless the pipeline wrote the receipt and its gate
-    judged it: a receipt brought in by hand carries figures no stage recorded."""
+    """The receipt's snapshot key; `PromotionRefused` unless the pipeline wrote it and its gate judged it."""
     key = receipts.planned_snapshot(store, receipt.receipt_id)
     if key is None:
         raise PromotionRefused(
@@ -116,8 +113,7 @@ def require_pipeline_written(store: Any, receipt: Receipt) -> str:
 
 
 def _require_default_approval(reg: Registry, stored: StoredReceipt, actor: str) -> None:
-    """Every approval on the receipt verifies against the deployment's roles, and one of them is `actor`'s
-    signed approval of the default step on exactly this evidence, in a role the receipt names for it."""
+    """Every approval verifies against the deployment's roles, one of them `actor`'s of the default step."""
     receipts.verify_approvals(reg.store, stored.receipt, registry_roles(reg))
     roles = stored.receipt.plan.approvers.default
     if not any(a.actor == actor and a.step == "default" for a in stored.receipt.approvals):
@@ -132,8 +128,7 @@ def _require_default_approval(reg: Registry, stored: StoredReceipt, actor: str) 
 def sign_promotion(
     reg: Registry, receipt: Any, *, actor: str, key: Path | str, at: float | None = None, head: Any = ...
 ) -> PromoteRequest:
-    """`actor`'s signed promotion of the receipt's candidate from the pointer's verified head, in the role of
-    their default-step approval on the receipt's ledger head; nothing moves until `promote`."""
+    """`actor`'s signed promotion in the role of their default-step approval; it moves nothing."""
     head = reg.verified().require().head if head is ... else head  # `promote --key`: the head it judged
     stored = receipts.load(reg.store, receipt)
     named = facts(stored.receipt, reg.model_name)
@@ -168,13 +163,11 @@ def promote(
     policy: Any = None,
     current_fingerprints: Mapping[str, str | None] | None = None,
 ) -> PromotionResult:
-    """Move `approved-default` from the receipt's parent to its candidate, or refuse with the reason.
-
-    Requires: a receipt the pipeline wrote and judged under exactly `policy`; the gate, run now on the
-    ledger's head with `current_fingerprints`, says promote and voids no check; every approval verifies and
-    `actor` signed the default step on this evidence; the candidate is registered with the receipt's
-    weights; `approved-default`'s history verifies and its head is exactly the receipt's parent (version
-    and weights); and `signed` (or a promotion signed here with `key`) is `actor`'s signature of this move."""
+    """Move `approved-default` from the receipt's parent to its candidate, or refuse with the reason: the
+    pipeline wrote the receipt and judged it under exactly `policy`; the gate, run now with
+    `current_fingerprints`, promotes and voids nothing; `actor` signed the default step on this evidence;
+    the candidate holds the receipt's weights; the verified head is exactly the receipt's parent; and
+    `signed` (or a promotion signed here with `key`) is `actor`'s signature of this move."""
     verified = pointers.reconcile(reg).chain.require()
     stored = receipts.load(reg.store, receipt)
     named = facts(stored.receipt, reg.model_name)
@@ -208,25 +201,18 @@ def promote(
             f"candidate version {candidate.version} has checkpoint files {candidate.files_hash or '(none recorded)'}, "
             f"the receipt names {named.candidate_files_hash}"
         )
-    # The bytes MLflow hands out must be the registered weights: its artifact store lies in the learner's
-    # write surface, and a pointer moved onto other bytes names a model no server can load (nor roll back
-    # from once it is a parent). Rollback checks its target the same way before it moves.
+    # The bytes MLflow hands out must be the registered ones: its artifact store lies in the learner's write
+    # surface, and a pointer moved onto other bytes names a model no server can load (nor roll back from).
     try:
         reg.fetch(candidate, fresh=True)
-    except CheckpointFilesMismatch as exc:
-        raise PromotionRefused(
-            f"candidate version {candidate.version}'s artifact is not the checkpoint it was registered "
-            f"with: {exc}"
-        ) from exc
     except WeightsMismatch as exc:
+        what = "checkpoint" if isinstance(exc, CheckpointFilesMismatch) else "weights"
         raise PromotionRefused(
-            f"candidate version {candidate.version}'s artifact is not the weights it was registered with: {exc}"
+            f"candidate version {candidate.version}'s artifact is not the {what} it was registered with: "
+            f"{exc}"
         ) from exc
-    history = verified.moves
-    # The exact parent: the pointer must hold the receipt's parent version, and the weights recorded when it
-    # was approved must be the receipt's parent weights (version numbers can be reused).
-    last = (history or [None])[-1]
-    current = last.to_value if last else None
+    # The exact parent: version, and the weights recorded at its approval (version numbers can be reused).
+    last, current = verified.head, verified.value
     approved_hash = pointers.approved_hash(last)
     if named.parent_version is not None and current != named.parent_version:
         raise PointerConflict(reg.pointer_name(), named.parent_version, current)
@@ -234,10 +220,9 @@ def promote(
         raise PointerConflict(
             reg.pointer_name(), f"weights {named.parent_weights_hash}", f"{current} ({approved_hash})"
         )
-    # A receipt moves the pointer once. After a rollback the pointer holds the receipt's parent again, so the
-    # same receipt and approval would pass every check above and undo the rollback with a decision made
-    # before it; a rolled-back candidate goes forward again only through a new receipt and approval.
-    used = [m for m in history if m.receipt_id == named.receipt_id]
+    # A receipt moves the pointer once: after a rollback to its parent, the same receipt and approval would
+    # pass every check above and undo the rollback with a decision made before it.
+    used = [m for m in verified.moves if m.receipt_id == named.receipt_id]
     if used:
         raise PromotionRefused(
             f"receipt {named.receipt_id} already moved {reg.pointer_name()} (move {used[0].seq}, "

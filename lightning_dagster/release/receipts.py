@@ -1,6 +1,5 @@
-"""Approvals on the gate's receipt ledger: a receipt's verified head (ingesting one the ledger lacks once
-every approval it carries verifies), an actor's approval signed over the evidence as it stands, and signed
-approvals recorded as new receipt versions after they verify against the deployment's roles.
+"""Approvals on the gate's receipt ledger: a receipt's verified head (ingesting one the ledger lacks once its
+approvals verify), signing an approval over the evidence as it stands, and recording verified approvals.
 """
 
 from __future__ import annotations
@@ -10,7 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_dagster.gate import ReceiptLedger, content_hash, parse_receipt
+from lightning_dagster.canonical import content_hash
+from lightning_dagster.gate import ReceiptLedger, parse_receipt
 from lightning_dagster.gate.ledger import RECEIPT_SNAPSHOTS
 from lightning_dagster.gate.receipt import Approval, Receipt, add_approval
 from lightning_dagster.registry import receipt_tags
@@ -40,9 +40,8 @@ def _as_receipt(value: Any) -> Receipt:
 
 
 def load(store: Any, value: Any, *, ingest: Roles | None = None) -> StoredReceipt:
-    """The ledger's verified head version of a receipt given by id, `Receipt` or dict; one passed by value
-    must equal it. With `ingest` (the deployment's roles), a receipt the ledger has never seen becomes
-    version 1, once every approval it carries verifies against those roles."""
+    """The verified ledger head of a receipt given by id, `Receipt` or dict (which must equal it). With
+    `ingest` (roles), a receipt the ledger lacks becomes version 1 once its approvals verify."""
     if isinstance(value, str):
         stored = stored_head(store, value)
         if stored is None:
@@ -88,8 +87,7 @@ def sign_approval(
     step: str | None = None,
     at: float | None = None,
 ) -> Approval:
-    """`actor`'s approval in `role` of `step` (default: the step the receipt lets that role approve, the
-    default step first) over the receipt's evidence as it stands, signed with the private key file `key`."""
+    """`actor`'s approval in `role` of `step` (default: `role`'s) over the evidence, signed with `key`."""
     private = load_private_key(key)
     unsigned = Approval(
         actor=actor,
@@ -103,25 +101,18 @@ def sign_approval(
 
 
 def verify_approvals(store: Any, receipt: Receipt, roles: Roles) -> None:
-    """Raise `ApprovalRefused` unless every approval of `receipt` verifies against `roles`."""
     earlier = ReceiptLedger(store).evidence_hashes(receipt.receipt_id)
     if problems := approval_problems(receipt, roles.actors, earlier):
         raise ApprovalRefused(problems)
 
 
-def record_approval(store: Any, value: Any, approval: Approval, roles: Roles) -> StoredReceipt:
-    """Append a signed approval as a new receipt version, once it (and those already there) verifies."""
-    stored = load(store, value, ingest=roles)
-    amended = add_approval(stored.receipt, approval)
-    verify_approvals(store, amended, roles)
-    entry = ReceiptLedger(store).append(amended)
-    return StoredReceipt(amended, entry.version, entry.content_hash)
-
-
 def approve(reg: Registry, receipt: Any, approval: Approval) -> StoredReceipt:
-    """Record a signed approval as a new version of the receipt, once it verifies against the deployment's
-    roles; the candidate's version tags then name the new version (best effort)."""
-    stored = record_approval(reg.store, receipt, approval, registry_roles(reg))
+    """Record a verified signed approval as a new receipt version, tagging it on the candidate's version."""
+    roles = registry_roles(reg)
+    amended = add_approval(load(reg.store, receipt, ingest=roles).receipt, approval)
+    verify_approvals(reg.store, amended, roles)
+    entry = ReceiptLedger(reg.store).append(amended)
+    stored = StoredReceipt(amended, entry.version, entry.content_hash)
     receipt_tags.write_after(reg, stored)
     return stored
 
@@ -129,7 +120,6 @@ def approve(reg: Registry, receipt: Any, approval: Approval) -> StoredReceipt:
 def mlflow_record(
     store: Any, tracking_uri: str, model_name: str, receipt_id: str, model_version: str
 ) -> tuple[str | None, str, int]:
-    """`gate verify`'s record outside the store: `receipt_tags.compare` with that MLflow registry."""
     from lightning_dagster.registry.core import Registry
 
     return receipt_tags.compare(Registry(tracking_uri, store, model_name), receipt_id, model_version)

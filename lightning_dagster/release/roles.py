@@ -1,20 +1,10 @@
-"""Who may approve what, and with which key: the deployment's roles, pinned in the store.
-
-```yaml
-actors:
-  alice:
-    roles: [default-approver, release-owner]
-    key: ed25519:<base64>    # from `lightning-dagster registry keygen --actor alice --out DIR`
-```
-The first use against a store pins the deployment's configured roles file (`gate.roles_path`,
-$LD_ROLES_FILE; hash and body: pointer `approval-roles`, documents `approval_roles`), unsigned: the
-configuration vouches for it. Every later change needs a `signing.ROLES_PIN` signature over the old and new
-hashes and the pin's move number (`pin_seq`, so it is good for one change) by the roles-admin key the
-configuration names (`gate.roles_admin_key`, $LD_ROLES_ADMIN_KEY), never by a key the store holds. Every read
-verifies the pin's whole history (`verify_pin`); a configured roles file that is not the verified pin is a
-`RolesConfigError` naming both hashes. A roles file inside the learner's write surface (the models
-directory, the MLflow artifact root) is refused before anything is pinned.
-"""
+"""Who may approve what, and with which key: the deployment's roles (`actors: {alice: {roles: [...], key:
+ed25519:<base64>}}`, keys from `registry keygen`), pinned in the store. The first use pins the configured
+roles file (`gate.roles_path`, $LD_ROLES_FILE) unsigned: the configuration vouches for it. Every later change
+needs a `ROLES_PIN` signature over the old and new hashes and the pin's move number by the configured
+roles-admin key (`gate.roles_admin_key`), never a key the store holds. Every read verifies the pin's whole
+history; a configured roles file that is not the verified pin is a `RolesConfigError` naming both hashes. A
+roles file in the learner's write surface is refused."""
 
 from __future__ import annotations
 
@@ -27,6 +17,8 @@ import yaml
 
 from lightning_dagster import paths
 from lightning_dagster.canonical import content_hash
+from lightning_dagster.registry.errors import ChainBroken
+from lightning_dagster.registry.pointers import move_note
 from lightning_dagster.release.errors import NotAuthorized, RolesConfigError
 from lightning_dagster.release.signing import ROLES_PIN, ActorKey, parse_public_key, verify
 from lightning_dagster.settings import GateSettings
@@ -114,8 +106,7 @@ def _document(store: Any, digest: str) -> Roles:
 
 
 def pin_fields(previous: str | None, new: str, *, pin_seq: int) -> dict[str, Any]:
-    """What the roles-admin signs (`signing.ROLES_PIN`) to change the pin from `previous` to `new`: both hashes
-    and the pin's move number, so the signature cannot be replayed after the pin moved."""
+    """What the roles-admin signs to move the pin; its move number keeps the signature from being replayed."""
     return {"from": previous, "to": new, "pin_seq": pin_seq}
 
 
@@ -125,38 +116,26 @@ def pin_state(store: Any) -> tuple[str | None, int]:
 
 
 def configured_roles(gate: GateSettings) -> Roles | None:
-    """The roles file the deployment's configuration names (`gate.roles_path`), None when it names none."""
     return read_roles_file(gate.roles_path) if gate.roles_path else None
 
 
 @dataclass(frozen=True)
 class PinChain:
-    """The roles pin as verified: every roles version the roles-admin (or, for an unsigned first pin, the
-    configuration) vouches for, oldest first, and the first bad pin record (None: all verify)."""
+    """Every vouched-for roles version, oldest first, and the first bad pin record (None: all verify)."""
 
     versions: list[Roles]
     problem: str | None
     configured: Roles | None
 
-    @property
-    def roles(self) -> Roles | None:
-        return self.versions[-1] if self.versions else self.configured
-
     def require(self) -> None:
-        """`ChainBroken` naming the first bad pin record, if any."""
-        from lightning_dagster.registry.errors import ChainBroken  # the registry's package loads MLflow
-
         if self.problem is not None:
             raise ChainBroken(PIN, self.problem, self.versions[-1].digest if self.versions else None)
 
 
 def verify_pin(store: Any, gate: GateSettings, *, match_configured: bool = True) -> PinChain:
-    """Verify the roles pin's whole history against the configuration: contiguous moves from 1, each `from`
-    the previous `to`, each document hashing to its pin, each change signed (`ROLES_PIN`) by the configured
-    `gate.roles_admin_key`; an unsigned first pin only when it is the configured roles file, or the admin's
-    signed change from it vouches for it. A configured roles file that is not the verified pin is a
-    `RolesConfigError` naming both hashes (unless not `match_configured`: while changing the pin); so is a
-    pin with nothing configured to verify it against."""
+    """Verify the pin's whole history: contiguous moves, documents hashing to their pins, changes signed by
+    `gate.roles_admin_key`, an unsigned first pin only if configured or vouched for by the next change.
+    `RolesConfigError`: a configured file that is not the pin (`match_configured`), or nothing configured."""
     configured, admin = configured_roles(gate), gate.roles_admin_key.strip() or None
     moves, row = store.pointer_history(PIN), store.pointer_state(PIN)
     if not moves and row == (None, 0):
@@ -167,7 +146,7 @@ def verify_pin(store: Any, gate: GateSettings, *, match_configured: bool = True)
     problem, unvouched = None, False
     for i, m in enumerate(moves, 1):
         where = f"roles pin move {m.seq} ({m.from_value or '(none)'} -> {m.to_value})"
-        signature = _note(m.note).get("signature")
+        signature = move_note(m).get("signature")  # {} for a pin made before pins were signed
         if m.seq != i:
             problem = f"{where}: expected move {i} (a pin move was inserted, deleted or reordered)"
         elif m.from_value != (versions[-1].digest if versions else None):
@@ -195,10 +174,10 @@ def verify_pin(store: Any, gate: GateSettings, *, match_configured: bool = True)
         problem = f"roles pin row: says {row[0]} (move {row[1]}) with no move in its history"
     pinned = versions[-1] if versions else None
     if unvouched and len(versions) < 2 and configured is None:
-        problem, versions = (
-            problem or f"roles pin move 1 ({moves[0].to_value}): unsigned, and no roles file vouches for it",
-            [],
+        problem = (
+            problem or f"roles pin move 1 ({moves[0].to_value}): unsigned, and no roles file vouches for it"
         )
+        versions = []
     elif (
         match_configured and problem is None and configured and pinned and pinned.digest != configured.digest
     ):
@@ -210,25 +189,15 @@ def verify_pin(store: Any, gate: GateSettings, *, match_configured: bool = True)
     return PinChain(versions, problem, configured)
 
 
-def _note(note: str) -> dict[str, Any]:
-    try:
-        body = json.loads(note or "{}")
-    except ValueError:
-        return {}  # a pin written before pins were signed: its note is the roles file's path
-    return body if isinstance(body, dict) else {}
-
-
 def pinned_roles(store: Any, gate: GateSettings, *, match_configured: bool = True) -> Roles | None:
-    """The roles the store pins as verified (None: never pinned); `ChainBroken` when the pin does not verify."""
+    """The verified pinned roles (None: never pinned); `ChainBroken` when the pin does not verify."""
     chain = verify_pin(store, gate, match_configured=match_configured)
     chain.require()
     return chain.versions[-1] if chain.versions else None
 
 
 def pin_roles(store: Any, roles: Roles, gate: GateSettings, *, signature: str | None = None) -> Roles:
-    """Pin `roles` in the store. Unsigned only as the first pin, and only of the configured roles file (the
-    configuration vouches for it); otherwise `signature` (see `pin_fields`) must be the configured
-    `gate.roles_admin_key`'s. Pinning the same roles is a no-op."""
+    """Pin `roles`: unsigned only as the configured file's first pin, else signed by the roles-admin key."""
     _, pin_seq = pin_state(store)  # read before the roles: a pin moved in between fails the move below
     current = pinned_roles(store, gate, match_configured=False)
     if current is not None and current.digest == roles.digest:
@@ -266,8 +235,7 @@ def pin_roles(store: Any, roles: Roles, gate: GateSettings, *, signature: str | 
 def deployment_roles(
     store: Any, configured: Path | str | None = None, *, gate: GateSettings | None = None
 ) -> Roles:
-    """The roles that authorize on this store: the verified pin (the configured roles file is pinned if
-    nothing is pinned yet); `RolesConfigError` when nothing is configured, `ChainBroken` for a broken pin."""
+    """The verified pin (pinning the configured file if nothing is); `RolesConfigError`, `ChainBroken`."""
     gate = gate or GateSettings(roles_path=str(configured or ""))
     chain = verify_pin(store, gate)
     chain.require()
@@ -279,5 +247,4 @@ def deployment_roles(
 
 
 def registry_roles(reg: Registry) -> Roles:
-    """The roles that authorize moves of `reg`'s pointer (`deployment_roles` of its store and settings)."""
     return deployment_roles(reg.store, gate=reg.gate)

@@ -1,6 +1,5 @@
-"""Moving `approved-default` back: what a rollback signs (`signing.ROLLBACK`), how it is verified against the
-pinned roles, and the move itself. The signature names the pointer's newest move (`from_seq`), so it rolls
-back once: after any move of the pointer it no longer verifies.
+"""Moving `approved-default` back: what a rollback signs (`signing.ROLLBACK`), its verification against the
+pinned roles, and the move. The signature names the pointer's newest move (`from_seq`): it rolls back once.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ class RollbackRequest(BaseModel):
 
 
 def rollback_request(data: Mapping[str, Any]) -> RollbackRequest:
-    """A rollback's fields as a `RollbackRequest`; a bad field raises the gate's `InvalidInput` naming it."""
+    """A `RollbackRequest`; a bad field raises the gate's `InvalidInput` naming it."""
     try:
         return RollbackRequest.model_validate(dict(data))
     except ValidationError as err:
@@ -61,7 +60,6 @@ def rollback_request(data: Mapping[str, Any]) -> RollbackRequest:
 
 
 def rollback_fields(pointer: str, request: RollbackRequest) -> dict[str, Any]:
-    """What a rollback's signature binds (`signing.ROLLBACK`): pointer, move, target, who, why, when."""
     return {"pointer": pointer, **request.model_dump(exclude={"signature"})}
 
 
@@ -75,9 +73,8 @@ def rollback_problem(
     now: float | None = None,
     clock_skew_s: float = CLOCK_SKEW_S,
 ) -> str | None:
-    """Why `request` does not authorize rolling `pointer` back (None: it does): the role must be allowed and
-    held by the actor, the request must name the pointer's newest move (`head`) and value at a time not
-    before it nor ahead of `now`, and the signature must verify over exactly these fields."""
+    """Why `request` does not authorize rolling `pointer` back (None: it does): an allowed role the actor
+    holds, the newest move (`head`), a time not before it nor ahead of `now`, a valid signature."""
     who = f"rollback to {request.target_version} by {request.actor} as {request.role}"
     if request.role not in allowed_roles:
         return f"{who}: moving approved-default back needs one of the roles {sorted(allowed_roles)}"
@@ -132,8 +129,7 @@ def sign_rollback(
 
 
 def rollback_roles(reg: Registry, head: Any) -> list[str]:
-    """Who may move the pointer back: `default-approver`, and the roles the receipt of the move being undone
-    named for its default step (whoever may move the default forward may also take that move back)."""
+    """`default-approver` and the default-step roles of the undone move's receipt (they may take it back)."""
     roles = [DEFAULT_APPROVER]
     if head is not None and head.receipt_id:
         try:
@@ -148,11 +144,7 @@ def rollback_roles(reg: Registry, head: Any) -> list[str]:
 def rollback(
     reg: Registry, request: RollbackRequest, *, allowed_roles: Collection[str] | None = None
 ) -> PromotionResult:
-    """Move `approved-default` back to a version it held before, after proving that version serves.
-
-    `request` must be authorized (`rollback_problem`), else `RollbackRefused` and nothing moves. The target
-    must be an earlier approved value in the pointer history; its bytes are verified, it is loaded and
-    answers one chat completion through a gateway, and only then does the pointer move."""
+    """Move `approved-default` back by an authorized `request`, once the earlier target proves it serves."""
     name = reg.pointer_name()
     history = pointers.reconcile(reg).chain.require().moves  # never built on a history that does not verify
     head = history[-1] if history else None
@@ -175,7 +167,7 @@ def rollback(
     approved = {pointers.approved_hash(m) for m in history if m.to_value == to_version}
     if target.weights_hash not in approved:
         raise WeightsMismatch(to_version, ",".join(sorted(h for h in approved if h)), target.weights_hash)
-    files = {pointers.approved_files_hash(m) for m in history if m.to_value == to_version} - {None}
+    files = {pointers.approved_hash(m, "files_hash") for m in history if m.to_value == to_version} - {None}
     if files and target.files_hash not in files:
         raise CheckpointFilesMismatch(to_version, ",".join(sorted(files)), target.files_hash or "(none)")
     serve_once(reg.fetch(target))

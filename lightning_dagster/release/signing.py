@@ -1,10 +1,7 @@
-"""The one signed-message format, Ed25519 signatures over it, and the actors' keys.
-
-Every authorization decision (an approval, a resume, a rollback, a pointer move, a change of the pinned
-roles) and the pipeline's attestation of each receipt version it writes is signed over
-`signed_message(purpose, fields)`, canonical JSON naming the purpose, so a signature of one kind never
-verifies as another; `PURPOSES` fixes the fields each kind binds. A private key is a PKCS#8 PEM file
-readable by its owner only; the public key is one line, `ed25519:<base64>`, for the roles file.
+"""The one signed-message format, Ed25519 signatures over it, and the actors' keys. Every authorization
+decision and the pipeline's receipt attestations sign `signed_message(purpose, fields)`, canonical JSON naming
+the purpose, so a signature of one kind never verifies as another; `PURPOSES` fixes the fields each binds.
+A private key is a PKCS#8 PEM file readable by its owner only; a public key is one line, `ed25519:<base64>`.
 Imports nothing of the gate or the registry: the gate's check 7 verifies approvals through this module.
 """
 
@@ -40,32 +37,26 @@ RECEIPT_ATTESTATION = "receipt-attestation"
 # purpose -> the fields its signature binds, every one required. Weakening a kind means editing this table.
 PURPOSES: Mapping[str, frozenset[str]] = MappingProxyType(
     {
-        # the receipt's evidence as it stood, the step, who in which role, when
         APPROVAL: frozenset({"receipt_id", "evidence_hash", "step", "actor", "role", "at"}),
-        # the one recorded pause it lifts (its hash in the loop's history), who in which role, why, when
+        # the one recorded pause it lifts (its hash in the loop's history)
         LOOP_RESUME: frozenset({"pause_hash", "actor", "role", "reason", "at"}),
-        # this pointer, the value and move it undoes, the target, who in which role, why, when
         ROLLBACK: frozenset(
             {"pointer", "from_version", "from_seq", "target_version", "actor", "role", "reason", "at"}
         ),
-        # the pinned roles' hash, the new one, and the pin's newest move number
         ROLES_PIN: frozenset({"from", "to", "pin_seq"}),
-        # one move of a pointer: its number, from and to (with the weights and files approved), the receipt
-        # version that justifies it (None for the bootstrap), who in which role, when
+        # the receipt version that justifies the move (None for the bootstrap), by its ledger hash
         POINTER_MOVE: frozenset(
             {"pointer", "seq", "from", "to", "weights_hash", "files_hash", "receipt_id", "receipt_hash"}
             | {"actor", "role", "at"}
         ),
-        # one receipt version as the pipeline wrote it: its id and number, its ledger hash (body and link,
-        # so every field of the evidence, approvals and verdict), the hash it links to, when
+        # the ledger hash covers body and link: every field of the evidence, approvals and verdict
         RECEIPT_ATTESTATION: frozenset({"receipt_id", "version", "content_hash", "previous_hash", "at"}),
     }
 )
 
 
 def printable(value: str) -> str:
-    """Text a signed request may carry: blank text says nothing, and a control character (a NUL, a terminal
-    escape, a newline) would be stored as it is and printed by the histories and the UI."""
+    """No blank text, and no control character (NUL, terminal escape, newline) stored and printed as it is."""
     if not value.strip():
         raise ValueError("must not be blank")
     if bad := sorted({repr(c) for c in value if unicodedata.category(c) == "Cc"}):
@@ -82,7 +73,7 @@ ACTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def _check_fields(purpose: str, fields: Mapping[str, Any]) -> None:
-    """`ValueError` for a purpose or fields `PURPOSES` does not name (a caller's mistake, never data's)."""
+    """`ValueError` for a purpose or fields `PURPOSES` does not name (a caller's mistake)."""
     expected = PURPOSES.get(purpose)
     if expected is None:
         raise ValueError(f"unknown signed-message purpose {purpose!r} (known: {sorted(PURPOSES)})")
@@ -92,18 +83,16 @@ def _check_fields(purpose: str, fields: Mapping[str, Any]) -> None:
 
 
 def signed_message(purpose: str, fields: Mapping[str, Any]) -> bytes:
-    """The exact bytes a signature of `purpose` covers; `ValueError` for fields `PURPOSES` does not name."""
     _check_fields(purpose, fields)
     return canonical_json({"format": FORMAT, "version": VERSION, "purpose": purpose, "fields": dict(fields)})
 
 
 def sign(key: Ed25519PrivateKey, purpose: str, fields: Mapping[str, Any]) -> str:
-    """The base64 Ed25519 signature of `fields` as a `purpose` message."""
     return base64.b64encode(key.sign(signed_message(purpose, fields))).decode()
 
 
 def verify(public_key: str, purpose: str, fields: Mapping[str, Any], signature: str) -> bool:
-    """Whether `signature` is `public_key`'s over `fields` as a `purpose` message (malformed: False)."""
+    """Whether `signature` is `public_key`'s over `fields` (malformed: False)."""
     _check_fields(purpose, fields)
     try:  # a stored value no canonical JSON can hold (a NaN, a non-text key) signs nothing
         message = signed_message(purpose, fields)
@@ -116,14 +105,11 @@ def verify(public_key: str, purpose: str, fields: Mapping[str, Any], signature: 
 
 @dataclass(frozen=True)
 class ActorKey:
-    """One authorized actor: the roles they hold and their public key (`ed25519:<base64 of 32 bytes>`)."""
-
     roles: frozenset[str]
     public_key: str
 
 
 def parse_public_key(text: str) -> Ed25519PublicKey:
-    """`ed25519:<base64>` -> key; anything else raises `ValueError` naming what is wrong."""
     if not isinstance(text, str) or not text.startswith(PUBLIC_KEY_PREFIX):
         raise ValueError(f"public key must start with {PUBLIC_KEY_PREFIX!r}")
     try:
@@ -143,8 +129,7 @@ def public_key_line(key: Ed25519PrivateKey) -> str:
 def signer(
     who: str, actors: Mapping[str, ActorKey], actor: str, role: str, signature: str | None
 ) -> ActorKey | str:
-    """The deployment's key entry for `actor` signing as `role`, or why it cannot sign (a message opening
-    with `who`): not a known approver, not holding the role, or no signature at all."""
+    """The key entry for `actor` signing as `role`, or why it cannot (a message opening with `who`)."""
     entry = actors.get(actor)
     if entry is None:
         return f"{who}: actor {actor!r} is not among the deployment's approvers"
@@ -162,7 +147,6 @@ class KeyPair:
     public_key: str  # the `ed25519:<base64>` line
 
     def roles_entry(self, roles: list[str]) -> str:
-        """The roles-file lines that authorize this key (YAML)."""
         return f"  {self.actor}:\n    roles: [{', '.join(roles)}]\n    key: {self.public_key}\n"
 
 
