@@ -4,20 +4,13 @@ calls through its template, and sample batches with the exact logprob of every t
 from lightning_dagster.engine.batch import NonFiniteLogits
 from lightning_dagster.engine.batching import BatchingEngine, EngineClosed
 from lightning_dagster.engine.build import build_base_model, checkpoint_hash
-from lightning_dagster.engine.chat import (
-    CHAT_TEMPLATE,
-    InvalidMessages,
-    NoDriftFound,
-    find_retokenization_drift,
-    parse_assistant,
-)
+from lightning_dagster.engine.chat import CHAT_TEMPLATE, InvalidMessages, parse_assistant
 from lightning_dagster.engine.engine import Engine, StateDictMismatch
 from lightning_dagster.engine.sampling import EngineError, Generation, SamplingParams
 from lightning_dagster.engine.tokenizer_hash import tokenizer_fingerprint, tokenizer_fingerprint_of
 
 __all__ = [
     "CHAT_TEMPLATE", "BatchingEngine", "Engine", "EngineClosed", "EngineError", "Generation",
-    "InvalidMessages", "NoDriftFound", "NonFiniteLogits", "SamplingParams", "StateDictMismatch",
-    "build_base_model", "checkpoint_hash", "find_retokenization_drift", "parse_assistant",
-    "tokenizer_fingerprint", "tokenizer_fingerprint_of",
+    "InvalidMessages", "NonFiniteLogits", "SamplingParams", "StateDictMismatch", "build_base_model",
+    "checkpoint_hash", "parse_assistant", "tokenizer_fingerprint", "tokenizer_fingerprint_of",
 ]  # fmt: skip

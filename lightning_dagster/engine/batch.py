@@ -1,5 +1,4 @@
-"""`RunningBatch`: the rows being sampled together, admitted (prefilled into the running KV cache) and stepped
-one token at a time; `BatchingEngine` admits between steps (continuous batching)."""
+"""`RunningBatch`: the rows sampled together, prefilled into the KV cache and stepped token by token."""
 
 from __future__ import annotations
 
@@ -24,25 +23,18 @@ Outcome = tuple[Any, "Generation | Exception"]  # (the caller's tag, its result 
 
 
 class RunningBatch:
-    """The rows being sampled together, with their KV cache and next-token logits.
-
-    `admit` prefills new requests (identical prompts once, cached prefixes reused) into the running cache,
-    left-padded under mask 0 (positions come from the mask's cumulative sum, so padding anywhere is exact).
-    `step` samples one token per row, returns the finished rows, and feeds the rest (one forward). Callers
-    hold `engine.exclusive()` across calls.
+    """The rows being sampled together, with their KV cache and next-token logits; callers hold
+    `engine.exclusive()`. Padding sits under mask 0 anywhere (positions are the mask's cumulative sum).
 
     A finished row's slot goes dead (mask 0) rather than being cut out: cutting rows out copies the whole
     cache (a sizeable share of a decode step, benchmarks/README.md, continuous batching), while a new row
     can be written into a dead slot in place. Dead slots are compacted once over a quarter of the batch.
-
-    Each outcome is `(tag, Generation)` or `(tag, exception)`; a failure inside `step` fails only the rows
-    it affects (non-finite logits: those rows; a failed forward: every remaining row).
+    A failure inside `step` fails only the rows it affects (non-finite logits: those; a failed forward: all).
     """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.slots: list[_Row | None] = []  # None: a dead slot, still in the cache tensors
-        self.steps = 0  # decode steps taken (each samples one token for every row)
         self._live = 0
         self._cache: Any = None
         self._mask = torch.zeros((0, 0), dtype=torch.long)
@@ -97,7 +89,6 @@ class RunningBatch:
                     self._top_ps if full else self._top_ps[index],
                     [self.slots[k].gen for k in live],  # type: ignore[union-attr]
                 )
-                self.steps += 1
                 tokens = sampled
                 if not full:  # dead slots are fed padding
                     tokens = torch.full((len(self.slots),), self.engine.pad_token_id, dtype=torch.long)

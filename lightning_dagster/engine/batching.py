@@ -1,9 +1,7 @@
-"""Many concurrent callers -> one running batch on a background thread.
-
-Continuous batching, the default: between two decode steps the running batch admits whatever is queued (up
-to `max_batch` rows), and each row resolves its caller's future the moment it finishes (no head-of-line
-blocking). `continuous=False` keeps the static policy for comparison: gather for up to `max_wait_ms`, run
-that batch to the end, only then look at the queue.
+"""Many concurrent callers -> one running batch on a background thread. Continuous batching, the default:
+between two decode steps the batch admits whatever is queued (up to `max_batch` rows), and each row resolves
+its caller's future the moment it finishes. `continuous=False` keeps the static policy for comparison: run
+each gathered batch to its end before looking at the queue again.
 """
 
 from __future__ import annotations
@@ -31,16 +29,13 @@ class _Request:
 
 
 class BatchingEngine:
-    """Serves `submit` calls from many threads with one batched sampling loop.
+    """Serves `submit` calls from many threads with one batched sampling loop, which gathers for up to
+    `max_wait_ms` after an idle period. While rows run it holds the engine lock, so a weight push or a
+    direct `generate` waiting for it stops admissions until the rows drain: every token of a request comes
+    from one set of weights.
 
-    When idle, the thread waits up to `max_wait_ms` after the first request to gather a batch. While rows
-    run it holds the engine lock, so a weight push or a direct `generate` waiting for it stops admissions;
-    the running rows drain, the waiter runs, then admissions resume: every token of a request comes from one
-    set of weights.
-
-    Counters (tests and benchmarks): `batches_run` counts admissions (prefill forwards); `steps_run` decode
-    steps; `rows_stepped / steps_run` is the mean running batch size; `busy_s` the wall seconds the loop
-    held the engine with rows to run.
+    Counters: `batches_run` admissions (prefill forwards), `steps_run` decode steps, `rows_stepped /
+    steps_run` the mean batch size, `busy_s` the wall seconds the loop held the engine with rows to run.
     """
 
     def __init__(

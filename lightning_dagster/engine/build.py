@@ -15,6 +15,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lightning_dagster.engine.chat import IM_END, MARKER_TOKENS, PAD_TOKEN, SPECIAL_TOKENS
+from lightning_dagster.engine.vllm_worker.ld_vllm_worker import tensors_digest_update
 from lightning_dagster.settings import UsageError
 
 
@@ -129,13 +130,7 @@ def _rendered_fragments(corpus: list[str]) -> list[str]:
     return fragments * max(1, len(corpus) // 20)
 
 
-def train_tokenizer(
-    corpus: Iterable[str],
-    *,
-    vocab_size: int = VOCAB_SIZE,
-    arch: Architecture = ARCHITECTURES["qwen2"],
-    max_length: int = MODEL_SHAPE["max_position_embeddings"],
-):
+def train_tokenizer(corpus: Iterable[str], arch: Architecture, max_length: int):
     """Byte-level BPE with the shape's special tokens and chat template, as a transformers fast tokenizer."""
     from transformers import PreTrainedTokenizerFast
 
@@ -143,7 +138,7 @@ def train_tokenizer(
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
+        vocab_size=VOCAB_SIZE,
         special_tokens=[*arch.special_tokens, *MARKER_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -208,8 +203,7 @@ def build_base_model(
 
     hf_logging.disable_progress_bar()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(corpus, arch=arch, max_length=sizes["max_position_embeddings"])
+    tokenizer = train_tokenizer(corpus, arch, sizes["max_position_embeddings"])
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in arch.eos]
     eos: int | list[int] = eos_ids[0] if len(eos_ids) == 1 else eos_ids
     pad_id = tokenizer.convert_tokens_to_ids(arch.pad)
@@ -262,9 +256,7 @@ def tensors_hash(tensors: Mapping[str, torch.Tensor]) -> str:
     """`checkpoint_hash` of tensors in memory (what a checkpoint holding exactly these tensors hashes to)."""
     digest = hashlib.sha256()
     for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes())
+        tensors_digest_update(digest, name, tensors[name])  # the vLLM worker hashes what it loads alike
     return digest.hexdigest()
 
 

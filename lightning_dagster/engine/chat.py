@@ -118,35 +118,6 @@ def _parse_call(body: str) -> dict[str, Any] | None:
     }
 
 
-class NoDriftFound(LookupError):
-    """The tokenizer has no merged token to split (e.g. a character-level vocabulary)."""
-
-
-def find_retokenization_drift(tokenizer: Any) -> list[int]:
-    """Sampleable token ids whose text re-encodes differently: proves capture records ids, not text."""
-    special = set(tokenizer.all_special_ids) | set(_marker_ids(tokenizer))
-    for token_id in range(len(tokenizer)):
-        if token_id in special:
-            continue
-        text = tokenizer.decode([token_id])
-        if len(text) < 2 or "\ufffd" in text:
-            continue
-        for cut in range(1, len(text)):
-            ids = _encode(tokenizer, text[:cut]) + _encode(tokenizer, text[cut:])
-            if _encode(tokenizer, tokenizer.decode(ids)) != ids:
-                return ids
-    raise NoDriftFound("every token sequence tried re-encodes to itself")
-
-
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def _marker_ids(tokenizer: Any) -> list[int]:
-    vocab = tokenizer.get_vocab()
-    return [vocab[t] for t in MARKER_TOKENS if t in vocab]
-
-
 class ChatCodec:
     """A checkpoint's text side without its weights: render, decode, parse tool calls, end-of-turn ids."""
 
@@ -192,8 +163,7 @@ class ChatCodec:
         """Ids -> text without special tokens (tool-call markers are not special and stay)."""
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    def parse_assistant(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-        return parse_assistant(text)
+    parse_assistant = staticmethod(parse_assistant)
 
 
 def eos_ids(sources: list[Any], tokenizer: Any) -> set[int]:

@@ -59,12 +59,9 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager:
 class Engine(ChatCodec):
     """A checkpoint's text side (`ChatCodec`) and its model, loaded in float32 (the trainer scores in
     float32: a bf16 model would not reproduce its logprobs). `generate`, `load_weights` and a
-    `BatchingEngine`'s running batch are serialised by one lock (`exclusive()`).
-
-    `threads`: torch's intra-op threads for the process. One is the default: on a shared 2-core machine two
-    OpenMP threads spin against other processes and sampling slows down many times over
-    (benchmarks/README.md, engine). `prefix_cache_mb` bounds the keys/values kept from finished rows (0:
-    off): a prompt extending an earlier prompt+response prefills only its new tokens.
+    `BatchingEngine`'s running batch are serialised by one lock (`exclusive()`). `threads` defaults to one:
+    on a shared 2-core machine two OpenMP threads spin against other processes and sampling slows down many
+    times over (benchmarks/README.md, engine). `prefix_cache_mb` 0 turns the prefix cache off.
     """
 
     def __init__(

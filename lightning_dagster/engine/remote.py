@@ -1,11 +1,10 @@
-"""A `BatchingEngine` in a process of its own, behind the same interface (`submit`, `counters`, `close`, and
-`.engine` for the text side and weight loads). Why: in a gateway process the decode loop shares one
-interpreter lock with the HTTP event loop and the span writers, which stretch each step (benchmarks/README.md,
-rollout path: ~47 ms a decode step in the gateway process against ~25 ms in a bare loop).
+"""A `BatchingEngine` in a process of its own, behind the same interface. Why: in a gateway process the decode
+loop shares one interpreter lock with the HTTP event loop and the span writers (benchmarks/README.md, rollout
+path: ~47 ms a decode step in the gateway process against ~25 ms in a bare loop).
 
-Protocol: pickled tuples over a socket pair. The gateway renders and tokenizes (`RemoteCodec`); the child
-gets token ids and sampling parameters and sends back each `Generation` (or exception) as its row finishes.
-Weights go as a safetensors file path, never pickled tensors. The child exits when its connection closes.
+Protocol: pickled tuples over a socket pair: token ids and sampling parameters in (the gateway renders and
+tokenizes, `RemoteCodec`), each `Generation` or exception out as its row finishes. Weights go as a
+safetensors file path, never pickled tensors. The child exits when its connection closes.
 """
 
 from __future__ import annotations
@@ -38,6 +37,9 @@ _KNOWN = (EngineError, EngineClosed, StateDictMismatch, NonFiniteLogits, DeviceU
 _SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
+START_TIMEOUT_S = 600.0
+
+
 class EngineProcessError(RuntimeError):
     """The engine process failed to start, died, or failed a request with an error of its own."""
 
@@ -62,24 +64,12 @@ class RemoteCodec(ChatCodec):
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self._owner.load_weights(state_dict)
 
-    def load_weights_file(self, path: Path | str) -> None:
-        self._owner.load_weights_file(path)
-
 
 class EngineProcess:
     """An `Engine` and its `BatchingEngine` in a child process. `submit`'s future is resolved by a reader
     thread; every failure reaches it (`EngineClosed` after `close()` or when the child died)."""
 
-    def __init__(
-        self,
-        model_dir: Path | str,
-        *,
-        max_batch: int = 64,
-        threads: int = 1,
-        device: str = "auto",
-        prefix_cache_mb: int = 256,
-        start_timeout_s: float = 600.0,
-    ) -> None:
+    def __init__(self, model_dir: Path | str, *, max_batch: int = 64, threads: int = 1, device: str = "auto"):
         self.model_dir = Path(model_dir)
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -97,12 +87,12 @@ class EngineProcess:
         self._ids = itertools.count()
         self._closed = False
         self._exit_reason: str | None = None
-        engine_kw = {"threads": threads, "device": device, "prefix_cache_mb": prefix_cache_mb}
+        engine_kw = {"threads": threads, "device": device}
         try:
             self._send(("start", str(self.model_dir), max_batch, engine_kw))
             self.engine = RemoteCodec(self, self.model_dir)  # loads while the child imports torch
-            if not self._conn.poll(start_timeout_s):
-                raise EngineProcessError(f"the engine process did not start within {start_timeout_s:.0f} s")
+            if not self._conn.poll(START_TIMEOUT_S):
+                raise EngineProcessError(f"the engine process did not start within {START_TIMEOUT_S:.0f} s")
             kind, info = self._conn.recv()
         except EOFError:
             self._kill()
@@ -116,7 +106,6 @@ class EngineProcess:
             self._kill()
             raise info
         self.vocab_size: int = info["vocab_size"]
-        self.max_length: int = info["max_length"]
         self.pid = self._proc.pid
         self._reader = threading.Thread(target=self._read, name="engine-process-reader", daemon=True)
         self._reader.start()
@@ -128,7 +117,6 @@ class EngineProcess:
         return future
 
     def counters(self) -> dict[str, float]:
-        """The child's `BatchingEngine.counters()`."""
         return self._call("counters")
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -259,7 +247,7 @@ def _serve(conn: Connection) -> int:
     except Exception as exc:  # noqa: BLE001 - the parent raises it
         conn.send(("error", _portable(exc)))
         return 1
-    conn.send(("ready", {"vocab_size": engine.vocab_size, "max_length": engine.max_length}))
+    conn.send(("ready", {"vocab_size": engine.vocab_size}))
     send_lock = threading.Lock()
     futures: dict[int, Future] = {}
 

@@ -30,10 +30,9 @@ def _backend(tokenizer: Any) -> Any:
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """`sha256:<hex>` of a loaded Hugging Face tokenizer (see the module docstring for what it covers)."""
-    special = {k: v for k, v in sorted(tokenizer.special_tokens_map.items())}
     content = {
         "backend": _backend(tokenizer),
-        "special_tokens": special,
+        "special_tokens": tokenizer.special_tokens_map,  # key order: sort_keys below
         "special_ids": sorted(zip(tokenizer.all_special_tokens, tokenizer.all_special_ids, strict=True)),
         "added": sorted(
             (int(i), t.content, bool(t.special)) for i, t in tokenizer.added_tokens_decoder.items()

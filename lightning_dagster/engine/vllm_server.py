@@ -29,6 +29,7 @@ WORKER_DIR = Path(__file__).with_name("vllm_worker")  # standalone: goes on the 
 LAUNCHER = WORKER_DIR / "ld_vllm_worker.py"
 EXTENSION = "ld_vllm_worker.WeightsByHash"
 STOP_S = 20.0  # the launcher's grace for the server (10 s) plus the engine processes' exit
+REQUEST_TIMEOUT_S = 120.0
 
 
 class VllmError(RuntimeError):
@@ -110,8 +111,8 @@ def served_lora_rank(rank: int) -> int:
 
 
 class VllmServer:
-    """`start()` launches the vLLM API server on `model_dir` (bound to `host`, default loopback: the dev
-    endpoints it needs run any worker method) and returns once it serves `model_dir` verified against
+    """`start()` launches the vLLM API server on `model_dir` (bound to loopback: the dev endpoints it needs
+    run any worker method) on a free port, and returns once it serves `model_dir` verified against
     `expected_hash`. The defaults are the flags measured on CPU; `extra_args` adds any other flag."""
 
     def __init__(
@@ -121,29 +122,23 @@ class VllmServer:
         name: str = "policy",
         python: str | Path | None = None,
         expected_hash: str | None = None,
-        host: str = "127.0.0.1",
-        port: int = 0,
         dtype: str = "float32",
-        max_model_len: int = 2048,
         enforce_eager: bool = True,
         max_lora_rank: int | None = None,
-        kv_cache_gib: int = 1,
         extra_args: tuple[str, ...] = (),
         start_timeout: float = 300.0,
-        request_timeout: float = 120.0,
         work_dir: str | Path | None = None,
     ):
         self.model_dir = Path(model_dir).resolve()
         self.name = name
         self.python = vllm_python(python)
         self.expected_hash = expected_hash
-        self.host = host
-        self.port = port
+        self.host = "127.0.0.1"
+        self.port = 0
         self.max_lora_rank = served_lora_rank(max_lora_rank) if max_lora_rank else None
         self.start_timeout = start_timeout
-        self.request_timeout = request_timeout
         self._args = [
-            *("--dtype", dtype, "--max-model-len", str(max_model_len)),
+            *("--dtype", dtype, "--max-model-len", "2048"),
             *(["--enforce-eager"] if enforce_eager else []),
             # Seeded requests (every rollout's call carries its seed) crash vLLM 0.32's CPU engine when a
             # prompt's prefill is split over two steps: it rewinds the request's generator by an offset,
@@ -153,7 +148,6 @@ class VllmServer:
             *(["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)] if self.max_lora_rank else []),
             *extra_args,
         ]
-        self._kv_cache_gib = kv_cache_gib
         self._work_dir = Path(work_dir) if work_dir else None
         self._own_work_dir = work_dir is None
         self._launcher: subprocess.Popen | None = None
@@ -177,8 +171,7 @@ class VllmServer:
 
     @property
     def log_path(self) -> Path:
-        assert self._work_dir is not None, "start() first"
-        return self._work_dir / "server.log"
+        return self.work_dir / "server.log"
 
     @property
     def pid(self) -> int | None:
@@ -204,7 +197,7 @@ class VllmServer:
         parts = httpx.URL(url.removesuffix("/").removesuffix("/v1"))
         server.host, server.port, server._attached = parts.host, parts.port or 80, True
         server._work_dir = Path(tempfile.mkdtemp(prefix="ld-vllm-"))
-        server._client = httpx.Client(base_url=server.url, timeout=server.request_timeout)
+        server._client = httpx.Client(base_url=server.url, timeout=REQUEST_TIMEOUT_S)
         server._request("GET", "/health")
         return server
 
@@ -217,10 +210,9 @@ class VllmServer:
         if self._work_dir is None:
             self._work_dir = Path(tempfile.mkdtemp(prefix="ld-vllm-"))
         self._work_dir.mkdir(parents=True, exist_ok=True)
-        if not self.port:
-            with socket.socket() as probe:
-                probe.bind((self.host, 0))
-                self.port = probe.getsockname()[1]
+        with socket.socket() as probe:
+            probe.bind((self.host, 0))
+            self.port = probe.getsockname()[1]
         command, env = self.command_line()
         watch_r, self._watch_w = os.pipe()
         try:
@@ -232,7 +224,7 @@ class VllmServer:
                 )  # fmt: skip
         finally:
             os.close(watch_r)
-        self._client = httpx.Client(base_url=self.url, timeout=self.request_timeout)
+        self._client = httpx.Client(base_url=self.url, timeout=REQUEST_TIMEOUT_S)
         try:
             self._wait_ready()
             self.expected_hash = self.reload_weights(self.model_dir, expected)
@@ -254,7 +246,7 @@ class VllmServer:
         env = {
             **os.environ,
             "PYTHONPATH": str(WORKER_DIR),  # the vLLM venv has no lightning_dagster: only the extension
-            "VLLM_CPU_KVCACHE_SPACE": str(self._kv_cache_gib),  # GiB, CPU only (a GPU sizes its own)
+            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB, CPU only (a GPU sizes its own)
             "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc, /reset_prefix_cache, /pause, /resume
             **({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if self.max_lora_rank else {}),
         }

@@ -1,5 +1,4 @@
-"""The admin routes (`/admin/...`): one router, every route behind the admin key (401 without a valid key,
-403 with another key)."""
+"""The admin routes (`/admin/...`), all behind the admin key: 401 without a valid key, 403 with another."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from fastapi.responses import Response
 from lightning_dagster.gateway import schemas
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.keys import attempt_key
-from lightning_dagster.gateway.weightsync import ServedWeights, read_weights, weights_hash
+from lightning_dagster.gateway.weightsync import load_into, read_weights
 
 if TYPE_CHECKING:
     from lightning_dagster.gateway.app import Gateway
@@ -57,13 +56,7 @@ def admin_router(gw: Gateway) -> APIRouter:
                 409, f"a {backend.kind} backend cannot load weights; push them to the server it calls"
             )
         path = gw.weights_file(req.path)
-
-        def load() -> ServedWeights:
-            state = read_weights(path)
-            backend.load_weights(state, req.resource_id)
-            return ServedWeights(None, req.resource_id, weights_hash(state))
-
-        served = await gw.weights.swap(load)
+        served = await gw.weights.swap(lambda: load_into(backend, read_weights(path), req.resource_id))
         return {
             "status": "ok",
             "model": backend.model,

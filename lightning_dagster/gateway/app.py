@@ -52,8 +52,8 @@ class Gateway:
         self.fsync_spans = options.fsync_spans
         self.writer = SpanWriter(store, linger_s=max(options.write_behind_ms, 0) / 1000)
         self.stats = TokenInStats()
-        wait_s = options.weights_wait_s
-        self.weights = WeightGate(ServedWeights(None, backend.resource_id, None), wait_s=wait_s)
+        started = ServedWeights(None, backend.resource_id, None)
+        self.weights = WeightGate(started, wait_s=options.weights_wait_s)
         self.sync: WeightSync | None = None
 
     async def body(self, request: Request) -> bytes:
@@ -111,19 +111,12 @@ def create_app(
     store, backend: Backend, *, keys: GatewayKeys, options: GatewayOptions | None = None
 ) -> FastAPI:
     """The gateway app: `keys` sign and check its keys (with an `agl_key` it also serves Agent Lightning's
-    server surface, `gateway.agl`), `options` say how it serves.
-
-    Span durability: with `write_behind_ms` > 0, LLM spans are acknowledged before commit (rewards, events
-    and admin reads still wait for everything queued before them); at 0 every response follows its span's
-    commit, flushed to disk by the next synced commit, or at every call with `fsync_spans`. `weight_sync`
-    unset: on when the store is shared (PostgreSQL) and the backend loads weights."""
+    server surface, `gateway.agl`), `options` say how it serves. Even with `write_behind_ms` > 0, rewards,
+    events and admin reads wait for every span queued before them."""
     options = options or GatewayOptions()
     attempts = Attempts(store, backend, keys, options)
     gw = Gateway(store, backend, attempts, options)
-    weight_sync = options.weight_sync
-    if weight_sync is None:
-        weight_sync = attempts.shared and backend.loads_weights
-    if weight_sync:
+    if options.weight_sync or (options.weight_sync is None and attempts.shared and backend.loads_weights):
         gw.sync = WeightSync(gw, poll_s=options.weight_sync_poll_s)
 
     @asynccontextmanager

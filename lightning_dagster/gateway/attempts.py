@@ -46,10 +46,6 @@ class Caller:
     key_id: str | None = None  # serve keys: a digest that names the key without revealing it
 
 
-def key_id(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
 def _digest(normalized: list[dict], tools: list[dict] | None) -> str:
     text = json.dumps([normalized, tools], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -83,8 +79,8 @@ class AttemptContext:
     sampling: Sampling | None  # the rollout's decided sampling; None: each call's own request decides
     policy_version: int | None  # the published policy version its calls must sample from (None: any)
     state: AttemptState
-    checked_at: float
-    next_sequence: int
+    checked_at: float = field(default_factory=time.monotonic)
+    next_sequence: int = 0
     harness: str | None = None  # the rollout's, as last read (`store.agl.DELETED`: deleted, refused)
     last: LastCall | None = None
     last_ids: array | None = None
@@ -124,8 +120,6 @@ class Attempts:
     and verified keys (a forgotten entry is read again from the store)."""
 
     def __init__(self, store, backend, keys: GatewayKeys, options: GatewayOptions):
-        if not keys.secret or not keys.admin_key:
-            raise ValueError("the gateway needs a non-empty secret and admin key")
         self.store = store
         self.backend = backend
         self.secret = keys.secret
@@ -149,7 +143,7 @@ class Attempts:
         if same_key(key, self.admin_key):
             return Caller("admin")
         if any(same_key(key, k) for k in self.serve_keys):
-            return Caller("serve", key_id=key_id(key))
+            return Caller("serve", key_id=hashlib.sha256(key.encode()).hexdigest()[:16])
         ids = self.verified.get(key)
         if ids is None:
             ids = parse_attempt_key(self.secret, key)
@@ -178,18 +172,8 @@ class Attempts:
                 raise GatewayError(
                     500, f"rollout {rollout_id} has an invalid metadata.sampling: {exc}"
                 ) from exc
-            ctx = AttemptContext(
-                rollout_id=rollout_id,
-                attempt_id=attempt_id,
-                kind=kind,
-                sampling_seed=int(seed) if seed is not None else None,
-                sampling=decided,
-                policy_version=int(version) if version is not None else None,
-                state=state,
-                checked_at=time.monotonic(),
-                next_sequence=0,
-                harness=harness,
-            )
+            seed, version = (int(x) if x is not None else None for x in (seed, version))
+            ctx = AttemptContext(rollout_id, attempt_id, kind, seed, decided, version, state, harness=harness)
             if highest is not None:
                 self._catch_up(ctx, highest)
             return ctx
@@ -210,12 +194,10 @@ class Attempts:
             token_in=sum(bool(s.attributes.get("token_in")) for s in calls),
             fallbacks=sum(bool(s.attributes.get("token_in_fallback")) for s in calls),
         )
-        ctx.last = None
-        ctx.last_ids = ctx.recorded = None
+        ctx.last = ctx.last_ids = ctx.recorded = None
         if calls:
             last: Span = calls[-1]
-            ctx.last_ids = array("i", last.prompt_token_ids)
-            ctx.last_ids.extend(last.response_token_ids or [])
+            ctx.last_ids = array("i", [*last.prompt_token_ids, *(last.response_token_ids or [])])
             ctx.recorded = last.attributes.get("conversation")
 
     async def _refresh(self, ctx: AttemptContext) -> None:
@@ -276,7 +258,7 @@ class Attempts:
             )
         cached = self.sessions.get(session)
         if cached is not None:
-            self._own(session, cached[0], caller)
+            self._own(cached[0], caller)
             try:
                 return await self.context(*cached[1:])
             except GatewayError as exc:
@@ -288,14 +270,14 @@ class Attempts:
             )
         )
         owner = rollout.metadata.get("owner")
-        self._own(session, owner, caller)
+        self._own(owner, caller)
         self.sessions[session] = (owner, rollout.rollout_id, attempt.attempt_id)
         ctx = await self.context(rollout.rollout_id, attempt.attempt_id)
         ctx.session = session
         return ctx
 
     @staticmethod
-    def _own(session: str, owner: str | None, caller: Caller) -> None:
+    def _own(owner: str | None, caller: Caller) -> None:
         if owner != caller.key_id:
             raise GatewayError(403, "this session was opened with another serve key", code="wrong_session")
 

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import json
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,9 +59,7 @@ class Backend(abc.ABC):
     # upstream serves what its server loaded
     loads_weights: bool = False
     model_dir: Path | None = None  # the checkpoint served at start (a backend that loads weights)
-    codec: Any = (
-        None  # the served model's chat codec, which renders token-in prompts (`engine.chat.ChatCodec`)
-    )
+    codec: Any = None  # the served model's chat codec (`engine.chat.ChatCodec`): renders token-in prompts
     _closing: list[int] | None = None  # `tokenin.closing_tokens` of the codec's template
 
     def verify(self, weights: str | None) -> None:  # noqa: B027 - only engines that can drift check
@@ -107,39 +102,14 @@ class Backend(abc.ABC):
     def _chat_prompt(
         self, messages: list[dict], tools: list[dict] | None, previous: LastCall | None
     ) -> tuple[list[int], str]:
-        return chat_prompt(self._render, self._closing, messages, tools, previous)
-
-
-def chat_prompt(
-    render: Callable[[list[dict], list[dict] | None, bool], list[int]],
-    closing: Any,
-    messages: list[dict],
-    tools: list[dict] | None,
-    previous: LastCall | None,
-) -> tuple[list[int], str]:
-    """A chat call's prompt ids and their source: `reused` (token-in), else `rendered` afresh."""
-    ids = continue_prompt(render, closing, previous, messages, tools)
-    if ids is not None:
-        return ids, "reused"
-    try:
-        return render(messages, tools, True), "rendered"
-    except Exception as exc:  # jinja / template errors are the request's fault
-        raise GatewayError(400, f"messages could not be rendered: {exc}", param="messages") from exc
-
-
-def tool_call_ids(calls: list[dict]) -> list[dict]:
-    # The template does not render call ids, so fresh ones cost nothing and let harnesses answer calls.
-    out = []
-    for call in calls:
-        call = dict(call)
-        call.setdefault("id", f"call_{uuid.uuid4().hex[:24]}")
-        call.setdefault("type", "function")
-        fn = dict(call.get("function") or {})
-        if not isinstance(fn.get("arguments"), str):
-            fn["arguments"] = json.dumps(fn.get("arguments") or {})
-        call["function"] = fn
-        out.append(call)
-    return out
+        """A chat call's prompt ids and their source: `reused` (token-in), else `rendered` afresh."""
+        ids = continue_prompt(self._render, self._closing, previous, messages, tools)
+        if ids is not None:
+            return ids, "reused"
+        try:
+            return self._render(messages, tools, True), "rendered"
+        except Exception as exc:  # jinja / template errors are the request's fault
+            raise GatewayError(400, f"messages could not be rendered: {exc}", param="messages") from exc
 
 
 class EngineBackend(Backend):
@@ -204,7 +174,6 @@ class EngineBackend(Backend):
         prompt_ids, source = await anyio.to_thread.run_sync(self._chat_prompt, messages, tools, previous)
         gen = await self._generate(prompt_ids, sampling)
         content, calls = (gen.text, []) if tool_choice == "none" else self.engine.parse_assistant(gen.text)
-        calls = tool_call_ids(calls)
         finish = "tool_calls" if calls else gen.finish_reason
         return self._completion(
             gen, sampling, source, content=content, finish_reason=finish, tool_calls=calls

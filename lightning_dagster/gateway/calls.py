@@ -15,6 +15,7 @@ from lightning_dagster.gateway import schemas
 from lightning_dagster.gateway.attempts import AttemptContext, conversation
 from lightning_dagster.gateway.backends import CallSampling
 from lightning_dagster.gateway.errors import GatewayError
+from lightning_dagster.gateway.rewards import attempt_span
 from lightning_dagster.gateway.tokenin import LastCall, continues, extends
 from lightning_dagster.gateway.upstreams import UPSTREAM_REFUSED
 from lightning_dagster.gateway.weightsync import ServedWeights
@@ -46,12 +47,8 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
     ctx = await gw.attempts.target(request, caller, path, serve=True)
     ctx.resume(messages, req.tools if chat else None)  # a context rebuilt from the store (another replica's)
     previous, previous_ids = ctx.last, ctx.last_ids
-    if chat:
-        want_logprobs = bool(req.logprobs)
-        max_tokens = req.max_completion_tokens or req.max_tokens
-    else:
-        want_logprobs = req.logprobs is not None and req.logprobs > 0
-        max_tokens = req.max_tokens
+    want_logprobs = bool(req.logprobs)  # chat: a flag; completions: how many per token (0: none)
+    max_tokens = (req.max_completion_tokens if chat else None) or req.max_tokens
     requested = {"temperature": req.temperature, "top_p": req.top_p, "max_tokens": max_tokens}
     sampling = apply_rollout_sampling(req.sampling(ctx.call_seed(), want_logprobs, max_tokens), ctx.sampling)
     served = await gw.weights.enter(ctx.policy_version)  # held until sampled: no swap meanwhile
@@ -105,13 +102,12 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
     if last is not None:
         attributes["conversation"] = conversation(last)
     span = _call_span(
-        ctx, chat, started, served, end_time=started + latency, attributes=attributes,
+        ctx, chat, started, served, attributes, end_time=started + latency,
         prompt_token_ids=c.prompt_ids, response_token_ids=c.response_ids, response_logprobs=c.logprobs,
         finish_reason=c.finish_reason,
     )  # fmt: skip
     await gw.record(ctx, span, wait=gw.durable, sync=gw.fsync_spans)
-    ctx.last_ids = array("i", c.prompt_ids)
-    ctx.last_ids.extend(c.response_ids)
+    ctx.last_ids = array("i", [*c.prompt_ids, *c.response_ids])
     ctx.last = last
     response = (schemas.chat_response if chat else schemas.completion_response)(c, want_logprobs)
     headers = {
@@ -127,17 +123,13 @@ async def llm_call(gw: Gateway, request: Request, path: dict[str, str], chat: bo
     return Response(schemas.dumps(response), media_type="application/json", headers=headers)
 
 
-def _call_span(ctx: AttemptContext, chat: bool, started: float, served: ServedWeights, **fields: Any) -> Span:
-    """An LLM span of this attempt's call, sampled from `served`, with what the call produced."""
-    return Span(
-        trace_id=ctx.attempt_id,
-        rollout_id=ctx.rollout_id,
-        attempt_id=ctx.attempt_id,
-        name="chat.completions" if chat else "completions",
-        kind=SpanKind.llm,
-        start_time=started,
-        resource_id=served.resource_id,
-        **fields,
+def _call_span(
+    ctx: AttemptContext, chat: bool, started: float, served: ServedWeights, attributes: dict, **fields: Any
+) -> Span:
+    """An LLM span of this attempt's call, sampled from `served`."""
+    name = "chat.completions" if chat else "completions"
+    return attempt_span(
+        ctx, name, SpanKind.llm, attributes, start_time=started, resource_id=served.resource_id, **fields
     )
 
 
@@ -146,4 +138,4 @@ def _error_span(
 ) -> Span:
     attributes = {"backend": gw.backend.kind, "error": exc.message[:500], "http_status": exc.status}
     attributes["weights"] = served.attributes()
-    return _call_span(ctx, chat, started, served, end_time=time.time(), status="error", attributes=attributes)
+    return _call_span(ctx, chat, started, served, attributes, status="error")

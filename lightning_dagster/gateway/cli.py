@@ -35,8 +35,6 @@ from lightning_dagster.gateway.options import (
 )
 from lightning_dagster.settings import SettingsError, StoreSettings, add_flags
 
-# What `--secrets-stdin` reads: every name optional; serve keys a list of strings, the options an object
-# (`GatewayOptions`), the others strings.
 STDIN_SECRETS = ("secret", "admin_key", "serve_keys", "upstream_api_key", "agl_key")
 STDIN_KEYS = (*STDIN_SECRETS, "store_url", "options")
 
@@ -179,7 +177,9 @@ def serve(args: argparse.Namespace) -> int:
         resource_id=args.resource_id,
     )
     with gateway:
-        print(f"gateway on {gateway.url}/v1 ({gateway.backend_kind})", flush=True)
+        serving = options.serving
+        kind = "upstream" if serving.upstream_url else "vllm" if serving.engine == "vllm" else "engine"
+        print(f"gateway on {gateway.url}/v1 ({kind})", flush=True)
         if keys.agl_key:
             print(f"Agent Lightning server on {gateway.url} (/api, /proxy)", flush=True)
         if args.exit_with_parent:

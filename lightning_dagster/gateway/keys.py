@@ -13,8 +13,7 @@ import os
 import secrets
 import stat
 import sys
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_dagster.settings import UsageError
@@ -22,8 +21,8 @@ from lightning_dagster.settings import UsageError
 _PREFIX = "ld1"
 
 
-def _b64(text: str) -> str:
-    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
 
 
 def _unb64(text: str) -> str:
@@ -31,15 +30,15 @@ def _unb64(text: str) -> str:
 
 
 def _signature(secret: str, rollout_id: str, attempt_id: str) -> str:
-    mac = hmac.new(secret.encode(), f"{rollout_id}\0{attempt_id}".encode(), hashlib.sha256)
-    return base64.urlsafe_b64encode(mac.digest()).decode().rstrip("=")
+    return _b64(hmac.new(secret.encode(), f"{rollout_id}\0{attempt_id}".encode(), hashlib.sha256).digest())
 
 
 def attempt_key(secret: str, rollout_id: str, attempt_id: str) -> str:
     """The key a harness uses for exactly one attempt; it authorises that attempt's spans and rewards only."""
     if not secret:
         raise ValueError("the gateway secret must not be empty")
-    return f"{_PREFIX}.{_b64(rollout_id)}.{_b64(attempt_id)}.{_signature(secret, rollout_id, attempt_id)}"
+    ids = f"{_b64(rollout_id.encode())}.{_b64(attempt_id.encode())}"
+    return f"{_PREFIX}.{ids}.{_signature(secret, rollout_id, attempt_id)}"
 
 
 def parse_attempt_key(secret: str, key: str) -> tuple[str, str] | None:
@@ -63,7 +62,6 @@ def request_key(request) -> str:
 
 
 def same_key(given: str, expected: str) -> bool:
-    """Constant-time comparison of two secrets."""
     return hmac.compare_digest(given.encode(), expected.encode())
 
 
@@ -102,13 +100,10 @@ class GatewayKeys:
         which argparse would read as a flag), held in memory only: they die with the gateway."""
         return cls(secret or secrets.token_hex(32), admin_key or secrets.token_hex(32), **others)  # type: ignore[arg-type]
 
-    def as_dict(self) -> dict:
-        return {**asdict(self), "serve_keys": list(self.serve_keys)}
 
-
-def refuse_env_secrets(environ: Mapping[str, str] = os.environ) -> None:
+def refuse_env_secrets() -> None:
     """Raise `SecretError` if a gateway secret is set in the environment (see `SECRET_ENV_NAMES`)."""
-    found = [name for name in SECRET_ENV_NAMES if environ.get(name)]
+    found = [name for name in SECRET_ENV_NAMES if os.environ.get(name)]
     if found:
         raise SecretError(
             f"{' and '.join(found)} set in the environment: any process of this user can read it in "

@@ -1,6 +1,4 @@
-"""The one way to stand up a gateway on this machine: the embedded engine (or an upstream server) behind the
-gateway app, in this process or in a child process.
-"""
+"""The one way to stand up a gateway on this machine, in this process or in a child process."""
 
 from __future__ import annotations
 
@@ -23,16 +21,14 @@ class WeightsNotServed(RuntimeError):
 
 
 class LocalGateway:
-    """A live gateway for `store` serving `model_dir` as `options` say (`options.GatewayOptions`), on `url`,
-    signing attempt keys with `keys.secret` (`keys.GatewayKeys`; None: fresh ones, dying with this gateway).
+    """A live gateway for `store` serving `model_dir` as `options` say, on `url` (`keys` None: fresh ones,
+    dying with this gateway).
 
     `child=True`: all of it in a child process (`GatewayProcess`), so harness workers and the decode loop do
     not share one interpreter lock; it needs a store another process can open (a SQLite file or PostgreSQL).
     With `options.serving.upstream_url` every call goes upstream; `model_dir` is then optional (the served
-    model's tokenizer, for token-in) and `load_weights` raises `WeightsNotServed`. `resource_id`: what spans
-    record until `load_weights` names another. `codec`: the checkpoint's text side (None without
-    `model_dir`). `reuse` (child, embedded engine, fresh keys): take and leave a child in `gateway.pool`,
-    so a pipeline's stages start one child, not one each.
+    model's tokenizer, for token-in) and `load_weights` raises `WeightsNotServed`. `reuse` (child, embedded
+    engine, fresh keys): take and leave a child in `gateway.pool`, so a pipeline's stages start one child.
     """
 
     def __init__(
@@ -99,32 +95,25 @@ class LocalGateway:
         from lightning_dagster.gateway.server import GatewayServer
 
         serving = self.options.serving
+        if self.upstream_url or serving.engine == "vllm":
+            from lightning_dagster.engine.chat import ChatCodec
+
+            self.codec = ChatCodec(self.model_dir) if self.model_dir is not None else None
         if self.upstream_url:
             from lightning_dagster.gateway.upstreams import UpstreamBackend
 
-            if self.model_dir is not None:
-                from lightning_dagster.engine.chat import ChatCodec
-
-                self.codec = ChatCodec(self.model_dir)
             # with the served model's codec, prompts reach the upstream as exact token ids (token-in)
+            upstream_model = self.options.upstream_model or None
             self._backend = UpstreamBackend(
-                self.upstream_url,
-                self.keys.upstream_api_key,
-                self.options.upstream_model or None,
-                codec=self.codec,
+                self.upstream_url, self.keys.upstream_api_key, upstream_model, codec=self.codec
             )
             self._backend.resource_id = self.resource_id
         elif serving.engine == "vllm":
-            from lightning_dagster.engine.chat import ChatCodec
             from lightning_dagster.gateway.vllm_backend import VllmBackend, start_vllm
 
-            self.codec = ChatCodec(self.model_dir)
-            self._backend = VllmBackend(
-                start_vllm(self.model_dir, self.options),
-                self.codec,
-                lora=self.options.lora,
-                resource_id=self.resource_id,
-            )
+            server = start_vllm(self.model_dir, self.options)
+            lora = self.options.lora
+            self._backend = VllmBackend(server, self.codec, lora=lora, resource_id=self.resource_id)
         else:
             engine = {"threads": serving.engine_threads, "device": serving.engine_device}
             if serving.engine_process:
@@ -154,13 +143,6 @@ class LocalGateway:
         """The process that serves: the child, or this one."""
         return self._process.pid if self._process is not None else os.getpid()
 
-    @property
-    def backend_kind(self) -> str:
-        """What serves the calls, as spans record it (their `backend` attribute)."""
-        if self.upstream_url:
-            return "upstream"
-        return "vllm" if self.options.serving.engine == "vllm" else "engine"
-
     def stats(self) -> dict:
         """What `/admin/stats` reports: a child's, else the engine's counters (none for an upstream)."""
         if self._process is not None:
@@ -176,13 +158,10 @@ class LocalGateway:
         if self._process is not None:
             self._process.load_weights(state_dict, resource_id)
         else:
-            from lightning_dagster.gateway.weightsync import ServedWeights, weights_hash
+            from lightning_dagster.gateway.weightsync import load_into
 
-            def load() -> ServedWeights:
-                self._backend.load_weights(dict(state_dict), resource_id)
-                return ServedWeights(None, resource_id, weights_hash(state_dict))
-
-            self._server.app.state.gateway.weights.swap_from_thread(load)  # calls in flight finish first
+            gate = self._server.app.state.gateway.weights  # calls in flight finish first
+            gate.swap_from_thread(lambda: load_into(self._backend, dict(state_dict), resource_id))
         self.resource_id = resource_id
 
     def verify(self) -> None:

@@ -1,10 +1,8 @@
-"""Gateway processes kept for the next stage of the same process.
-
-A process-mode gateway costs ~10 s to start on 2 cores, and a pipeline run starts one per stage, each for
-a model of the same family. A stage that asks for reuse (`LocalGateway(reuse=True)`) parks its child here
-when it closes; the next stage with the same serving settings and model family takes it and pushes its own
-weights into it (`POST /admin/weights`). A child serves one stage at a time. Parked children are stopped at
-interpreter exit, and exit with this process anyway (`--exit-with-parent`).
+"""Gateway processes kept for the next stage of the same process: a process-mode gateway costs ~10 s to start
+on 2 cores, and a pipeline run starts one per stage, each for a model of the same family. A stage that asks
+for reuse (`LocalGateway(reuse=True)`) parks its child here when it closes; the next stage with the same
+serving settings and model family takes it and pushes its own weights into it. Parked children are stopped
+at interpreter exit, and exit with this process anyway (`--exit-with-parent`).
 """
 
 from __future__ import annotations
@@ -40,8 +38,7 @@ def model_family(model_dir: Path) -> str | None:
 
 
 class GatewayPool:
-    """Idle gateway children by key (serving settings and model family); at most `max_idle` in all, the
-    longest parked stopped first."""
+    """Idle gateway children by key; at most `max_idle` in all, the longest parked stopped first."""
 
     def __init__(self, max_idle: int = 2) -> None:
         self.max_idle = max_idle

@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -39,10 +40,9 @@ def _free_port(host: str) -> int:
 
 
 class GatewayProcess:
-    """`lightning-dagster gateway serve` as a child process (`LocalGateway(child=True)`). The keys, the
-    store's URL (it may hold a password) and the options reach the child on its standard input, never in its
-    environment or command line. Port 0 picks a free port. The child exits with its parent.
-    """
+    """`lightning-dagster gateway serve` as a child process, exiting with its parent. The keys, the store's
+    URL (it may hold a password) and the options reach it on its standard input, never in its environment or
+    command line."""
 
     def __init__(
         self,
@@ -52,14 +52,11 @@ class GatewayProcess:
         keys: GatewayKeys,
         *,
         resource_id: str | None = None,
-        start_timeout_s: float | None = None,
     ) -> None:
         # a vLLM engine takes 30 s to a few minutes to start (compiled, or a large model): it has its own
         # start timeout, which this one must outlast
-        start_timeout_s = start_timeout_s or (900.0 if options.serving.engine == "vllm" else 120.0)
-        self.store_url = store_url
+        start_timeout_s = 900.0 if options.serving.engine == "vllm" else 120.0
         self.keys = keys
-        self.resource_id = resource_id
         self.host = options.serving.host
         self.workdir = Path(tempfile.mkdtemp(prefix="ld-gateway-"))
         self.log_path = self.workdir / "gateway.log"
@@ -83,7 +80,7 @@ class GatewayProcess:
         for attempt in range(1, attempts + 1):
             self.port = port or _free_port(self.host)
             # on standard input, never in the environment or command line (readable in /proc): see above
-            handed = {**keys.as_dict(), "store_url": store_url,
+            handed = {**asdict(keys), "store_url": store_url,
                       "options": options.with_serving(port=self.port).model_dump(mode="json")}  # fmt: skip
             argv = [sys.executable, "-m", "lightning_dagster.cli", "gateway", "serve", *source,
                     "--secrets-stdin", "--exit-with-parent"]  # fmt: skip
@@ -91,7 +88,11 @@ class GatewayProcess:
                 self._proc = subprocess.Popen(
                     argv, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT
                 )
-            self._hand_over(json.dumps(handed).encode() + b"\n")
+            try:
+                self._proc.stdin.write(json.dumps(handed).encode() + b"\n")
+                self._proc.stdin.close()
+            except BrokenPipeError:
+                pass  # the child died before reading: `_wait_ready` reports it with its log
             try:
                 self._wait_ready(start_timeout_s)
                 return
@@ -105,24 +106,12 @@ class GatewayProcess:
         return self.keys.admin_key
 
     @property
-    def secret(self) -> str:
-        return self.keys.secret
-
-    @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
         return self._proc.pid
-
-    def _hand_over(self, secrets_line: bytes) -> None:
-        assert self._proc.stdin is not None
-        try:
-            self._proc.stdin.write(secrets_line)
-            self._proc.stdin.close()
-        except BrokenPipeError:
-            pass  # the child died before reading: `_wait_ready` reports it with its log
 
     def _tail(self, chars: int = 3000) -> str:
         try:
@@ -191,7 +180,6 @@ class GatewayProcess:
         write(partial)
         os.replace(partial, path)
         self._request("POST", "/admin/weights", {"path": str(path), "resource_id": resource_id})
-        self.resource_id = resource_id
 
     def terminate(self) -> None:
         """Ask the child to exit (SIGTERM) without waiting; `stop` waits and cleans up."""
@@ -200,13 +188,12 @@ class GatewayProcess:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the child (gracefully, then by force) and remove its pushed weights and log."""
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        self.terminate()
+        try:
+            self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> GatewayProcess:

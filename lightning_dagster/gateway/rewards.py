@@ -1,9 +1,7 @@
 """Rewards and custom events (ours and Agent Lightning's event URL): each recorded as a span of its attempt,
-a reward also as a `Reward` row, after every span acknowledged before it is committed.
-
-A reward and its span commit in one transaction. A client that retries a reward sends the same
-`Idempotency-Key` header (or `X-Request-Id`) on every try: it is stored once and each try gets the same
-answer (the openai client: set `client._idempotency_header = "Idempotency-Key"`).
+a reward also as a `Reward` row in the same transaction, after every span acknowledged before it. A client
+retrying a reward sends the same `Idempotency-Key` (or `X-Request-Id`) header on every try: stored once, each
+try gets the same answer (the openai client: set `client._idempotency_header = "Idempotency-Key"`).
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ if TYPE_CHECKING:
 
 REQUEST_ID_HEADERS = ("idempotency-key", "x-request-id")
 MAX_REQUEST_ID = 256
+REWARD_EXTRAS = ("source", "reason", "message")  # what a reward event's span keeps of its data
 
 
 def request_id(request: Request) -> str | None:
@@ -51,7 +50,7 @@ async def add_reward(
     attrs.update({k: v for k, v in extra.items() if isinstance(v, str | int | float | bool)})
     if retry_id is not None:
         attrs["request_id"] = retry_id
-    span = _span(ctx, "reward", SpanKind.reward, attrs)
+    span = attempt_span(ctx, "reward", SpanKind.reward, attrs)
     span.sequence = ctx.take_sequence()
     # A reward lands after every span acknowledged before it is committed, and its synced commit
     # flushes those spans' unsynced commits to disk with it.
@@ -62,18 +61,13 @@ async def add_reward(
     return _ack(ctx, stored)
 
 
-def _span(ctx: AttemptContext, name: str, kind: SpanKind, attributes: dict, **fields: Any) -> Span:
-    """A span of the attempt, ending now."""
+def attempt_span(ctx: AttemptContext, name: str, kind: SpanKind, attributes: dict, **fields: Any) -> Span:
+    """A span of the attempt, ending now unless `fields` say otherwise."""
+    fields.setdefault("end_time", time.time())
     return Span(
-        trace_id=ctx.attempt_id,
-        rollout_id=ctx.rollout_id,
-        attempt_id=ctx.attempt_id,
-        name=name,
-        kind=kind,
-        end_time=time.time(),
-        attributes=attributes,
-        **fields,
-    )
+        trace_id=ctx.attempt_id, rollout_id=ctx.rollout_id, attempt_id=ctx.attempt_id, name=name, kind=kind,
+        attributes=attributes, **fields,
+    )  # fmt: skip
 
 
 def _ack(ctx: AttemptContext, span_id: str | None) -> dict:
@@ -98,10 +92,17 @@ async def event(gw: Gateway, request: Request, path: dict) -> dict:
     ctx = await gw.attempts.reward_target(
         request, caller, path, data.get("rollout_id"), data.get("attempt_id")
     )
-    if req.event_type == "reward":
+    return _ack(ctx, await record_event(gw, ctx, req.event_type, data, retry_id))
+
+
+async def record_event(
+    gw: Gateway, ctx: AttemptContext, event_type: str, data: dict, retry_id: str | None, *, sync: bool = True
+) -> str | None:
+    """An event of the attempt: a reward (`data` as a `RewardRequest`), else a custom span; its span id."""
+    if event_type == "reward":
         r = schemas.check(schemas.RewardRequest, data, "data.")
-        extra = {k: v for k, v in data.items() if k in ("source", "reason", "message")}
-        return await add_reward(gw, ctx, r, extra, retry_id)
-    span = _span(ctx, req.event_type, SpanKind.custom, data)  # a custom event
-    await gw.record(ctx, span)
-    return _ack(ctx, span.span_id)
+        extra = {k: v for k, v in data.items() if k in REWARD_EXTRAS}
+        return (await add_reward(gw, ctx, r, extra, retry_id))["span_id"]
+    span = attempt_span(ctx, event_type, SpanKind.custom, data)
+    await gw.record(ctx, span, sync=sync)
+    return span.span_id

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from lightning_dagster.gateway.backends import CallSampling, Completion
@@ -168,15 +168,14 @@ def parse_json(raw: bytes) -> Any:
 
 
 def parse(raw: bytes) -> dict:
-    """A JSON object (`parse_json`)."""
     if not isinstance(data := parse_json(raw), dict):
         raise GatewayError(400, "the body must be a JSON object")
     return data
 
 
-def check(model: type[BaseModel], data: dict, where: str = "") -> Any:
+def check(model: type[BaseModel] | TypeAdapter, data: Any, where: str = "") -> Any:
     try:
-        return model.model_validate(data)
+        return model.validate_python(data) if isinstance(model, TypeAdapter) else model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = where + ".".join(str(p) for p in first["loc"]) or "body"
@@ -221,44 +220,37 @@ def assistant_message(c: Completion) -> dict[str, Any]:
     return message
 
 
-def chat_response(c: Completion, logprobs: bool) -> dict[str, Any]:
+def _response(c: Completion, prefix: str, kind: str, choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": kind,
         "created": int(time.time()),
         "model": c.model,
-        "choices": [
-            {
-                "index": 0,
-                "message": assistant_message(c),
-                "logprobs": _chat_logprobs(c) if logprobs else None,
-                "finish_reason": c.finish_reason,
-                "token_ids": c.response_ids,
-            }
-        ],
+        "choices": [{"index": 0, **choice}],
         "usage": _usage(c),
-        "prompt_token_ids": c.prompt_ids,
+        **extra,
     }
+
+
+def chat_response(c: Completion, logprobs: bool) -> dict[str, Any]:
+    choice = {
+        "message": assistant_message(c),
+        "logprobs": _chat_logprobs(c) if logprobs else None,
+        "finish_reason": c.finish_reason,
+        "token_ids": c.response_ids,
+    }
+    return _response(c, "chatcmpl", "chat.completion", choice, prompt_token_ids=c.prompt_ids)
 
 
 def completion_response(c: Completion, logprobs: bool) -> dict[str, Any]:
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": c.model,
-        "choices": [
-            {
-                "index": 0,
-                "text": c.content or "",
-                "logprobs": _completion_logprobs(c) if logprobs else None,
-                "finish_reason": c.finish_reason,
-                "token_ids": c.response_ids,
-                "prompt_token_ids": c.prompt_ids,
-            }
-        ],
-        "usage": _usage(c),
+    choice = {
+        "text": c.content or "",
+        "logprobs": _completion_logprobs(c) if logprobs else None,
+        "finish_reason": c.finish_reason,
+        "token_ids": c.response_ids,
+        "prompt_token_ids": c.prompt_ids,
     }
+    return _response(c, "cmpl", "text_completion", choice)
 
 
 def sse(response: dict[str, Any], *, include_usage: bool) -> Iterator[bytes]:
@@ -288,15 +280,7 @@ def sse(response: dict[str, Any], *, include_usage: bool) -> Iterator[bytes]:
             yield chunk({"delta": {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}})
         yield chunk({"delta": {}, "finish_reason": choice["finish_reason"]})
     else:
-        yield chunk(
-            {
-                "text": choice["text"],
-                "logprobs": choice["logprobs"],
-                "finish_reason": None,
-                "token_ids": choice["token_ids"],
-                "prompt_token_ids": choice["prompt_token_ids"],
-            }
-        )
+        yield chunk({**choice, "finish_reason": None})
         yield chunk({"text": "", "finish_reason": choice["finish_reason"]})
     if include_usage:
         yield b"data: " + dumps({**head, "choices": [], "usage": response["usage"]}) + b"\n\n"

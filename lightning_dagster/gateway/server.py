@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import httptools
 import uvicorn
@@ -18,22 +19,10 @@ def guarded_protocol(timeout_s: float) -> type[HttpToolsProtocol]:
     so a client that stalls inside one held its connection (and a file descriptor) for good. A request that
     has arrived is never cut. Only the asyncio protocol methods are overridden; framing has its own parser."""
 
-    class Framing:
-        def __init__(self, guard: GuardedProtocol) -> None:
-            self.guard = guard
-
-        def on_message_begin(self) -> None:
-            self.guard.guard_arm()
-
-        def on_message_complete(self) -> None:
-            self.guard.guard_disarm()
-
     class GuardedProtocol(HttpToolsProtocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            self._guard_transport = transport
-            self._guard_framing: httptools.HttpRequestParser | None = httptools.HttpRequestParser(
-                Framing(self)
-            )
+            framing = SimpleNamespace(on_message_begin=self.guard_arm, on_message_complete=self.guard_disarm)
+            self._guard_framing: httptools.HttpRequestParser | None = httptools.HttpRequestParser(framing)
             self._guard_deadline: asyncio.TimerHandle | None = None
             super().connection_made(transport)
             self.guard_arm()
@@ -62,12 +51,11 @@ def guarded_protocol(timeout_s: float) -> type[HttpToolsProtocol]:
 
         def _guard_expire(self) -> None:
             self._guard_deadline = None
-            if self._guard_transport.is_closing():
-                return
-            if not self._guard_transport.is_reading():  # the server paused reading: not the client's delay
-                self.guard_arm()
-                return
-            self._guard_transport.close()
+            if not self.transport.is_closing():
+                if self.transport.is_reading():
+                    self.transport.close()
+                else:  # the server paused reading: not the client's delay
+                    self.guard_arm()
 
     return GuardedProtocol
 

@@ -82,9 +82,7 @@ class LastCall:
         response_ids: Sequence[int],
     ) -> LastCall:
         raw = [*messages, assistant]
-        ids = array("i", prompt_ids)
-        ids.extend(response_ids)
-        return cls(normalize_messages(raw), raw, tools, ids)
+        return cls(normalize_messages(raw), raw, tools, array("i", [*prompt_ids, *response_ids]))
 
 
 @dataclass

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -18,7 +18,7 @@ import httpx
 import pydantic_core
 from cachetools import LRUCache
 
-from lightning_dagster.gateway.backends import Backend, CallSampling, Completion, tool_call_ids
+from lightning_dagster.gateway.backends import Backend, CallSampling, Completion
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.http1 import Http1Client, UpstreamHTTPError
 from lightning_dagster.gateway.tokenin import closing_tokens
@@ -94,11 +94,11 @@ class UpstreamPool:
     """The servers calls may go to. A route (the rollout id) goes to the healthy server that ranks highest
     for it, then stays pinned there while healthy (its prefix cache lives there)."""
 
-    def __init__(self, urls: str | Sequence[str], *, cooldown_s: float = 10.0, max_routes: int = 65536):
+    def __init__(self, urls: str | Sequence[str], *, cooldown_s: float = 10.0):
         self.cooldown_s = cooldown_s
         self._lock = threading.Lock()
         self._servers: tuple[Upstream, ...] = tuple(Upstream(u) for u in upstream_urls(urls))
-        self._pins: LRUCache[str, Upstream] = LRUCache(maxsize=max_routes)
+        self._pins: LRUCache[str, Upstream] = LRUCache(maxsize=65536)
         self._removed: list[Upstream] = []  # their idle connections are closed with the pool
 
     @property
@@ -156,16 +156,6 @@ class UpstreamPool:
                 server.client = None
 
 
-class Codec(Protocol):
-    """The served model's text side (`engine.chat.ChatCodec`): what token-in upstream needs."""
-
-    def render(
-        self, messages: list[dict], tools: list[dict] | None = None, *, add_generation_prompt: bool = True
-    ) -> list[int]: ...
-
-    def parse_assistant(self, text: str) -> tuple[str | None, list[dict[str, Any]]]: ...
-
-
 class UpstreamBackend(Backend):
     """Forwards to OpenAI-compatible servers (`UpstreamPool`) and reads the exact ids from their vLLM-shaped
     responses. Without `codec`, chat calls go to the chat API (the server renders). With the served model's
@@ -180,7 +170,7 @@ class UpstreamBackend(Backend):
         api_key: str = "",
         model: str | None = None,
         *,
-        codec: Codec | None = None,
+        codec: Any = None,  # `engine.chat.ChatCodec`: renders prompts and parses tool calls
         timeout: float = 600.0,
         cooldown_s: float = 10.0,
     ):
@@ -276,8 +266,12 @@ class UpstreamBackend(Backend):
             upstream=served_by,
         )
 
-    async def _token_chat(self, messages, tools, tool_choice, sampling, previous, route) -> Completion:
-        assert self.codec is not None
+    async def chat(self, messages, tools, tool_choice, sampling, previous, body, *, route=None) -> Completion:
+        if self.codec is None:  # the server renders
+            payload = self._payload(body, sampling)
+            payload["logprobs"] = True  # always captured; stripped from the reply unless the client asked
+            data, served_by = await self._post("chat/completions", payload, route)
+            return self._completion(data, chat=True, served_by=served_by)
         prompt_ids, source = await anyio.to_thread.run_sync(self._chat_prompt, messages, tools, previous)
         payload = self._sampled({"prompt": prompt_ids, "logprobs": 1}, sampling)
         if sampling.stop:
@@ -288,19 +282,10 @@ class UpstreamBackend(Backend):
             raise GatewayError(502, f"upstream {served_by} answered for other prompt ids than it was sent")
         text = c.content or ""
         content, calls = (text, []) if tool_choice == "none" else self.codec.parse_assistant(text)
-        calls = tool_call_ids(calls)
         c.prompt_ids, c.content, c.tool_calls, c.token_source = prompt_ids, content, calls, source
         if calls:
             c.finish_reason = "tool_calls"
         return c
-
-    async def chat(self, messages, tools, tool_choice, sampling, previous, body, *, route=None) -> Completion:
-        if self.codec is not None:
-            return await self._token_chat(messages, tools, tool_choice, sampling, previous, route)
-        payload = self._payload(body, sampling)
-        payload["logprobs"] = True  # always captured; stripped from the reply unless the client asked
-        data, served_by = await self._post("chat/completions", payload, route)
-        return self._completion(data, chat=True, served_by=served_by)
 
     async def complete(self, prompt, sampling, body, *, route=None) -> Completion:
         payload = self._payload(body, sampling)

@@ -1,10 +1,9 @@
 """`engine: vllm`: the policy served by a vLLM server the gateway owns (or one the user runs), token-in, with
 the trainer's weights synced into it and verified by hash before any call samples from them.
 
-Calls go through `UpstreamBackend`. A weight push (inside the weight gate) writes a checkpoint folder and
-has vLLM reload it, or, with LoRA, writes an adapter folder and hot-loads it under its own model name; either
-returns only once the server reports serving exactly those tensors. A push that does not verify raises, and
-the gateway keeps serving the weights it verified before.
+Calls go through `UpstreamBackend`. A weight push writes a checkpoint folder for vLLM to reload (with LoRA,
+an adapter folder hot-loaded under its own model name) and returns once the server reports serving exactly
+those tensors; one that does not verify raises, and the weights verified before keep serving.
 """
 
 from __future__ import annotations

@@ -65,10 +65,17 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def weights_hash(state: dict[str, torch.Tensor]) -> str:
+def load_into(
+    backend, state: dict, resource_id: str | None, published: PolicyVersion | None = None
+) -> ServedWeights:
+    """Blocking: `backend` serves `state`, hashed (with a `published` version: refused unless it is that)."""
     from lightning_dagster.engine.build import tensors_hash
 
-    return tensors_hash(state)
+    digest = tensors_hash(state)
+    if published is not None and digest != published.weights_hash:
+        raise GatewayError(409, f"{published.path}: weights hash {digest} is not the published one")
+    backend.load_weights(state, resource_id)
+    return ServedWeights(published.version if published is not None else None, resource_id, digest)
 
 
 def publish(store, checkpoint: Path | str, resource_id: str) -> PolicyVersion:
@@ -125,11 +132,8 @@ class WeightGate:
                         f"version {version}",
                         code="weights_superseded",
                     )
-            remaining = deadline - time.monotonic()
-            try:
-                if remaining <= 0:
-                    raise TimeoutError
-                await self._wait_change(remaining)
+            try:  # past the deadline, wait_for times out at once
+                await self._wait_change(deadline - time.monotonic())
             except TimeoutError:
                 why = f"paused ({', '.join(sorted(self.paused))})" if self.paused else f"serving {version}"
                 raise GatewayError(
@@ -145,30 +149,20 @@ class WeightGate:
         if self.in_flight == 0 and self.paused:
             self._notify()
 
-    def pause(self, reason: str) -> None:
-        self.paused.add(reason)
-
-    def resume(self, reason: str) -> None:
-        self.paused.discard(reason)
-        self._notify()
-
-    async def drain(self) -> None:
-        """Wait until no call is in flight (new ones wait while paused)."""
-        while self.in_flight:
-            await self._wait_change(3600)
-
     async def swap(self, load: Callable[[], ServedWeights]) -> ServedWeights:
         """Pause, drain, run the blocking `load` (returning what now serves) off the loop, resume. One swap at
         a time; if `load` raises, the old weights keep serving."""
         if self._swap is None:
             self.bind()
         async with self._swap:
-            self.pause("weights")
+            self.paused.add("weights")
             try:
-                await self.drain()
+                while self.in_flight:  # drain: new calls wait while paused
+                    await self._wait_change(3600)
                 self.current = await anyio.to_thread.run_sync(load)
             finally:
-                self.resume("weights")
+                self.paused.discard("weights")
+                self._notify()
         return self.current
 
     def swap_from_thread(self, load: Callable[[], ServedWeights]) -> ServedWeights:
@@ -193,8 +187,8 @@ class WeightSync:
     def __init__(self, gw: Gateway, *, poll_s: float = 0.5) -> None:
         self.gw = gw
         self.poll_s = poll_s
-        self.replica_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.report = ServingReport(replica_id=self.replica_id, host=socket.gethostname(), pid=os.getpid())
+        host, pid = socket.gethostname(), os.getpid()
+        self.report = ServingReport(replica_id=f"{host}-{pid}-{uuid.uuid4().hex[:6]}", host=host, pid=pid)
         self.applied = 0  # the newest published version loaded (a direct push does not change it)
         self._reported_at = 0.0
         self._failed: tuple[int, float] | None = None  # (version, monotonic time) of the last failed load
@@ -203,8 +197,6 @@ class WeightSync:
         while True:
             try:
                 await self.tick()
-            except asyncio.CancelledError:
-                raise
             except Exception:  # noqa: BLE001 - a store hiccup: report again next round
                 log.exception("weight sync round failed")
             await asyncio.sleep(self.poll_s)
@@ -227,11 +219,7 @@ class WeightSync:
 
         def load() -> ServedWeights:
             state = read_weights(self.gw.weights_file(published.path))
-            digest = weights_hash(state)
-            if digest != published.weights_hash:
-                raise GatewayError(409, f"{published.path}: weights hash {digest} is not the published one")
-            self.gw.backend.load_weights(state, published.resource_id)
-            return ServedWeights(published.version, published.resource_id, digest)
+            return load_into(self.gw.backend, state, published.resource_id, published)
 
         try:
             await self.gw.weights.swap(load)

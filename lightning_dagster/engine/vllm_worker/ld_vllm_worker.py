@@ -5,11 +5,9 @@ Launcher: `python ld_vllm_worker.py WATCH_FD -- ARGV...` runs ARGV in its own pr
 whole group once WATCH_FD reaches end of file (the owner closed it or died, SIGKILL included) or the server
 exits. A pipe, not PR_SET_PDEATHSIG, which fires when the *thread* that started the child ends.
 
-Worker extension (`--worker-extension-cls ld_vllm_worker.WeightsByHash`), called through `POST
-/collective_rpc`. On CPU, vLLM repacks linear weights and empties `layer.weight`, so served parameters cannot
-be hashed back; instead `ld_load_weights` hashes exactly the tensors it hands to the model (as
-`engine.build.checkpoint_hash` does), checks every parameter was loaded and every layer computes with its
-new weight, and records what `ld_served_weights` reports.
+Worker extension (`--worker-extension-cls ld_vllm_worker.WeightsByHash`, called through `POST
+/collective_rpc`): on CPU, vLLM repacks linear weights and empties `layer.weight`, so served parameters cannot
+be hashed back; `ld_load_weights` hashes exactly the tensors it hands to the model instead.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ PR_SET_PDEATHSIG = 1
 
 
 def tensors_digest_update(digest: Any, name: str, tensor: Any) -> None:
-    """One tensor's share of the checkpoint hash: its name, dtype and shape, then its bytes. Must stay equal
-    to lightning_dagster.engine.build.tensors_hash (tests/vllm checks served hash == checkpoint_hash)."""
+    """One tensor's share of the checkpoint hash (`engine.build.tensors_hash`): name, dtype, shape, bytes."""
     import torch
 
     t = tensor.contiguous()

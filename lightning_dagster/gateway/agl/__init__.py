@@ -1,8 +1,5 @@
 """Agent Lightning v1.0's server surface (`agl-server`'s REST API, proxy paths and management routes) served
 by the gateway from the durable store, so its controller, trainer client and agents run against us unchanged.
-
-`mount(app, gw, settings)` adds `GET /healthz` (no key) and, behind the server key, the routes of `rollouts`,
-`events` and `proxy`.
 """
 
 from __future__ import annotations
@@ -45,8 +42,7 @@ class AglSettings:
 
 @dataclass(frozen=True)
 class Target:
-    """The attempt an Agent Lightning path names (`name`, its sequence: "0" first) by our id, the rollout's
-    mode and that attempt's key."""
+    """The attempt an Agent Lightning path names (`name`: "0" first): our id, the rollout's mode, its key."""
 
     name: str
     attempt_id: str
@@ -57,16 +53,14 @@ class Target:
 class Agl:
     """What the Agent Lightning routes share: the settings, the server key check and the attempts their
     paths name (cached per rollout; a move or delete drops the rollout's entries, and a lookup under way
-    meanwhile is not cached).
+    meanwhile is not cached). Another replica's move or delete leaves this cache as it was, which is safe:
+    every event and proxied call takes the attempt's context, which re-reads its state there, and a name
+    never changes its attempt once resolved."""
 
-    Over a shared store, another replica's move or delete leaves this cache as it was, which is safe:
-    every event and proxied call takes the attempt's context (`gateway.attempts`), which re-reads the
-    attempt's state and rollout there. A name never changes its attempt once resolved."""
-
-    def __init__(self, settings: AglSettings, secret: str, max_rollouts: int = 10_000):
+    def __init__(self, settings: AglSettings, secret: str):
         self.settings = settings
         self.secret = secret
-        self.targets: LRUCache[str, dict[str, Target]] = LRUCache(max_rollouts)
+        self.targets: LRUCache[str, dict[str, Target]] = LRUCache(10_000)  # rollouts
 
     def check(self, request: Request) -> None:
         """401 unless the request carries the server key."""
@@ -110,20 +104,18 @@ class Agl:
 
 def validated(adapter: pydantic.TypeAdapter, raw: bytes) -> Any:
     """The JSON body validated; else a 422 naming the first invalid field (`0.rollout_id`; `body`)."""
-    try:
-        return adapter.validate_python(parse_json(raw))
-    except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "body"
-        raise GatewayError(422, f"{field}: {first['msg']}", param=field) from exc
+    return schemas.check(adapter, parse_json(raw))
 
 
 def reply(body: object, status: int = 200) -> Response:
-    return Response(schemas.dumps(body), status_code=status, media_type="application/json")
+    """`body` as JSON (bytes: already JSON)."""
+    raw = body if isinstance(body, bytes) else schemas.dumps(body)
+    return Response(raw, status_code=status, media_type="application/json")
 
 
 def mount(app: FastAPI, gw: Gateway, settings: AglSettings) -> None:
-    """Serve the surface as routes of the app: `/healthz` and those of `rollouts`, `events` and `proxy`."""
+    """Serve the surface as routes of the app: `/healthz` (no key) and, behind the server key, those of
+    `rollouts`, `events` and `proxy`."""
     from lightning_dagster.gateway.agl import events, proxy, rollouts
 
     async def healthz(request: Request) -> Response:

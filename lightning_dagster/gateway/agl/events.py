@@ -18,13 +18,12 @@ from lightning_dagster.gateway.agl import Agl, reply
 from lightning_dagster.gateway.attempts import RolloutDeleted
 from lightning_dagster.gateway.errors import GatewayError
 from lightning_dagster.gateway.keys import request_key
+from lightning_dagster.gateway.rewards import REWARD_EXTRAS
 from lightning_dagster.store import agl_rollouts as store_agl
 from lightning_dagster.types import Span, SpanKind
 
 if TYPE_CHECKING:
     from lightning_dagster.gateway.app import Gateway
-
-REWARD_EXTRAS = ("source", "reason", "message")
 
 
 def _int_list(value: Any, where: str) -> list[int] | None:
@@ -50,23 +49,21 @@ def _ids(response: Any) -> tuple[list[int] | None, list[int] | None, list[float]
         response.get("prompt_token_ids") or choice.get("prompt_token_ids"), "data.response.prompt_token_ids"
     )
     tokens = _int_list(choice.get("token_ids"), f"{where}.0.token_ids")
-    lp, logprobs = choice.get("logprobs"), None
-    if isinstance(lp, dict) and lp.get("content") is not None:
+    lp = choice.get("logprobs") if isinstance(choice.get("logprobs"), dict) else {}
+    logprobs = None
+    if lp.get("content") is not None:
         content = lp["content"]
-        if not isinstance(content, list) or not all(
-            isinstance(t, dict) and _number(t.get("logprob")) for t in content
-        ):
-            raise GatewayError(
-                422, f"{where}.0.logprobs.content: expected objects with a numeric logprob", param=where
-            )
-        logprobs = [float(t["logprob"]) for t in content]
-    elif isinstance(lp, dict) and lp.get("token_logprobs") is not None:
+        if isinstance(content, list) and all(isinstance(t, dict) for t in content):
+            logprobs = [t.get("logprob") for t in content]
+        if logprobs is None or not all(map(_number, logprobs)):
+            message = "content: expected objects with a numeric logprob"
+            raise GatewayError(422, f"{where}.0.logprobs.{message}", param=where)
+    elif lp.get("token_logprobs") is not None:
         logprobs = lp["token_logprobs"]
-        if not isinstance(logprobs, list) or not all(_number(x) for x in logprobs):
-            raise GatewayError(
-                422, f"{where}.0.logprobs.token_logprobs: expected a list of numbers", param=where
-            )
-        logprobs = [float(x) for x in logprobs]
+        if not isinstance(logprobs, list) or not all(map(_number, logprobs)):
+            message = "token_logprobs: expected a list of numbers"
+            raise GatewayError(422, f"{where}.0.logprobs.{message}", param=where)
+    logprobs = [float(x) for x in logprobs] if logprobs is not None else None
     if logprobs is not None and tokens is not None and len(logprobs) != len(tokens):
         raise GatewayError(
             422,
@@ -85,20 +82,15 @@ def _model_request_span(ctx, data: dict) -> Span | None:
     prompt, response, logprobs = _ids(data.get("response"))
     if not prompt or not response:
         return None
-    attributes = {k: v for k, v in data.items() if k != "response"}
-    attributes["posted"] = True
-    status = "error" if data.get("status") == "error" else "ok"
-    return gateway_events._span(
-        ctx, "model_request", SpanKind.llm, attributes, status=status, prompt_token_ids=prompt,
-        response_token_ids=response, response_logprobs=logprobs,
-        finish_reason=_finish_reason(data.get("finish_reason")),
-    )  # fmt: skip
-
-
-def _finish_reason(value: Any) -> str | None:
-    if value is not None and not isinstance(value, str):
+    finish = data.get("finish_reason")
+    if finish is not None and not isinstance(finish, str):
         raise GatewayError(422, "data.finish_reason: expected a string", param="data.finish_reason")
-    return value
+    attributes = {**{k: v for k, v in data.items() if k != "response"}, "posted": True}
+    status = "error" if data.get("status") == "error" else "ok"
+    return gateway_events.attempt_span(
+        ctx, "model_request", SpanKind.llm, attributes, status=status, prompt_token_ids=prompt,
+        response_token_ids=response, response_logprobs=logprobs, finish_reason=finish,
+    )  # fmt: skip
 
 
 def as_event(span: Span, name: str) -> dict[str, Any]:
@@ -160,16 +152,13 @@ def as_triplet(event: dict[str, Any]) -> dict[str, Any]:
 
 def last_per_prompt(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Of model requests with the same prompt ids keep the last (a retried call); the rest unchanged."""
-    last: dict[tuple[int, ...], int] = {}
-    for i, e in enumerate(events):
-        if e["event_type"] == "model_request" and e["data"]["prompt_token_ids"]:
-            last[tuple(e["data"]["prompt_token_ids"])] = i
-    kept = set(last.values())
-    return [
-        e
-        for i, e in enumerate(events)
-        if e["event_type"] != "model_request" or not e["data"]["prompt_token_ids"] or i in kept
-    ]
+
+    def key(i: int, e: dict[str, Any]) -> Any:  # the prompt ids, or the event's own position
+        ids = e["event_type"] == "model_request" and e["data"]["prompt_token_ids"]
+        return tuple(ids) if ids else i
+
+    kept = set({key(i, e): i for i, e in enumerate(events)}.values())
+    return [e for i, e in enumerate(events) if i in kept]
 
 
 def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
@@ -194,15 +183,10 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
             agl.moved(path["rollout_id"])
             raise
         data = req.data
-        if req.event_type == "reward":
-            r = schemas.check(schemas.RewardRequest, data, "data.")
-            extra = {k: v for k, v in data.items() if k in REWARD_EXTRAS}
-            await gateway_events.add_reward(gw, ctx, r, extra, retry_id)
-        elif req.event_type == "model_request" and (span := _model_request_span(ctx, data)) is not None:
+        if req.event_type == "model_request" and (span := _model_request_span(ctx, data)) is not None:
             await gw.record(ctx, span, sync=gw.fsync_spans)
         else:
-            span = gateway_events._span(ctx, req.event_type, SpanKind.custom, data)
-            await gw.record(ctx, span, sync=gw.fsync_spans)
+            await gateway_events.record_event(gw, ctx, req.event_type, data, retry_id, sync=gw.fsync_spans)
         event = {
             "event_type": req.event_type,
             "rollout_id": ctx.rollout_id,
@@ -243,7 +227,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
             if fmt == "triplet":
                 events = last_per_prompt([as_triplet(e) for e in events])
             body = rendered[key] = schemas.dumps(events)
-        return Response(body, media_type="application/json")
+        return reply(body)
 
     return [
         ("/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", post_event, "POST"),

@@ -18,7 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from lightning_dagster.gateway.agl import Agl, parse_json, reply, validated
+from lightning_dagster.gateway import schemas
+from lightning_dagster.gateway.agl import Agl, reply, validated
 from lightning_dagster.gateway.attempts import RolloutDeleted
 from lightning_dagster.gateway.backends import Backend
 from lightning_dagster.gateway.calls import llm_call
@@ -56,50 +57,16 @@ class PauseRequest(BaseModel):
 MODELS, PAUSE = TypeAdapter(list[ModelEntry]), TypeAdapter(PauseRequest)
 
 
-class RoutedBackend(Backend):
-    """The gateway's backend, or the registered endpoint a proxied call was routed to (`ROUTE`)."""
+class RoutedBackend:
+    """The gateway's backend, but what serves a call (`ROUTED`) is the endpoint it was routed to (`ROUTE`)."""
+
+    ROUTED = frozenset({"model", "kind", "token_in", "resource_id", "serves", "chat", "complete"})
 
     def __init__(self, default: Backend):
         self.default = default
 
-    @property
-    def current(self) -> Backend:
-        return ROUTE.get() or self.default
-
-    @property
-    def model(self) -> str:
-        return self.current.model
-
-    @property
-    def kind(self) -> str:  # type: ignore[override]
-        return self.current.kind
-
-    @property
-    def token_in(self) -> bool:  # type: ignore[override]
-        return self.current.token_in
-
-    @property
-    def resource_id(self) -> str | None:  # type: ignore[override]
-        return self.current.resource_id
-
-    def serves(self, name: str) -> bool:
-        return self.current.serves(name)
-
-    @property
-    def loads_weights(self) -> bool:  # type: ignore[override]
-        return self.default.loads_weights
-
-    async def chat(self, messages, tools, tool_choice, sampling, previous, body, *, route=None):
-        return await self.current.chat(messages, tools, tool_choice, sampling, previous, body, route=route)
-
-    async def complete(self, prompt, sampling, body, *, route=None):
-        return await self.current.complete(prompt, sampling, body, route=route)
-
-    async def aclose(self) -> None:
-        await self.default.aclose()
-
-    def load_weights(self, state: dict, resource_id: str | None) -> None:
-        self.default.load_weights(state, resource_id)
+    def __getattr__(self, name: str) -> Any:
+        return getattr((ROUTE.get() if name in self.ROUTED else None) or self.default, name)
 
 
 @dataclass
@@ -108,9 +75,6 @@ class Pause:
     retry_after_seconds: int = 5
     reason: str | None = None
     inflight: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 class Endpoints:
@@ -190,9 +154,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         target = await agl.target(store, rid, p["attempt_id"])
         if mode != target.mode:
             raise GatewayError(409, f"rollout {rid} samples in {target.mode} mode, not {mode}", param="mode")
-        body = parse_json(await gw.body(request))
-        if not isinstance(body, dict):
-            raise GatewayError(400, "the body must be a JSON object")
+        body = schemas.parse(await gw.body(request))
         route = endpoints.backend
         backend = route or routed.default
         name = body.get("model")
@@ -241,9 +203,9 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
                 pause.retry_after_seconds, pause.reason = req.retry_after_seconds, req.reason
             if not paused:
                 pause.reason = None
-            kept = {k: v for k, v in pause.as_dict().items() if k != "inflight"}
+            kept = {k: v for k, v in dataclasses.asdict(pause).items() if k != "inflight"}
             await anyio.to_thread.run_sync(store.set_flag, PAUSE_FLAG, kept)
-            return reply(pause.as_dict())
+            return reply(dataclasses.asdict(pause))
 
     async def pause_route(request: Request) -> Response:
         agl.check(request)
@@ -256,7 +218,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
 
     async def state_route(request: Request) -> Response:
         agl.check(request)
-        return reply(pause.as_dict())
+        return reply(dataclasses.asdict(pause))
 
     inner_close = app.router.lifespan_context
 

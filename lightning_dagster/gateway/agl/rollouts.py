@@ -105,8 +105,8 @@ class Rendered:
     """Each rollout's JSON, kept while its status, version and creation stay (a controller polls the same
     ones; a deleted id created again, maybe through another replica, is another rollout)."""
 
-    def __init__(self, size: int = 10_000):
-        self.cache: LRUCache[str, tuple[tuple, bytes]] = LRUCache(size)
+    def __init__(self) -> None:
+        self.cache: LRUCache[str, tuple[tuple, bytes]] = LRUCache(10_000)
 
     def one(self, row: store_agl.AglRow) -> bytes:
         version = row.metadata.get("agl", {}).get("status", {}).get("version", 1)
@@ -118,8 +118,7 @@ class Rendered:
         return body
 
     def many(self, store, keys: list[tuple[str, str, int, float]]) -> bytes:
-        """A JSON list of the rollouts `keys` name (id, status, version, created), reading only the changed
-        ones."""
+        """A JSON list of the rollouts `keys` name (id and stamp), reading only the changed ones."""
         parts = {}
         for rid, *stamp in keys:
             hit = self.cache.get(rid)
@@ -131,18 +130,13 @@ class Rendered:
         return b"[" + b",".join(parts[k[0]] for k in keys if k[0] in parts) + b"]"
 
 
-def raw_reply(body: bytes, status: int = 200) -> Response:
-    return Response(body, status_code=status, media_type="application/json")
-
-
 def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
     """(path, endpoint, method) of this module's routes."""
     store = gw.store
     rendered = Rendered()
     sampling = {True: agl.settings.train.model_dump(), False: agl.settings.val.model_dump()}
 
-    async def run(fn, *args):
-        return await anyio.to_thread.run_sync(fn, *args)
+    run = anyio.to_thread.run_sync
 
     async def read(fn, *args):
         """Plain sqlite3 reads of a WAL file never wait for writers: cheaper here than a thread hop."""
@@ -164,7 +158,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         ]
         # a free write lock: committed here without an fsync, saving two thread hand-offs
         made = store_agl.create(store, fresh, nowait=True) or await run(store_agl.create, store, fresh)
-        return raw_reply(b"[" + b",".join(rendered.one(r) for r in made) + b"]", 201)
+        return reply(b"[" + b",".join(rendered.one(r) for r in made) + b"]", 201)
 
     async def listing(request: Request) -> Response:
         agl.check(request)
@@ -177,7 +171,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
             )
         limit = _int(request, "limit", 500)
         keys = await read(store_agl.query, store, states, max(limit, 0))
-        return raw_reply(await read(rendered.many, store, keys))
+        return reply(await read(rendered.many, store, keys))
 
     async def terminal(request: Request) -> Response:
         agl.check(request)
@@ -202,9 +196,7 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
             return store_agl.get(store, rid), [str(i) for i in range(len(store_agl.attempt_ids(store, rid)))]
 
         rollout, names = await read(both)
-        return raw_reply(
-            b'{"rollout":' + rendered.one(rollout) + b',"attempts":' + schemas.dumps(names) + b"}"
-        )
+        return reply(b'{"rollout":' + rendered.one(rollout) + b',"attempts":' + schemas.dumps(names) + b"}")
 
     async def patch(request: Request) -> Response:
         agl.check(request)
@@ -212,13 +204,13 @@ def routes(app: FastAPI, gw: Gateway, agl: Agl) -> list[tuple[str, Any, str]]:
         body = validated(PATCH, await gw.body(request))
         fields = body.status.model_dump(exclude_unset=True) if body.status is not None else {}
         if not fields:
-            return raw_reply(rendered.one(await read(store_agl.get, store, rid)))
+            return reply(rendered.one(await read(store_agl.get, store, rid)))
         worker = fields.get("k8s_job_name") or WORKER_ID
         moved = await run(store_agl.move, store, rid, fields, worker)
         if "state" in fields:  # an ended attempt's context re-reads its state now, not after `state_ttl_s`
             gw.attempts.changed([t.attempt_id for t in (agl.targets.get(rid) or {}).values()])
         agl.moved(rid)
-        return raw_reply(rendered.one(moved))
+        return reply(rendered.one(moved))
 
     async def delete(request: Request) -> Response:
         agl.check(request)
