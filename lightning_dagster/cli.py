@@ -60,10 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:  # a flag, setting or file the command cannot use: what is wrong, exit 2
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except StoreUnavailable as err:  # locked or read-only: one line that names the store and the cause
-        print(f"lightning-dagster: {err}", file=sys.stderr)
-        return 2
-    except ModelFolderError as err:  # a model folder without a tokenizer or chat template, found on loading
+    # a locked or read-only store, a model folder without a tokenizer or chat template: one line, the cause
+    except (StoreUnavailable, ModelFolderError) as err:
         print(f"lightning-dagster: {err}", file=sys.stderr)
         return 2
 

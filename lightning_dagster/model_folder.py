@@ -41,8 +41,7 @@ def model_folder_problems(folder: Path | str, *, weights: bool = True) -> list[s
     template = any((folder / name).is_file() for name in ("chat_template.jinja", "chat_template.json"))
     if not template and (folder / "tokenizer_config.json").is_file():
         settings, problem = _json_file(folder / "tokenizer_config.json")
-        if problem:
-            problems.append(problem)
+        problems += filter(None, [problem])
         template = isinstance(settings, dict) and bool(settings.get("chat_template"))
     if not template and not problems:
         problems.append(

@@ -6,11 +6,14 @@ import os
 from pathlib import Path
 
 
-def home() -> Path:
-    """The embedded default's working directory: `$LIGHTNING_DAGSTER_HOME` or `./.lightning_dagster`."""
-    path = Path(os.environ.get("LIGHTNING_DAGSTER_HOME", Path.cwd() / ".lightning_dagster")).resolve()
+def _made(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def home() -> Path:
+    """The embedded default's working directory: `$LIGHTNING_DAGSTER_HOME` or `./.lightning_dagster`."""
+    return _made(Path(os.environ.get("LIGHTNING_DAGSTER_HOME", Path.cwd() / ".lightning_dagster")).resolve())
 
 
 def store_url() -> str:
@@ -24,12 +27,8 @@ def mlflow_tracking_uri() -> str:
 
 
 def mlflow_artifact_root() -> Path:
-    path = Path(os.environ.get("LD_MLFLOW_ARTIFACTS", home() / "mlartifacts")).resolve()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _made(Path(os.environ.get("LD_MLFLOW_ARTIFACTS", home() / "mlartifacts")).resolve())
 
 
 def models_dir() -> Path:
-    path = home() / "models"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _made(home() / "models")

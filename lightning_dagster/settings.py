@@ -23,6 +23,21 @@ S = TypeVar("S", bound="Settings")
 NonEmpty = Annotated[str, Field(min_length=1)]
 
 
+def at_least(low: int, default: int, description: str) -> Any:
+    """An integer setting: at least `low`, `default` when not set."""
+    return Field(default, ge=low, description=description)
+
+
+def unset(description: str) -> Any:
+    """A string setting whose "" means unset (its description says what then)."""
+    return Field("", description=description)
+
+
+def finite(default: float | None, description: str, **bounds: float) -> Any:
+    """A number setting that refuses NaN and infinities."""
+    return Field(default, **bounds, allow_inf_nan=False, description=description)
+
+
 class UsageError(Exception):
     """What the user gave (a flag, a setting, a file) cannot be used: the command says why and exits 2."""
 
@@ -66,11 +81,10 @@ def _explain(err: ValidationError, where: str) -> str:
 class ProjectSettings(Settings):
     """What the pipeline trains: a user project, else a built-in example."""
 
-    project: str = Field(
-        "",
-        description="a project file (lightning-dagster.yaml) or the folder holding it: its harness runs on "
+    project: str = unset(
+        "a project file (lightning-dagster.yaml) or the folder holding it: its harness runs on "
         "its tasks; empty: the built-in example named by `harness` (commands other than `demo`: the "
-        "working directory's project file, unless --harness names an example)",
+        "working directory's project file, unless --harness names an example)"
     )
     harness: Literal["calc", "ledger"] = Field(
         "calc", description="the built-in example project (examples/NAME) used when no project is given"
@@ -82,10 +96,10 @@ class StoreSettings(Settings):
 
     flag_prefix: ClassVar[str] = "store"  # `--store-url`: a bare `--url` would not say which
 
-    url: str = Field(
-        "", description="a SQLAlchemy URL (postgresql+psycopg2://... for real use); empty: $LD_STORE_URL, "
-        "else SQLite in the lightning-dagster home"
-    )  # fmt: skip
+    url: str = unset(
+        "a SQLAlchemy URL (postgresql+psycopg2://... for real use); empty: $LD_STORE_URL, else SQLite in the "
+        "lightning-dagster home"
+    )
 
     def resolved_url(self) -> str:
         from lightning_dagster import paths
@@ -96,14 +110,11 @@ class StoreSettings(Settings):
 class MLflowSettings(Settings):
     """Where candidate lineage and the two pointers live."""
 
-    tracking_uri: str = Field(
-        "", description="MLflow tracking URI; empty: $MLFLOW_TRACKING_URI, else SQLite in the home"
-    )
+    tracking_uri: str = unset("MLflow tracking URI; empty: $MLFLOW_TRACKING_URI, else SQLite in the home")
     model_name: str = Field("lightning-dagster-policy", min_length=1, description="the registered model")
-    ui_url: str = Field(
-        "",
-        description="the MLflow UI's address (e.g. http://127.0.0.1:5000) that MLflow pages are linked "
-        "under; empty: $LD_MLFLOW_UI_URL, else the tracking server's, else http://127.0.0.1:5000",
+    ui_url: str = unset(
+        "the MLflow UI's address (e.g. http://127.0.0.1:5000) that MLflow pages are linked "
+        "under; empty: $LD_MLFLOW_UI_URL, else the tracking server's, else http://127.0.0.1:5000"
     )
 
     def resolved_uri(self) -> str:
@@ -121,11 +132,10 @@ class ServingSettings(Settings):
         "nothing to install) or vllm (a vLLM server the gateway starts from the vLLM venv, or `vllm_url`; "
         "the trainer's weights reach it after every step, verified by hash)",
     )
-    vllm_url: str = Field(
-        "",
-        description="engine vllm: a vLLM server you run (started with the flags README.md gives: the weight-"
+    vllm_url: str = unset(
+        "engine vllm: a vLLM server you run (started with the flags README.md gives: the weight-"
         "sync extension, dev mode; it must read the checkpoints the trainer writes); empty: the gateway "
-        "starts and owns one",
+        "starts and owns one"
     )
     vllm_args: list[NonEmpty] = Field(
         default_factory=list,
@@ -142,22 +152,21 @@ class ServingSettings(Settings):
         True,
         description="engine vllm: no CUDA graphs or compilation (starts in ~30 s on CPU instead of ~1-2 min)",
     )
-    upstream_url: str = Field(
-        "",
-        description="an OpenAI-compatible server (e.g. vLLM), or several comma-separated (sticky per "
-        "rollout, with failover), that serves the parent's rollouts; empty: the embedded engine serves",
+    upstream_url: str = unset(
+        "an OpenAI-compatible server (e.g. vLLM), or several comma-separated (sticky per "
+        "rollout, with failover), that serves the parent's rollouts; empty: the embedded engine serves"
     )
-    engine_threads: int = Field(
+    engine_threads: int = at_least(
         1,
-        ge=1,
-        description="torch threads of the embedded engine (one: the harness workers run beside it, and two "
+        1,
+        "torch threads of the embedded engine (one: the harness workers run beside it, and two "
         "OpenMP threads then spin against it; benchmarks/README.md, rollout path)",
     )
     engine_device: str = Field(
         "auto", min_length=1, description="where the embedded engine runs: auto (CUDA when present), cpu, "
         "cuda, cuda:N"
     )  # fmt: skip
-    max_batch: int = Field(64, ge=1, description="the most sequences the embedded engine decodes at once")
+    max_batch: int = at_least(1, 64, "the most sequences the embedded engine decodes at once")
     engine_process: bool = Field(
         True,
         description="the embedded engine in a process of its own, so its decode loop does not share an "
@@ -169,11 +178,10 @@ class ServingSettings(Settings):
         "HTTP: keep it on loopback or a private network)"
     )  # fmt: skip
     port: int = Field(0, ge=0, le=65535, description="the gateway's port; 0: a free port")
-    secret: str = Field(
-        "",
-        description="the attempt-key signing secret; empty (the default): a fresh random one per run, held in "
+    secret: str = unset(
+        "the attempt-key signing secret; empty (the default): a fresh random one per run, held in "
         "memory only. Never read from the environment, where a harness could read it; better left empty "
-        "under Dagster, which stores and shows run config",
+        "under Dagster, which stores and shows run config"
     )
     runner_mode: Literal["inprocess", "subprocess"] = Field(
         "inprocess",
@@ -185,10 +193,10 @@ class ServingSettings(Settings):
         description="bwrap: each subprocess attempt under bubblewrap, in a PID namespace of its own, away "
         "from the gateway's /proc and the home (runner_mode subprocess; docs/SECURITY.md)",
     )
-    parallel: int = Field(
+    parallel: int = at_least(
         0,
-        ge=0,
-        description="harness attempts at once; 0 (auto): twice max_batch for in-process attempts (spare "
+        0,
+        "harness attempts at once; 0 (auto): twice max_batch for in-process attempts (spare "
         "attempts keep the engine's batch full between their turns), max_batch for subprocess ones",
     )
 
@@ -210,22 +218,19 @@ class TrainingSettings(Settings):
     at lr 1e-4 with KL, selection and early stop promoted on 3 of 3 seeds (benchmarks/README.md, release
     cycles); the closed-set sizes meet the default policy's minimums (held-out `min_n` 100)."""
 
-    seed: int = Field(
-        0, ge=0, description="seeds the base model built from scratch, the first parent's warm start, and "
-        "`train`'s task draw and sampling"
+    seed: int = at_least(
+        0, 0, "seeds the base model built from scratch, the first parent's warm start, and `train`'s task "
+        "draw and sampling"
     )  # fmt: skip
-    steps: int = Field(8, ge=1, description="RL steps, one optimizer update each")
-    tasks_per_step: int = Field(8, ge=1, description="train tasks sampled per step (x group_size rollouts)")
-    group_size: int = Field(
+    steps: int = at_least(1, 8, "RL steps, one optimizer update each")
+    tasks_per_step: int = at_least(1, 8, "train tasks sampled per step (x group_size rollouts)")
+    group_size: int = at_least(
+        1,
         16,
-        ge=1,
-        description="rollouts per task: one GRPO group (RL learns only from groups of 2 or more whose rewards "
-        "differ)",
+        "rollouts per task: one GRPO group (RL learns only from groups of 2 or more whose rewards differ)",
     )
-    learning_rate: float = Field(1e-4, ge=0, allow_inf_nan=False, description="Adam learning rate")
-    temperature: float = Field(
-        1.0, gt=0, allow_inf_nan=False, description="sampling temperature of every call of a train rollout"
-    )
+    learning_rate: float = finite(1e-4, "Adam learning rate", ge=0)
+    temperature: float = finite(1.0, "sampling temperature of every call of a train rollout", gt=0)
     advantage: Literal["grpo", "dr_grpo", "rloo", "whiten"] = Field(
         "grpo", description="rollout-level advantage mode"
     )
@@ -234,15 +239,12 @@ class TrainingSettings(Settings):
         description="how per-token losses are weighted: token_mean, seq_mean_token_mean (each rollout weighs "
         "one) or constant (Dr. GRPO's fixed denominator, loss_constant)",
     )
-    loss_constant: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="the fixed denominator of loss_normalization constant"
-    )
-    kl_coef: float = Field(
+    loss_constant: float | None = finite(None, "the fixed denominator of loss_normalization constant", gt=0)
+    kl_coef: float = finite(
         0.1,
-        ge=0,
-        allow_inf_nan=False,
-        description="weight of the k3 KL to the exact parent in the RL loss (keeps the parent's greedy "
+        "weight of the k3 KL to the exact parent in the RL loss (keeps the parent's greedy "
         "behaviour while RL lifts sampled success); 0: off",
+        ge=0,
     )
     max_excluded_rollouts: float = Field(
         0.1,
@@ -251,54 +253,40 @@ class TrainingSettings(Settings):
         description="the share of a step's rollouts that may be left out for an invalid span (NaN or "
         "positive logprobs, negative ids, empty prompt) before the step fails",
     )
-    holdout_tasks: int = Field(
-        128, ge=1, description="held-out tasks the parent and the candidate are compared on"
+    holdout_tasks: int = at_least(1, 128, "held-out tasks the parent and the candidate are compared on")
+    protected_tasks: int = at_least(0, 32, "protected cases, decoded greedily, that must not regress")
+    canary_tasks: int = at_least(0, 8, "tasks of the bounded canary")
+    eval_seed: int = at_least(0, 1234, "one sampling seed for parent and candidate (common random numbers)")
+    eval_every: int = at_least(
+        1, 10, "`train`: held-out evaluation every N steps (and before the first, after the last)"
     )
-    protected_tasks: int = Field(
-        32, ge=0, description="protected cases, decoded greedily, that must not regress"
-    )
-    canary_tasks: int = Field(8, ge=0, description="tasks of the bounded canary")
-    eval_seed: int = Field(
-        1234, ge=0, description="one sampling seed for parent and candidate (common random numbers)"
-    )
-    eval_every: int = Field(
-        10,
-        ge=1,
-        description="`train`: held-out evaluation every N steps (and before the first, after the last)",
-    )
-    max_attempts: int = Field(
-        1, ge=1, description="attempts per rollout (a retried failure over-represents the samples that "
-        "succeed on a second try), for every rollout: train, evaluation, canary"
+    max_attempts: int = at_least(
+        1, 1, "attempts per rollout (a retried failure over-represents the samples that succeed on a second "
+        "try), for every rollout: train, evaluation, canary"
     )  # fmt: skip
-    attempt_timeout_s: float = Field(
-        120.0, gt=0, allow_inf_nan=False, description="seconds one harness attempt may run before it is "
-        "killed (subprocess) or abandoned (in-process)"
+    attempt_timeout_s: float = finite(
+        120.0, "seconds one harness attempt may run before it is killed (subprocess) or abandoned "
+        "(in-process)", gt=0
     )  # fmt: skip
-    validation_tasks: int = Field(
+    validation_tasks: int = at_least(
+        0,
         64,
-        ge=0,
-        description="train-split tasks outside the train pool each checkpoint is judged on greedily; the "
+        "train-split tasks outside the train pool each checkpoint is judged on greedily; the "
         "proposed checkpoint keeps every case the parent solved; 0: the last checkpoint",
     )
-    validation_every: int = Field(2, ge=1, description="judge a checkpoint every N steps (and the last)")
-    validation_patience: int = Field(
-        2, ge=0, description="stop after N validation evaluations in a row that regressed; 0: never"
+    validation_every: int = at_least(1, 2, "judge a checkpoint every N steps (and the last)")
+    validation_patience: int = at_least(
+        0, 2, "stop after N validation evaluations in a row that regressed; 0: never"
     )
     success_threshold: float = Field(
         0.5, gt=0, le=1, description="a task counts as solved (validation, protected cases) at this reward"
     )
-    warm_start_max_steps: int = Field(
-        300, ge=1, description="the first parent's supervised warm start: most steps"
-    )
-    warm_start_probe_tasks: int = Field(
-        64, ge=1, description="tasks of the sampled probe that stops the warm start"
-    )
-    warm_start_demos: int = Field(2000, ge=1, description="demonstrations the warm start trains on")
-    min_serve_rollouts: int = Field(
-        32, ge=1, description="new rewarded serve rollouts that justify a new snapshot"
-    )
-    nproc: int = Field(
-        1, ge=1, description="training processes (DistributedDataParallel ranks: gloo on CPU, NCCL on GPU)"
+    warm_start_max_steps: int = at_least(1, 300, "the first parent's supervised warm start: most steps")
+    warm_start_probe_tasks: int = at_least(1, 64, "tasks of the sampled probe that stops the warm start")
+    warm_start_demos: int = at_least(1, 2000, "demonstrations the warm start trains on")
+    min_serve_rollouts: int = at_least(1, 32, "new rewarded serve rollouts that justify a new snapshot")
+    nproc: int = at_least(
+        1, 1, "training processes (DistributedDataParallel ranks: gloo on CPU, NCCL on GPU)"
     )
     device: str = Field(
         "auto", min_length=1, description="where the trainer runs: auto (CUDA when present), cpu, cuda"
@@ -309,9 +297,7 @@ class TrainingSettings(Settings):
         "the engine serves the adapter, vLLM by hot-loading it under its name)",
     )
     lora_rank: int = Field(8, ge=1, le=256, description="adapter lora: the rank of each LoRA update")
-    lora_alpha: float = Field(
-        16.0, gt=0, allow_inf_nan=False, description="adapter lora: the scale of the update (alpha / rank)"
-    )
+    lora_alpha: float = finite(16.0, "adapter lora: the scale of the update (alpha / rank)", gt=0)
     lora_targets: list[NonEmpty] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         min_length=1,
@@ -322,28 +308,24 @@ class TrainingSettings(Settings):
 class GateSettings(Settings):
     """The versioned release policy, who approves, and the bounded canary."""
 
-    policy_path: str = Field("", description="the release policy file; empty: the packaged default")
-    roles_path: str = Field(
-        "",
-        description="the deployment's roles file (who may approve, with which key), pinned into the "
-        "store on first use; empty: the roles pinned already (the code location reads $LD_ROLES_FILE)",
+    policy_path: str = unset("the release policy file; empty: the packaged default")
+    roles_path: str = unset(
+        "the deployment's roles file (who may approve, with which key), pinned into the "
+        "store on first use; empty: the roles pinned already (the code location reads $LD_ROLES_FILE)"
     )
-    roles_admin_key: str = Field(
-        "",
-        description="the public key (ed25519:...) of the deployment's roles-admin, who signs every change "
+    roles_admin_key: str = unset(
+        "the public key (ed25519:...) of the deployment's roles-admin, who signs every change "
         "of the pinned roles; read from the configuration only, never from the store; empty: no roles change "
-        "can be verified, so only the configured roles file may be pinned ($LD_ROLES_ADMIN_KEY)",
+        "can be verified, so only the configured roles file may be pinned ($LD_ROLES_ADMIN_KEY)"
     )
-    pipeline_key_path: str = Field(
-        "",
-        description="the pipeline's private key (a 0600 PEM file outside models/ and the MLflow artifacts), "
+    pipeline_key_path: str = unset(
+        "the pipeline's private key (a 0600 PEM file outside models/ and the MLflow artifacts), "
         "which attests receipts and signs the bootstrap move; empty: receipts are written unattested and the "
-        "bootstrap of approved-default is refused ($LD_PIPELINE_KEY)",
+        "bootstrap of approved-default is refused ($LD_PIPELINE_KEY)"
     )
-    pipeline_public_key: str = Field(
-        "",
-        description="the pipeline's public key (ed25519:...) readers verify attestations and the bootstrap "
-        "move against; empty: derived from pipeline_key_path ($LD_PIPELINE_PUBLIC_KEY)",
+    pipeline_public_key: str = unset(
+        "the pipeline's public key (ed25519:...) readers verify attestations and the bootstrap "
+        "move against; empty: derived from pipeline_key_path ($LD_PIPELINE_PUBLIC_KEY)"
     )
     evaluator: str = Field("heldout-sampled-success", min_length=1, description="the evaluator's name")
     evaluator_version: str = Field("1", min_length=1, description="the evaluator's version")
@@ -358,9 +340,9 @@ class GateSettings(Settings):
     canary_denied_tools: list[NonEmpty] = Field(
         default_factory=lambda: ["delete_account"], description="tools a canary task may not call"
     )
-    canary_max_seconds: float = Field(300.0, gt=0, allow_inf_nan=False, description="the canary's time limit")
-    canary_max_cost: float = Field(0.0, ge=0, allow_inf_nan=False, description="the canary's cost limit")
-    infrastructure_retry_budget: int = Field(0, ge=0, description="infrastructure retries check 3 tolerates")
+    canary_max_seconds: float = finite(300.0, "the canary's time limit", gt=0)
+    canary_max_cost: float = finite(0.0, "the canary's cost limit", ge=0)
+    infrastructure_retry_budget: int = at_least(0, 0, "infrastructure retries check 3 tolerates")
 
 
 # Where the code location and the commands read the gate's deployment settings from (the configuration, which
@@ -376,11 +358,8 @@ GATE_ENV = {
 
 def gate_from_env() -> GateSettings:
     """`GateSettings` with each setting `GATE_ENV` names set from its environment variable, when set."""
-    import os
-
-    return GateSettings.parse(
-        {f: os.environ[v] for f, v in GATE_ENV.items() if os.environ.get(v)}, where="env"
-    )
+    env = {f: os.environ[v] for f, v in GATE_ENV.items() if os.environ.get(v)}
+    return GateSettings.parse(env, where="env")
 
 
 class PipelineSettings(Settings):
@@ -423,8 +402,7 @@ def dest_of(cls: type[Settings], name: str, prefix: str | None = None) -> str:
 def _scalar(annotation: Any) -> tuple[Any, bool]:
     """(the non-None type of a field, whether None is allowed)."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return args[0], True
+        return next(a for a in typing.get_args(annotation) if a is not type(None)), True
     return annotation, False
 
 

@@ -67,9 +67,7 @@ class IllegalTransition(ValueError):
 
     def __init__(self, attempt_id: str, current: AttemptState, target: AttemptState):
         super().__init__(f"attempt {attempt_id}: illegal transition {current.value} -> {target.value}")
-        self.attempt_id = attempt_id
-        self.current = current
-        self.target = target
+        self.attempt_id, self.current, self.target = attempt_id, current, target
 
 
 def check_transition(attempt_id: str, current: AttemptState, target: AttemptState) -> None:
@@ -183,8 +181,7 @@ class Span(Record):
 def span_family(kind: str, name: str, attributes: dict[str, Any] | None = None) -> str:
     """The family a span counts toward for coverage: its `family` attribute if set, else its name for custom
     spans (e.g. the runner's `effect`), else its kind (`llm`, `tool`, `reward`)."""
-    family = (attributes or {}).get("family")
-    if family:
+    if family := (attributes or {}).get("family"):
         return str(family)
     return name if kind == SpanKind.custom.value else kind
 

@@ -28,9 +28,8 @@ def bootstrap_parent(
     chain = reg.verified()
     if chain.history and chain.value is None:
         chain.require()  # moves none of which verifies (a home from before moves were signed): say so
-    current = chain.value
-    if current is not None:
-        return StageResult(metadata={"approved_default": current, "bootstrapped": False})
+    if chain.value is not None:
+        return StageResult({"approved_default": chain.value, "bootstrapped": False})
     project, settings = ctx.harness_source(p).project, ctx.settings(p)
     pipeline_signer(settings.gate)  # no pipeline key to sign the first move: refused before the warm start
     t, serving = settings.training, settings.serving
@@ -38,13 +37,8 @@ def bootstrap_parent(
     warmed: dict[str, object] = {"warm_start_steps": 0}
     parent = base
     if has_demos(project):
-        result = warm_start(
-            p.get_store(),
-            base,
-            paths.models_dir() / "parent-0",
-            warm_start_config(project.file, t, serving),
-            log=progress,
-        )
+        config = warm_start_config(project.file, t, serving)
+        result = warm_start(p.get_store(), base, paths.models_dir() / "parent-0", config, log=progress)
         parent = result.model_dir
         warmed = {
             "warm_start_steps": result.steps,
@@ -53,13 +47,11 @@ def bootstrap_parent(
             "seconds": round(result.seconds, 1),
         }
     version = reg.register_initial_parent(parent, actor=actor, code_revision=code_version("training"))
-    return StageResult(
-        metadata={
-            "approved_default": version.version,
-            "bootstrapped": True,
-            "project": project.name,
-            "base_model": str(base),
-            **warmed,
-        },
-        data_version=version.weights_hash,
-    )
+    metadata = {
+        "approved_default": version.version,
+        "bootstrapped": True,
+        "project": project.name,
+        "base_model": str(base),
+        **warmed,
+    }
+    return StageResult(metadata, data_version=version.weights_hash)

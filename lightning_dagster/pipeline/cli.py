@@ -70,10 +70,8 @@ def _status(args: argparse.Namespace) -> tuple[Any, str]:
     roles = pause_roles(last)
     pause = last.decision.model_dump(mode="json")
     data = {"state": "paused", "pause_hash": last.hash, "pause": pause, "resume_roles": roles}
-    return (
-        data,
-        f"paused: {describe(last.decision)}\npause {last.hash}\nmay resume: {', '.join(roles) or '(no role)'}",
-    )
+    may = ", ".join(roles) or "(no role)"
+    return data, f"paused: {describe(last.decision)}\npause {last.hash}\nmay resume: {may}"
 
 
 def _history(args: argparse.Namespace) -> tuple[Any, str]:

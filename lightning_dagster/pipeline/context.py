@@ -39,8 +39,7 @@ class StageMissing(LookupError):
 
     def __init__(self, key: str, stage: str):
         super().__init__(f"snapshot {key}: `{stage}` has not been materialized yet")
-        self.key = key
-        self.stage = stage
+        self.key, self.stage = key, stage
 
 
 class ForeignReceipt(ValueError):
@@ -118,14 +117,6 @@ class HarnessSource:
     def name(self) -> str:
         return self.spec.name
 
-    def make_tasks(self, split: str, n: int, seed: int) -> list[dict[str, Any]]:
-        """`n` tasks of `split` drawn with `seed` (`TaskSet.draw`)."""
-        return self.dataset.draw(split, n, seed)
-
-    def require_splits(self, needed: list[str]) -> None:
-        """A dataset split the plan draws from is empty: a `TaskDataError` before any rollout runs."""
-        self.dataset.require_splits(needed)
-
 
 def project_source(path: Path | str) -> HarnessSource:
     """A project's harness and its tasks file, read now (so a changed file is seen)."""
@@ -156,11 +147,6 @@ def harness_source(p: Pipeline) -> HarnessSource:
 
 # The canary runs the pipeline's own project (`harness_source`), never another agent; without a `verify` hook:
 UNVERIFIABLE = "the harness has no `verify` hook to re-read the canary's effects (add `harness.verify`)"
-
-
-def harness_tools(spec: HarnessSpec) -> list[dict]:
-    """The tool schemas a harness offers its model: the tool contract staleness watches."""
-    return list(spec.tools)
 
 
 def receipt_id(key: str) -> str:
@@ -282,7 +268,7 @@ def fingerprint_inputs(p: Pipeline) -> dict[str, Any]:
     return {
         # the held-out and protected cases drawn now: train tasks added later change neither
         "task_distribution": {
-            split: fingerprint(source.make_tasks(split, n, s.training.eval_seed))
+            split: fingerprint(source.dataset.draw(split, n, s.training.eval_seed))
             for split, n in closed.items()
         },
         "evaluator": {
@@ -293,7 +279,7 @@ def fingerprint_inputs(p: Pipeline) -> dict[str, Any]:
             "protected_tasks": s.training.protected_tasks,
             "eval_seed": s.training.eval_seed,
         },
-        "tool_contract": {train.name: harness_tools(train)},
+        "tool_contract": {train.name: list(train.tools)},  # the tool schemas the harness offers its model
         "retry_policy": retry_policy(p, train).to_dict(),
         "permissions": sorted(canary_allowed_tools(p, train)),
         "destinations": sorted(canary_destinations(train)),
@@ -307,10 +293,7 @@ def global_fingerprints(
     from lightning_dagster.gate.hashing import fingerprint
 
     inputs = fingerprint_inputs(p) if inputs is None else inputs
-    return {
-        **{name: fingerprint(value) for name, value in inputs.items()},
-        "parent": parent_weights_hash,
-    }
+    return {name: fingerprint(value) for name, value in inputs.items()} | {"parent": parent_weights_hash}
 
 
 def changed_settings(p: Pipeline, key: str) -> dict[str, list[str]]:
@@ -321,13 +304,8 @@ def changed_settings(p: Pipeline, key: str) -> dict[str, list[str]]:
     return {} if recorded is None else diff(recorded, fingerprint_inputs(p))
 
 
-def task_pool(source: HarnessSource) -> str:
-    """The task distribution: the content hash of the project's dataset."""
-    return source.dataset.content_hash
-
-
 def canary_allowed_tools(p: Pipeline, canary: HarnessSpec) -> list[str]:
-    names = [t["function"]["name"] for t in harness_tools(canary) if "function" in t]
+    names = [t["function"]["name"] for t in canary.tools if "function" in t]
     denied = settings(p).gate.canary_denied_tools
     return [n for n in names if n not in denied]
 

@@ -12,17 +12,11 @@ if TYPE_CHECKING:
     from lightning_dagster.store import Store
 
 
-def snapshot_rollouts(store: Store, key: str) -> list[Rollout]:
-    """Every rollout the snapshot's stages ran (first batch, later RL steps, evaluation, canary)."""
-    return store.query_rollouts(snapshot_key=key)
-
-
 def first_batch(store: Store, key: str, receipt: Receipt) -> list[Rollout]:
     """The train rollouts sampled from the exact parent (later RL steps are served by the candidate)."""
     parent = receipt.plan.parent.resource_id
-    return [
-        r for r in store.query_rollouts(snapshot_key=key, kind=RolloutKind.train) if r.resource_id == parent
-    ]
+    rollouts = store.query_rollouts(snapshot_key=key, kind=RolloutKind.train)
+    return [r for r in rollouts if r.resource_id == parent]
 
 
 def with_rollout_evidence(store: Store, receipt: Receipt, rollouts: list[Rollout]) -> Receipt:
@@ -32,8 +26,6 @@ def with_rollout_evidence(store: Store, receipt: Receipt, rollouts: list[Rollout
 
     ids = [r.rollout_id for r in rollouts]
     attempts = store.list_attempts(rollout_ids=ids) if ids else []
-    pairs = (
-        (s.rollout_id, span_family(s.kind.value, s.name, s.attributes))
-        for s in (store.list_spans(rollout_ids=ids) if ids else [])
-    )
+    spans = store.list_spans(rollout_ids=ids) if ids else []
+    pairs = ((s.rollout_id, span_family(s.kind.value, s.name, s.attributes)) for s in spans)
     return R.add_rollout_evidence(receipt, rollouts, attempts, pairs)

@@ -66,7 +66,6 @@ class Recorded:
     version: int
     hash: str
     decision: LoopDecision
-    recorded_at: float
 
 
 def _hash(body: dict[str, Any], previous: str | None) -> str:
@@ -88,18 +87,17 @@ def history(store: Store, loop: str = LOOP) -> list[Recorded]:
             raise TamperedHistory(
                 f"{COLLECTION}/{loop} version {doc.version} is not a loop decision ({fields})"
             ) from None
-        out.append(Recorded(doc.version, doc.content_hash, decision, doc.created_at))
+        out.append(Recorded(doc.version, doc.content_hash, decision))
         previous = doc.content_hash
     return out
 
 
 def _append(store: Store, decision: LoopDecision, head: Recorded | None) -> Recorded:
     """Append after `head` (compare-and-set: a concurrent decision makes this a `Conflict`)."""
-    body = decision.model_dump(mode="json")
-    previous = head.hash if head else None
+    body, previous = decision.model_dump(mode="json"), head.hash if head else None
     digest = _hash(body, previous)
     version = store.append_document(COLLECTION, decision.loop, digest, body, previous)
-    return Recorded(version, digest, decision, time.time())
+    return Recorded(version, digest, decision)
 
 
 @dataclass(frozen=True)
@@ -109,6 +107,10 @@ class LoopState:
     receipt_id: str | None
     recorded: Recorded | None  # the decision this tick recorded, if any
     head: Recorded | None = None  # the newest recorded decision after this tick
+
+    @property
+    def pause(self) -> bool:  # as `triggers.stop_decision`'s readers name it
+        return self.paused
 
 
 def describe(decision: LoopDecision) -> str:
@@ -139,13 +141,9 @@ def tick(
     for _ in range(3):  # a concurrent tick or resume moved the head: decide again on the new history
         past = history(store)
         head = past[-1] if past else None
+        decisions, now = [r.decision for r in past], time.time()
         decision = next_decision(
-            [r.decision for r in past],
-            latest_receipt,
-            receipt_conditions,
-            live_conditions,
-            time.time(),
-            resume_roles=resume_roles,
+            decisions, latest_receipt, receipt_conditions, live_conditions, now, resume_roles=resume_roles
         )
         try:
             recorded = None if decision is None or not record else _append(store, decision, head)
@@ -155,11 +153,8 @@ def tick(
         last = decision or (head.decision if head else None)
         if last is None or last.action == "resume":
             return LoopState(False, "no stop condition holds", latest_receipt, recorded, head)
-        lift = (
-            "resume: `lightning-dagster loop resume`"
-            if decision is None or record
-            else "lifts when it no longer holds"
-        )
+        unrecorded = decision is not None and not record
+        lift = "lifts when it no longer holds" if unrecorded else "resume: `lightning-dagster loop resume`"
         reason = f"{describe(last)}; paused since {when(last.at)}; {lift}"
         return LoopState(True, reason, last.receipt_id, recorded, head)
     raise Conflict(f"{COLLECTION}/{LOOP}: the history kept moving under three attempts to decide")
@@ -209,13 +204,8 @@ def resume(store: Store, request: ResumeRequest, *, actors: Mapping[str, ActorKe
     from lightning_dagster.store.errors import Conflict
 
     pause = current_pause(store)
-    problem = resume_problem(
-        request,
-        pause.hash if pause else None,
-        actors,
-        pause_roles(pause) if pause else [],
-        paused_at=pause.decision.at if pause else None,
-    )
+    pause_hash, roles, at = (pause.hash, pause_roles(pause), pause.decision.at) if pause else (None, [], None)
+    problem = resume_problem(request, pause_hash, actors, roles, paused_at=at)
     if problem is not None or pause is None:
         raise ResumeRefused(problem or "the loop is not paused")
     try:
@@ -231,17 +221,11 @@ def history_table(store: Store, *, last: int = 50) -> Table:
     """The newest `last` decisions (at least one) as a table, oldest first."""
     if isinstance(last, bool) or not isinstance(last, int) or last < 1:
         raise ValueError(f"last must be a positive number of decisions, got {last!r}")
-    rows = [
-        [
-            r.version,
-            when(r.decision.at),
-            r.decision.action,
-            r.decision.by if r.decision.by != "actor" else f"actor {r.decision.actor}",
-            r.decision.receipt_id,
-            describe(r.decision),
-        ]
-        for r in history(store)[-last:]
-    ]
+    rows = []
+    for r in history(store)[-last:]:
+        d = r.decision
+        by = d.by if d.by != "actor" else f"actor {d.actor}"
+        rows.append([r.version, when(d.at), d.action, by, d.receipt_id, describe(d)])
     return Table(columns=["#", "at", "action", "by", "receipt", "detail"], rows=rows)
 
 

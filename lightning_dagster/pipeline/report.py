@@ -41,9 +41,8 @@ def markdown_checks(evaluation: Evaluation) -> str:
 
 
 def mlflow_links(reg: Registry, run_id: str, version: str) -> dict[str, Any]:
-    """The run and version ids and their pages in the MLflow UI as paths relative to its address: metadata
-    outlives the address, so the address is the reader's current setting (the asset definition's
-    `mlflow_ui`, built when the code location loads; `registry.links.resolve`), never fixed here."""
+    """The run and version ids and their MLflow UI pages as paths relative to its address: metadata outlives
+    the address, so it is the reader's current setting (`registry.links.resolve`), never fixed here."""
     from lightning_dagster.registry import links
 
     reg.connect()
@@ -58,6 +57,10 @@ def mlflow_links(reg: Registry, run_id: str, version: str) -> dict[str, Any]:
 def run_config(op: str, **config: Any) -> str:
     """The exact launchpad run config of a one-op job, as YAML."""
     return yaml.safe_dump({"ops": {op: {"config": config}}}, sort_keys=False)
+
+
+def yaml_block(op: str, **config: Any) -> str:
+    return f"```yaml\n{run_config(op, **config)}```"
 
 
 def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
@@ -78,16 +81,14 @@ def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
         "evaluator": f"{plan.evaluator.name}@{plan.evaluator.version}",
         "stale": bool(receipt.gate and receipt.gate.stale_checks),
     }
-    stage = ctx.load_doc(store, ctx.STAGES, f"{key}/candidate_resource")
-    if stage is not None:
+    if (stage := ctx.load_doc(store, ctx.STAGES, f"{key}/candidate_resource")) is not None:
         out.update(mlflow_links(reg, stage["run_id"], stage["version"]))
     try:
         actors = registry_roles(reg).actors
     except RegistryError:
         actors = {}
-    out["actors"] = Table(
-        columns=["actor", "roles"], rows=[[a, ", ".join(sorted(k.roles))] for a, k in sorted(actors.items())]
-    )
+    rows = [[a, ", ".join(sorted(k.roles))] for a, k in sorted(actors.items())]
+    out["actors"] = Table(columns=["actor", "roles"], rows=rows)
     approvers = [a for a, k in sorted(actors.items()) if set(k.roles) & set(plan.approvers.default)]
     actor = approvers[0] if approvers else "ACTOR"
     history = reg.verified().moves  # the rollback targets come from the verified history only
@@ -99,8 +100,7 @@ def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
     steps = [
         "**approve**: `lightning-dagster registry sign "
         f"{rid} --actor ACTOR --role ROLE --key KEYFILE` prints the fields; paste them with",
-        "```yaml\n"
-        + run_config(
+        yaml_block(
             "approve_receipt",
             snapshot_key=key,
             actor="ACTOR",
@@ -109,14 +109,12 @@ def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
             at="AT",
             evidence_hash="HASH",
             signature="SIGNATURE",
-        )
-        + "```",
+        ),
         f"**promote** (after `lightning-dagster registry approve {rid} --actor {actor} --role "
         f"{plan.approvers.default[0] if plan.approvers.default else 'ROLE'} --key KEYFILE`):",
         f"then `lightning-dagster registry sign-promote {rid} --actor {actor} --key KEYFILE` prints the signed "
         "move's fields; paste them with",
-        "```yaml\n"
-        + run_config(
+        yaml_block(
             "promote_candidate",
             receipt_id=rid,
             actor=actor,
@@ -124,13 +122,11 @@ def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
             seq="SEQ",
             at="AT",
             signature="SIGNATURE",
-        )
-        + "```",
+        ),
         f"**rollback** (approved-default is {current or 'unset'}; earlier versions: "
         f"{', '.join(targets) or 'none'}): `lightning-dagster registry sign-rollback {back} --actor "
         f"{rollback_actor} --key KEYFILE --reason REASON` prints the fields; paste them with",
-        "```yaml\n"
-        + run_config(
+        yaml_block(
             "rollback_default",
             target_version=back,
             from_version=current or "VERSION",
@@ -140,9 +136,6 @@ def receipt_guide(p: Pipeline, key: str) -> dict[str, Any]:
             reason="REASON",
             at="AT",
             signature="SIGNATURE",
-        )
-        + "```",
+        ),
     ]
-    out["run_config"] = Markdown("\n\n".join(steps))
-    out["rollback_targets"] = targets
-    return out
+    return out | {"run_config": Markdown("\n\n".join(steps)), "rollback_targets": targets}

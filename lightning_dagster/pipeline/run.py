@@ -7,25 +7,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from lightning_dagster.settings import (
-        GateSettings,
-        MLflowSettings,
-        ProjectSettings,
-        ServingSettings,
-        StoreSettings,
-        TrainingSettings,
-    )
+    from lightning_dagster import settings as s
     from lightning_dagster.store import Store
 
 
 class Pipeline(Protocol):
     """One pipeline run's settings (`lightning_dagster.settings.PipelineSettings`'s parts) and its store."""
 
-    project: ProjectSettings
-    store: StoreSettings
-    mlflow: MLflowSettings
-    serving: ServingSettings
-    training: TrainingSettings
-    gate: GateSettings
+    project: s.ProjectSettings
+    store: s.StoreSettings
+    mlflow: s.MLflowSettings
+    serving: s.ServingSettings
+    training: s.TrainingSettings
+    gate: s.GateSettings
 
     def get_store(self) -> Store: ...

@@ -4,10 +4,10 @@ read: the stages only see `rollout_service`, `collect` and `retry_policy`."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightning_dagster.pipeline import context as ctx
-from lightning_dagster.types import Rollout, RolloutKind, Sampling, Span, SpanKind
+from lightning_dagster.types import Rollout, Span, SpanKind
 
 if TYPE_CHECKING:
     from lightning_dagster.pipeline.run import Pipeline
@@ -29,8 +29,7 @@ class SnapshotService:
     """A gateway, engine and runner serving one model for one snapshot's rollouts (tagged with its key)."""
 
     def __init__(self, service: RolloutService, snapshot_key: str) -> None:
-        self.service = service
-        self.snapshot_key = snapshot_key
+        self.service, self.snapshot_key = service, snapshot_key
 
     def __enter__(self) -> SnapshotService:
         return self
@@ -38,20 +37,10 @@ class SnapshotService:
     def __exit__(self, *exc: object) -> None:
         self.service.close()
 
-    def run(
-        self, tasks: list[dict], *, group: int, kind: RolloutKind, sampling: Sampling, seed: int, tag: str
-    ) -> RolloutBatch:
-        """Every task `group` times; member g of task t samples with seed (seed, task, g) (common random
-        numbers across the models a snapshot compares)."""
-        return self.service.run(
-            tasks,
-            group=group,
-            kind=kind,
-            sampling=sampling,
-            seed=seed,
-            tag=tag,
-            snapshot_key=self.snapshot_key,
-        )
+    def run(self, tasks: list[dict], **kw: Any) -> RolloutBatch:
+        """`RolloutService.run`, tagged with the snapshot key; member g of task t samples with seed (seed, task,
+        g) (common random numbers across the models a snapshot compares)."""
+        return self.service.run(tasks, **kw, snapshot_key=self.snapshot_key)
 
     def load_weights(self, state_dict: dict, resource_id: str) -> None:
         """Serve `state_dict` from the next call on; spans record `resource_id`."""

@@ -128,16 +128,17 @@ class Manifest(BaseModel):
 def build_manifest(p: Pipeline, *, train_seed: int, serve_rollout_ids: list[str] | None = None) -> Manifest:
     """The task sets a snapshot freezes, with digests over all of them (an empty split: `TaskDataError`)."""
     t, source = ctx.settings(p).training, ctx.harness_source(p)
+    tasks = source.dataset
     wanted = {"train": t.steps * t.tasks_per_step, "holdout": t.holdout_tasks, "protected": t.protected_tasks}
-    source.require_splits([split for split, n in {**wanted, "canary": t.canary_tasks}.items() if n > 0])
+    tasks.require_splits([split for split, n in {**wanted, "canary": t.canary_tasks}.items() if n > 0])
     splits = Splits(
         # the validation cases checkpoint selection decodes are held back from the train tasks
         train=train_tasks(
-            source.dataset, wanted["train"], train_seed, validation=t.validation_tasks, eval_seed=t.eval_seed
+            tasks, wanted["train"], train_seed, validation=t.validation_tasks, eval_seed=t.eval_seed
         ),
-        holdout=source.make_tasks("holdout", wanted["holdout"], t.eval_seed),
-        protected=source.make_tasks("protected", wanted["protected"], t.eval_seed),
-        canary=source.make_tasks("canary", t.canary_tasks, train_seed),  # the canary runs this project too
+        holdout=tasks.draw("holdout", wanted["holdout"], t.eval_seed),
+        protected=tasks.draw("protected", wanted["protected"], t.eval_seed),
+        canary=tasks.draw("canary", t.canary_tasks, train_seed),  # the canary runs this project too
     )
     body: dict[str, Any] = {
         "harness": source.name,
@@ -146,7 +147,6 @@ def build_manifest(p: Pipeline, *, train_seed: int, serve_rollout_ids: list[str]
         "splits": splits.model_dump(),
         "serve_rollout_ids": sorted(serve_rollout_ids or []),
     }
-    tasks = source.dataset
     body["dataset"] = Dataset(
         project=source.project.name,
         harness_kind=source.project.harness.kind,
@@ -154,11 +154,8 @@ def build_manifest(p: Pipeline, *, train_seed: int, serve_rollout_ids: list[str]
         content_hash=tasks.content_hash,
         rows={split: dict(sorted(tasks.families(split).items())) for split in tasks.splits},
     ).model_dump()
-    return Manifest(
-        **body,
-        split_digests={split: _digest(items) for split, items in body["splits"].items()},
-        digest=_digest(body),
-    )
+    digests = {split: _digest(items) for split, items in body["splits"].items()}
+    return Manifest(**body, split_digests=digests, digest=_digest(body))
 
 
 def save_manifest(p: Pipeline, key: str, manifest: Manifest) -> None:
@@ -215,8 +212,7 @@ def snapshot_refs(manifest: Manifest) -> dict[Split, SnapshotRef]:
             snapshot_id=f"{split}-{digest[:12]}",
             content_hash=manifest.split_hash(split),
             n_tasks=len(items),
-            task_ids=[item["task_id"] for item in items]
-            if split == "canary"
-            else None,  # check 6 holds it to these
+            # the canary's task ids: check 6 holds it to these
+            task_ids=[item["task_id"] for item in items] if split == "canary" else None,
         )
     return refs

@@ -17,7 +17,7 @@ from lightning_dagster.pipeline.snapshots import build_manifest, snapshot_key
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import Receipt
-    from lightning_dagster.pipeline.loop_history import Recorded
+    from lightning_dagster.pipeline.loop_history import LoopState
     from lightning_dagster.pipeline.run import Pipeline
     from lightning_dagster.store import Store
 
@@ -52,11 +52,8 @@ class Watermark:
         if not isinstance(data, dict):
             raise InvalidCursor(cursor, "not a JSON object")
         after, pool, decision = data.get("serve_after", 0.0), data.get("pool"), data.get("decision")
-        if (
-            isinstance(after, bool)
-            or not isinstance(after, int | float)
-            or not 0 <= after <= time.time() + 86400
-        ):
+        latest = time.time() + 86400
+        if isinstance(after, bool) or not isinstance(after, int | float) or not 0 <= after <= latest:
             raise InvalidCursor(
                 cursor, f"serve_after {after!r} is not a time (Unix seconds, not in the future)"
             )
@@ -77,15 +74,6 @@ class NewEvidence:
     serve_rollout_ids: list[str] = field(default_factory=list)
 
 
-@dataclass
-class Stop:
-    pause: bool
-    reason: str
-    receipt_id: str | None = None
-    recorded: Recorded | None = None  # the pause or resume this evaluation recorded, if any
-    head: Recorded | None = None  # the newest recorded pause or resume
-
-
 def new_evidence(p: Pipeline, watermark: Watermark, *, force: bool = False) -> NewEvidence:
     """Enough finished, rewarded serve rollouts since the watermark, or a changed task pool (or `force`)."""
     from lightning_dagster.types import RolloutKind, RolloutStatus
@@ -94,24 +82,17 @@ def new_evidence(p: Pipeline, watermark: Watermark, *, force: bool = False) -> N
     fresh = store.query_rollouts(
         kind=RolloutKind.serve, status=RolloutStatus.succeeded, created_after=watermark.serve_after
     )
-    rewarded = (
-        {r.rollout_id for r in store.list_rewards(rollout_ids=[r.rollout_id for r in fresh])}
-        if fresh
-        else set()
-    )
+    ids = [r.rollout_id for r in fresh]
+    rewarded = {r.rollout_id for r in store.list_rewards(rollout_ids=ids)} if fresh else set()
     serve = [r for r in fresh if r.rollout_id in rewarded]
-    pool = ctx.task_pool(ctx.harness_source(p))
+    pool = ctx.harness_source(p).dataset.content_hash  # the task distribution
     need = ctx.settings(p).training.min_serve_rollouts
     pool_changed = watermark.pool != pool
     enough = force or pool_changed or len(serve) >= need
     summary = f"{len(serve)} of {need} new rewarded serve rollouts; task pool {'changed' if pool_changed else 'unchanged'}"
     after = max((r.created_at for r in serve), default=watermark.serve_after)
-    return NewEvidence(
-        enough=enough,
-        summary=summary,
-        watermark=Watermark(serve_after=after, pool=pool) if enough else watermark,
-        serve_rollout_ids=[r.rollout_id for r in serve],
-    )
+    mark = Watermark(serve_after=after, pool=pool) if enough else watermark
+    return NewEvidence(enough, summary, mark, [r.rollout_id for r in serve])
 
 
 @dataclass(frozen=True)
@@ -150,7 +131,7 @@ def _gated(store: Store, keys: list[str]) -> list[tuple[str, Receipt]]:
     return out
 
 
-def stop_decision(p: Pipeline, keys: list[str], *, record: bool = False) -> Stop:
+def stop_decision(p: Pipeline, keys: list[str], *, record: bool = False) -> LoopState:
     """The loop's state: a stop condition of the latest judged receipt, or a parent that is not set or not
     registered, pauses it until an authorized resume or a clearing receipt (`release.pauses`). Only the
     stage that judged a receipt passes `record`; the sensors and the schedule only read."""
@@ -159,9 +140,8 @@ def stop_decision(p: Pipeline, keys: list[str], *, record: bool = False) -> Stop
     from lightning_dagster.registry.core import APPROVED
     from lightning_dagster.registry.errors import RegistryError
 
-    store = p.get_store()
+    store, reg = p.get_store(), ctx.registry(p)
     live: list[str] = []
-    reg = ctx.registry(p)
     try:
         version = reg.current(APPROVED)
         if version is None:
@@ -179,8 +159,7 @@ def stop_decision(p: Pipeline, keys: list[str], *, record: bool = False) -> Stop
     # A pause names who may lift it: the deployment's default-approver roles (the one place the `resume` job
     # and `loop resume` read them from).
     roles = ctx.settings(p).gate.default_approver_roles
-    state = tick(store, latest_id, conditions, live, resume_roles=roles, record=record)
-    return Stop(state.paused, state.reason, state.receipt_id, state.recorded, state.head)
+    return tick(store, latest_id, conditions, live, resume_roles=roles, record=record)
 
 
 @dataclass

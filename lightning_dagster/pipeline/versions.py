@@ -15,9 +15,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 def code_version(*packages: str) -> str:
     digest = hashlib.sha256()
     for package in sorted(packages):
-        root = PACKAGE_ROOT / package
-        files = sorted(root.rglob("*.py")) if root.is_dir() else []
-        for path in files:
+        for path in sorted((PACKAGE_ROOT / package).rglob("*.py")):  # none for a name that is no folder
             digest.update(str(path.relative_to(PACKAGE_ROOT)).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:12]

@@ -1,7 +1,7 @@
 """Rollout-level advantages: one number per rollout, broadcast to every row and token it became.
 
 Modes, for rollouts sampled in groups (same task, `group_id`):
-- `grpo`:    (r - mean(group)) / (std(group) + eps)
+- `grpo`:    (r - mean(group)) / (std(group) + 1e-6)
 - `dr_grpo`: r - mean(group)                                   (Dr. GRPO: no division by the std)
 - `rloo`:    r - mean(group without r) = n/(n-1) * (r - mean)  (leave-one-out baseline)
 - `whiten`:  (r - mean(batch)) / (std(batch) + eps), ignoring groups
@@ -57,10 +57,7 @@ def _unique(rewards: Iterable[RolloutReward]) -> list[RolloutReward]:
     for r in rewards:
         if not isinstance(r.reward, int | float) or not math.isfinite(r.reward):
             raise AdvantageError(f"rollout {r.rollout_id}: reward {r.reward!r} is not a finite number")
-        old = seen.get(r.rollout_id)
-        if old is None:
-            seen[r.rollout_id] = r
-        elif old != r:
+        if (old := seen.setdefault(r.rollout_id, r)) != r:
             raise AdvantageError(f"rollout {r.rollout_id} listed as {old} and as {r}")
     return list(seen.values())
 
@@ -70,24 +67,19 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
 
 
-def _group_values(rewards: list[float], mode: str, eps: float) -> list[float] | None:
+def _group_values(rewards: list[float], mean: float, std: float, mode: str) -> list[float] | None:
     """Advantages of one group, or None when the group has no variance."""
-    mean, std = _mean_std(rewards)
     if max(rewards) - min(rewards) <= 1e-12:
         return None
-    n = len(rewards)
     if mode in ("grpo", "whiten"):
-        return [(r - mean) / (std + eps) for r in rewards]
+        return [(r - mean) / (std + 1e-6) for r in rewards]
     if mode == "dr_grpo":
         return [r - mean for r in rewards]
-    if mode == "rloo":
-        return [r - (mean * n - r) / (n - 1) for r in rewards]
-    raise AdvantageError(f"unknown advantage mode {mode!r}; expected one of {MODES}")
+    n = len(rewards)  # rloo
+    return [r - (mean * n - r) / (n - 1) for r in rewards]
 
 
-def compute_advantages(
-    rewards: Iterable[RolloutReward], mode: AdvantageMode = "grpo", *, eps: float = 1e-6
-) -> Advantages:
+def compute_advantages(rewards: Iterable[RolloutReward], mode: AdvantageMode = "grpo") -> Advantages:
     if mode not in MODES:
         raise AdvantageError(f"unknown advantage mode {mode!r}; expected one of {MODES}")
     items = _unique(rewards)
@@ -102,11 +94,10 @@ def compute_advantages(
         mean, std = _mean_std(values)
         if key is not None:
             out.group_stats[key] = (len(members), mean, std)
-        advs = _group_values(values, "whiten" if key is None else mode, eps)
+        advs = _group_values(values, mean, std, "whiten" if key is None else mode)
         if advs is None:
             out.skipped_groups += 1
             out.skipped_rollouts += len(members)
             continue
-        for m, a in zip(members, advs, strict=True):
-            out.values[m.rollout_id] = a
+        out.values.update(zip((m.rollout_id for m in members), advs, strict=True))
     return out

@@ -116,13 +116,8 @@ def find_or_build_parent(
         if r.metadata.get("role") == "warm_start" and r.metadata.get("project") == project.name:
             if (Path(r.uri) / "config.json").exists():
                 return Path(r.uri), r.resource_id
-    result = warm_start(
-        store,
-        base_model(project, training.seed),
-        paths.models_dir() / f"{project.name}-warm-start",
-        warm_start_config(project.file, training, serving),
-        log=log,
-    )
+    base, out = base_model(project, training.seed), paths.models_dir() / f"{project.name}-warm-start"
+    result = warm_start(store, base, out, warm_start_config(project.file, training, serving), log=log)
     return result.model_dir, result.resource.resource_id
 
 
@@ -173,8 +168,7 @@ def _train(args: argparse.Namespace) -> int:
     group = join(training.device)
     if followed(group):
         return 0
-    started = time.perf_counter()
-    store = Store(store_settings.resolved_url())
+    started, store = time.perf_counter(), Store(store_settings.resolved_url())
     metrics_file = args.metrics.open("w") if args.metrics else None
 
     def log(entry: dict) -> None:
@@ -203,19 +197,16 @@ def _train(args: argparse.Namespace) -> int:
         group=group,
     )
     assert result.checkpoint is not None and result.parent is not None and result.candidate is not None
+    metadata = {
+        "role": "rl_candidate",
+        "project": project.name,
+        "training": training.model_dump(include=set(TRAINING)),
+        "serving": serving.model_dump(include=set(SERVING)),
+        "selection": result.selection,
+    }
+    ckpt = result.checkpoint
     candidate = store.add_resource(
-        Resource(
-            uri=str(result.checkpoint),
-            parent_id=parent_id,
-            weights_hash=checkpoint_hash(result.checkpoint),
-            metadata={
-                "role": "rl_candidate",
-                "project": project.name,
-                "training": training.model_dump(include=set(TRAINING)),
-                "serving": serving.model_dump(include=set(SERVING)),
-                "selection": result.selection,
-            },
-        )
+        Resource(uri=str(ckpt), parent_id=parent_id, weights_hash=checkpoint_hash(ckpt), metadata=metadata)
     )
     summary = {
         "parent_success": result.parent["success"],

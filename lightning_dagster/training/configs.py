@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 
 def step_settings(t: TrainingSettings) -> StepSettings:
-    """What every RL step samples and how its batch becomes rows."""
     return StepSettings(
         group_size=t.group_size,
         temperature=t.temperature,
@@ -43,7 +42,6 @@ def lora_spec(t: TrainingSettings) -> LoraSpec | None:
 
 
 def trainer_config(t: TrainingSettings) -> TrainerConfig:
-    """The RL trainer's optimizer, device, loss and adapter."""
     return TrainerConfig(lr=t.learning_rate, device=t.device, loss=loss_config(t), lora=lora_spec(t))
 
 

@@ -1,10 +1,6 @@
-"""Data-parallel training with torch.distributed: the process group `torchrun` describes, each rank's share of
-a step's rows, the step's global normalizers and metrics (all_reduce), and the launcher of `train --nproc N`.
-
-Rank 0 drives; the other ranks wait in `follow` and run each step on their share. Rows are shared out by
-rollout, so only the step's totals need an all_reduce and the loss weights are exactly the single-process
-ones.
-"""
+"""Data-parallel training with torch.distributed, and the launcher of `train --nproc N`. Rank 0 drives; the
+other ranks wait in `follow` and run each step on their share. Rows are shared out by rollout, so only the
+step's totals need an all_reduce and the loss weights are exactly the single-process ones."""
 
 from __future__ import annotations
 
@@ -96,16 +92,10 @@ def reduce_parts(parts: LossParts, group: Group) -> LossParts:
     """The step's loss sums over every rank: sums added, extremes taken."""
     summed = [float(parts.loss.detach()), *(getattr(parts, name) for name in SUMMED_PARTS)]
     sums = _all_reduce(summed, dist.ReduceOp.SUM, group)
-    highs = _all_reduce(
-        [parts.is_ratio_max, parts.abs_log_ratio_max, -parts.is_ratio_min], dist.ReduceOp.MAX, group
-    )
-    return LossParts(
-        loss=torch.tensor(sums[0]),
-        **dict(zip(SUMMED_PARTS, sums[1:], strict=True)),
-        is_ratio_max=highs[0],
-        abs_log_ratio_max=highs[1],
-        is_ratio_min=-highs[2],
-    )
+    highs = [parts.is_ratio_max, parts.abs_log_ratio_max, -parts.is_ratio_min]
+    high, log_high, low = _all_reduce(highs, dist.ReduceOp.MAX, group)  # the min as the max of negatives
+    extremes = {"is_ratio_max": high, "abs_log_ratio_max": log_high, "is_ratio_min": -low}
+    return LossParts(loss=torch.tensor(sums[0]), **dict(zip(SUMMED_PARTS, sums[1:], strict=True)), **extremes)
 
 
 def broadcast(value: Any, group: Group) -> Any:

@@ -67,11 +67,8 @@ def draw_pools(
     if train is None:
         n = t.steps * t.tasks_per_step
         train = train_tasks(tasks, n, t.seed, validation=t.validation_tasks, eval_seed=t.eval_seed)
-    return Pools(
-        train=train,
-        validation=validation_split(tasks, t.validation_tasks, t.eval_seed, train),
-        holdout=tasks.draw("holdout", t.holdout_tasks, t.eval_seed) if holdout else [],
-    )
+    validation = validation_split(tasks, t.validation_tasks, t.eval_seed, train)
+    return Pools(train, validation, tasks.draw("holdout", t.holdout_tasks, t.eval_seed) if holdout else [])
 
 
 @dataclass(frozen=True)
@@ -192,9 +189,7 @@ def join(device: str) -> distributed.Group | None:
     """This process's place among the ranks `torchrun` started; None in a single process."""
     from lightning_dagster.engine.engine import resolve_device
 
-    if distributed.launched_world_size() == 1:
-        return None
-    return distributed.join(resolve_device(device))
+    return None if distributed.launched_world_size() == 1 else distributed.join(resolve_device(device))
 
 
 def followed(group: distributed.Group | None) -> bool:
@@ -208,14 +203,6 @@ def followed(group: distributed.Group | None) -> bool:
 
 
 # ----------------------------------------------------------------------- validation and checkpoint selection
-
-
-def greedy_solved(
-    service: RolloutService, tasks: list[dict], *, seed: int, tag: str, threshold: float
-) -> frozenset[str]:
-    """The validation cases the served model solves greedily (rollouts outside any snapshot)."""
-    batch = service.run(tasks, group=1, kind=RolloutKind.validation, sampling=GREEDY, seed=seed, tag=tag)
-    return solved_cases({r.task_id: batch.rewards.get(r.rollout_id) for r in batch.rollouts}, threshold)
 
 
 class CheckpointKeeper:
@@ -238,13 +225,11 @@ class CheckpointKeeper:
         self.early_stop: str | None = None
 
     def _solved(self, name: str) -> frozenset[str]:
-        return greedy_solved(
-            self.service,
-            self.tasks,
-            seed=self.seed,
-            tag=f"{self.tag}-val-{name}",
-            threshold=self.settings.success_threshold,
-        )
+        """The validation cases the served model solves greedily (rollouts outside any snapshot)."""
+        tag, kind = f"{self.tag}-val-{name}", RolloutKind.validation
+        batch = self.service.run(self.tasks, group=1, kind=kind, sampling=GREEDY, seed=self.seed, tag=tag)
+        rewards = {r.task_id: batch.rewards.get(r.rollout_id) for r in batch.rollouts}
+        return solved_cases(rewards, self.settings.success_threshold)
 
     def after_step(self, step: int, last_step: int, trainer: Trainer) -> CheckpointEval | None:
         """Judge checkpoint `step` if it is due; returns its evaluation (None: not due)."""
@@ -260,7 +245,7 @@ class CheckpointKeeper:
         return ev
 
     def restore(self, trainer: Trainer) -> Selection:
-        """Put the proposed checkpoint's weights into the trainer; returns the selection."""
+        """Put the proposed checkpoint's weights into the trainer."""
         chosen = select(self.evals)
         assert self.kept is not None  # `select` chose an evaluated step, whose weights were kept then
         if chosen.step != self.evals[-1].step:

@@ -6,7 +6,6 @@ every checkpoint holds as a plain Hugging Face model, the adapter saved beside i
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import torch
 
@@ -54,14 +53,3 @@ def load_adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -
 def merged(model: torch.nn.Module) -> torch.nn.Module:
     """A plain copy of the model with the adapter's update added into its weights."""
     return copy.deepcopy(model).merge_and_unload()
-
-
-def merged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in merged(model).state_dict().items()}
-
-
-def save_adapter(model: torch.nn.Module, out_dir: Path) -> Path:
-    """The adapter alone (`adapter_config.json`, `adapter_model.safetensors`) in `out_dir/adapter`."""
-    folder = out_dir / ADAPTER_DIR
-    model.save_pretrained(str(folder))
-    return folder

@@ -63,20 +63,16 @@ class LossConfig:
     tis_noise: float = 1e-4
 
     def __post_init__(self) -> None:
-        if self.normalization not in NORMALIZATIONS:
-            raise LossConfigError(
-                f"unknown normalization {self.normalization!r}; expected one of {NORMALIZATIONS}"
-            )
-        if self.normalization == "constant":
-            if self.constant is None or not math.isfinite(self.constant) or self.constant <= 0:
+        mode, c = self.normalization, self.constant
+        if mode not in NORMALIZATIONS:
+            raise LossConfigError(f"unknown normalization {mode!r}; expected one of {NORMALIZATIONS}")
+        if mode == "constant":
+            if c is None or not math.isfinite(c) or c <= 0:
                 raise LossConfigError(
-                    f"normalization 'constant' needs a positive finite `constant`, got {self.constant!r}"
+                    f"normalization 'constant' needs a positive finite `constant`, got {c!r}"
                 )
-        elif self.constant is not None:
-            raise LossConfigError(
-                f"`constant` ({self.constant}) is only read by normalization 'constant', "
-                f"not {self.normalization!r}"
-            )
+        elif c is not None:
+            raise LossConfigError(f"`constant` ({c}) is only read by normalization 'constant', not {mode!r}")
         if self.tis not in ("none", "token", "sequence"):
             raise LossConfigError(f"unknown truncated importance sampling level {self.tis!r}")
         if self.tis_cap <= 0:
@@ -160,8 +156,7 @@ def policy_loss(
 ) -> LossParts:
     """All token tensors are [B, L] and aligned; `advantages` and `weights` are [B] (one per row)."""
     mask = mask.to(logprobs.dtype)
-    adv = advantages[:, None]
-    old = old_logprobs.detach()
+    adv, old = advantages[:, None], old_logprobs.detach()
     ratio = torch.exp(logprobs - old)
     pg_unclipped = -adv * ratio
     pg_clipped = -adv * torch.clamp(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high)

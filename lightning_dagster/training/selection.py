@@ -49,7 +49,6 @@ class ValidationSettings:
             raise ValidationConfigError(f"success_threshold must be in (0, 1], got {self.success_threshold}")
 
     def due(self, step: int, last_step: int) -> bool:
-        """Whether checkpoint `step` is evaluated."""
         return self.tasks > 0 and (step % self.every == 0 or step == last_step)
 
 
@@ -82,9 +81,6 @@ class Selection:
     kept_parent_cases: bool  # False: no checkpoint kept them all, this is the fallback
     reason: str
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def select(evals: Sequence[CheckpointEval]) -> Selection:
     """The checkpoint a run proposes among `evals` (see the module docstring)."""
@@ -93,15 +89,11 @@ def select(evals: Sequence[CheckpointEval]) -> Selection:
     keeping = [e for e in evals if not e.lost]
     if keeping:
         best = max(keeping, key=lambda e: (e.success, e.step))
-        return Selection(
-            best.step, True, f"best validation success {best.success:.3f} keeping every parent-solved case"
-        )
+        why = f"best validation success {best.success:.3f} keeping every parent-solved case"
+        return Selection(best.step, True, why)
     best = min(evals, key=lambda e: (len(e.lost), -e.success, e.step))
-    return Selection(
-        best.step,
-        False,
-        f"fallback: every checkpoint lost a parent-solved validation case; fewest lost ({len(best.lost)})",
-    )
+    why = f"fallback: every checkpoint lost a parent-solved validation case; fewest lost ({len(best.lost)})"
+    return Selection(best.step, False, why)
 
 
 def regressions(evals: Sequence[CheckpointEval], parent_success: float) -> list[bool]:
@@ -115,9 +107,7 @@ def regressions(evals: Sequence[CheckpointEval], parent_success: float) -> list[
 
 def stop_reason(evals: Sequence[CheckpointEval], parent_success: float, patience: int) -> str | None:
     """Why training stops after the last of `evals`, or None to go on."""
-    if patience < 1 or len(evals) < patience:
-        return None
-    if not all(regressions(evals, parent_success)[-patience:]):
+    if patience < 1 or len(evals) < patience or not all(regressions(evals, parent_success)[-patience:]):
         return None
     steps = ", ".join(str(e.step) for e in evals[-patience:])
     return f"validation regressed at {patience} evaluation(s) in a row (steps {steps})"

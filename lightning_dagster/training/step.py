@@ -1,27 +1,20 @@
-"""One RL step through the real runner and gateway, in its two halves (`sample_step`, then
-`batch_transitions`: rows and rollout-level advantages), `rl_step` doing both plus one update and serving
-the new weights, and the held-out evaluation. The pipeline's `rollouts` and `training_transitions` stages run
-the halves of the first step.
-"""
+"""One RL step through the real runner and gateway (`rl_step`) and the held-out evaluation. The pipeline's
+`rollouts` and `training_transitions` stages run the step's two halves (`sample_step`, `batch_transitions`)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from lightning_dagster.training.advantages import AdvantageMode, Advantages, RolloutReward, compute_advantages
-from lightning_dagster.training.transitions import (
-    ExcludedRollout,
-    MergeStats,
-    Row,
-    TransitionConfig,
-    merge_rollouts,
-)
+from lightning_dagster.training.transitions import TransitionConfig, merge_rollouts
 from lightning_dagster.types import RolloutKind, Sampling
 
 if TYPE_CHECKING:
     from lightning_dagster.runner.service import RolloutBatch, RolloutService
     from lightning_dagster.training.trainer import Trainer
+    from lightning_dagster.training.transitions import ExcludedRollout, MergeStats, Row
 
 EVAL_SAMPLING = Sampling(temperature=1.0)  # held-out success is judged on samples, where RL's effect shows
 GREEDY = Sampling(temperature=0.0)
@@ -45,14 +38,11 @@ def step_seed(base_seed: int, step: int) -> int:
 
 def evaluate(service: RolloutService, tasks: list[dict], *, seed: int, tag: str, greedy: bool = True) -> dict:
     """Held-out success sampled at T=1.0 with the fixed evaluation seed (and greedy beside it)."""
-    sampled = service.run(
-        tasks, group=1, kind=RolloutKind.holdout, sampling=EVAL_SAMPLING, seed=seed, tag=tag
-    )
+    run = partial(service.run, tasks, group=1, kind=RolloutKind.holdout, seed=seed)
+    sampled = run(sampling=EVAL_SAMPLING, tag=tag)
     out = {"success": sampled.success(), "eval_seconds": sampled.seconds, "tasks": len(tasks)}
     if greedy:
-        g = service.run(
-            tasks, group=1, kind=RolloutKind.holdout, sampling=GREEDY, seed=seed, tag=f"{tag}-greedy"
-        )
+        g = run(sampling=GREEDY, tag=f"{tag}-greedy")
         out.update(greedy=g.success(), eval_seconds=out["eval_seconds"] + g.seconds)
     return out
 
@@ -152,11 +142,8 @@ def _rows_rewards_stats(
     batch: RolloutBatch, settings: StepSettings
 ) -> tuple[list[Row], list[RolloutReward], MergeStats]:
     candidates = [r for r in batch.rollouts if r.rollout_id in batch.rewards and r.rollout_id in batch.spans]
-    kept, stats = merge_rollouts(
-        ((r.rollout_id, batch.spans[r.rollout_id]) for r in candidates),
-        settings.transitions,
-        max_excluded_share=settings.max_excluded_share,
-    )
+    pairs = ((r.rollout_id, batch.spans[r.rollout_id]) for r in candidates)
+    kept, stats = merge_rollouts(pairs, settings.transitions, max_excluded_share=settings.max_excluded_share)
     rows = [row for r in candidates for row in kept.get(r.rollout_id, [])]
     rewards = [
         RolloutReward(r.rollout_id, r.group_id, batch.rewards[r.rollout_id])

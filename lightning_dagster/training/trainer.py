@@ -1,14 +1,7 @@
-"""The torch trainer: one optimizer step of the policy loss over merged rows, readable top to bottom.
-
-rows + rollout advantages
-  -> drop rows of rollouts without an advantage (zero-variance groups)
-  -> per-row token weights for the whole step (loss.row_weights)
-  -> micro-batches (right-padded, attention mask)
-  -> under a process group (training.distributed): this rank's share, weighed by the step's global totals
-  -> fp32 teacher-forced logprobs of the policy at each row's sampling temperature: log_softmax(logits / T_row)
-  -> policy_loss, backward (gradients accumulate to exactly one pass), clip, Adam step
-  -> one metrics dict per step
-"""
+"""The torch trainer: one optimizer step of the policy loss over merged rows. Rows of rollouts without an
+advantage (zero-variance groups) are left out; token weights are fixed for the whole step (`loss.row_weights`)
+before micro-batching, so gradients accumulate to exactly one pass; logprobs are fp32, teacher-forced, at each
+row's sampling temperature; under a process group each rank takes its share, weighed by the step's totals."""
 
 from __future__ import annotations
 
@@ -19,7 +12,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -92,9 +85,6 @@ class TrainerConfig:
         if problems:
             raise TrainerConfigError("; ".join(problems))
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 # ------------------------------------------------------------------------------------- batching and logprobs
 
@@ -129,15 +119,10 @@ def micro_batches(rows: Sequence[Row], max_tokens: int) -> Iterator[MicroBatch]:
 
 
 def collate(rows: Sequence[Row], index: list[int]) -> MicroBatch:
-    b = len(rows)
-    seq = max(len(r) for r in rows)
-    resp = max(len(r.response_ids) for r in rows)
-    ids = torch.zeros(b, seq, dtype=torch.long)
-    attn = torch.zeros(b, seq, dtype=torch.long)
-    positions = torch.zeros(b, resp, dtype=torch.long)
-    targets = torch.zeros(b, resp, dtype=torch.long)
-    mask = torch.zeros(b, resp)
-    behaviour = torch.zeros(b, resp)
+    b, seq, resp = len(rows), max(len(r) for r in rows), max(len(r.response_ids) for r in rows)
+    ids, attn = (torch.zeros(b, seq, dtype=torch.long) for _ in range(2))
+    positions, targets = (torch.zeros(b, resp, dtype=torch.long) for _ in range(2))
+    mask, behaviour = torch.zeros(b, resp), torch.zeros(b, resp)
     for i, r in enumerate(rows):
         full = r.prompt_ids + r.response_ids
         p, n = len(r.prompt_ids), len(r.response_ids)
@@ -210,8 +195,7 @@ def load_model(model_dir: Path | str, device: torch.device | None = None) -> tor
 @dataclass
 class Prepared:
     rows: list[Row]  # the step's kept rows (every rank)
-    local: list[Row]  # this rank's share of them (all of them in one process)
-    batches: list[MicroBatch]
+    batches: list[MicroBatch]  # this rank's share of them (all of them in one process)
     advantages: list[torch.Tensor]  # [B] per micro-batch
     weights: list[torch.Tensor]  # [B] per micro-batch
     refs: list[torch.Tensor] | None
@@ -223,12 +207,7 @@ class Trainer:
     the others (`distributed.follow`) and each backpropagates its share through DistributedDataParallel."""
 
     def __init__(
-        self,
-        model_dir: Path | str,
-        config: TrainerConfig,
-        *,
-        ref_model_dir: Path | str | None = None,
-        group: distributed.Group | None = None,
+        self, model_dir: Path | str, config: TrainerConfig, *, group: distributed.Group | None = None
     ):
         self.model_dir = Path(model_dir)
         self.config = config
@@ -238,20 +217,16 @@ class Trainer:
         if config.lora is not None:
             self.model = lora.wrap(self.model, config.lora)
         # the module the loss backpropagates through: DDP averages the ranks' gradients on the last backward
-        self.train_model: torch.nn.Module = (
-            DistributedDataParallel(
-                self.model, device_ids=[self.device] if self.device.type == "cuda" else None
-            )
-            if group is not None
-            else self.model
-        )
+        self.train_model: torch.nn.Module = self.model
+        if group is not None:
+            cuda = [self.device] if self.device.type == "cuda" else None
+            self.train_model = DistributedDataParallel(self.model, device_ids=cuda)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],  # with LoRA: the adapter's only
             lr=self.config.lr,
             betas=self.config.betas,
             weight_decay=self.config.weight_decay,
         )
-        self.ref_model_dir = Path(ref_model_dir or model_dir)
         self._ref_model: torch.nn.Module | None = None
         self.steps = 0
 
@@ -261,7 +236,7 @@ class Trainer:
         if self.config.loss is None or not self.config.loss.kl_coef:
             return None
         if self._ref_model is None:
-            self._ref_model = load_model(self.ref_model_dir, self.device)
+            self._ref_model = load_model(self.model_dir, self.device)
             self._ref_model.requires_grad_(False)
         return self._ref_model
 
@@ -290,7 +265,6 @@ class Trainer:
         batches = [mb.to(self.device) for mb in micro_batches(local, cfg.micro_batch_tokens)] if local else []
         return Prepared(
             rows=kept,
-            local=local,
             batches=batches,
             advantages=[
                 torch.tensor([advantages.values[local[i].rollout_id] for i in mb.index], device=self.device)
@@ -352,40 +326,32 @@ class Trainer:
         if self.group is not None and self.group.leader:
             distributed.broadcast((list(rows), advantages, extra), self.group)
         with self._threads():
-            return self._step(rows, advantages, extra)
+            started = time.perf_counter()
+            self.steps += 1
+            metrics: dict = {"step": self.steps, "rows": len(rows), **advantages.to_dict(), **(extra or {})}
+            prep = self.prepare(rows, advantages)
+            if prep is None:  # every group had zero variance: nothing to learn from, no update
+                return {**metrics, "trained_rows": 0, "loss": 0.0, "seconds": time.perf_counter() - started}
+            for _ in range(self.config.epochs):
+                parts = self.backward(prep)
+                grad_norm = self._clip_and_step(parts.loss)
+            seconds = time.perf_counter() - started
+            tokens = sum(len(r) for r in prep.rows) * self.config.epochs
+            metrics.update(parts.metrics(), trained_rows=len(prep.rows), grad_norm=grad_norm, seconds=seconds)
+            return metrics | {"tokens_per_s": tokens / seconds}
 
-    def _step(self, rows: Sequence[Row], advantages: Advantages, extra: dict | None) -> dict:
-        started = time.perf_counter()
-        self.steps += 1
-        metrics: dict = {"step": self.steps, "rows": len(rows), **advantages.to_dict(), **(extra or {})}
-        prep = self.prepare(rows, advantages)
-        if prep is None:  # every group had zero variance: nothing to learn from, no update
-            return {**metrics, "trained_rows": 0, "loss": 0.0, "seconds": time.perf_counter() - started}
-        for _ in range(self.config.epochs):
-            parts = self.backward(prep)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-            self._require_finite(parts.loss, grad_norm)
-            self.optimizer.step()
-        seconds = time.perf_counter() - started
-        tokens = sum(len(r) for r in prep.rows) * self.config.epochs
-        metrics.update(parts.metrics())
-        metrics.update(
-            trained_rows=len(prep.rows),
-            grad_norm=float(grad_norm),
-            seconds=seconds,
-            tokens_per_s=tokens / seconds,
-        )
-        return metrics
-
-    def _require_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """Refuse a NaN or infinite loss or gradient (Adam would spread it into every weight)."""
-        if math.isfinite(float(grad_norm)) and math.isfinite(float(loss.detach())):
-            return
-        self.optimizer.zero_grad(set_to_none=True)
-        raise NonFiniteUpdate(
-            f"step {self.steps}: loss {float(loss.detach())}, gradient norm {float(grad_norm)}; the optimizer "
-            "step was not taken"
-        )
+    def _clip_and_step(self, loss: torch.Tensor) -> float:
+        """Clip the gradients and take the optimizer step; a NaN or infinite loss or gradient is refused
+        (Adam would spread it into every weight). Returns the gradient norm."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
+        if not (math.isfinite(grad_norm) and math.isfinite(float(loss.detach()))):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteUpdate(
+                f"step {self.steps}: loss {float(loss.detach())}, gradient norm {grad_norm}; the optimizer "
+                "step was not taken"
+            )
+        self.optimizer.step()
+        return grad_norm
 
     def supervised_step(self, rows: Sequence[Row]) -> dict:
         """One cross-entropy step on the masked tokens (the warm start), token mean over the step."""
@@ -394,38 +360,26 @@ class Trainer:
                 "supervised_step runs in one process, not under a process group"
             )
         check_rows(rows, self.model)
-        with self._threads():
-            return self._supervised_step(rows)
-
-    def _supervised_step(self, rows: Sequence[Row]) -> dict:
-        started = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=True)
         total_tokens = sum(r.trained_tokens for r in rows)
         if not total_tokens:
             raise InvalidRows(f"{len(rows)} rows with no trained token: a supervised step needs at least one")
-        loss_sum = 0.0
-        for mb in micro_batches(rows, self.config.micro_batch_tokens):
-            logp = response_logprobs(self.model, mb.to(self.device))
-            loss = -(logp * mb.mask).sum() / total_tokens
-            loss.backward()
-            loss_sum += float(loss.detach())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-        self._require_finite(torch.tensor(loss_sum), grad_norm)
-        self.optimizer.step()
-        self.steps += 1
-        seconds, tokens = time.perf_counter() - started, sum(len(r) for r in rows)
-        return {
-            "step": self.steps,
-            "nll": loss_sum,
-            "grad_norm": float(grad_norm),
-            "tokens_per_s": tokens / seconds,
-        }
+        with self._threads():
+            started = time.perf_counter()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for mb in micro_batches(rows, self.config.micro_batch_tokens):
+                loss = -(response_logprobs(self.model, mb.to(self.device)) * mb.mask).sum() / total_tokens
+                loss.backward()
+                loss_sum += float(loss.detach())
+            grad_norm = self._clip_and_step(torch.tensor(loss_sum))
+            self.steps += 1
+            seconds, tokens = time.perf_counter() - started, sum(len(r) for r in rows)
+        return {"step": self.steps, "nll": loss_sum, "grad_norm": grad_norm, "tokens_per_s": tokens / seconds}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights (with LoRA: the adapter merged in), as an engine loads them."""
-        if lora.is_wrapped(self.model):
-            return lora.merged_state(self.model)
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        model = lora.merged(self.model) if lora.is_wrapped(self.model) else self.model
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         """The trained weights (the adapter's only, with LoRA), for `restore`."""
@@ -452,9 +406,10 @@ class Trainer:
             for f in self.model_dir.iterdir():
                 if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name != "config.json":
                     shutil.copy2(f, tmp / f.name)
-            if lora.is_wrapped(self.model):  # a plain checkpoint of the merged weights, the adapter beside it
+            # with LoRA: a plain checkpoint of the merged weights, the adapter alone beside it (adapter/)
+            if lora.is_wrapped(self.model):
                 lora.merged(self.model).save_pretrained(tmp)
-                lora.save_adapter(self.model, tmp)
+                self.model.save_pretrained(str(tmp / lora.ADAPTER_DIR))
                 shutil.rmtree(out / lora.ADAPTER_DIR, ignore_errors=True)
             else:
                 self.model.save_pretrained(tmp)

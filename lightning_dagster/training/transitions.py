@@ -187,30 +187,21 @@ def _llm_calls(spans: Sequence[Span]) -> list[Span]:
             # a NaN, +inf or -inf (or positive) logprob is no probability the engine sampled at: as a
             # behaviour logprob it turns the importance weights, and then the loss and weights, into NaN
             raise _invalid(s, f"logprobs must be finite and <= 0, got {bad[:3]}")
-        temperature = s.attributes.get("temperature")
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, int | float)
-            or not 0 <= temperature < math.inf
-        ):
-            reason = f"LLM span without a recorded sampling temperature (got {temperature!r})"
-            raise _invalid(s, reason, MissingTemperature)
+        t = s.attributes.get("temperature")
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < math.inf:
+            why = f"LLM span without a recorded sampling temperature (got {t!r})"
+            raise _invalid(s, why, MissingTemperature)
     return sorted(calls, key=lambda s: s.sequence)
 
 
 def dedupe_calls(calls: Sequence[Span]) -> list[Span]:
     """Keep the last call of each identical prompt (a client retry re-sends the same prompt), in order."""
     last = {tuple(c.prompt_token_ids or ()): i for i, c in enumerate(calls)}
-    keep = sorted(last.values())
-    return [calls[i] for i in keep]
+    return [calls[i] for i in sorted(last.values())]
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def _new_row(call: Span) -> Row:
@@ -245,9 +236,7 @@ def _apply_limits(row: Row, config: TransitionConfig, stats: MergeStats) -> Row 
         return None
     limit = config.max_response_tokens
     if limit is not None and len(row.response_ids) > limit:
-        row.response_ids = row.response_ids[:limit]
-        row.loss_mask = row.loss_mask[:limit]
-        row.behaviour_logprobs = row.behaviour_logprobs[:limit]
+        del row.response_ids[limit:], row.loss_mask[limit:], row.behaviour_logprobs[limit:]
         row.truncated = True
         stats.truncated_rows += 1
     return row
@@ -287,16 +276,9 @@ def merge_calls(
                 stats.bridges += 1
             else:
                 lo, hi = max(0, at - config.context), at + config.context + 1
+                ids = (call.rollout_id, call.attempt_id, call.span_id, index, at)
                 stats.mismatches.append(
-                    PrefixMismatch(
-                        rollout_id=call.rollout_id,
-                        attempt_id=call.attempt_id,
-                        span_id=call.span_id,
-                        call_index=index,
-                        position=at,
-                        expected=tuple(history[lo:hi]),
-                        actual=tuple(call.prompt_token_ids[lo:hi]),
-                    )
+                    PrefixMismatch(*ids, tuple(history[lo:hi]), tuple(call.prompt_token_ids[lo:hi]))
                 )
                 rows.append(_new_row(call))
         previous = call

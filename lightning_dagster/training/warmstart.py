@@ -78,14 +78,12 @@ def demo_row(engine: Any, messages: list[dict], tools: list[dict] | None, eos_id
     mask = [0] * len(full)
     for i in turns:
         prefix = engine.render(messages[:i], tools, add_generation_prompt=True)
-        start = len(prefix)
+        start = end = len(prefix)
         if prefix != full[:start]:
             raise DemoRenderError(f"rendering is not prefix-preserving before message {i}")
-        end = start
         while end < len(full) and full[end] not in eos_ids:
             end += 1
-        for j in range(start, min(end + 1, len(full))):
-            mask[j] = 1
+        mask[start : end + 1] = [1] * len(full[start : end + 1])
     first = len(engine.render(messages[: turns[0]], tools, add_generation_prompt=True))
     last = max(j for j, m in enumerate(mask) if m) + 1
     return Row(
@@ -152,18 +150,14 @@ def has_demos(project: Project) -> bool:
 
 
 def probe_gap(success: float, window: tuple[float, float]) -> int:
-    """SFT steps until the next sampled probe: every 4th step below half the window's lower edge, every 2nd
-    below the edge, every step inside it (probing every step or every other one, the demo's warm start
+    """SFT steps until the next sampled probe (probing every step or every other one, the demo's warm start
     spent 240 of its 420 s in probes: benchmarks/README.md, the whole demo)."""
-    if success >= window[0]:
-        return 1
-    return 2 if success >= window[0] / 2 else 4
+    return 1 if success >= window[0] else 2 if success >= window[0] / 2 else 4
 
 
 def estimate_gap(estimate: float, window: tuple[float, float], every: int) -> int:
-    """SFT steps until the next teacher-forced estimate: `every`, or 4x that while the last estimate is
-    below 1/16 of the window's lower edge. An estimate costs ~3/4 of an SFT step (0.35 vs 0.45 s on 2 cores
-    for the embedded model) and climbs gradually from 0."""
+    """SFT steps until the next teacher-forced estimate: an estimate costs ~3/4 of an SFT step (0.35 vs
+    0.45 s on 2 cores for the embedded model) and climbs gradually from 0."""
     return every if estimate >= window[0] / 16 else 4 * every
 
 
@@ -183,12 +177,10 @@ def _render_demos(
 
 
 def _close_when_started(serving: Future) -> None:
-    """Close the probe's service once its start has finished (a failed start has nothing to close)."""
-    try:
-        service = serving.result()
-    except Exception:  # noqa: BLE001 - reported by the probe that needed it, if any did
-        return
-    service.close()
+    """Close the probe's service once its start has finished (a failed start has nothing to close: its error
+    was reported by the probe that needed it, if any did)."""
+    if serving.exception() is None:
+        serving.result().close()
 
 
 @dataclass
@@ -217,10 +209,7 @@ def warm_start(
     tasks = load_tasks(project)
     tasks.require_splits(["train"])
     probe = tasks.draw("train", config.probe_tasks, config.seed + 1)
-    trainer = Trainer(
-        base_dir,
-        TrainerConfig(lr=config.lr, device=config.device, loss=None, betas=(0.9, 0.99), grad_clip=1.0),
-    )
+    trainer = Trainer(base_dir, TrainerConfig(lr=config.lr, device=config.device, loss=None))
     history: list[dict] = []
     success = 0.0
     # The probe's gateway starts (seconds: a child process importing torch and loading the model) and the
@@ -229,15 +218,10 @@ def warm_start(
     # the pipeline's first stage.
     pool = ThreadPoolExecutor(2, thread_name_prefix="warm-start")
     rendered = pool.submit(_render_demos, ChatCodec(base_dir), train_demos, held_demos, config)
+    # it serves the weights it trains: the embedded engine, never an upstream; a fresh secret
+    own = serving_settings(config.serving, secret="", upstream_url="")
     serving = pool.submit(
-        RolloutService,
-        store,
-        base_dir,
-        harness=harness_spec(project),
-        # it serves the weights it trains: the embedded engine, never an upstream; a fresh secret
-        serving=serving_settings(config.serving, secret="", upstream_url=""),
-        child=True,
-        reuse=True,
+        RolloutService, store, base_dir, harness=harness_spec(project), serving=own, child=True, reuse=True
     )
     pool.shutdown(wait=False)
     try:
@@ -261,15 +245,8 @@ def warm_start(
                 probed = step
                 svc = serving.result()
                 svc.load_weights(trainer.state_dict())
-                sampling = Sampling(temperature=1.0)
-                batch = svc.run(
-                    probe,
-                    group=1,
-                    kind=RolloutKind.train,
-                    sampling=sampling,
-                    seed=config.probe_seed,
-                    tag=f"warm{step}",
-                )
+                kind, sampling, tag = RolloutKind.train, Sampling(temperature=1.0), f"warm{step}"
+                batch = svc.run(probe, group=1, kind=kind, sampling=sampling, seed=config.probe_seed, tag=tag)
                 success = batch.success()
                 m.update(probe_success=success, probe_seconds=batch.seconds)
                 if best is None or abs(success - goal) <= abs(best[1] - goal):
@@ -289,22 +266,16 @@ def warm_start(
         if log:
             log({"step": trainer.steps, "chosen_step": chosen, "probe_success": success})
     out = trainer.save(out_dir)
-    resource = store.add_resource(
-        Resource(
-            uri=str(out),
-            parent_id=None,
-            weights_hash=checkpoint_hash(out),
-            metadata={
-                "role": "warm_start",
-                "project": project.name,
-                "base_dir": str(base_dir),
-                "sft_steps": chosen,
-                "sft_steps_run": trainer.steps,
-                "probe_success": success,
-                "config": config.to_dict(),
-            },
-        )
-    )
+    meta = {
+        "role": "warm_start",
+        "project": project.name,
+        "base_dir": str(base_dir),
+        "sft_steps": chosen,
+        "sft_steps_run": trainer.steps,
+        "probe_success": success,
+        "config": config.to_dict(),
+    }
+    resource = store.add_resource(Resource(uri=str(out), weights_hash=checkpoint_hash(out), metadata=meta))
     return WarmStartResult(
         out, resource, chosen, success, history, time.perf_counter() - started, steps_run=trainer.steps
     )

@@ -10,17 +10,12 @@ from lightning_dagster.pipeline.context import StageMissing
 from lightning_dagster.pipeline.results import Markdown, StageResult, Table
 from lightning_dagster.pipeline.serving import rollout_service
 from lightning_dagster.pipeline.snapshots import load_manifest
-from lightning_dagster.types import RolloutKind, Sampling, SpanKind
+from lightning_dagster.training.step import EVAL_SAMPLING, GREEDY
+from lightning_dagster.types import RolloutKind, SpanKind
 
 if TYPE_CHECKING:
     from lightning_dagster.gate.receipt import ProtectedResults
     from lightning_dagster.pipeline.run import Pipeline
-
-# Held-out success is sampled at T=1.0 (RL's effect shows there); protected cases are decoded greedily, so
-# "the parent passed and the candidate failed" is a regression, not sampling noise.
-HOLDOUT_SAMPLING = Sampling(temperature=1.0)
-PROTECTED_SAMPLING = Sampling(temperature=0.0)
-CANARY_SAMPLING = Sampling(temperature=1.0)
 
 
 def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
@@ -37,32 +32,24 @@ def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
     candidate_dir = reg.download(ctx.registered_version(receipt.candidate))
     holdout, protected = manifest.splits.holdout, manifest.splits.protected
     scores: dict[str, dict[str, dict[str, float | None]]] = {}
-    with rollout_service(
-        p,
-        parent_dir,
-        snapshot_key=key,
-        harness=ctx.harness_source(p).spec,
-        resource_id=plan.parent.resource_id,
-        serves_parent=False,  # the candidate's weights are loaded into it next
+    harness, parent_id = ctx.harness_source(p).spec, plan.parent.resource_id
+    with rollout_service(  # not `serves_parent`: the candidate's weights are loaded into it next
+        p, parent_dir, snapshot_key=key, harness=harness, resource_id=parent_id, serves_parent=False
     ) as service:
         for side, model_dir, resource in (
-            ("parent", None, plan.parent.resource_id),
+            ("parent", None, parent_id),
             ("candidate", candidate_dir, plan.candidate_id),
         ):
             if model_dir is not None:
                 service.load_weights(load_model(model_dir).state_dict(), resource)
+            # Held-out success is sampled at T=1.0 (RL's effect shows there); protected cases are decoded
+            # greedily, so "the parent passed and the candidate failed" is a regression, not sampling noise.
             for kind, items, sampling in (
-                (RolloutKind.holdout, holdout, HOLDOUT_SAMPLING),
-                (RolloutKind.protected, protected, PROTECTED_SAMPLING),
+                (RolloutKind.holdout, holdout, EVAL_SAMPLING),
+                (RolloutKind.protected, protected, GREEDY),
             ):
-                batch = service.run(
-                    items,
-                    group=1,
-                    kind=kind,
-                    sampling=sampling,
-                    seed=t.eval_seed,
-                    tag=f"{key}-{side}-{kind.value}",
-                )
+                tag, seed = f"{key}-{side}-{kind.value}", t.eval_seed
+                batch = service.run(items, group=1, kind=kind, sampling=sampling, seed=seed, tag=tag)
                 by_task = {r.task_id: batch.rewards.get(r.rollout_id) for r in batch.rollouts}
                 scores.setdefault(side, {})[kind.value] = by_task
     ctx.save_stage(store, key, "holdout_evaluation", {"scores": scores})
@@ -87,8 +74,7 @@ def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
     for task in protected:
         entry = protected_families.setdefault(task["family"], {"n": 0, "regressed": [], "missing": 0})
         entry["n"] += 1
-        before = scores["parent"]["protected"].get(task["task_id"])
-        after = scores["candidate"]["protected"].get(task["task_id"])
+        before, after = (scores[side]["protected"].get(task["task_id"]) for side in ("parent", "candidate"))
         if before is None and after is None:
             entry["missing"] += 1
         elif (before or 0.0) >= t.success_threshold and (after or 0.0) < t.success_threshold:
@@ -101,34 +87,30 @@ def holdout_evaluation(p: Pipeline, key: str) -> StageResult:
     )
     stored = ctx.append_receipt(store, key, R.add_evaluation(receipt, comparison, protected_results))
     overall = {side: _mean(per_family(side)) for side in ("parent", "candidate")}
-    return StageResult(
-        metadata={
-            "heldout_tasks": len(holdout),
-            "parent_success": round(overall["parent"], 4),
-            "candidate_success": round(overall["candidate"], 4),
-            "margin": round(overall["candidate"] - overall["parent"], 4),  # as check 4: from exact means
-            "per_family": Markdown(
-                "| family | n | parent | candidate | margin |\n|---|---|---|---|---|\n"
-                + "\n".join(
-                    f"| {s.family} | {s.n} | {_fmt(s.parent_mean)} | {_fmt(s.candidate_mean)} | "
-                    f"{_fmt(None if s.parent_mean is None or s.candidate_mean is None else s.candidate_mean - s.parent_mean)} |"
-                    for s in comparison.families
-                )
-            ),
-            "protected_cases": len(protected),
-            "protected_regressions": sum(len(f.regressed) for f in protected_results.families),
-            "regressed_cases": regressed_cases(protected, protected_results, scores),
-            "receipt_version": stored.version,
-        }
-    )
-
-
-TASK_TEXT_FIELDS = ("question", "prompt", "instruction", "input", "text")
+    metadata = {
+        "heldout_tasks": len(holdout),
+        "parent_success": round(overall["parent"], 4),
+        "candidate_success": round(overall["candidate"], 4),
+        "margin": round(overall["candidate"] - overall["parent"], 4),  # as check 4: from exact means
+        "per_family": Markdown(
+            "| family | n | parent | candidate | margin |\n|---|---|---|---|---|\n"
+            + "\n".join(
+                f"| {s.family} | {s.n} | {_fmt(s.parent_mean)} | {_fmt(s.candidate_mean)} | "
+                f"{_fmt(None if s.parent_mean is None or s.candidate_mean is None else s.candidate_mean - s.parent_mean)} |"
+                for s in comparison.families
+            )
+        ),
+        "protected_cases": len(protected),
+        "protected_regressions": sum(len(f.regressed) for f in protected_results.families),
+        "regressed_cases": regressed_cases(protected, protected_results, scores),
+        "receipt_version": stored.version,
+    }
+    return StageResult(metadata)
 
 
 def task_text(task: dict[str, Any]) -> str:
     """What the agent was asked: the first text field a task has, else the task minus its ids as JSON."""
-    for name in TASK_TEXT_FIELDS:
+    for name in ("question", "prompt", "instruction", "input", "text"):
         if isinstance(task.get(name), str):
             return task[name]
     return json.dumps({k: v for k, v in task.items() if k not in ("task_id", "split")}, sort_keys=True)
@@ -139,14 +121,9 @@ def regressed_cases(
 ) -> Table:
     """Each protected case the candidate lost, with its text and both rewards (not only its hash)."""
     by_id = {task["task_id"]: task for task in protected}
+    before, after = scores["parent"]["protected"], scores["candidate"]["protected"]
     rows = [
-        [
-            family.family,
-            task_id,
-            task_text(by_id[task_id]),
-            scores["parent"]["protected"].get(task_id),
-            scores["candidate"]["protected"].get(task_id),
-        ]
+        [family.family, task_id, task_text(by_id[task_id]), before.get(task_id), after.get(task_id)]
         for family in results.families
         for task_id in family.regressed
     ]
@@ -180,26 +157,17 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
         allowed_side_effects=ctx.canary_destinations(canary),
     )
     items = manifest.splits.canary[: limits.max_tasks]
+    candidate_id, seed, tag = receipt.plan.candidate_id, settings.training.eval_seed, f"{key}-canary"
     with rollout_service(
-        p,
-        candidate_dir,
-        snapshot_key=key,
-        harness=canary,
-        resource_id=receipt.plan.candidate_id,
-        serves_parent=False,
+        p, candidate_dir, snapshot_key=key, harness=canary, resource_id=candidate_id, serves_parent=False
     ) as service:
         batch = service.run(
-            items,
-            group=1,
-            kind=RolloutKind.canary,
-            sampling=CANARY_SAMPLING,
-            seed=settings.training.eval_seed,
-            tag=f"{key}-canary",
+            items, group=1, kind=RolloutKind.canary, sampling=EVAL_SAMPLING, seed=seed, tag=tag
         )
         all_spans = store.list_spans(rollout_ids=[r.rollout_id for r in batch.rollouts])
         # A tool counts as used when the model called one the harness offers (only those can act); a call
         # to a tool that does not exist is answered with an error and has no effect.
-        offered = {t["function"]["name"] for t in ctx.harness_tools(canary) if "function" in t}
+        offered = {t["function"]["name"] for t in canary.tools if "function" in t}
         tools_used = sorted(service.tools_called(all_spans) & offered)
     effects = {
         s.rollout_id: s.attributes for s in all_spans if s.kind == SpanKind.custom and s.name == "effect"
@@ -221,7 +189,7 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
             }
         canary_tasks.append(R.CanaryTask(task_id=r.task_id, **fields))
     report = R.CanaryReport(
-        serving_resource_id=receipt.plan.candidate_id,
+        serving_resource_id=candidate_id,
         limits=limits,
         usage=R.CanaryUsage(
             tasks=len(items),
@@ -235,17 +203,14 @@ def canary_results(p: Pipeline, key: str) -> StageResult:
     )
     stored = ctx.append_receipt(store, key, R.add_canary(receipt, report))
     verified = sum(t.verified for t in canary_tasks)
-    return StageResult(
-        metadata={
-            "canary_harness": canary.name,
-            "verified": f"unavailable: {unverifiable}"
-            if unverifiable
-            else f"{verified} of {len(canary_tasks)}",
-            "verified_share": round(verified / len(canary_tasks), 4) if canary_tasks else None,
-            "harmful_effects": sum(1 for t in canary_tasks if t.harmful_effect),
-            "tools_used": tools_used,
-            "seconds": round(batch.seconds, 2),
-            "limits": limits.model_dump(),
-            "receipt_version": stored.version,
-        }
-    )
+    metadata = {
+        "canary_harness": canary.name,
+        "verified": f"unavailable: {unverifiable}" if unverifiable else f"{verified} of {len(canary_tasks)}",
+        "verified_share": round(verified / len(canary_tasks), 4) if canary_tasks else None,
+        "harmful_effects": sum(1 for t in canary_tasks if t.harmful_effect),
+        "tools_used": tools_used,
+        "seconds": round(batch.seconds, 2),
+        "limits": limits.model_dump(),
+        "receipt_version": stored.version,
+    }
+    return StageResult(metadata)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from lightning_dagster.pipeline import context as ctx
@@ -24,44 +25,41 @@ def rollouts(p: Pipeline, key: str) -> StageResult:
     store, receipt, manifest = p.get_store(), ctx.head_receipt(p.get_store(), key), load_manifest(p, key)
     parent = receipt.plan.parent
     parent_dir = ctx.registry(p).download(ctx.registered_version(parent))
-    t = ctx.settings(p).training
+    t, harness = ctx.settings(p).training, ctx.harness_source(p).spec
     with rollout_service(
-        p,
-        parent_dir,
-        snapshot_key=key,
-        harness=ctx.harness_source(p).spec,
-        resource_id=parent.resource_id,
-        serves_parent=True,
+        p, parent_dir, snapshot_key=key, harness=harness, resource_id=parent.resource_id, serves_parent=True
     ) as service:
+        tasks, settings, seed = (
+            manifest.splits.train[: t.tasks_per_step],
+            step_settings(t),
+            manifest.base_seed,
+        )
         batch = sample_step(
             service.service,
-            manifest.splits.train[: t.tasks_per_step],
+            tasks,
             step=1,
-            settings=step_settings(t),
-            base_seed=manifest.base_seed,
+            settings=settings,
+            base_seed=seed,
             tag=f"{key}-s1",
             snapshot_key=key,
         )
     attempts = store.list_attempts(rollout_ids=[r.rollout_id for r in batch.rollouts])
     evidence = R.rollout_evidence(batch.rollouts, attempts, None)  # span counts belong to `spans`
-    endings: dict[str, int] = {}
-    for ending in evidence.attempt_endings:
-        endings[ending.value] = endings.get(ending.value, 0) + 1
+    endings = dict(Counter(ending.value for ending in evidence.attempt_endings))
     retries = sum(1 for k in evidence.attempt_retry_kinds if k.value != "first")
     n = len(batch.rollouts)
-    return StageResult(
-        metadata={
-            "rollouts": n,
-            "attempts": len(attempts),
-            "attempts_by_ending": endings,
-            "retries": retries,
-            "rewarded": len(batch.rewards),
-            "reward_mean": batch.success(),
-            "seconds": round(batch.seconds, 2),
-            "rollouts_per_s": round(n / batch.seconds, 2) if batch.seconds else None,
-            **({"failures": failure_lines(batch.failures)} if batch.failures else {}),  # a line per reason
-        }
-    )
+    metadata = {
+        "rollouts": n,
+        "attempts": len(attempts),
+        "attempts_by_ending": endings,
+        "retries": retries,
+        "rewarded": len(batch.rewards),
+        "reward_mean": batch.success(),
+        "seconds": round(batch.seconds, 2),
+        "rollouts_per_s": round(n / batch.seconds, 2) if batch.seconds else None,
+        **({"failures": failure_lines(batch.failures)} if batch.failures else {}),  # a line per reason
+    }
+    return StageResult(metadata)
 
 
 def spans(p: Pipeline, key: str) -> StageResult:
@@ -77,11 +75,10 @@ def spans(p: Pipeline, key: str) -> StageResult:
         if row is not None and all(row[column[f]] for f in expected.get(kind, []))
     )
     per_family = {f: sum(row[j] for row in ev.span_counts if row is not None) for f, j in column.items()}
-    return StageResult(
-        metadata={
-            "spans": ev.total_spans,
-            "spans_by_family": per_family,
-            "rollouts_with_expected_spans": complete,
-            "coverage": round(complete / len(ev.rollout_ids), 4) if ev.rollout_ids else None,
-        }
-    )
+    metadata = {
+        "spans": ev.total_spans,
+        "spans_by_family": per_family,
+        "rollouts_with_expected_spans": complete,
+        "coverage": round(complete / len(ev.rollout_ids), 4) if ev.rollout_ids else None,
+    }
+    return StageResult(metadata)

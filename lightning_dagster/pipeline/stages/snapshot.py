@@ -26,8 +26,7 @@ PREVIEW_ROWS = 5  # train tasks shown in the `tasks` asset's preview table
 
 def tasks(p: Pipeline, key: str, cut: dict[str, Any] | None = None) -> StageResult:
     manifest = freeze_tasks(p, key, cut)
-    splits = dict(manifest.splits)
-    dataset = manifest.dataset
+    splits, dataset = dict(manifest.splits), manifest.dataset
     project: dict[str, Any] = {}
     if dataset is not None:
         project = {
@@ -37,19 +36,17 @@ def tasks(p: Pipeline, key: str, cut: dict[str, Any] | None = None) -> StageResu
             "dataset_hash": dataset.content_hash,
             "dataset_rows": family_counts(dataset.rows),
         }
-    return StageResult(
-        metadata={
-            "snapshot": key,
-            "content_hash": manifest.content_hash,
-            "harness": manifest.harness,
-            **project,
-            **{f"{split}_tasks": len(items) for split, items in splits.items()},
-            "serve_rollouts": len(manifest.serve_rollout_ids),
-            "families": Markdown(family_table(splits)),
-            "preview": preview(manifest.splits.train[:PREVIEW_ROWS]),
-        },
-        data_version=manifest.content_hash,
-    )
+    metadata = {
+        "snapshot": key,
+        "content_hash": manifest.content_hash,
+        "harness": manifest.harness,
+        **project,
+        **{f"{split}_tasks": len(items) for split, items in splits.items()},
+        "serve_rollouts": len(manifest.serve_rollout_ids),
+        "families": Markdown(family_table(splits)),
+        "preview": preview(manifest.splits.train[:PREVIEW_ROWS]),
+    }
+    return StageResult(metadata, data_version=manifest.content_hash)
 
 
 def family_counts(rows: dict[str, dict[str, int]]) -> Table:
@@ -73,8 +70,7 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
     from lightning_dagster.registry.core import APPROVED
 
     store, reg, manifest = p.get_store(), ctx.registry(p), load_manifest(p, key)
-    existing = ctx.find_receipt(store, key)
-    if existing is not None:
+    if (existing := ctx.find_receipt(store, key)) is not None:
         # Phase 1 is frozen: re-materializing reports the plan already in the ledger, it never re-plans.
         return _plan_result(p, existing, ctx.append_receipt(store, key, existing))
     parent = reg.resolve(APPROVED)  # raises PointerNotSet: never "whatever is latest"
@@ -95,20 +91,15 @@ def update_plan(p: Pipeline, key: str) -> StageResult:
             loads=True,
             model_version=parent.version,
         ),
-        train_snapshot=refs["train"],
-        holdout_snapshot=refs["holdout"],
-        protected_snapshot=refs["protected"],
-        canary_snapshot=refs["canary"],
+        **{f"{split}_snapshot": ref for split, ref in refs.items()},  # train, holdout, protected, canary
         evaluator=R.EvaluatorRef(name=gate.evaluator, version=gate.evaluator_version),
         algorithm=algorithm(p, source.name),
         code_revision=code_version("training", "runner", "gateway", "engine"),
         scope=gate.scope,
         approvers=R.ApproverRoles(canary=gate.canary_approver_roles, default=gate.default_approver_roles),
         expected_span_families={
-            RolloutKind.train: list(spec.expected_span_families),
-            RolloutKind.holdout: list(spec.expected_span_families),
-            RolloutKind.protected: list(spec.expected_span_families),
-            RolloutKind.canary: list(spec.expected_span_families),
+            kind: list(spec.expected_span_families)
+            for kind in (RolloutKind.train, RolloutKind.holdout, RolloutKind.protected, RolloutKind.canary)
         },
         # What the stages will run on what was frozen (a dataset may hold fewer closed tasks than asked):
         # each train task x group, parent and candidate once on each closed task, the candidate on the canary.
@@ -150,32 +141,29 @@ def policy_shortfalls(plan: Plan, policy: Policy) -> list[str]:
 
 
 def _plan_result(p: Pipeline, receipt: Receipt, stored: LedgerEntry) -> StageResult:
-    plan = receipt.plan
-    pol = ctx.policy(p)
+    plan, pol = receipt.plan, ctx.policy(p)
     shortfalls = policy_shortfalls(plan, pol)
     warning = "\n".join(f"- {s}" for s in shortfalls)
-    return StageResult(
-        metadata={
-            "policy": pol.version,
-            "plan_can_pass": not shortfalls,
-            "cannot_pass": Markdown(f"**This plan cannot pass policy {pol.version}:**\n\n{warning}")
-            if shortfalls
-            else "none: every check can pass on the evidence",
-            "receipt_id": receipt.receipt_id,
-            "receipt_version": stored.version,
-            "candidate_id": plan.candidate_id,
-            "parent": plan.parent.uri,
-            "parent_weights_hash": plan.parent.weights_hash,
-            "evaluator": f"{plan.evaluator.name}@{plan.evaluator.version}",
-            "train_snapshot": plan.train_snapshot.content_hash,
-            "holdout_snapshot": plan.holdout_snapshot.content_hash,
-            "scope": plan.scope,
-            "approvers": plan.approvers.model_dump(),
-            "expected_rollouts": {k.value: v for k, v in (plan.expected_rollouts or {}).items()},
-            "algorithm": plan.algorithm,
-        },
-        data_version=stored.content_hash,
-    )
+    metadata = {
+        "policy": pol.version,
+        "plan_can_pass": not shortfalls,
+        "cannot_pass": Markdown(f"**This plan cannot pass policy {pol.version}:**\n\n{warning}")
+        if shortfalls
+        else "none: every check can pass on the evidence",
+        "receipt_id": receipt.receipt_id,
+        "receipt_version": stored.version,
+        "candidate_id": plan.candidate_id,
+        "parent": plan.parent.uri,
+        "parent_weights_hash": plan.parent.weights_hash,
+        "evaluator": f"{plan.evaluator.name}@{plan.evaluator.version}",
+        "train_snapshot": plan.train_snapshot.content_hash,
+        "holdout_snapshot": plan.holdout_snapshot.content_hash,
+        "scope": plan.scope,
+        "approvers": plan.approvers.model_dump(),
+        "expected_rollouts": {k.value: v for k, v in (plan.expected_rollouts or {}).items()},
+        "algorithm": plan.algorithm,
+    }
+    return StageResult(metadata, data_version=stored.content_hash)
 
 
 def algorithm(p: Pipeline, harness: str) -> dict[str, Any]:

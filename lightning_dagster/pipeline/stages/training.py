@@ -37,33 +37,28 @@ def training_transitions(p: Pipeline, key: str) -> StageResult:
     rows, advantages, merge, excluded = batch_transitions(batch, step_settings(ctx.settings(p).training))
     parent_dir = ctx.registry(p).download(ctx.registered_version(receipt.plan.parent))
     tokenizer = tokenizer_fingerprint_of(spans_tokenizer(p, parent_dir))
-    path = write_transitions(
-        ctx.snapshot_dir(key) / "transitions.jsonl.gz",
-        rows,
-        advantages,
-        tokenizer=tokenizer,
-        excluded=excluded,
-    )
-    ctx.save_stage(
-        store,
-        key,
-        "training_transitions",
-        {"uri": path.as_uri(), "rows": len(rows), "tokenizer": tokenizer, "excluded_rollouts": len(excluded)},
-    )
-    return StageResult(
-        metadata={
-            "transitions_uri": path.as_uri(),
-            "rows": len(rows),
-            "trained_tokens": sum(r.trained_tokens for r in rows),
-            "tokenizer": tokenizer,
-            "merge_rate": merge.get("merge_single_row_attempts", 0) / max(1, merge.get("merge_attempts", 0)),
-            **{k: v for k, v in merge.items()},
-            "excluded": Table(
-                ["rollout", "span", "reason"], [[e.rollout_id, e.span_id, e.reason] for e in excluded]
-            ),
-            **{f"advantage_{k}": v for k, v in advantages.to_dict().items()},
-        }
-    )
+    out = ctx.snapshot_dir(key) / "transitions.jsonl.gz"
+    path = write_transitions(out, rows, advantages, tokenizer=tokenizer, excluded=excluded)
+    stage = {
+        "uri": path.as_uri(),
+        "rows": len(rows),
+        "tokenizer": tokenizer,
+        "excluded_rollouts": len(excluded),
+    }
+    ctx.save_stage(store, key, "training_transitions", stage)
+    metadata = {
+        "transitions_uri": path.as_uri(),
+        "rows": len(rows),
+        "trained_tokens": sum(r.trained_tokens for r in rows),
+        "tokenizer": tokenizer,
+        "merge_rate": merge.get("merge_single_row_attempts", 0) / max(1, merge.get("merge_attempts", 0)),
+        **merge,
+        "excluded": Table(
+            ["rollout", "span", "reason"], [[e.rollout_id, e.span_id, e.reason] for e in excluded]
+        ),
+        **{f"advantage_{k}": v for k, v in advantages.to_dict().items()},
+    }
+    return StageResult(metadata)
 
 
 def inputs_ready(p: Pipeline, key: str) -> None:
@@ -130,66 +125,60 @@ def candidate_resource(
     )
     curve, selection, out = result.steps, result.selection, result.checkpoint
     assert out is not None
-    refs = snapshot_refs(manifest)
+    refs, plan = snapshot_refs(manifest), receipt.plan
+    evaluator = f"{plan.evaluator.name}@{plan.evaluator.version}"
+    # the selection as parameters, its per-checkpoint lists as metrics; numbers only per step
+    params = {k: v for k, v in selection.items() if k != "checkpoints"}
     version = reg.log_candidate(
         out,
         parent_version=parent_version,
         snapshot_key=key,
-        # the selection as parameters, its per-checkpoint lists as metrics; numbers only per step
-        algorithm_config={
-            **receipt.plan.algorithm,
-            "selection": {k: v for k, v in selection.items() if k != "checkpoints"},
-        },
+        algorithm_config={**plan.algorithm, "selection": params},
         metrics_per_step=[{k: float(v) for k, v in m.items() if type(v) in (int, float)} for m in curve],
         train_snapshot=_dataset(manifest, key, "train", refs["train"]),
         heldout_snapshot=_dataset(manifest, key, "holdout", refs["holdout"]),
         receipt_id=receipt.receipt_id,
         started_at=started,
         ended_at=time.time(),
-        code_revision=receipt.plan.code_revision,
-        evaluator_version=f"{receipt.plan.evaluator.name}@{receipt.plan.evaluator.version}",
+        code_revision=plan.code_revision,
+        evaluator_version=evaluator,
         orchestrator_run_id=run_id,
     )
     stage = {"checkpoint": str(out), "version": version.version, "run_id": version.run_id}
     ctx.save_stage(store, key, "candidate_resource", stage | {"selection": selection})
-    receipt = R.add_candidate(
-        receipt,
-        R.CandidateArtifact(
-            resource_id=receipt.plan.candidate_id,
-            uri=version.model_uri,
-            weights_hash=version.weights_hash,
-            files_hash=version.files_hash or None,
-            parent_id=receipt.plan.parent.resource_id,
-            model_version=version.version,
-            training=training_run(selection, t.steps),
-        ),
+    artifact = R.CandidateArtifact(
+        resource_id=plan.candidate_id,
+        uri=version.model_uri,
+        weights_hash=version.weights_hash,
+        files_hash=version.files_hash or None,
+        parent_id=plan.parent.resource_id,
+        model_version=version.version,
+        training=training_run(selection, t.steps),
     )
-    receipt = R.set_fingerprints(receipt, serving_model=version.weights_hash)
+    receipt = R.set_fingerprints(R.add_candidate(receipt, artifact), serving_model=version.weights_hash)
     stored = ctx.append_receipt(store, key, receipt)
-    return StageResult(
-        metadata={
-            "checkpoint_uri": out.as_uri(),
-            "weights_hash": version.weights_hash,
-            "model_version": version.model_uri,
-            "parent": receipt.plan.parent.uri,
-            "snapshot": key,
-            "evaluator": f"{receipt.plan.evaluator.name}@{receipt.plan.evaluator.version}",
-            "steps": len(curve),
-            "kl_coef": t.kl_coef,
-            "validation_tasks": selection["validation_tasks"],
-            "chosen_step": selection["chosen_step"],
-            "kept_parent_cases": str(selection.get("kept_parent_cases")),
-            "early_stop": selection["early_stop"] or "",
-            "final_reward": round(float(curve[-1].get("success", 0.0)), 4),
-            "final_loss": round(float(curve[-1].get("loss", 0.0)), 6),
-            # 0: no step had a learning signal (every group's rewards were equal, so every advantage was 0)
-            "trained_rows": sum(int(point.get("trained_rows", 0)) for point in curve),
-            "curves": Markdown(curve_table(curve)),
-            "receipt_version": stored.version,
-            **mlflow_links(reg, version.run_id, version.version),
-        },
-        data_version=version.weights_hash,
-    )
+    metadata = {
+        "checkpoint_uri": out.as_uri(),
+        "weights_hash": version.weights_hash,
+        "model_version": version.model_uri,
+        "parent": plan.parent.uri,
+        "snapshot": key,
+        "evaluator": evaluator,
+        "steps": len(curve),
+        "kl_coef": t.kl_coef,
+        "validation_tasks": selection["validation_tasks"],
+        "chosen_step": selection["chosen_step"],
+        "kept_parent_cases": str(selection.get("kept_parent_cases")),
+        "early_stop": selection["early_stop"] or "",
+        "final_reward": round(float(curve[-1].get("success", 0.0)), 4),
+        "final_loss": round(float(curve[-1].get("loss", 0.0)), 6),
+        # 0: no step had a learning signal (every group's rewards were equal, so every advantage was 0)
+        "trained_rows": sum(int(point.get("trained_rows", 0)) for point in curve),
+        "curves": Markdown(curve_table(curve)),
+        "receipt_version": stored.version,
+        **mlflow_links(reg, version.run_id, version.version),
+    }
+    return StageResult(metadata, data_version=version.weights_hash)
 
 
 def training_run(selection: dict[str, Any], steps_planned: int) -> TrainingRun:
