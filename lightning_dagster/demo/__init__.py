@@ -1,10 +1,5 @@
-"""`lightning-dagster demo`: two continual-learning cycles on the embedded default, through real Dagster runs.
-
-Local SQLite state throughout: bootstrap the first parent as `approved-default`, let the sensor cut a
-snapshot, run the whole graph, promote when the gate says so, add the project's late train tasks so the
-sensor cuts snapshot 2, run again, and print both verdicts, the pointer history and the UI commands. The
-graph runs a working copy of `--project PATH` (`LD_PROJECT`), else of `examples/calc`.
-"""
+"""`lightning-dagster demo`: two continual-learning cycles through real Dagster runs on local SQLite state,
+on a working copy of `--project PATH` (`LD_PROJECT`), else of `examples/calc` (see `register`)."""
 
 from __future__ import annotations
 
@@ -82,8 +77,7 @@ def run_demo(
     actors: dict[str, str] = DEMO_ACTORS,
     out: Callable[[str], None] = print,
 ) -> list[Any]:
-    """Both cycles on a working copy of `project`, `actors` (role -> actor) approving; prints stage lines
-    and the summary through `out`. Returns the two cycles."""
+    """Both cycles on a working copy of `project`, `actors` (role -> actor) approving; lines to `out`."""
     from lightning_dagster import paths
     from lightning_dagster.demo.cycles import Demo, run_cycles
     from lightning_dagster.demo.progress import StageLines
@@ -104,8 +98,7 @@ def run_demo(
 
     from lightning_dagster.demo.location import Location
 
-    # The demo's Dagster home as `dagster dev` opens it; the runs' console logs are quiet here only (the demo
-    # prints its own lines; each step's output stays in its compute logs for the UI).
+    # the demo's Dagster home as `dagster dev` opens it, console logs quiet (compute logs keep the output)
     quiet = {"python_logs": {"python_log_level": "CRITICAL"}}
     ref = InstanceRef.from_dir(env["DAGSTER_HOME"], overrides=quiet)
     with dg.DagsterInstance.from_ref(ref) as instance, Location(instance) as location:

@@ -1,7 +1,5 @@
-"""The demo's two release cycles: bootstrap the parent, cycle 1 through the whole graph, promotion by the
-authorized demo actor when the gate says promote, new tasks, a real `continual_learning_sensor` tick that cuts
-snapshot 2, cycle 2 from the (new) `approved-default`, and the summary. Every tick and run is the code
-location's (`location.Location`): the Dagster UI's sensor and job pages show them."""
+"""The demo's two release cycles, every tick and run the code location's (`location.Location`), so the
+Dagster UI shows them."""
 
 from __future__ import annotations
 
@@ -87,9 +85,7 @@ def bootstrap(demo: Demo) -> str:
 def run_job(
     demo: Demo, job: str, run_config: dict[str, Any], *, run_id: str | None = None, **selection: Any
 ) -> tuple[bool, list[str]]:
-    """A run of the code location's `job` (the queued `run_id`, else one submitted now with `selection`:
-    `partition`, `assets`, `tags`), launched here; whether it succeeded and its failed steps' messages.
-    `selection["on_event"]` sees each event as it happens."""
+    """Launch the queued `run_id`, else a run of `job` submitted now; whether it succeeded, its failures."""
     on_event = selection.pop("on_event", None)
     run_id = run_id or demo.location.submit(job, run_config, **selection).run_id
     failures: list[str] = []
@@ -106,8 +102,7 @@ def run_job(
 
 
 def tick(demo: Demo) -> str | None:
-    """One real tick of `continual_learning_sensor`, recorded as the code location's: the key it cut (its
-    run queued), or None (the tick's skip reason printed)."""
+    """One real tick of `continual_learning_sensor`: the key it cut (its run queued), or None."""
     tick = demo.location.tick(SENSOR, demo.cursor)
     demo.cursor = demo.location.cursor(SENSOR)
     if not tick.run_ids:
@@ -121,8 +116,7 @@ def tick(demo: Demo) -> str | None:
 
 
 def cut_by_hand(demo: Demo, number: int) -> str:
-    """A snapshot cut without the sensor (used when the sensor paused): the demo's own trigger, its run
-    submitted as a launchpad run of the partition."""
+    """A snapshot cut by the demo (when the sensor paused), its run submitted as a launchpad run."""
     import datetime as dt
 
     from lightning_dagster.orchestration.partitions import snapshots
@@ -140,9 +134,9 @@ def cut_by_hand(demo: Demo, number: int) -> str:
 
 
 def run_graph(demo: Demo, number: int, key: str) -> None:
-    """The queued run of `key`'s cut: the whole graph, the canary step approved by the release owner (an
-    `approve` run) right after `update_plan`; then `release_receipt` alone when a blocking check stopped the
-    graph before it (the receipt judges all seven checks itself, so selecting it alone is no bypass)."""
+    """The queued run of `key`'s cut, the release owner approving the canary step right after
+    `update_plan`; then `release_receipt` alone if a blocking check stopped the graph (it judges all seven
+    checks itself: no bypass)."""
     from lightning_dagster.demo.setup import approval_config
     from lightning_dagster.pipeline import context as ctx
 
@@ -163,7 +157,6 @@ def run_graph(demo: Demo, number: int, key: str) -> None:
 
 
 def run_cycle(demo: Demo, number: int, key: str) -> Cycle:
-    """The whole graph for `key`; the judged receipt."""
     from lightning_dagster.pipeline import context as ctx
 
     run_graph(demo, number, key)
@@ -223,8 +216,7 @@ def run_cycles(demo: Demo) -> list[Cycle]:
 
 
 def keep_cursor(demo: Demo) -> None:
-    """The sensor's watermark (what the cycles trained on) kept as its cursor in the code location the printed
-    `dagster dev` loads: switching the sensor on then cuts only new evidence."""
+    """Keep the sensor's watermark as its cursor for the printed `dagster dev` (new evidence only)."""
     demo.location.set_cursor(SENSOR, demo.cursor)
     demo.lines.line("sensor", "cursor kept for the UI: switching the sensor on cuts only new evidence")
 

@@ -1,14 +1,6 @@
-"""The code location the demo's printed `dagster dev -m lightning_dagster.orchestration.definitions` serves,
-loaded the way that command loads it (Dagster's gRPC server for the module, in a process of its own), so the
-demo's sensor ticks and runs are recorded in the instance as that location's:
-
-- a tick is the sensor daemon's own tick (evaluated in the location's process): its cut, skip or pause
-  reason, cursor, partition and run requests and observations are what the sensor's page shows;
-- a run is created with the location's job origin, as the launchpad and the sensor daemon create them, so
-  the job's page lists it (with the sensor's and tick's tags when a tick requested it); it is queued as
-  Dagster queues every run, then launched in the demo's process (no daemon runs during the demo), where the
-  demo follows its events as they happen.
-"""
+"""The code location the demo's printed `dagster dev` serves, loaded as that command loads it (a gRPC
+server process), so the UI shows the demo's ticks (the sensor daemon's own) and runs (made as the launchpad
+makes them, queued, then launched in the demo's process, which follows their events)."""
 
 from __future__ import annotations
 
@@ -53,13 +45,10 @@ class Location:
     def name(self) -> str:
         return self.code_location().name
 
-    # ------------------------------------------------------------------ sensors
-
     def tick(self, sensor_name: str, cursor: str | None) -> Any:
-        """One tick of `sensor_name` from `cursor`, by the sensor daemon's own machinery; the recorded tick
-        (`status`, `skip_reason`, `run_ids`). A sensor keeps its status (one that starts stopped stays
-        stopped: the demo ticks it, no daemon does), and the demo ticks when it has something to show, not
-        on the sensor's minimum interval."""
+        """One tick of `sensor_name` from `cursor` by the daemon's machinery; the recorded tick (`status`,
+        `skip_reason`, `run_ids`). The sensor keeps its status; the demo ticks when it has something to
+        show, not on the minimum interval."""
         from dagster._core.definitions.run_request import InstigatorType
         from dagster._daemon.sensor import _process_tick_generator
 
@@ -80,9 +69,7 @@ class Location:
         return state.instigator_data.cursor if state is not None and state.instigator_data else None
 
     def set_cursor(self, sensor_name: str, cursor: str | None, *, ticked: bool = True) -> Any:
-        """The sensor's cursor in the instance, as `dagster sensor cursor --set` keeps it (a sensor the
-        instance has no state for gets the status it starts with); `ticked=False` also forgets when it last
-        ticked. Returns the sensor's state."""
+        """Set the sensor's cursor as `dagster sensor cursor --set` does; returns its state."""
         from dagster._core.definitions.run_request import InstigatorType
         from dagster._core.definitions.sensor_definition import DefaultSensorStatus
         from dagster._core.scheduler.instigation import (
@@ -115,8 +102,6 @@ class Location:
             self.instance.update_instigator_state(state.with_data(data))
         return self.instance.get_instigator_state(*ids)
 
-    # ------------------------------------------------------------------ runs
-
     def submit(
         self,
         job_name: str,
@@ -126,8 +111,7 @@ class Location:
         assets: Iterable[str] | None = None,
         tags: dict[str, str] | None = None,
     ) -> Any:
-        """A run of the location's `job_name` (only `assets` of it, when given) created with the job's origin
-        as the launchpad creates one, and submitted: queued, as Dagster queues every run."""
+        """A queued run of the location's `job_name` (only `assets`, if given), made as the launchpad does."""
         import dagster as dg
         from dagster._core.definitions.selector import JobSubsetSelector
 
@@ -172,9 +156,7 @@ class Location:
         return self.instance.submit_run(run.run_id, self.context.create_request_context())
 
     def launch(self, run_id: str, job_def: Any, on_event: Callable[[Any], None]) -> Any:
-        """Launch the queued run `run_id` here, as the run queue and run launcher would in a run worker:
-        executed with `job_def` (the location's job, as the demo configured its resources), each event passed
-        to `on_event` as it happens. Returns the finished run."""
+        """Launch the queued run `run_id` here as a run worker would, each event to `on_event`."""
         from dagster._core.definitions.job_base import InMemoryJob
         from dagster._core.events import DagsterEvent, DagsterEventType
         from dagster._core.execution.api import execute_run_iterator

@@ -1,15 +1,13 @@
-"""One printed line per stage as it happens: the warm start's progress, and each asset of a Dagster run the
-moment its materialization (or a failed check, or a failed step) reaches the run's event stream."""
+"""One printed line per stage as it happens: the warm start's progress, and each materialization, failed
+check or failed step of a Dagster run."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-# The demo prints its own lines; Dagster's per-event console log would drown them. `stages` is the logger
-# that prints them (`stage_logger`), added to the jobs the demo runs.
+# The demo prints its own lines; Dagster's per-event console log would drown them.
 QUIET: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 WARM_START_EVERY = 25  # SFT steps between warm-start lines (a probe always prints)
 
@@ -47,7 +45,6 @@ def _fmt(value: Any) -> str:
 
 
 def asset_figures(asset: str, meta: dict[str, Any], training: Any) -> str:
-    """The key figures of one materialized asset, from its metadata."""
     m = meta.get
     if asset == "tasks":
         return ", ".join(f"{s} {m(f'{s}_tasks')}" for s in ("train", "holdout", "protected", "canary"))
@@ -96,8 +93,7 @@ def asset_figures(asset: str, meta: dict[str, Any], training: Any) -> str:
 
 
 class EventLines:
-    """Turns a run's events into stage lines as they happen; `after` (asset name -> callable) runs right
-    after that asset's materialization, before the run goes on."""
+    """A run's events as stage lines; `after` (asset -> callable) runs right after that materialization."""
 
     def __init__(
         self, lines: StageLines, label: str, training: Any, after: dict[str, Callable[[], None]] | None = None
@@ -132,59 +128,23 @@ class EventLines:
             self.lines.line(f"{self.label} stopped", text)
 
 
-class _EventPrinter(logging.Handler):
-    """`EventLines` for a run's log records (a job executed in process with the `stages` logger)."""
-
-    def __init__(self, lines: StageLines, label: str, training: Any) -> None:
-        super().__init__(level=logging.DEBUG)
-        self.printer = EventLines(lines, label, training)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        event = getattr(record, "dagster_event", None)
-        if event is not None:
-            self.printer(event)
-
-
-def with_stage_lines(job: Any, lines: StageLines, label: str, training: Any) -> Any:
-    """`job` with a `stages` logger that prints a line per materialized asset, failed check or step."""
-    import dagster as dg
-
-    @dg.logger(description="The demo's stage lines.")
-    def stage_logger(_: Any) -> logging.Logger:
-        logger = logging.Logger("lightning-dagster-demo", level=logging.DEBUG)
-        logger.addHandler(_EventPrinter(lines, label, training))
-        return logger
-
-    return job.with_logger_defs({**job.loggers, "stages": stage_logger})
-
-
-def run_config(printing: bool) -> dict[str, Any]:
-    loggers = {**QUIET["loggers"], **({"stages": {}} if printing else {})}
-    return {"loggers": loggers}
-
-
 def run_snapshot(
     defs: Any,
     instance: Any,
     key: str,
     *,
     approver: tuple[str, str] | None,
-    lines: StageLines | None = None,
-    label: str = "",
     cut: dict[str, Any] | None = None,
 ) -> list[Any]:
     """Plan, optionally approve the canary step, then materialize the rest of the snapshot's graph, each as
-    a run on `instance`; with `lines`, a stage line per asset. `cut`: what the sensor that cut the snapshot
-    decided (`Cut.config`), for `tasks` to freeze. Returns the run results."""
+    a run on `instance`. `cut`: what the sensor that cut the snapshot decided (`Cut.config`), for `tasks` to
+    freeze. Returns the run results."""
     from lightning_dagster.demo.setup import approval_config
-    from lightning_dagster.pipeline import context as ctx
+    from lightning_dagster.orchestration.assets import snapshot_assets
 
     job = defs.resolve_job_def("continual_learning")
-    if lines is not None:
-        job = with_stage_lines(job, lines, label, ctx.settings(defs.resources["pipeline"]).training)
-    config = run_config(lines is not None)
     planned = ["tasks", "update_plan"]
-    first = {**config, "ops": {"tasks": {"config": cut}}} if cut else config
+    first = {**QUIET, "ops": {"tasks": {"config": cut}}} if cut else QUIET
     results = [_run(job, instance, key, planned, first)]
     if approver is not None:
         approval = approval_config(defs.resources["pipeline"], key, approver)
@@ -193,25 +153,13 @@ def run_snapshot(
                 instance=instance, run_config={**QUIET, "ops": {"approve_receipt": {"config": approval}}}
             )
         )
-        if lines is not None:
-            lines.line(f"{label} approve", f"{approver[0]} signed the canary step ({approver[1]})")
-    rest = [a.key.to_user_string() for a in _assets() if a.key.to_user_string() not in planned]
-    results.append(_run(job, instance, key, rest, config))
-    if not any(m.asset_key.to_user_string() == "release_receipt" for m in _materializations(results[-1])):
-        # A blocking check stopped the graph: the receipt alone still judges all seven checks itself and
-        # names every one that did not pass (selecting it alone is no bypass).
-        results.append(_run(job, instance, key, ["release_receipt"], config))
+    rest = [a.key.to_user_string() for a in snapshot_assets if a.key.to_user_string() not in planned]
+    results.append(_run(job, instance, key, rest, QUIET))
+    events = results[-1].get_asset_materialization_events()
+    if not any(e.materialization.asset_key.to_user_string() == "release_receipt" for e in events):
+        # a blocking check stopped the graph: the receipt alone judges all seven checks (no bypass)
+        results.append(_run(job, instance, key, ["release_receipt"], QUIET))
     return results
-
-
-def _materializations(result: Any) -> list[Any]:
-    return [e.materialization for e in result.get_asset_materialization_events()]
-
-
-def _assets() -> list[Any]:
-    from lightning_dagster.orchestration.assets import snapshot_assets
-
-    return snapshot_assets
 
 
 def _run(job: Any, instance: Any, key: str, selection: list[str], config: dict[str, Any]) -> Any:

@@ -1,5 +1,5 @@
-"""The demo's home: Dagster's local instance, the approvers and their keys, and the working copy of the project
-whose train split grows between the two cycles (the new tasks that make the sensor cut snapshot 2)."""
+"""The demo's home: Dagster's local instance, the approvers and their keys, and the project's working copy
+whose train split grows between the cycles (so the sensor cuts snapshot 2)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,13 @@ from pathlib import Path
 from typing import Any
 
 DEMO_ACTORS = {"release-owner": "demo-release-owner", "default-approver": "demo-default-approver"}
-# The share of the project's train tasks that "arrive" after cycle 1 (the last ones by id).
-LATE_TRAIN_SHARE = 1 / 8
-# The demo deployment's own keys, kept with the approvers' (outside models/ and mlartifacts/): the pipeline's
-# (it attests receipts and signs the bootstrap move) and the roles-admin's (it signs changes of the roles pin).
+LATE_TRAIN_SHARE = 1 / 8  # of the train tasks "arrive" after cycle 1 (the last ones by id)
+# The demo's own keys: the pipeline's (attests receipts, signs the bootstrap move), the roles-admin's.
 PIPELINE_ACTOR, ROLES_ADMIN = "demo-pipeline", "demo-roles-admin"
 
 
 def use_project(path: Path) -> str:
-    """Check the project and its tasks (a `ProjectError` before anything runs), point the pipeline at it
-    (`LD_PROJECT`, which the printed UI command carries too) and return its one-line summary."""
+    """Check the project and its tasks, point the pipeline at it (`LD_PROJECT`) and return its summary."""
     from lightning_dagster.project import load_project, load_tasks
 
     project = load_project(path)
@@ -52,7 +49,7 @@ def prepare_environment(actors: dict[str, str] = DEMO_ACTORS) -> dict[str, str]:
 
 
 def approver_keys() -> Path:
-    """Where the demo (and its tests) keep approvers' private keys: the home, outside models/ and mlartifacts/."""
+    """Where the demo keeps approvers' private keys: in the home, outside models/ and mlartifacts/."""
     from lightning_dagster import paths
 
     return paths.home() / "approver-keys"
@@ -79,8 +76,7 @@ def write_approvers(path: Path, actors: dict[str, str]) -> Path:
 
 
 def approval_config(pipeline: Any, key: str, approver: tuple[str, str]) -> dict[str, Any]:
-    """The `approve` job's op config: `approver` = (actor, role) signs the snapshot's receipt as it stands
-    with the actor's key from `approver_keys()` (for the step that role approves)."""
+    """The `approve` job's op config: `approver` (actor, role) signs the receipt as it stands."""
     from lightning_dagster.pipeline import context as ctx
     from lightning_dagster.release.receipts import sign_approval
 
@@ -91,8 +87,7 @@ def approval_config(pipeline: Any, key: str, approver: tuple[str, str]) -> dict[
 
 
 def promotion_config(pipeline: Any, receipt_id: str, actor: str) -> dict[str, Any]:
-    """The `promote` job's op config: `actor` signs the move (`registry sign-promote`) with their key from
-    `approver_keys()`, against the pointer and the receipt's ledger head as they stand."""
+    """The `promote` job's op config: `actor` signs the move against the pointer and ledger as they stand."""
     from lightning_dagster.pipeline import context as ctx
     from lightning_dagster.release.promotion import sign_promotion
 
@@ -102,7 +97,7 @@ def promotion_config(pipeline: Any, receipt_id: str, actor: str) -> dict[str, An
 
 
 def _not_copied(home: Path) -> Callable[[str, list[str]], set[str]]:
-    """What copying the project folder leaves out: the home (it may hold the copy), earlier copies, VCS."""
+    """What copying the project leaves out: the home (it may hold the copy), earlier copies, .git."""
     home = home.resolve()
 
     def ignore(directory: str, names: list[str]) -> set[str]:
@@ -117,8 +112,7 @@ def _not_copied(home: Path) -> Callable[[str, list[str]], set[str]]:
 
 
 def _absolute_outside_paths(original: Path, copy: Path) -> None:
-    """Rewrite the copied project file `copy` so that every relative path of `original` that points outside
-    its folder (`../shared/demos.jsonl`) is absolute; paths inside the folder stay relative."""
+    """Rewrite the copied project file with every relative path pointing outside the folder made absolute."""
     import yaml
 
     from lightning_dagster.project.config import PATH_KEYS
@@ -169,8 +163,7 @@ def _drop_jsonl_lines(path: Path, id_column: str, ids: set[str]) -> None:
 
 
 class WorkingCopy:
-    """The project copied into `<home>/demo-project` once, its tasks file without the late train tasks;
-    `add_late_tasks` restores the full file, so the task pool the sensor watches changes."""
+    """The project copied into `<home>/demo-project`, without its late train tasks until `add_late_tasks`."""
 
     def __init__(self, project_file: Path, home: Path) -> None:
         from lightning_dagster.project import ProjectError, load_project, load_tasks
@@ -188,8 +181,7 @@ class WorkingCopy:
             raise ProjectError(source.file, [("tasks.path", problem)])
         self.tasks_file = self.root / self.original.relative_to(folder)
         self.file, self.source_file = self.root / source.file.name, source.file
-        # The copy is kept across demo runs in one home (cycle 2's added tasks stay added), but only for the same
-        # project with the same tasks: another project, or edited tasks, replace it.
+        # kept across demo runs in one home, but only for the same project with the same tasks
         marker, origin = self.root / ".demo-source", f"{source.file.resolve()}\n{tasks.content_hash}\n"
         if self.root.exists() and (not marker.is_file() or marker.read_text() != origin):
             shutil.rmtree(self.root)
@@ -212,17 +204,13 @@ class WorkingCopy:
             return
         if suffix == ".csv":
             frame = pd.read_csv(self.tasks_file, dtype=str)
+            frame[~frame[id_column].astype(str).isin(late)].to_csv(self.tasks_file, index=False)
         else:
             frame = pd.read_parquet(self.tasks_file)
-        kept = frame[~frame[id_column].astype(str).isin(late)]
-        if suffix == ".csv":
-            kept.to_csv(self.tasks_file, index=False)
-        else:
-            kept.to_parquet(self.tasks_file)
+            frame[~frame[id_column].astype(str).isin(late)].to_parquet(self.tasks_file)
 
     def pin_training(self, given: dict[str, Any]) -> None:
-        """The copy's `training:` section: the project's own with the demo's `given` settings over it, so the
-        UI's code location (reading this file) runs and fingerprints with the demo's settings."""
+        """The project's `training:` with the demo's `given` over it, so the UI runs the demo's settings."""
         import yaml
 
         original = yaml.safe_load(self.source_file.read_text()) or {}

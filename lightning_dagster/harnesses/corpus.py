@@ -1,7 +1,5 @@
-"""The text the example agents exchange, which the embedded default model's tokenizer is trained on.
-
-`scripts/make_example_data.py` writes `training_corpus()` to `lightning_dagster/engine/corpus.json`, the
-file the core builds its default base model from (the core imports no example agent)."""
+"""The text the example agents exchange, which the embedded default model's tokenizer is trained on:
+`scripts/make_example_data.py` writes it to `lightning_dagster/engine/corpus.json` for the core."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ from lightning_dagster.project.splits import SPLITS
 
 
 def training_corpus(n_per_split: int = 200, seed: int = 0) -> list[str]:
-    """Every kind of text the harnesses exchange: system prompts, tool schemas, questions, tool-call
-    arguments as JSON, tool results and final answers. Deterministic, so the tokenizer is too."""
+    """Every kind of text the harnesses exchange; deterministic, so the tokenizer is too."""
     texts: list[str] = []
     for agent in (calc_agent, ledger_agent):
         texts += [agent.SYSTEM_PROMPT, json.dumps(agent.TOOLS)]

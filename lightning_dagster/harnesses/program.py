@@ -1,7 +1,5 @@
-"""What the example agents share to run as standalone Agent Lightning programs: the attempt's task from the
-environment, a client for the attempt, their tool loop (the tools' shape, the assistant turn it sends back, a
-tool call's arguments and errors), and the reward posted as Agent Lightning's event. It needs only `openai`
-(and its `httpx`), like the agents themselves."""
+"""What the example agents share to run as standalone Agent Lightning programs (task, client, tool loop,
+reward event); it needs only `openai` (and its `httpx`), like the agents themselves."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ Solve = Callable[[dict[str, Any], OpenAI], float]
 
 
 def read_task() -> dict[str, Any]:
-    """The attempt's task: `AGL_TASK`, or the file `LD_TASK_FILE` names (a task too large for an environment
-    variable, over 128 KiB, is only there)."""
+    """The attempt's task: `AGL_TASK`, or the file `LD_TASK_FILE` names (a task over 128 KiB)."""
     text = os.environ.get("AGL_TASK")
     if text is None:
         with open(os.environ["LD_TASK_FILE"], encoding="utf-8") as task_file:
@@ -41,23 +38,16 @@ def assistant_turn(message: Any) -> dict[str, Any]:
 
 def tool(name: str, description: str, **properties: str) -> dict[str, Any]:
     """A function tool in OpenAI's shape; every parameter (`name="JSON type"`) is required."""
+    schema = {key: {"type": kind} for key, kind in properties.items()}
+    parameters = {"type": "object", "properties": schema, "required": list(properties)}
     return {
         "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {key: {"type": kind} for key, kind in properties.items()},
-                "required": list(properties),
-            },
-        },
+        "function": {"name": name, "description": description, "parameters": parameters},
     }
 
 
 def tool_result(call: Callable[[dict[str, Any]], str], arguments: str, refused: type[Exception]) -> str:
-    """A tool call's message content: `call(its arguments)`, or an `error: ...` the model can read when the
-    arguments are not a JSON object or the tool raises `refused`."""
+    """A tool call's message: `call(its arguments)`, or an `error: ...` for the model."""
     try:
         args = json.loads(arguments or "{}")
         if not isinstance(args, dict):
@@ -79,8 +69,7 @@ def tool_loop(
     max_turns: int,
     max_tokens: int,
 ) -> str | None:
-    """Ask the model, answer its tool calls with `run_tool(name, arguments)`, repeat: the content of its first
-    reply without a tool call, or None when `max_turns` model calls ended in tool calls."""
+    """The tool loop: the model's first reply without a tool call, or None after `max_turns` calls."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": system},
         {"role": "user", "content": question},
@@ -115,7 +104,6 @@ def post_reward(event_url: str, api_key: str, value: float) -> None:
 
 
 def run_task(solve: Solve, task: dict[str, Any], *, base_url: str, api_key: str, event_url: str) -> float:
-    """Solve one task with a client for the attempt, post the reward, return it."""
     with OpenAI(base_url=base_url, api_key=api_key, max_retries=1, timeout=60.0) as client:
         reward = solve(task, client)
     post_reward(event_url, api_key, reward)

@@ -27,9 +27,7 @@ MLFLOW_PAGES = ("candidate_resource", "release_receipt")
 
 
 def with_mlflow_ui(assets: list[dg.AssetsDefinition], ui: str) -> list[dg.AssetsDefinition]:
-    """`assets`, those in MLFLOW_PAGES with the MLflow UI's address `ui` as definition metadata (`mlflow_ui`):
-    set when the code location loads (a reload in the UI reads it anew), so a page's link follows the
-    address configured now, not the one of when it materialized."""
+    """`assets`, MLFLOW_PAGES with the MLflow UI's address (`mlflow_ui`), set at each load."""
     if not ui:
         return assets
     meta = {"mlflow_ui": dg.MetadataValue.url(ui)}
@@ -44,8 +42,7 @@ def with_mlflow_ui(assets: list[dg.AssetsDefinition], ui: str) -> list[dg.Assets
 def build_definitions(
     *, deferred: bool = True, **resource_overrides: dg.ConfigurableResource
 ) -> dg.Definitions:
-    """The whole code location; tests pass smaller settings (`training=TrainingResource(steps=1)`).
-    `deferred=False` reads environment variables now (for runs launched from Python, not from the UI)."""
+    """The whole code location; `deferred=False` reads environment variables now."""
     from lightning_dagster.registry import links
 
     pipeline = default_pipeline(deferred=deferred, **resource_overrides)
@@ -55,16 +52,13 @@ def build_definitions(
         assets=with_mlflow_ui(snapshot_assets, ui),
         asset_checks=GATE_CHECKS,
         jobs=[continual_learning, approve, promote, rollback, resume, restore_approved_alias],
-        # One process per run, its steps in order: the graph is a chain over one model, so the multiprocess
-        # executor's parallel steps buy nothing here, while each of its ~17 step processes (assets and their
-        # checks) imports torch, transformers and the pipeline again. Training still runs in its own process
-        # (`trainer_pipes`); a deployment on a cluster sets its own executor here (e.g. dagster_k8s's).
+        # One process per run: the graph is a chain, so parallel steps buy nothing, while each of ~17 step
+        # processes would import torch, transformers and the pipeline again (training: `trainer_pipes`).
         executor=dg.in_process_executor,
         sensors=[continual_learning_sensor, stale_evidence_sensor, approved_alias_sensor],
         schedules=[nightly_snapshot],
         resources={
             "pipeline": pipeline,
-            # where candidate_resource's training runs; a cluster swaps in dagster_k8s.PipesK8sClient (README)
             "trainer_pipes": dg.ResourceDefinition.hardcoded_resource(
                 dg.PipesSubprocessClient(),
                 "Where candidate_resource's training process runs (Dagster Pipes): a local subprocess here; "

@@ -2,6 +2,7 @@
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -25,28 +26,26 @@ continual_learning = dg.define_asset_job(
 WHERE = "release_receipt's metadata (`run_config`) gives the run config to paste"
 
 
-class ApproveConfig(dg.Config):
-    """A signed approval of one snapshot's receipt (a new receipt version; the receipt stays immutable).
-    The approver makes it with `lightning-dagster registry sign RECEIPT --actor --role --key`, which prints
-    these fields; the signature covers them and the receipt's evidence hash."""
+def _text(description: str, **kw: Any) -> Any:
+    """A non-empty string field: an empty one is refused naming the field."""
+    return Field(min_length=1, description=description, **kw)
 
-    snapshot_key: str = Field(
-        min_length=1,
-        description="The snapshot partition whose receipt is approved (the receipt id without `rcpt-`); "
-        + WHERE,
+
+class ApproveConfig(dg.Config):
+    """A signed approval of one snapshot's receipt (a new receipt version): the fields
+    `lightning-dagster registry sign RECEIPT --actor --role --key` prints."""
+
+    snapshot_key: str = _text(
+        "The snapshot partition whose receipt is approved (the receipt id without `rcpt-`); " + WHERE
     )
-    actor: str = Field(
-        min_length=1, description="The approver, an actor of the pinned roles (release_receipt: `actors`)"
+    actor: str = _text("The approver, an actor of the pinned roles (release_receipt: `actors`)")
+    role: str = _text(
+        "The role signed in; the default policy requires release-owner", default="release-owner"
     )
-    role: str = Field(
-        min_length=1,
-        default="release-owner",
-        description="The role signed in; the default policy requires release-owner",
-    )
-    step: str = Field(min_length=1, default="canary", description="The step approved: canary or default")
+    step: str = _text("The step approved: canary or default", default="canary")
     at: float = Field(description="Signing time (Unix seconds), as `registry sign` prints it")
-    evidence_hash: str = Field(min_length=1, description="The receipt's evidence hash the signature covers")
-    signature: str = Field(min_length=1, description="The Ed25519 signature `registry sign` prints")
+    evidence_hash: str = _text("The receipt's evidence hash the signature covers")
+    signature: str = _text("The Ed25519 signature `registry sign` prints")
 
     def approval(self):
         """The approval these fields make; `InvalidInput` naming each bad field."""
@@ -62,27 +61,23 @@ class ApproveConfig(dg.Config):
 
 
 class PromoteConfig(dg.Config):
-    """Move `approved-default` to the candidate of a passing, fresh receipt whose approvals all verify and
-    which holds `actor`'s signed default-step approval (`registry approve RECEIPT --role default-approver`),
-    by `actor`'s signed move: the fields `lightning-dagster registry sign-promote RECEIPT --actor --key`
-    prints (the signature covers the move it makes: pointer, move number, from, to, weights, receipt version,
-    role, time; so it promotes once, from the pointer state it was signed against)."""
+    """Move `approved-default` to the candidate of a passing, fresh receipt whose approvals verify and which
+    holds `actor`'s signed default-step approval, by `actor`'s signed move: the fields `lightning-dagster
+    registry sign-promote RECEIPT --actor --key` prints (signed against the pointer's state: moves once)."""
 
-    receipt_id: str = Field(
-        min_length=1,
-        description="The receipt to promote, `rcpt-<snapshot key>` (release_receipt: `receipt_id`); " + WHERE,
+    receipt_id: str = _text(
+        "The receipt to promote, `rcpt-<snapshot key>` (release_receipt: `receipt_id`); " + WHERE
     )
-    actor: str = Field(
-        min_length=1,
-        description="A default-approver of the pinned roles (release_receipt: `actors`) whose signed "
-        "default-step approval the receipt holds",
+    actor: str = _text(
+        "A default-approver of the pinned roles (release_receipt: `actors`) whose signed default-step "
+        "approval the receipt holds"
     )
-    role: str = Field(min_length=1, description="The role of that approval, as `sign-promote` prints it")
+    role: str = _text("The role of that approval, as `sign-promote` prints it")
     seq: int = Field(
         description="The move this makes (the pointer's newest move + 1), as `sign-promote` prints it"
     )
     at: float = Field(description="Signing time (Unix seconds), as `sign-promote` prints it")
-    signature: str = Field(min_length=1, description="The Ed25519 signature `sign-promote` prints")
+    signature: str = _text("The Ed25519 signature `sign-promote` prints")
 
     def request(self):
         """The signed promotion these fields make; `InvalidInput` naming each bad field."""
@@ -98,28 +93,20 @@ class PromoteConfig(dg.Config):
 
 
 class RollbackConfig(dg.Config):
-    """An authorized actor's signed rollback of `approved-default` to an exact earlier version from the
-    pointer history: the fields `lightning-dagster registry sign-rollback VERSION --actor --key --reason`
-    prints (the signature covers them, this pointer and its newest move, so it rolls back once)."""
+    """An authorized actor's signed rollback of `approved-default` to an earlier version: the fields
+    `lightning-dagster registry sign-rollback VERSION --actor --key --reason` prints (it rolls back once)."""
 
-    target_version: str = Field(
-        min_length=1,
-        description="An MLflow model version approved-default held before "
-        "(release_receipt: `rollback_targets`; `lightning-dagster registry history`)",
+    target_version: str = _text(
+        "An MLflow model version approved-default held before "
+        "(release_receipt: `rollback_targets`; `lightning-dagster registry history`)"
     )
-    from_version: str = Field(
-        min_length=1, description="The version approved-default holds now, as `sign-rollback` prints it"
-    )
+    from_version: str = _text("The version approved-default holds now, as `sign-rollback` prints it")
     from_seq: int = Field(description="The pointer's newest move, as `sign-rollback` prints it")
-    actor: str = Field(
-        min_length=1, description="A default-approver of the pinned roles (release_receipt: `actors`)"
-    )
-    role: str = Field(
-        min_length=1, default="default-approver", description="The role signed in; only default-approver may"
-    )
-    reason: str = Field(min_length=1, description="Why approved-default goes back (signed)")
+    actor: str = _text("A default-approver of the pinned roles (release_receipt: `actors`)")
+    role: str = _text("The role signed in; only default-approver may", default="default-approver")
+    reason: str = _text("Why approved-default goes back (signed)")
     at: float = Field(description="Signing time (Unix seconds), as `sign-rollback` prints it")
-    signature: str = Field(min_length=1, description="The Ed25519 signature `sign-rollback` prints")
+    signature: str = _text("The Ed25519 signature `sign-rollback` prints")
 
     def request(self):
         """The signed rollback these fields make; `InvalidInput` naming each bad field."""
@@ -130,7 +117,7 @@ class RollbackConfig(dg.Config):
 
 @contextmanager
 def refusals(action: str) -> Iterator[None]:
-    """A refusal is an expected stop: a one-line `dg.Failure` with its reason as metadata, not a traceback."""
+    """A refusal is an expected stop: a one-line `dg.Failure`, not a traceback."""
     from lightning_dagster.gate.errors import InvalidInput, TamperedReceipt
     from lightning_dagster.pipeline.context import ForeignReceipt, StageMissing
     from lightning_dagster.pipeline.loop_history import ResumeRefused, TamperedHistory
@@ -209,28 +196,19 @@ def rollback() -> None:
     rollback_default()
 
 
-# ---------------------------------------------------------------- resume the continual-learning loop
-
-
 class ResumeConfig(dg.Config):
-    """An authorized actor's signed resume of the paused continual-learning loop: the fields
-    `lightning-dagster loop sign --actor --role --key --reason` prints (the signature covers them and the
-    pause in force). The actor must hold one of the roles the pause in force names."""
+    """An authorized actor's signed resume of the paused loop, in a role the pause names: the fields
+    `lightning-dagster loop sign --actor --role --key --reason` prints."""
 
-    actor: str = Field(
-        min_length=1, description="Who resumes: an actor of the pinned roles, as `loop sign` prints it"
-    )
-    role: str = Field(
-        min_length=1,
+    actor: str = _text("Who resumes: an actor of the pinned roles, as `loop sign` prints it")
+    role: str = _text(
+        "The role signed in: one the pause in force names (`lightning-dagster loop status`)",
         default="default-approver",
-        description="The role signed in: one the pause in force names (`lightning-dagster loop status`)",
     )
-    reason: str = Field(min_length=1, description="Why the loop may learn again (signed)")
+    reason: str = _text("Why the loop may learn again (signed)")
     at: float = Field(description="Signing time (Unix seconds), as `loop sign` prints it")
-    pause_hash: str = Field(
-        min_length=1, description="The pause in force this resume lifts, as `loop sign` prints it"
-    )
-    signature: str = Field(min_length=1, description="The Ed25519 signature `loop sign` prints")
+    pause_hash: str = _text("The pause in force this resume lifts, as `loop sign` prints it")
+    signature: str = _text("The Ed25519 signature `loop sign` prints")
 
 
 @dg.op(description="Record a signed resume of the paused loop once it verifies; the history is the output.")
@@ -252,9 +230,6 @@ def resume_loop(config: ResumeConfig, pipeline: PipelineResource) -> dg.Output:
 )
 def resume() -> None:
     resume_loop()
-
-
-# ---------------------------------------------------------------- restore approved-default's MLflow alias
 
 
 class RestoreAliasConfig(dg.Config):

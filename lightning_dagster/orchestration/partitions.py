@@ -1,7 +1,5 @@
-"""The `snapshots` dynamic partitions: one partition per frozen data snapshot, keyed by its content hash.
-
-Keys are cut and validated by the core (`pipeline.snapshots.snapshot_key`), so sensors, the schedule and
-scripts make the same keys without Dagster."""
+"""The `snapshots` dynamic partitions: one per frozen data snapshot, keyed by its content hash (cut and
+validated by the core, `pipeline.snapshots`, so scripts make the same keys without Dagster)."""
 
 from __future__ import annotations
 

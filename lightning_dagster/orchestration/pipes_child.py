@@ -1,8 +1,5 @@
-"""The training process the `candidate_resource` asset launches through Dagster Pipes: it rebuilds the
-settings from the Pipes extras, runs `pipeline.stages.training.candidate_resource` and reports its result
-as one Pipes message (under torch.distributed.run, from rank 0; the other ranks follow).
-Lives outside the core packages: it imports `dagster_pipes` and the Dagster resources.
-"""
+"""The training process `candidate_resource` launches through Dagster Pipes: it runs the stage and reports
+its result as one Pipes message (under torch.distributed.run, from rank 0)."""
 
 from __future__ import annotations
 
@@ -41,8 +38,7 @@ def decode(message: dict[str, Any]) -> StageResult:
 
 
 def pipes_settings(pipeline: Any) -> dict[str, Any]:
-    """The resolved pipeline settings the child rebuilds, without the gateway secret: Pipes extras are
-    stored and shown by Dagster, so the child's gateway signs attempt keys with a fresh secret of its own."""
+    """The settings the child rebuilds, without the gateway secret: Dagster stores and shows Pipes extras."""
     settings = pipeline.model_dump()
     settings["serving"]["secret"] = ""
     return settings

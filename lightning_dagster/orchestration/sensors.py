@@ -1,8 +1,5 @@
-"""Triggers: the continual-learning sensor, the stale-evidence and alias-watch sensors, the nightly schedule.
-The continual-learning sensor and the nightly schedule start stopped: each of their runs trains a model.
-A sensor writes nothing itself (a UI preview changes nothing): what it decides is what Dagster commits with
-the tick, its cursor, partition and run requests and observations.
-"""
+"""Triggers (those that train a model start stopped). A sensor writes nothing itself, so a UI preview
+changes nothing: Dagster commits what it decides with the tick."""
 
 import datetime as dt
 import json
@@ -46,7 +43,6 @@ def continual_learning_sensor(context: dg.SensorEvaluationContext, pipeline: Pip
     stop = triggers.stop_decision(pipeline, _keys(context.instance))
     observed = []
     if stop.head is not None and stop.head.hash != watermark.decision:
-        # Each recorded pause or resume is shown once, on the asset the loop watches.
         watermark.decision = stop.head.hash
         observed.append(
             dg.AssetObservation(
@@ -125,8 +121,7 @@ def stale_evidence_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
 
 
 def _verified_at(cursor: str | None, now: float) -> float | None:
-    """When the alias was last seen to agree, from the cursor; None (the incident window stays open) for a
-    corrupt cursor, NaN or a time in the future."""
+    """When the alias was last seen to agree; None (the incident window stays open) for a bad cursor."""
     try:
         seen = json.loads(cursor) if cursor else {}
     except ValueError:
@@ -153,7 +148,6 @@ def approved_alias_sensor(context: dg.SensorEvaluationContext, pipeline: Pipelin
     try:
         rec = ctx.registry(pipeline).reconcile(check_only=True)
     except RegistryUnavailable as exc:
-        # The cursor keeps the last time the alias was seen to agree: an incident found later says so.
         return dg.SkipReason(f"alias not checked: {exc}")
     broken = rec.chain.problem if rec.chain is not None else None
     if broken:  # recorded as an incident; the mirror shows only the last verified move

@@ -1,7 +1,4 @@
-"""The user's project: the file `lightning-dagster.yaml` naming their harness, tasks, judge and model, with
-optional settings sections (`sections`), and their tasks read through pandas (`tasks`). Core logic: no
-Dagster imports.
-"""
+"""The user's project: `lightning-dagster.yaml` (harness, tasks, judge, model, settings) and its tasks."""
 
 from lightning_dagster.project.config import PROJECT_FILE, Harness, Model, Project, Tasks, load_project
 from lightning_dagster.project.errors import ProjectError, TaskDataError, TaskFieldConflict

@@ -1,12 +1,6 @@
-"""Agent Lightning's side of a harness: `post_reward`, `read_task` and the launcher that runs an Agent
-Lightning v1.0-style class unchanged:
-
-    python -m lightning_dagster.project.agl_launcher ROOT module:Class
-
-It instantiates the class without arguments and calls (or awaits) `run()`, which reads the AGL_* variables
-of its attempt; a number it returns is posted as the reward. The standard library only, so each attempt's
-process starts fast.
-"""
+"""Agent Lightning's side of a harness, and `python -m lightning_dagster.project.agl_launcher ROOT
+module:Class`: an Agent Lightning v1.0-style class's `run()` called (or awaited), a number it returns
+posted. The standard library only, so each attempt's process starts fast."""
 
 from __future__ import annotations
 
@@ -33,8 +27,7 @@ class BadReward(TypeError):
 
 
 def reward_value(value: Any, source: str) -> float | None:
-    """`value` as a reward: None stays None (the harness posted its own), a real number becomes a float. An
-    integer beyond a float's range (10**400) is a BadReward too, not Python's OverflowError."""
+    """`value` as a reward: None (posted by the harness), a finite float, or BadReward (10**400 too)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -71,8 +64,7 @@ def post_reward(event_url: str, key: str, value: float, *, judge: str | None = N
 
 
 def read_task(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A harness's task: the JSON in `AGL_TASK` (or `LD_TASK`), else in the file `LD_TASK_FILE` names: a
-    task too large for one environment variable (over 128 KiB) is passed only that way."""
+    """A harness's task: the JSON in `AGL_TASK` (or `LD_TASK`), else in `LD_TASK_FILE` (over 128 KiB)."""
     env = os.environ if environ is None else environ
     text = env.get("AGL_TASK", env.get("LD_TASK"))
     if text is None:

@@ -1,12 +1,9 @@
-"""`lightning-dagster project check [--project PATH]`: load and validate a project (the script files its
-command names included), print its summary. Exit status: 0 valid, 2 invalid. Also the `--project` option,
-project lookup and error handling every sub-command shares.
-"""
+"""`lightning-dagster project check [--project PATH]`: validate a project (its command's script files too)
+and print its summary; exit status 0 valid, 2 invalid. Also the `--project` option every command shares."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import Any
 
 from lightning_dagster.project.config import Project, load_project
@@ -15,8 +12,6 @@ from lightning_dagster.project.references import missing_scripts
 from lightning_dagster.project.splits import SPLITS
 from lightning_dagster.project.tasks import TaskSet, load_tasks
 from lightning_dagster.settings import ProjectSettings, add_flags
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 def add_project_option(parser: argparse.ArgumentParser | Any) -> None:
@@ -28,7 +23,7 @@ def command_project(args: argparse.Namespace) -> Project:
     """The project a command's `--project` / `--harness NAME` name, else the working directory's."""
     from lightning_dagster.project.examples import project_file
 
-    # Read as given, not through `from_flags`: a command may still declare --harness with a default of None.
+    # as given, not through `from_flags`: a command may declare --harness with a default of None
     return load_project(project_file(getattr(args, "project", None) or None, getattr(args, "harness", None)))
 
 
@@ -40,7 +35,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def summary(project: Project, tasks: TaskSet) -> str:
-    """The project at a glance: harness, where the model and judge come from, rows per split and family."""
+    """The project at a glance: harness, model, judge, rows per split and family."""
     harness, training = project.harness, project.training
     how = " ".join(harness.command) if harness.command else (harness.python or harness.agl)
     model = project.model

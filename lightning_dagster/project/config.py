@@ -1,7 +1,5 @@
-"""The project file `lightning-dagster.yaml`: the user's harness, tasks, judge and model, and optional
-settings sections. `load_project(path)` resolves every path and `module:function` it names, so a project
-that loads can be run; every problem is a `ProjectError` naming the file, the dotted key and what is wrong.
-"""
+"""The project file `lightning-dagster.yaml`: `load_project(path)` resolves every path and `module:function`
+it names, so a project that loads can run; every problem is a `ProjectError` naming file and dotted key."""
 
 from __future__ import annotations
 
@@ -62,9 +60,8 @@ class _Section(BaseModel):
 
 
 class Harness(_Section):
-    """How to run the agent: exactly one of `command` (any program, run as a subprocess in the project
-    folder; `python` names the interpreter running lightning-dagster), `python` (`module:function` called
-    in-process with the task and an OpenAI client) or `agl` (an Agent Lightning v1.0-style `module:Class`)."""
+    """How to run the agent: one of `command` (a program run in the project folder), `python`
+    (`module:function` called in-process with the task and an OpenAI client) or `agl` (`module:Class`)."""
 
     command: tuple[str, ...] | None = None
     python: str | None = None
@@ -73,14 +70,10 @@ class Harness(_Section):
     env_map: dict[str, str] = Field(default_factory=dict)
     prepare: str | None = None
     verify: str | None = None
-    # The gateway serves the policy under any model name the agent sends. Given, these are the only names
-    # served (besides the model's own): any other is a 404 model_not_found, as OpenAI answers.
-    model_names: tuple[str, ...] = ()
-    # Variables of the launching environment a `command` harness inherits besides the basic allowlist
-    # (PATH, HOME, locale, ...), e.g. a tool's API key; LD_* and MLFLOW_* are never passed.
+    model_names: tuple[str, ...] = ()  # given, the only names served besides the model's own (else 404)
+    # Variables a `command` harness inherits beyond the allowlist, e.g. an API key (never LD_*, MLFLOW_*).
     env_passthrough: tuple[str, ...] = ()
-    # How much of a `command` harness's stdout, and of its stderr, each attempt keeps: the first and last
-    # halves, with a line saying how much was dropped between them (`runner.output`).
+    # Of a `command` harness's stdout, and of its stderr, per attempt: first and last halves kept.
     max_output_bytes: int = Field(4 * 1024 * 1024, ge=1024)
 
     @field_validator("command")
@@ -94,11 +87,11 @@ class Harness(_Section):
             raise ValueError("an argument contains a NUL character, which no program can receive")
         return (resolve_program(value[0], _root(info)), *value[1:])
 
-    @field_validator("python", "prepare", "verify")
+    @field_validator("python", "prepare", "verify", "agl")
     @classmethod
-    def _callable(cls, value: str | None, info: ValidationInfo) -> str | None:
+    def _resolves(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None:
-            resolve_callable(value, _root(info))
+            (resolve_agent_class if info.field_name == "agl" else resolve_callable)(value, _root(info))
         return value
 
     @field_validator("env_passthrough")
@@ -114,13 +107,6 @@ class Harness(_Section):
         for name in value:
             if not name.strip() or len(name) > 256 or "\x00" in name:
                 raise ValueError(f"{name!r} is not a model name (1-256 characters, no NUL)")
-        return value
-
-    @field_validator("agl")
-    @classmethod
-    def _agent_class(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is not None:
-            resolve_agent_class(value, _root(info))
         return value
 
     @field_validator("expected_spans")
@@ -154,8 +140,7 @@ class Harness(_Section):
 
 
 class Tasks(_Section):
-    """The tasks file and how its columns map; the split is a column, or a hash of the task id
-    (`split_fractions`). With neither given, the split is the column `split`."""
+    """The tasks file and its columns; the split is a column (default `split`) or `split_fractions`."""
 
     path: Path
     id_column: str = "task_id"
@@ -200,9 +185,8 @@ class Tasks(_Section):
 
 
 class Model(_Section):
-    """The policy model: a Hugging Face causal-LM folder (`path`), or the `tokenizer` folder of the model
-    `serving.upstream_url` serves, or neither: the embedded default. `warm_start` is a JSONL file of
-    demonstrations (OpenAI's chat fine-tuning shape) the first parent is trained on before RL."""
+    """The policy: a Hugging Face causal-LM folder (`path`), the `tokenizer` of `serving.upstream_url`'s
+    model, or neither (embedded); `warm_start`: demonstrations (JSONL) the first parent learns before RL."""
 
     path: Path | None = None
     tokenizer: Path | None = None
@@ -237,8 +221,7 @@ class Model(_Section):
 
 
 class Project(_Section):
-    """A validated project. `file` is the project file, `root` its folder (every relative path's base);
-    `training`, `serving` and `gate` its settings sections (`given()`: the keys the file sets)."""
+    """A validated project: `file`, its folder `root` (relative paths' base), and its settings sections."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     harness: Harness
@@ -352,8 +335,7 @@ def load_project(path: Path | str | None = None) -> Project:
 
 
 def _renamed(data: dict[str, Any]) -> list[tuple[str, str]]:
-    """Each key of `RENAMED` the file still gives, as a problem naming its new key; taken out of `data`, so
-    that validation names only the other problems."""
+    """Each `RENAMED` key the file still gives, as a problem naming the new key (taken out of `data`)."""
     problems = []
     for keys, new in RENAMED.items():
         *parents, last = keys

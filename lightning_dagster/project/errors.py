@@ -23,5 +23,4 @@ class TaskDataError(ProjectError):
 
 
 class TaskFieldConflict(TaskDataError):
-    """A task row's own `task_id`, `family` or `split` column (not the configured source of that field)
-    holds another value than the one the loader sets: one of the two would silently win."""
+    """A row's own `task_id`, `family` or `split` column holds another value than the loader sets."""

@@ -1,6 +1,4 @@
-"""The built-in example projects, `examples/calc` and `examples/ledger`: ordinary project files that
-`--harness NAME` and the pipeline's `harness` setting name; `example_file(name)` is their path.
-"""
+"""The built-in example projects `examples/calc` and `examples/ledger`, which `--harness NAME` names."""
 
 from __future__ import annotations
 
@@ -25,7 +23,6 @@ class UnknownExample(ProjectError):
 
 
 def example_file(name: str) -> Path:
-    """The project file of the built-in example `name`."""
     if name not in EXAMPLES:
         raise UnknownExample(EXAMPLES_DIR, [("", f"unknown example {name!r}; known: {', '.join(EXAMPLES)}")])
     file = EXAMPLES_DIR / name / PROJECT_FILE
@@ -47,7 +44,6 @@ def example_project(name: str) -> Project:
 
 @cache
 def example_tasks(name: str) -> TaskSet:
-    """The example's tasks file, read once per process."""
     return load_tasks(example_project(name))
 
 

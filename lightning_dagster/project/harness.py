@@ -1,11 +1,6 @@
-"""A project's harness as the runner's `HarnessSpec`: `harness_spec(project)`.
-
-- `command: [...]`: any program, a subprocess started in the project folder.
-- `python: module:function`: `function(task, client)` called in-process with an `openai.OpenAI` client for
-  the attempt; a number it returns is posted as the attempt's reward, None means it posted its own.
-- `agl: module:Class`: an Agent Lightning v1.0-style class run unchanged in its own process (its `run()`
-  reads the process-wide AGL_* variables, so it cannot share a process).
-"""
+"""A project's harness as the runner's `HarnessSpec`: `python: module:function` is called in-process with
+an `openai.OpenAI` client (a number it returns is posted as the reward); `agl: module:Class` runs in its
+own process (its `run()` reads the process-wide AGL_* variables)."""
 
 from __future__ import annotations
 
@@ -32,10 +27,8 @@ _HTTP_LOCK = threading.Lock()
 
 
 def http_client() -> httpx.Client:
-    """This thread's connection pool, one of `_STRIPES` per process shared by every in-process episode: a
-    client per episode would build its own pool and TLS context each time (most of an episode's client-side
-    CPU). Not one pool for the process: httpcore walks every connection of a pool under one lock, so with 64
-    worker threads on one pool each call paid for all 64 (`benchmarks/harness_pool.py`)."""
+    """This thread's connection pool, one of `_STRIPES`: a pool per episode costs most of its client CPU;
+    one pool makes 64 workers each pay for all 64 connections (httpcore's lock; `benchmarks/`)."""
     stripe = threading.get_native_id() % _STRIPES
     client = _HTTP[stripe]
     if client is None:
@@ -59,8 +52,7 @@ def _resolved(project: Project, key: str, ref: str | None) -> Callable[..., Any]
 
 
 def inprocess_entry(function: Callable[..., Any], ref: str, timeout_s: float) -> Callable[..., float | None]:
-    """The runner's in-process entry point for `function(task, client)`: the client talks to the attempt's
-    base URL with its key over the process's shared connection pool; a returned number is posted."""
+    """The runner's in-process entry point for `function(task, client)`; a returned number is posted."""
 
     def run_task(task: dict[str, Any], *, base_url: str, api_key: str, event_url: str) -> float | None:
         client = OpenAI(

@@ -15,8 +15,7 @@ PYTHON_NAMES = ("python", "python3")
 
 
 def _put_on_path(root: Path) -> None:
-    # Kept for the life of the process, as `python script.py` does for the script's folder: the harness
-    # may import its sibling modules later, when it is called.
+    # for the life of the process, as `python script.py` does: the harness may import siblings later
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
 
@@ -76,8 +75,7 @@ INLINE_CODE = ("-c", "-e", "--eval", "-p", "--print")  # interpreter options who
 
 
 def missing_scripts(command: tuple[str, ...], root: Path) -> list[str]:
-    """The arguments after a command's program that look like a script file (a script suffix, or a path
-    separator; not an option, URL or inline code) and do not exist relative to `root`."""
+    """The arguments after a command's program that look like a script file and do not exist in `root`."""
     return [
         arg
         for before, arg in zip(command, command[1:], strict=False)

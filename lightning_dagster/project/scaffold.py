@@ -1,6 +1,5 @@
 """`lightning-dagster init DIR`: write a working starter project (project file, agent, tasks, demonstrations)
-into DIR.
-Exit status: 0 written, 2 DIR is not an empty folder."""
+into DIR. Exit status: 0 written, 2 DIR is not an empty folder."""
 
 from __future__ import annotations
 
@@ -33,12 +32,9 @@ def _problem(rng: random.Random) -> tuple[str, str, str, int]:
 
 
 def starter_tasks() -> list[dict[str, Any]]:
-    """`STARTER_TASKS` distinct word problems, the same every time, every split getting both families. The
-    agent asks the model for the expression and computes it itself (a calculator tool): a model built from
-    scratch and warm-started on the train split's demonstrations learns to copy the numbers and pick the
-    operation for stories it never saw, so RL has rewards that differ within a group and held-out tasks
-    that measure more than memory. (Asking for the number itself, a model this small learns the train
-    split's answers by heart and none of the held-out ones.)"""
+    """`STARTER_TASKS` distinct word problems, the same every time. The agent asks for the expression and
+    computes it: a tiny warm-started model then generalizes to unseen stories, so RL has rewards that differ
+    within a group (asked for the number, it learns train's answers by heart)."""
     rng, seen, tasks = random.Random(0), set(), []
     while len(tasks) < STARTER_TASKS:
         family, question, expression, answer = _problem(rng)
@@ -65,8 +61,7 @@ def demonstration(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_starter(folder: Path) -> list[Path]:
-    """Write the starter project into an empty or new `folder`: the project file, agent.py, tasks.jsonl and
-    demos.jsonl (the train split's ideal episodes, the warm start's); returns the files written."""
+    """Write the starter project into an empty or new `folder`; returns the files written."""
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise FileExistsError(f"{folder} is not an empty folder; init writes only into a new or empty one")
     folder.mkdir(parents=True, exist_ok=True)

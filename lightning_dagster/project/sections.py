@@ -1,7 +1,5 @@
 """The project file's settings sections (`training:`, `serving:`, `gate:`) and `effective`, the one way every
-surface gets the settings it runs with: the class's defaults < the file's section < the surface's own
-values (`Settings.given()`).
-"""
+surface gets its settings: the class's defaults < the file's section < the surface's own `given()`."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ if TYPE_CHECKING:
 
 S = TypeVar("S", bound=Settings)
 
-# Keys the project file had before it had settings sections, each with the one that replaced it: a file
-# still giving one is refused with that name, never half-read.
+# Keys from before the settings sections, with their replacement: a file still giving one is refused.
 RENAMED: dict[tuple[str, ...], str] = {
     ("model", "upstream"): "serving.upstream_url (model.tokenizer stays the served model's tokenizer)",
     ("harness", "timeout_s"): "training.attempt_timeout_s",
@@ -53,8 +50,7 @@ class ServingSection(ServingSettings):
     @classmethod
     def _upstreams(cls, value: str) -> str:
         if value:
-            # Imported only for a file that names an upstream: the gateway's own parser, so the pipeline
-            # refuses nothing the file accepted.
+            # the gateway's own parser, so the pipeline refuses nothing the file accepted
             from lightning_dagster.gateway.upstreams import upstream_urls
 
             upstream_urls(value)
@@ -81,7 +77,6 @@ class GateSection(GateSettings):
             return value
         path = existing_path(value, info.context["root"])
         if info.field_name == "policy_path":
-            # The gate's loader is pure logic; imported here so loading a project without a policy skips it.
             from lightning_dagster.gate.errors import InvalidInput
             from lightning_dagster.gate.policy import load_policy
 
@@ -92,8 +87,7 @@ class GateSection(GateSettings):
         return str(path)
 
 
-# The section classes by key; each section's fields are exactly its concern's settings.
-SECTIONS: dict[str, type[Settings]] = {
+SECTIONS: dict[str, type[Settings]] = {  # each section's fields are exactly its concern's settings
     "training": TrainingSettings,
     "serving": ServingSection,
     "gate": GateSection,
@@ -101,14 +95,12 @@ SECTIONS: dict[str, type[Settings]] = {
 
 
 def unknown_key(section: str) -> str:
-    """The message for a key of a settings section that is not a setting: the known ones."""
+    """The message for a key of a settings section that is not a setting, naming the known ones."""
     return f"not a {section} setting; known: {', '.join(SECTIONS[section].model_fields)}"
 
 
 def effective(project: Project | None, surface: S) -> S:
-    """The settings `surface` (a settings instance or a Dagster resource) runs with: the class defaults,
-    under the project file's section of its concern, under `surface.given()`. Returns an instance of the
-    concern's settings class whose `given()` are the file's keys and the surface's (idempotent)."""
+    """The settings `surface` (settings or a resource) runs with: defaults < file's section < `given()`."""
     concern = concern_of(type(surface))
     name = next(key for key, cls in CONCERNS.items() if cls is concern)
     section: Settings | None = getattr(project, name, None) if name in SECTIONS else None

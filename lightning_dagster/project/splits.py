@@ -1,7 +1,5 @@
-"""Deterministic task sets whose split is a function of the task's content (a second hash of its id), so
-train, holdout, protected and canary are disjoint for every seed and the same (split, n, seed) always gives
-the same list.
-"""
+"""Deterministic task sets whose split is a hash of the task's id, so the four splits are disjoint for every
+seed and the same (split, n, seed) always gives the same list."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The project's tasks (`.jsonl`, `.csv` and `.parquet`, the latter through pandas with nullable dtypes, so
-values keep their types), split four ways.
-
-Every task is a JSON-able dict of its row plus `task_id`, `family` and `split`; a row whose own column of
-one of these names holds another value is refused (`TaskFieldConflict`). The set's `content_hash` covers the
-tasks sorted by id: row and column order do not change it. Messages count rows from 1, header not counted.
-"""
+"""The project's tasks (`.jsonl`, `.csv`, `.parquet`), split four ways: each a JSON-able dict of its row plus
+`task_id`, `family` and `split`; `content_hash` covers them sorted by id. Messages count rows from 1."""
 
 from __future__ import annotations
 
@@ -25,10 +20,7 @@ from lightning_dagster.project.errors import TaskDataError, TaskFieldConflict
 from lightning_dagster.project.splits import SPLITS, UnknownSplit, content_hash, split_of
 
 SHOWN = 3  # offending ids or rows named in one message
-# a JSON value's kind (else number)
-KINDS = {list: "array", str: "string", bool: "boolean", type(None): "null"}
-
-
+KINDS = {list: "array", str: "string", bool: "boolean", type(None): "null"}  # a JSON value's (else number)
 Rows = tuple[list[str], list[dict[str, Any]]]  # the columns in order, and each row's values by column
 
 
@@ -38,13 +30,17 @@ class _BadLines(ValueError):
         super().__init__("; ".join(problems))
 
 
+def _shown(items: list[str], what: str) -> list[str]:
+    """The first SHOWN items, then one counting the rest (`what` they are)."""
+    return items[:SHOWN] + ([f"and {len(items) - SHOWN} more {what}"] if len(items) > SHOWN else [])
+
+
 def _not_json_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (write null, or the number as a string)")
 
 
 def _read_jsonl(path: Path, text_columns: list[str]) -> Rows:
-    """One JSON object a line, values exactly as JSON typed them (a column some rows lack is None there, and
-    an integer stays an integer); blank lines are skipped. Bad lines raise `_BadLines` naming them."""
+    """One JSON object a line, values as JSON typed them; blank lines skipped, bad ones in `_BadLines`."""
     columns: dict[str, None] = {}
     records: list[dict[str, Any]] = []
     bad: list[str] = []
@@ -71,8 +67,7 @@ def _read_jsonl(path: Path, text_columns: list[str]) -> Rows:
         columns.update(dict.fromkeys(value))
         records.append(value)
     if bad:
-        more = [f"and {len(bad) - SHOWN} more bad lines"] if len(bad) > SHOWN else []
-        raise _BadLines(bad[:SHOWN] + more)
+        raise _BadLines(_shown(bad, "bad lines"))
     return list(columns), [{column: row.get(column) for column in columns} for row in records]
 
 
@@ -82,8 +77,7 @@ def _records(frame: pd.DataFrame) -> Rows:
 
 # Nullable dtypes: an integer column with a missing value stays integers (with None), not floats.
 def _read_csv(path: Path, text_columns: list[str]) -> Rows:
-    # Ids such as `007` must not become the number 7.
-    dtypes = {column: str for column in text_columns}
+    dtypes = {column: str for column in text_columns}  # ids such as `007` must not become the number 7
     return _records(pd.read_csv(path, dtype=dtypes, dtype_backend="numpy_nullable"))
 
 
@@ -114,8 +108,7 @@ class TaskSet:
         return Counter(task["family"] for task in self.splits[split])
 
     def draw(self, split: str, n: int, seed: int, *, exclude: Collection[str] = ()) -> list[dict[str, Any]]:
-        """`n` tasks of `split` drawn with `seed`, never one whose id is in `exclude`. Train repeats the split
-        in seeded passes until `n` are drawn; the other splits take at most `n` rows, without repeats."""
+        """`n` tasks of `split` drawn with `seed`, none in `exclude` (only train repeats, to give `n`)."""
         if split not in SPLITS:
             raise UnknownSplit(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
         excluded = frozenset(exclude)
@@ -214,13 +207,19 @@ def _read(project: Project) -> Rows:
         raise TaskDataError(path, [("tasks.path", problem)]) from None
 
 
+def _keyed(project: Project) -> list[tuple[str, str]]:
+    """(project key, column) of the columns the task id, family and split are read from."""
+    spec = project.tasks
+    keys = [("tasks.id_column", spec.id_column), ("tasks.family_column", spec.family_column)]
+    return keys + ([("tasks.split_column", spec.split_column)] if spec.split_column else [])
+
+
 def _check_columns(project: Project, columns: list[str]) -> None:
     spec = project.tasks
     available = f"(columns: {', '.join(columns) or 'none'})"
-    keyed = [("tasks.id_column", spec.id_column), ("tasks.family_column", spec.family_column)]
-    if spec.split_column is not None:
-        keyed.append(("tasks.split_column", spec.split_column))
-    missing = [(key, f"no column {column!r} {available}") for key, column in keyed if column not in columns]
+    missing = [
+        (key, f"no column {column!r} {available}") for key, column in _keyed(project) if column not in columns
+    ]
     if missing:
         raise TaskDataError(spec.path, missing)
     unmapped = [
@@ -233,7 +232,7 @@ def _check_columns(project: Project, columns: list[str]) -> None:
 
 
 def _sources(project: Project) -> dict[str, tuple[str | None, str]]:
-    """Each loader-set field: the column it is read from (None: computed) and how a message names that."""
+    """Each loader-set field: its column (None: computed) and how a message names it."""
     spec = project.tasks
     split = (
         (spec.split_column, f"column {spec.split_column!r} (tasks.split_column)")
@@ -282,9 +281,7 @@ def load_tasks(project: Project) -> TaskSet:
     bad_split: dict[str, list[int]] = defaultdict(list)
     rows_of: dict[str, list[int]] = defaultdict(list)
     not_text: dict[tuple[str, str], list[int]] = defaultdict(list)
-    keyed = [("tasks.id_column", spec.id_column), ("tasks.family_column", spec.family_column)]
-    if spec.split_column:
-        keyed.append(("tasks.split_column", spec.split_column))
+    keyed = _keyed(project)
     tasks: list[dict[str, Any]] = []
     sources = _sources(project)
     conflicts: dict[str, list[str]] = defaultdict(list)
@@ -330,12 +327,7 @@ def load_tasks(project: Project) -> TaskSet:
         problem = f"{value!r} in {_rows_text(rows)} is not a split; use {', '.join(SPLITS)}"
         problems.append((split_key, problem))
     for field, messages in conflicts.items():
-        more = (
-            [f"and {len(messages) - SHOWN} more task(s) with another {field}"]
-            if len(messages) > SHOWN
-            else []
-        )
-        problems.append((field, "; ".join(messages[:SHOWN] + more)))
+        problems.append((field, "; ".join(_shown(messages, f"task(s) with another {field}"))))
     if problems:
         raise (TaskFieldConflict if conflicts else TaskDataError)(spec.path, problems)
     tasks.sort(key=lambda task: task["task_id"])

@@ -1,5 +1,4 @@
-"""The runner: claims rollouts, runs harness attempts (subprocess or in-process) with timeouts, heartbeats
-and a declared retry policy, and keeps every attempt's ending and reason; `RolloutService` runs them
+"""The runner: claims rollouts and runs harness attempts under a retry policy; `RolloutService` runs them
 through a local gateway."""
 
 from lightning_dagster.runner.enqueue import enqueue_tasks, sampling_seed

@@ -1,9 +1,6 @@
-"""`lightning-dagster rollouts run`: enqueue N rollouts of a project's harness (the first N tasks of a split)
-and run them through a gateway (by default a local one serving the project's model); `rollouts enqueue`:
-only queue them, for `lightning-dagster runner` workers. `--run-id` names the run: the same command again
-resumes its unfinished rollouts (a killed run's attempts are ended by the reaper and retried). Each failure
-reason is said on stderr with a count, an example and the attempt's folder. Exit status: 0 ran, 1 no rollout
-succeeded, 2 bad arguments or project."""
+"""`lightning-dagster rollouts run`: enqueue N rollouts of a project's harness and run them through a
+gateway (default: a local one); `rollouts enqueue`: only queue them, for `lightning-dagster runner`. The
+same `--run-id` resumes a run. Exit status: 0 ran, 1 no rollout succeeded, 2 bad arguments or project."""
 
 from __future__ import annotations
 
@@ -105,7 +102,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     run.set_defaults(handler=_run)
 
 
-def _secret(args: argparse.Namespace) -> str | None:
+def secret_of(args: argparse.Namespace) -> str | None:
     """The secret of the gateway given by `--gateway` (None for a local one, which makes its own)."""
     refuse_env_secrets()
     if not args.gateway:
@@ -144,7 +141,7 @@ def policy_of(args: argparse.Namespace, spec: HarnessSpec) -> RetryPolicy:
 def rollouts_of(
     args: argparse.Namespace, store: Any, spec: HarnessSpec, project: Any, **enqueue_kw: Any
 ) -> list[Rollout]:
-    """The run's rollouts: those already queued under `--run-id` (a resumed run), else new ones."""
+    """The rollouts already queued under `--run-id` (a resumed run), else new ones."""
     from lightning_dagster.project import load_tasks
     from lightning_dagster.runner.enqueue import enqueue_tasks, run_rollouts
 
@@ -251,7 +248,7 @@ def _run(args: argparse.Namespace) -> int:
         raise SettingsError(
             f"rollouts run: {', '.join(local)} set the local gateway; --gateway uses a running one"
         )
-    secret = _secret(args)
+    secret = secret_of(args)
     check_sandbox(serving.sandbox)
     if args.tokenizer is not None and not serving.upstream_url:
         raise SettingsError("rollouts run: --tokenizer goes with --upstream-url")
@@ -315,8 +312,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _project_model(project: Any) -> tuple[Path | None, str | None, Path | None]:
-    """(model folder, upstream URL, its tokenizer folder) the project serves, as `train` does (all None: the
-    embedded default). Said on stderr, so a run never serves another model silently."""
+    """(model folder, upstream URL, tokenizer) the project serves, as `train` does, said on stderr."""
     model, upstream = project.model, project.serving.upstream_url
     if model is not None and model.path is not None:
         print(f"model: {model.path} (the project's model.path)", file=sys.stderr)

@@ -11,8 +11,7 @@ from lightning_dagster.types import Rollout, RolloutKind, Sampling, new_id
 
 
 def sampling_seed(seed: int, task_id: str, index: int) -> int:
-    """A per-rollout sampling seed: the same (seed, task, member) samples the same tokens from the same
-    model, so a parent and its candidate can be compared on common random numbers."""
+    """A per-rollout seed, so a parent and its candidate compare on common random numbers."""
     digest = hashlib.sha256(f"{seed}:{task_id}:{index}".encode()).digest()
     return int.from_bytes(digest[:4], "big")
 
@@ -30,9 +29,8 @@ def enqueue_tasks(
     sampling: Sampling | None = None,
     tag: str | None = None,
 ) -> list[Rollout]:
-    """Queue `group_size` rollouts of every task (one group each), in task order. `seed`: member i samples
-    with `sampling_seed(seed, task_id, i)`. `sampling`: `metadata["sampling"]`, which the gateway applies to
-    every LLM call of the rollout. `tag`: group ids `<tag>-g<task index>` instead of random ones."""
+    """Queue a group of `group_size` rollouts per task, in order (`sampling`: applied by the gateway to
+    every call; `tag`: group ids `<tag>-g<task index>` instead of random ones)."""
     rollouts = []
     for t, task in enumerate(tasks):
         group_id = f"{tag}-g{t}" if tag else new_id("grp")

@@ -1,9 +1,5 @@
-"""Run one attempt of a harness, as a subprocess or an in-process callable, under a deadline and heartbeats.
-
-Both modes share `supervise` (heartbeats; stopped at the deadline, `timeout`, or once the attempt is no
-longer `running`, `superseded`). A subprocess gets a scrubbed environment, optionally a bubblewrap sandbox
-(docs/SECURITY.md), a subreaper of its own (`subreaper.py`) and bounded output (`runner.output`).
-"""
+"""Run one attempt of a harness, as a subprocess (scrubbed environment, optional bubblewrap sandbox, its
+own subreaper, bounded output) or an in-process callable, under `supervise`'s deadline and heartbeats."""
 
 from __future__ import annotations
 
@@ -41,9 +37,7 @@ class Outcome:
     reason_message: str = ""
 
 
-# What a harness process inherits from ours: what a program needs to run (paths, locale, temp dirs, the
-# Python it runs under, CA certificates) and nothing that may carry a credential (a store or MLflow URL
-# with a password, a token, a proxy with a login). Anything else must be named in `passthrough`.
+# What a harness inherits: what a program needs to run, nothing that may carry a credential.
 INHERITED_ENV = frozenset(
     {
         "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "TEMP", "TMP",
@@ -56,13 +50,11 @@ INHERITED_PREFIXES = ("LC_",)
 FORBIDDEN_PREFIXES = ("LD_", "MLFLOW_")
 Sandbox = Literal["none", "bwrap"]
 SANDBOXES = ("none", "bwrap")
-# The whole filesystem as it is, a PID namespace of its own and a /proc that shows only that namespace.
-# An attempt ends with the runner thread that started it: a runner killed with SIGKILL leaves no process
-# posting into attempts another runner's reaper has ended. setpriv sets PR_SET_PDEATHSIG, kept across exec,
-# on the attempt's subreaper (`subreaper.py`): SIGTERM, on which it ends the attempt's processes and exits.
+# An attempt ends with the runner thread that started it (a SIGKILLed runner leaves no process posting into
+# attempts another reaper ended): setpriv's PR_SET_PDEATHSIG sends its subreaper SIGTERM.
 _SETPRIV = shutil.which("setpriv")
 DIE_WITH_RUNNER = (_SETPRIV, "--pdeathsig", "TERM", "--") if _SETPRIV else ()
-BWRAP = ("bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc")
+BWRAP = ("bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc")  # a PID namespace of its own
 
 
 class SandboxUnavailable(RuntimeError, UsageError):
@@ -70,8 +62,7 @@ class SandboxUnavailable(RuntimeError, UsageError):
 
 
 def check_sandbox(sandbox: str) -> None:
-    """Raise ValueError for an unknown sandbox, `SandboxUnavailable` with the reason when `bwrap` is not
-    installed or a trial run cannot make a PID namespace (user namespaces refused: bwrap's own error)."""
+    """ValueError for an unknown sandbox; `SandboxUnavailable` when `bwrap` is missing or cannot run."""
     if sandbox not in SANDBOXES:
         raise ValueError(f"sandbox must be one of {', '.join(SANDBOXES)}, got {sandbox!r}")
     if sandbox == "none":
@@ -95,8 +86,7 @@ def check_passthrough(names: Sequence[str]) -> tuple[str, ...]:
 
 
 def child_env(env: dict[str, str], passthrough: Sequence[str] = ()) -> dict[str, str]:
-    """The subprocess environment: the allowlisted part of ours (`INHERITED_ENV`, `LC_*`, `passthrough`)
-    plus the attempt's own variables. The attempt key is the harness's whole write surface."""
+    """The allowlisted part of our environment plus the attempt's (its key: the whole write surface)."""
     keep = INHERITED_ENV.union(passthrough)
     inherited = {k: v for k, v in os.environ.items() if k in keep or k.startswith(INHERITED_PREFIXES)}
     return {**inherited, **env}
@@ -105,9 +95,7 @@ def child_env(env: dict[str, str], passthrough: Sequence[str] = ()) -> dict[str,
 def sandboxed(
     argv: list[str], sandbox: Sandbox, *, hide: Sequence[Path], expose: Sequence[Path]
 ) -> list[str]:
-    """`argv` wrapped for `sandbox`. `bwrap`: a PID namespace of its own with a fresh /proc (the harness sees
-    and can signal no other process); each existing `hide` directory is covered by an empty tmpfs, except
-    the `expose` paths bound back. The filesystem and network are otherwise shared."""
+    """`argv` wrapped for `sandbox` (`bwrap`: no other process visible, `hide` folders but `expose` empty)."""
     if sandbox == "none":
         return argv
     wrapped = [*BWRAP, "--die-with-parent"]
@@ -119,9 +107,8 @@ def sandboxed(
     return [*wrapped, "--", *argv]
 
 
-# Linux refuses to start a program given any one environment string ("NAME=value" and its NUL) longer than
-# MAX_ARG_STRLEN, 32 pages of 4 KiB: exec fails with E2BIG ("Argument list too long"). A task whose JSON
-# does not fit is left out of AGL_TASK and LD_TASK; the harness reads it from LD_TASK_FILE.
+# Linux refuses to exec with an environment string ("NAME=value\0") over MAX_ARG_STRLEN, 32 pages of 4 KiB
+# (E2BIG): a task whose JSON does not fit is left out of AGL_TASK and LD_TASK, for LD_TASK_FILE.
 MAX_ENV_STRING = 32 * 4096
 TASK_FILE = "task.json"  # in the attempt's workdir: the task as JSON, named by LD_TASK_FILE
 
@@ -148,9 +135,7 @@ def harness_env(
     *,
     task_file: Path | None = None,
 ) -> dict[str, str]:
-    """The Agent Lightning environment a harness reads (CONTRACTS.md, runner), the task JSON also in `LD_TASK`
-    and, with `task_file`, `LD_TASK_FILE`; a task too large for one environment string (`fits_env`) is
-    only in the file and on standard input."""
+    """The Agent Lightning environment a harness reads (CONTRACTS.md), the task also in `LD_TASK*`."""
     base = f"{gateway_url}/v1"
     env = {
         "OPENAI_BASE_URL": base,
@@ -188,9 +173,8 @@ def supervise(
     heartbeat_interval_s: float,
     heartbeat: Callable[[], bool],
 ) -> str | None:
-    """Wait for the harness (`wait(seconds)`: True once done), heartbeating meanwhile (`heartbeat()`: False
-    once the attempt is no longer ours). Returns None on completion, `"timeout"` or `"superseded"` after
-    calling `stop()`. The first beat comes one interval in: starting the attempt stamped its heartbeat."""
+    """Wait for the harness (`wait(seconds)`: True once done), heartbeating (`heartbeat()`: False once not
+    ours): None, or `"timeout"` / `"superseded"` after `stop()`. The start stamped the first beat."""
     deadline = time.monotonic() + timeout_s
     try:
         while True:
@@ -241,14 +225,8 @@ def run_subprocess(
     hide: Sequence[Path] = (),
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
 ) -> tuple[Outcome | None, str | None, str]:
-    """Run the harness command in `cwd` (None: ours) with a scrubbed environment (`child_env`), in `sandbox`;
-    returns (failure outcome or None on exit 0, supervision verdict, a line per output stream cut to
-    `max_output_bytes`: "" when all was kept).
-
-    Standard input is the task, from a file (a harness that never reads it cannot block us). It runs under
-    `subreaper.py`, so every process it leaves behind ends with it; stdout and stderr go through pipes into
-    files in `workdir`, and their tails end up in the failure reason.
-    """
+    """Run the harness command in `cwd` with a scrubbed environment under `subreaper.py`, the task on stdin
+    from a file (a harness that never reads it cannot block us); (failure or None, verdict, cut notice)."""
     workdir.mkdir(parents=True, exist_ok=True)
     task_in_path = Path(env["LD_TASK_FILE"]) if "LD_TASK_FILE" in env else workdir / "stdin"
     if "LD_TASK_FILE" not in env:
@@ -325,8 +303,7 @@ def run_subprocess(
 def run_inprocess(
     run_task: Callable[..., float], task: dict[str, Any], env: dict[str, str], supervise_kw: dict[str, Any]
 ) -> tuple[Outcome | None, str | None]:
-    """Call `run_task` in a thread. A Python thread cannot be killed: after a timeout it is abandoned
-    (daemon) and the attempt is ended anyway; whatever it still sends is refused or ignored downstream."""
+    """Call `run_task` in a thread, abandoned after a timeout (what it still sends is refused downstream)."""
     result: dict[str, Any] = {}
 
     def target() -> None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,18 +21,12 @@ Judge = Callable[[Task, list[dict[str, Any]]], float]
 
 @dataclass(frozen=True)
 class HarnessSpec:
-    """Everything the runner needs to run a harness, and the gate needs to judge its evidence.
-
-    `command()` is the subprocess command line (`argv`, else `python -m <module>`), started in `cwd` with
-    `env_map` copying task fields into variables; `run_task(task, *, base_url, api_key, event_url)` is the
-    in-process entry point (a spec with only one runs that way whatever mode is asked). `prepare(task,
-    workdir)` sets up a fresh destination per attempt and returns the task; `verify(task)` re-reads it
-    afterwards. `judge` scores an attempt that posted no reward. `expected_span_families`: what every
-    finished rollout must have. `tools`: the tool schemas the agent offers its model (empty: undeclared)."""
+    """Everything the runner needs to run a harness, and the gate to judge its evidence: `argv` (run in
+    `cwd`, `env_map` copying task fields into variables) and/or the in-process `run_task`; `prepare(task,
+    workdir)` makes a fresh destination per attempt, `verify(task)` re-reads it afterwards."""
 
     name: str
     expected_span_families: tuple[str, ...]
-    module: str | None = None
     argv: tuple[str, ...] | None = None
     run_task: Callable[..., float | None] | None = None
     verify: Callable[[Task], dict[str, Any]] | None = None
@@ -42,29 +35,24 @@ class HarnessSpec:
     env_map: dict[str, str] = field(default_factory=dict, hash=False)
     judge: Judge | None = None
     judge_name: str | None = None
-    # The settings' defaults (one default, wherever a spec is made without them); a project's spec has its
-    # file's `training.attempt_timeout_s` / `training.max_attempts` (`project.harness.harness_spec`).
+    # The settings' defaults; a project's spec has its file's (`project.harness.harness_spec`).
     timeout_s: float = TrainingSettings.model_fields["attempt_timeout_s"].default
     max_attempts: int = TrainingSettings.model_fields["max_attempts"].default
     tools: list[dict[str, Any]] = field(default_factory=list, hash=False)
     model_names: tuple[str, ...] = ()  # if given, the only model names the gateway serves (else any)
-    env_passthrough: tuple[
-        str, ...
-    ] = ()  # variables of ours a subprocess harness inherits besides the allowlist
-    # How much of a subprocess's stdout, and of its stderr, an attempt keeps (`runner.output`; the same
-    # default as there, not imported: the runner package imports this module).
+    env_passthrough: tuple[str, ...] = ()  # variables a subprocess harness inherits beyond the allowlist
+    # Of a subprocess's stdout, and of its stderr, per attempt (`runner.output`'s default, not imported:
+    # the runner package imports this module).
     max_output_bytes: int = 4 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.command() is None and self.run_task is None:
-            raise ValueError(f"harness {self.name!r} needs a command (argv or module) or a run_task")
+            raise ValueError(f"harness {self.name!r} needs a command (argv) or a run_task")
         if (self.judge is None) != (self.judge_name is None):
             raise ValueError(f"harness {self.name!r}: a judge and its judge_name go together")
 
     def command(self) -> list[str] | None:
-        if self.argv:
-            return list(self.argv)
-        return [sys.executable, "-m", self.module] if self.module else None
+        return list(self.argv) if self.argv else None
 
     def run_mode(self, requested: str) -> str:
         """The mode an attempt runs in: the requested one when the spec has both entry points."""
@@ -83,7 +71,6 @@ class HarnessSpec:
 
     def retry_policy(self, **overrides: Any) -> RetryPolicy:
         """The retry policy with this harness's timeout and attempt budget (`overrides` win)."""
-        # Imported here: the runner package imports this module.
         from lightning_dagster.runner.retry import RetryPolicy
 
         return RetryPolicy(**{"max_attempts": self.max_attempts, "timeout_s": self.timeout_s, **overrides})

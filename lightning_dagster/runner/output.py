@@ -1,9 +1,5 @@
-"""A harness subprocess's stdout and stderr, kept to a bounded size per attempt and stream.
-
-`Capture` reads both pipes in a thread and keeps, per stream, the first half of `max_bytes` (written as it
-comes) and the last half (written at the end after a marker counting the bytes dropped). It never stops
-reading, so a harness that prints without end never blocks on a full pipe.
-"""
+"""A harness subprocess's stdout and stderr, bounded per stream: `Capture` keeps the first and the last
+half of `max_bytes` (a marker between) and never stops reading, so a harness never blocks on a pipe."""
 
 from __future__ import annotations
 
@@ -17,12 +13,10 @@ from pathlib import Path
 from typing import IO
 
 log = logging.getLogger(__name__)
-# Per attempt and stream; also the default of `HarnessSpec.max_output_bytes` and the project file's
-# `harness.max_output_bytes` (at least 1024 there).
-DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # per attempt and stream (the project file's default too)
 READ_BYTES = 1 << 16
-# How long to wait for the pipes' end once the harness's process tree is gone; only a process that left
-# that tree on purpose can still hold a pipe open, and its output is then no longer read.
+# How long to wait for the pipes' end once the harness's process tree is gone (only a process that left it
+# on purpose can still hold a pipe open; its output is then no longer read).
 DRAIN_S = 2.0
 
 
@@ -105,8 +99,8 @@ class Capture:
                     except OSError:  # the file cannot grow (a full disk): keep draining all the same
                         log.warning("cannot keep the harness's %s", key.data.kept.name, exc_info=True)
 
-    def close(self, drain_s: float = DRAIN_S) -> list[Kept]:
-        self._thread.join(drain_s)
+    def close(self) -> list[Kept]:
+        self._thread.join(DRAIN_S)
         self._stop.set()
         self._thread.join()
         for pipe in self._pipes.values():

@@ -1,10 +1,6 @@
-"""The retry policy, declared before a run starts and recorded with it.
-
-The policy names *endings* (final states like `timeout`, or reason codes like `no_reward`). One in
-`sample_retry_on` is an expected sample retry (the agent's method); one in `retry_on` an infrastructure
-retry, which backs off: retry k waits `backoff_s * 2**(k-1)` seconds (at most `backoff_max_s`), and while the
-gateway is unreachable a runner starts no attempt for up to `backoff_max_s`.
-"""
+"""The retry policy, declared before a run and recorded with it. It names *endings* (states like `timeout`,
+reason codes like `no_reward`): `sample_retry_on` earns a sample retry, `retry_on` an infrastructure retry,
+which waits `backoff_s * 2**(k-1)` seconds (at most `backoff_max_s`, also the longest claims pause)."""
 
 from __future__ import annotations
 
@@ -33,8 +29,7 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise InvalidPolicy(f"max_attempts must be >= 1, got {self.max_attempts}")
-        # NaN passes every comparison below as if it were in range: an infinite or NaN timeout would never
-        # end an attempt, a NaN heartbeat interval would heartbeat in a busy loop.
+        # NaN passes every comparison below: a NaN or infinite timeout would never end an attempt.
         times = ("timeout_s", "heartbeat_timeout_s", "backoff_s", "backoff_max_s")
         unbounded = [
             f"{name}={getattr(self, name)}" for name in times if not math.isfinite(getattr(self, name))
@@ -47,7 +42,7 @@ class RetryPolicy:
             raise InvalidPolicy(
                 f"backoff needs 0 <= backoff_s <= backoff_max_s, got {self.backoff_s} and {self.backoff_max_s}"
             )
-        # Accept lists from JSON/YAML configs but keep the policy hashable and immutable.
+        # lists from JSON/YAML configs, kept hashable
         object.__setattr__(self, "retry_on", tuple(self.retry_on))
         object.__setattr__(self, "sample_retry_on", tuple(self.sample_retry_on))
 

@@ -1,11 +1,6 @@
-"""The runner: N workers claim rollouts, run attempts of a harness, and end each attempt with a reason.
-
-The retry policy, declared up front, decides whether a rollout gets another attempt (and of which kind). A
-reaper marks attempts whose heartbeat went stale (a crashed worker, here or elsewhere) `unresponsive`, so no
-rollout stays `running` forever. An attempt that posted no reward is scored by the harness's judge, if any.
-`run(ids)` drives one run's rollouts to their end; `work()` is a fleet worker sharing one store queue. A
-failed attempt while the gateway does not answer ends `gateway_unreachable`, and claims pause meanwhile.
-"""
+"""The runner: N workers claim rollouts and run attempts of a harness under the retry policy; a reaper ends
+attempts whose heartbeat went stale `unresponsive`. A failed attempt while the gateway does not answer ends
+`gateway_unreachable`, and claims pause meanwhile."""
 
 from __future__ import annotations
 
@@ -56,10 +51,8 @@ from lightning_dagster.types import (
 
 log = logging.getLogger(__name__)
 LIVE_ROLLOUT = frozenset(RolloutStatus) - FINAL_ROLLOUT_STATUSES
-# Sequence numbers for runner-recorded spans sit far above the gateway's, so they never collide.
-RUNNER_SPAN_SEQUENCE = 1_000_000
-# An idle worker's store polls: first wait, then doubling up to the second.
-IDLE_POLL_S = (0.05, 1.0)
+RUNNER_SPAN_SEQUENCE = 1_000_000  # runner-recorded spans: far above the gateway's sequence numbers
+IDLE_POLL_S = (0.05, 1.0)  # an idle worker's store polls: first wait, then doubling up to the second
 GATEWAY_PROBE_S = 2.0  # how long a health probe waits for the gateway to answer
 
 
@@ -68,11 +61,7 @@ class WrongHarness(ValueError):
 
 
 class Runner:
-    """Runs the rollouts of one harness through a gateway until each is final (see module docstring).
-
-    `policy`: default the harness's own. `mode`: asked of a harness that has both entry points (`self.mode`
-    is the one that runs). `decode`: ids -> text for the judge's transcript. `env_passthrough`: names a
-    subprocess harness inherits beyond the allowlist; `sandbox="bwrap"` hides the home but for its workdir."""
+    """Runs the rollouts of one harness through a gateway until each is final (`decode`: for the judge)."""
 
     def __init__(
         self,
@@ -135,8 +124,7 @@ class Runner:
         )
 
     def work(self, *, until_idle: bool = False, stop: threading.Event | None = None) -> int:
-        """Fleet worker: claim and run this harness's rollouts until `stop` (or, `until_idle`, none is live
-        anywhere). Returns how many rollouts this runner claimed."""
+        """Fleet worker: run rollouts until `stop` (or, `until_idle`, none is live); how many it claimed."""
         stop = stop or threading.Event()
         name = self.harness.name
         self._loop(None, lambda: stop.is_set() or (until_idle and self._none_live(harness=name)), stop)
@@ -177,20 +165,15 @@ class Runner:
         return self.store.count_rollouts(status=LIVE_ROLLOUT, **scope) == 0
 
     def _next(self, worker_id: str, ids: list[str] | None) -> tuple[Rollout, Attempt] | None:
-        """Claim a queued rollout (and its queued retry); counted busy from here on, so the run cannot look
-        finished between a claim and the rollout's final status."""
+        """Claim a queued rollout; busy from here on, so the run cannot look finished before it is final."""
         with self._lock:
             self._busy += 1
         claimed = None
         try:
-            # A read first: claiming takes the write lock, and idle workers would otherwise keep taking
-            # it away from the gateway's span writes.
-            # Skipped while the last claim found one: then another is likely queued, and the count would
-            # only add a read to every claim of a busy run.
+            # a read first (claims take the write lock from span writes), unless the last claim found one
             scope = {"rollout_ids": ids} if ids is not None else {"harness": self.harness.name}
             if self._queued_hint or self.store.count_rollouts(status=RolloutStatus.queued, **scope):
-                # a rollout tagged with a policy version starts only once every live serving process
-                # serves that version (`gateway.weightsync`); untagged rollouts start at once
+                # a rollout tagged with a policy version starts once every live server serves it
                 ready = self.store.fleet_version()
                 versions = () if ready is None else (ready,)
                 claimed = self.store.claim_rollout(worker_id, policy_versions=versions, **scope)
@@ -219,8 +202,7 @@ class Runner:
                 except Exception:  # noqa: BLE001 - a store hiccup must not kill the worker
                     log.exception("claim failed")
             if claimed is None:
-                # Holding, or nothing queued: back off, so a run's tail does not have every idle worker
-                # querying the store many times a second and starving the workers still running.
+                # holding, or nothing queued: back off, or idle workers starve those still running
                 stop.wait(idle)
                 idle = min(idle * 2, IDLE_POLL_S[1])
                 continue
@@ -235,8 +217,7 @@ class Runner:
     def _drive(self, worker_id: str, rollout: Rollout, attempt: Attempt) -> None:
         """Run attempts of one rollout until the policy says it is final."""
         while True:
-            # Ours until its ending and the policy's decision are written, so the reaper never applies the
-            # policy to it a second time.
+            # ours until its ending and the policy's decision are written: the reaper leaves it alone
             with self._lock:
                 self._active.add(attempt.attempt_id)
             try:
@@ -322,8 +303,7 @@ class Runner:
         return False
 
     def _attempt(self, rollout: Rollout, attempt: Attempt) -> Outcome | None:
-        """Prepare, run and check one attempt; None when it was ended by someone else meanwhile. Cut output
-        is said at the end of its reason message."""
+        """Prepare, run and check one attempt; None when someone else ended it meanwhile."""
         notice: list[str] = []
         outcome = self._run_attempt(rollout, attempt, notice)
         note = "\n".join(line for line in notice if line)
@@ -413,8 +393,7 @@ class Runner:
                 log.exception("reaping failed")
 
     def reap(self, ids: list[str] | None) -> list[str]:
-        """Mark running attempts (of `ids`; None: of this harness) with a stale heartbeat `unresponsive` and
-        apply the policy to those no worker of ours is running. Returns the reaped attempt ids."""
+        """End stale running attempts (of `ids`, else this harness's) `unresponsive`; their ids."""
         cutoff = time.time() - self.policy.heartbeat_timeout_s
         scope = {"rollout_ids": ids} if ids is not None else {"harness": self.harness.name}
         reaped = []

@@ -1,5 +1,4 @@
-"""Harness rollouts through a local gateway: queue tasks, run them with the `Runner`, collect each rollout's
-final successful attempt."""
+"""Harness rollouts through a local gateway: queue, run (`Runner`), collect each final successful attempt."""
 
 from __future__ import annotations
 
@@ -70,12 +69,8 @@ def model_resource(store: Store, model_dir: Path) -> Resource:
 
 
 class RolloutService:
-    """Runs harness rollouts through a `LocalGateway` with a `Runner`; the trainer pushes new weights with
-    `load_weights`, and the resource id recorded on spans and rollouts follows it.
-
-    `serving`: the gateway's and the runner's settings. `harness`: a built-in example's name or any spec.
-    `child`, `reuse`: see `LocalGateway`. `retry_policy`: default the harness's own, one attempt for the
-    built-in examples (a retried failure would over-represent the samples that succeed on a second try)."""
+    """Runs harness rollouts through a `LocalGateway` with a `Runner`; `load_weights` pushes new weights.
+    `harness`: a built-in example's name or a spec; `child`, `reuse`: see `LocalGateway`."""
 
     def __init__(
         self,

@@ -1,22 +1,17 @@
-"""The process a command harness runs under: it starts the harness and, once the harness has ended, kills
-and reaps every process the harness left behind, then exits as the harness did. Run by path with the
-standard library only (`python -I -S subreaper.py STATUS_FD -- ARGV...`), so it starts in milliseconds.
+"""The process a command harness runs under (`python -I -S subreaper.py STATUS_FD -- ARGV...`, standard
+library only, so it starts in milliseconds): it starts the harness and, once it has ended, kills and reaps
+every process it left behind, then exits as the harness did.
 
-Why a process of its own per attempt: a helper that starts a session of its own (`setsid`, a double-forked
-daemon) leaves the harness's process group, and is re-parented to the nearest child subreaper
-(`PR_SET_CHILD_SUBREAPER`). As that subreaper for exactly one attempt, "every descendant of this process" is
-exactly "every process of this attempt". The runner is never one: it runs many attempts at once, an orphan
-carries nothing that says which attempt it came from, and it must not steal another child's exit status.
+Why one per attempt: a helper that starts its own session (`setsid`, a daemon) is re-parented to the
+nearest child subreaper (`PR_SET_CHILD_SUBREAPER`); as that for one attempt, "every descendant" is exactly
+"every process of this attempt". The runner cannot be one: it runs many attempts, and an orphan does not
+say which it came from. Where the kernel allows (`_unshare`), the harness is process 2 of a PID namespace
+whose init this process forks first, so the kernel kills all left in it when this process ends (with the
+runner: setpriv's PR_SET_PDEATHSIG). Without it, only a process that leaves this tree on purpose escapes.
 
-Where the kernel allows (`_unshare`), the harness runs as process 2 of a PID namespace of its own, whose
-init this process forks first and which ends when this process does, however it ends: the kernel then kills
-every process left in it. This process ends with the runner (SIGTERM: setpriv's PR_SET_PDEATHSIG). Without
-the namespace, only a process that leaves this tree on purpose escapes (one that kills this process first,
-or asks a service outside it to start something).
-
-Protocol with the runner: STATUS_FD gets `cannot start ...` if the harness cannot be started (then exit
-127), and is closed once it has started. SIGTERM stops the attempt: the harness's process group is killed,
-then the sweep. The exit status is the harness's: its code, or the same signal that ended it.
+Protocol: STATUS_FD gets `cannot start ...` if the harness cannot start (exit 127), and is closed once it
+has. SIGTERM stops the attempt (the harness's group is killed, then the sweep). The exit status is the
+harness's: its code, or the signal that ended it.
 """
 
 from __future__ import annotations
@@ -79,9 +74,7 @@ def descendants(pid: int) -> list[int]:
 
 
 def _unshare() -> bool:
-    """Put this process's next children in a new PID namespace: with CAP_SYS_ADMIN, or else in a new user
-    namespace mapping our user and group to themselves. False when the kernel refuses both (user namespaces
-    forbidden, as in many containers) or this is not Linux: then the harness runs in ours."""
+    """Put our next children in a new PID namespace (in a new user namespace if need be); False if refused."""
     unshare = getattr(_LIBC, "unshare", None)
     if unshare is None or unshare(CLONE_NEWPID) == 0:
         return unshare is not None
@@ -95,9 +88,8 @@ def _unshare() -> bool:
 
 
 def _start_init(status_fd: int) -> None:
-    """Fork process 1 of the new PID namespace. It reaps the orphans it adopts (SIGCHLD ignored) and exits
-    once it reads end-of-file on a pipe only this process holds open (close-on-exec), so at our end. It
-    holds no pipe of the runner's: their ends tell the runner the harness started, and its output ended."""
+    """Fork process 1 of the new PID namespace: it reaps orphans and exits at end-of-file on a pipe only
+    this process holds, so at our end (it holds no pipe of the runner's, whose ends the runner awaits)."""
     alive_r, alive_w = os.pipe()
     if os.fork() == 0:
         for fd in (alive_w, status_fd, 0, 1, 2):
@@ -109,8 +101,7 @@ def _start_init(status_fd: int) -> None:
 
 
 def sweep(deadline: float) -> None:
-    """Kill every descendant of this process and reap them all. A killed process's children are re-parented
-    here (we are their subreaper), so rounds go on until this process has no child left at all."""
+    """Kill and reap every descendant, in rounds until no child is left (orphans are re-parented here)."""
     me = os.getpid()
     while True:
         for pid in descendants(me):
@@ -129,16 +120,14 @@ def sweep(deadline: float) -> None:
 
 
 def _start(command: list[str], parent: int) -> int:
-    """Fork and exec the harness in a session of its own; its pid, or OSError saying why it cannot start.
-    (Not `subprocess`: importing it would double this process's start-up.)"""
+    """Fork and exec the harness in its own session (not `subprocess`: importing it doubles start-up)."""
     errors_r, errors_w = os.pipe()  # close-on-exec: the end of it tells the exec happened
     pid = os.fork()
     if pid == 0:
         try:
             os.close(errors_r)
             os.setsid()
-            # SIGKILL when this process ends (the runner's thread ending kills this process the same way),
-            # and no start at all if it already has.
+            # SIGKILL when this process ends, and no start at all if it already has
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != parent:
                 os._exit(1)

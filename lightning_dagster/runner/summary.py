@@ -42,24 +42,15 @@ class RunSummary:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def to_json(self, *, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
-
-
-def _final_attempts(attempts: list[Attempt]) -> dict[str, Attempt]:
-    final: dict[str, Attempt] = {}
-    for attempt in attempts:
-        if attempt.rollout_id not in final or attempt.sequence_id > final[attempt.rollout_id].sequence_id:
-            final[attempt.rollout_id] = attempt
-    return final
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
 
 
 EXAMPLE_CHARS = 500  # of a failure's example message
 
 
 def _example(attempt: Attempt, error: str | None, folder: Path | None) -> str:
-    """What went wrong, in a line: the gateway's error text of a refused call, else the harness's last stderr
-    line, else the first line of the attempt's reason."""
+    """What went wrong: a refused call's error, else the last stderr line, else the reason's first line."""
     if error:
         return error
     stderr = folder / "stderr" if folder is not None else None
@@ -69,8 +60,7 @@ def _example(attempt: Attempt, error: str | None, folder: Path | None) -> str:
 
 
 def failures(attempts: list[Attempt], spans: list, workdir: Path | None) -> dict[str, dict[str, Any]]:
-    """Per failure reason: how many rollouts had an attempt end so, and one such attempt's message and
-    folder (its files: stdout, stderr, task; None when it has none, e.g. in-process)."""
+    """Per failure reason: how many rollouts had an attempt end so, one's message and folder (or None)."""
     errors = {s.attempt_id: s.attributes["error"] for s in spans if "error" in s.attributes}
     rollouts: dict[str, set[str]] = {}
     out: dict[str, dict[str, Any]] = {}
@@ -87,7 +77,6 @@ def failures(attempts: list[Attempt], spans: list, workdir: Path | None) -> dict
 
 
 def failure_lines(found: dict[str, dict[str, Any]]) -> list[str]:
-    """A line per failure reason, for the screen."""
     return [
         f"failed: {reason} in {f['rollouts']} rollout(s), e.g. {f['example']!r}"
         + (f" (files: {f['dir']})" if f.get("dir") else "")
@@ -109,7 +98,7 @@ def summarize(
     attempts = store.list_attempts(rollout_ids=rollout_ids) if rollout_ids else []
     spans = store.list_spans(rollout_ids=rollout_ids) if rollout_ids else []
     rewards = store.list_rewards(rollout_ids=rollout_ids) if rollout_ids else []
-    final = _final_attempts(attempts)
+    final = {a.rollout_id: a for a in sorted(attempts, key=lambda a: a.sequence_id)}  # the latest of each
 
     families: dict[str, set[str]] = {}
     llm_by_attempt: dict[str, list] = {}

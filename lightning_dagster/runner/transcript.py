@@ -1,8 +1,5 @@
-"""What a judge reads: an attempt's transcript, built from the LLM spans the gateway recorded for it.
-
-One dict per successful LLM call, in call order: `{"name", "prompt_token_ids", "response_token_ids",
-"finish_reason"}`, plus `"response_text"` when the runner knows the checkpoint's codec.
-"""
+"""What a judge reads: an attempt's transcript from its LLM spans, a dict per successful call in order
+(`name`, `prompt_token_ids`, `response_token_ids`, `finish_reason`, and `response_text` with a codec)."""
 
 from __future__ import annotations
 

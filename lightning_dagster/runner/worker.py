@@ -1,6 +1,5 @@
-"""`lightning-dagster runner`: a fleet worker. It claims any queued rollout of its harness from the store (any
-number of workers on any machines), runs it against a running gateway, and reaps the stale attempts of
-workers that died. Exit status: 0 done (`--until-idle`, or SIGTERM/SIGINT), 2 bad arguments or project."""
+"""`lightning-dagster runner`: a fleet worker runs queued rollouts of its harness against a running gateway
+and reaps dead workers' attempts. Exit: 0 done (`--until-idle`, SIGTERM/SIGINT), 2 bad arguments/project."""
 
 from __future__ import annotations
 
@@ -9,12 +8,12 @@ import json
 import signal
 import threading
 
-from lightning_dagster.gateway.keys import SecretError, read_secret_file, refuse_env_secrets
 from lightning_dagster.runner.cli import (
     add_harness_options,
     add_runner_options,
     harness_of,
     policy_of,
+    secret_of,
     serving_of,
     store_of,
 )
@@ -35,10 +34,7 @@ def _work(args: argparse.Namespace) -> int:
     from lightning_dagster.store import Store
 
     serving = serving_of(args, "runner")
-    refuse_env_secrets()
-    if not args.secret_file:
-        raise SecretError("--gateway needs that gateway's secret: --secret-file PATH (mode 0600), or -")
-    secret = read_secret_file(args.secret_file)
+    secret = secret_of(args)
     check_sandbox(serving.sandbox)
     spec, _ = harness_of(args)
     policy = policy_of(args, spec)

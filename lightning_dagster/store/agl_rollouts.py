@@ -1,14 +1,6 @@
-"""The store side of the Agent Lightning v1.0 server surface: rollouts created through its REST API (marked
-`harness="agl"`), their lifecycle moves in one transaction each, and the completion log its terminal page
-reads. Functions over a `Store`.
-
-An Agent Lightning rollout is one of ours: `task = {"input": <its input>}`, kind `train` when `is_train`,
-else `holdout`; `metadata["agl"]` keeps its `config`, `metadata`, `is_train` and the status fields our
-rollout has no column for. `queuing` is our `queued`; `cancelled` reads as `failed`. The API names an
-attempt as Agent Lightning does, by its sequence within its rollout ("0" first, "1" its retry: our
-`sequence_id - 1`); our attempt ids stay internal. A deleted rollout's id can be created again: its old
-record is renamed to a tombstone id first (`retire`), attempts, spans and rewards with it.
-"""
+"""The store side of the Agent Lightning v1.0 server surface: rollouts created through its REST API
+(`harness="agl"`, `task = {"input": ...}`, the rest in `metadata["agl"]`), their lifecycle moves, and the
+completion log its terminal page reads. An attempt is named by its sequence ("0" first)."""
 
 from __future__ import annotations
 
@@ -51,8 +43,7 @@ class IllegalMove(Conflict):
 
 
 class AglRow(NamedTuple):
-    """What the API shows of a rollout, read without building a `Rollout` (the API's reads are its hot
-    path: a plain sqlite3 read of 50 rows costs a tenth of SQLAlchemy plus pydantic)."""
+    """What the API shows of a rollout (a plain sqlite3 read costs a tenth of SQLAlchemy plus pydantic)."""
 
     rollout_id: str
     status: str  # ours
@@ -86,16 +77,13 @@ def _read(store, where_sql: str, params: tuple, where: Callable[[], list]) -> li
 
 
 def create(store, rollouts: list[Rollout], *, nowait: bool = False) -> list[AglRow] | None:
-    """Insert the rollouts whose id is new, in one transaction; an existing id (ours, not deleted) returns
-    the stored rollout unchanged, so a retried batch creates each once. `nowait` (SQLite files): None,
-    nothing written, if another writer holds the lock (so an event loop may call it)."""
+    """Insert the rollouts whose id is new (an existing id: the stored one); `nowait`: None if locked."""
     ids = [r.rollout_id for r in rollouts]
     if store.raw_reads:
         return _create_raw(store, rollouts, ids, nowait)
     if nowait:
         return None
-    # Two clients creating one new id at once (PostgreSQL: neither transaction sees the other's row) make
-    # the second insert a unique violation; done again, its read finds the first one's rollout and returns it.
+    # Two clients creating one new id at once: the second insert's unique violation, done again, finds it.
     tries = 0
     while True:
         try:
@@ -115,8 +103,7 @@ def create(store, rollouts: list[Rollout], *, nowait: bool = False) -> list[AglR
 def _plan(
     rollouts: list[Rollout], found: dict[str, tuple[str, AglRow]]
 ) -> tuple[list[AglRow], list[dict], list[str]]:
-    """(what to answer, rows to insert, deleted ids to retire first) given the stored rollouts with these
-    ids (id -> harness, row)."""
+    """(what to answer, rows to insert, deleted ids to retire first); `found`: id -> (harness, row)."""
     out, fresh, retired = [], [], []
     for r in rollouts:
         if r.rollout_id in found and found[r.rollout_id][0] == DELETED:
@@ -145,8 +132,7 @@ RETIRE = (  # one statement list for SQLAlchemy (`sa.text`) and plain sqlite3 (n
 
 
 def _retire(execute: Callable[[str, dict], Any], ids: list[str]) -> None:
-    """Rename each deleted rollout (and its attempts, spans and rewards) to a tombstone id, in the caller's
-    transaction: the lineage stays, under a name this API never shows, and the id is free again."""
+    """Rename each deleted rollout (and its records) to a tombstone id the API never shows, freeing the id."""
     for rid in ids:
         params = {"rid": rid, "tomb": f"{rid[:39]}~deleted~{uuid.uuid4().hex[:16]}"}  # <= 64 characters
         for sql in RETIRE:
@@ -159,8 +145,7 @@ _INSERT = f"INSERT INTO rollouts ({', '.join(c.name for c in _INSERTED)}) VALUES
 
 
 def _create_raw(store, rollouts: list[Rollout], ids: list[str], nowait: bool) -> list[AglRow] | None:
-    """`create` on plain sqlite3 (same rows and JSON text as the SQLAlchemy path), committed without an
-    fsync, as the gateway commits LLM spans (it reaches the disk with the next synced commit)."""
+    """`create` on plain sqlite3 (same rows and JSON text), committed without an fsync as LLM spans are."""
     with store.raw_write(synchronous=1, nowait=nowait) as conn:
         if conn is None:
             return None
@@ -218,9 +203,7 @@ def _attempt_ids(c: sa.Connection, rollout_id: str) -> list[str]:
 
 
 def query(store, states: list[str], limit: int) -> list[tuple[str, str, int, float]]:
-    """(rollout id, status, version, created_at) of this API's rollouts in the given Agent Lightning states,
-    oldest first (the status index): a rollout's content changes only with its status or version (and a
-    deleted id created again is another rollout)."""
+    """(rollout id, status, version, created_at) of this API's rollouts in the given states, oldest first."""
     statuses = sorted({s.value for state in states for s in OUR_STATUS[state]})
     if store.raw_reads:
         sql = (
@@ -253,8 +236,7 @@ def span_marker(store, attempt_id: str) -> tuple[int, int | None]:
 
 
 def terminal_page(store, after: int, limit: int) -> tuple[list[AglRow], int, int]:
-    """Terminal rollouts in completion order after position `after`: (rollouts, next_after, total). A
-    deleted rollout keeps its position (skipped in the page), so a cursor never misses one."""
+    """Terminal rollouts after `after` in completion order (a deleted one skipped): (rows, next, total)."""
     seq = R.metadata[("agl", "status", "terminal_seq")].as_integer()
     with store.engine.connect() as c:
         total = _counter(c)
@@ -279,9 +261,7 @@ def _bump_counter(c: sa.Connection) -> int:
 
 
 def move(store, rollout_id: str, fields: dict[str, Any], worker_id: str) -> AglRow:
-    """Apply one status patch in one transaction: `state` moves the rollout along Agent Lightning's
-    lifecycle through our attempt state machine; the other fields are kept in `metadata["agl"]["status"]`.
-    Raises IllegalMove (nothing changed) for a move the lifecycle lacks."""
+    """Apply one status patch in one transaction (IllegalMove for a move the lifecycle lacks)."""
     with store._write() as c:
         row = c.execute(
             sa.select(schema.rollouts).where(R.rollout_id == rollout_id).with_for_update(key_share=True)
@@ -324,8 +304,7 @@ def _step(store, c, rollout: Rollout, target: str, worker_id: str, error: str | 
 
 
 def named_attempt(store, rollout_id: str, name: str, worker_id: str) -> Attempt:
-    """The rollout's attempt Agent Lightning names `name` (its sequence, "0" first). The rollout's next
-    attempt of a rollout still queuing starts now (Agent Lightning's agents post to "0" before any move)."""
+    """The attempt named `name`; a queuing rollout's next one starts now (agents post to "0" at once)."""
     index, rollout = attempt_index(name), get(store, rollout_id)
     if index is None:
         raise NotFound(
@@ -345,8 +324,7 @@ def named_attempt(store, rollout_id: str, name: str, worker_id: str) -> Attempt:
 
 
 def delete(store, rollout_id: str) -> list[str]:
-    """Hide the rollout from this API (idempotent); returns the ids of its attempts (none if nothing was
-    hidden now). Its attempts, spans and rewards stay in the store as lineage."""
+    """Hide the rollout from this API (kept as lineage); its attempt ids (none if hidden already)."""
     with store._write() as c:
         hidden = c.execute(
             sa.update(schema.rollouts)

@@ -1,8 +1,9 @@
-"""The store's connection: engine creation, SQLite pragmas and write locking, schema upgrade on open, and
-the transaction and record helpers every part of `Store` builds on."""
+"""The store's connection: engine, SQLite pragmas and write locking, schema upgrade on open, and the
+transaction and record helpers every part of `Store` builds on."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import re
@@ -66,8 +67,7 @@ _INT32 = (-(2**31), 2**31 - 1)
 
 
 def bad_json(value: Any, path: str = "") -> str | None:
-    """`path: what is wrong` for the first value PostgreSQL's JSON refuses (SQLite would keep it): NaN,
-    Infinity, a NUL character; None if there is none."""
+    """`path: what is wrong` for the first NaN, Infinity or NUL character PostgreSQL's JSON refuses."""
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{path}: {value} is not a finite number"
     if isinstance(value, str):
@@ -81,9 +81,8 @@ def bad_json(value: Any, path: str = "") -> str | None:
     return None
 
 
-# A number JSON can write but a float cannot hold: an exponent of 3+ digits (1e999) or 309+ digits (a float
-# beyond 1.8e308). Parsed, either is an infinity, which no store keeps. Anchored where a JSON number starts,
-# so ids and text that merely contain "e123" rarely send a body to the walk.
+# A JSON number a float cannot hold (an infinity once parsed): a 3-digit exponent (1e999) or 309+ digits.
+# Anchored where a JSON number starts, so text merely containing "e123" rarely sends a body to the walk.
 _HUGE_NUMBER = re.compile(rb"[:\[,\s]-?(?:\d+(?:\.\d*)?[eE][+-]?\d{3}|\d{309})")
 
 
@@ -101,24 +100,19 @@ def check_json(field: str, value: Any) -> None:
         raise InvalidInput(found)
 
 
-_COLUMN_CHECKS: dict[sa.Table, list[tuple[str, str, int | None, bool, bool]]] = {}
-
-
+@functools.cache
 def _column_checks(table: sa.Table) -> list[tuple[str, str, int | None, bool, bool]]:
     """(column, `table.column`, declared string length, integer?, JSON?) per column, once per table."""
-    found = _COLUMN_CHECKS.get(table)
-    if found is None:
-        found = _COLUMN_CHECKS[table] = [
-            (
-                c.name,
-                f"{table.name}.{c.name}",
-                getattr(c.type, "length", None),
-                isinstance(c.type, sa.Integer),
-                isinstance(c.type, sa.JSON),
-            )
-            for c in table.c
-        ]
-    return found
+    return [
+        (
+            c.name,
+            f"{table.name}.{c.name}",
+            getattr(c.type, "length", None),
+            isinstance(c.type, sa.Integer),
+            isinstance(c.type, sa.JSON),
+        )
+        for c in table.c
+    ]
 
 
 def checked(table: sa.Table, row: dict[str, Any]) -> dict[str, Any]:
@@ -145,8 +139,8 @@ def checked(table: sa.Table, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _retry_locked(fn: Callable[[], T], timeout_s: float) -> T:
-    """Retry SQLite's immediate "database is locked" of a fresh file's switch to WAL, which busy_timeout does
-    not cover (seen once in 150 twelve-process races); only for idempotent steps."""
+    """Retry the "database is locked" of a fresh file's WAL switch, which busy_timeout misses (once in 150
+    races); idempotent steps only."""
     deadline, delay = time.monotonic() + timeout_s, 0.005
     while True:
         try:
@@ -170,8 +164,8 @@ def unavailable(exc: BaseException, store: str, busy_timeout_s: float) -> StoreU
             f"the store {store} is locked by another process; gave up after {busy_timeout_s:g}s ({cause})"
         )
     if code is None and _UNREACHABLE.search(cause):
-        # No connection at all (server down, wrong host or port, an unreadable SQLite file): psycopg2 reports
-        # it before any statement ran (no SQLSTATE), SQLite as "unable to open database file".
+        # No connection at all: psycopg2 says so before any statement (no SQLSTATE), SQLite as "unable
+        # to open database file".
         return StoreUnavailable(f"the store {store} cannot be reached ({cause})")
     return None
 
@@ -195,24 +189,24 @@ def _translate_errors(engine: sa.Engine, url: str, busy_timeout_s: float) -> Non
 def _create_engine(url: str, busy_timeout_s: float) -> sa.Engine:
     u = sa.make_url(url)
     backend = u.get_backend_name()
+    pool: dict[str, Any] = {"pool_size": 10, "max_overflow": 40}
     if backend == "postgresql":
         if u.drivername == "postgresql" and importlib.util.find_spec("psycopg") is None:
             u = u.set(drivername="postgresql+psycopg2")  # SQLAlchemy 2.1 maps bare postgresql to psycopg 3
-        # no pool_pre_ping: it costs a round trip per call; a connection lost to a server restart fails
-        # one call and is then replaced by the pool.
-        engine = sa.create_engine(u, pool_size=10, max_overflow=40, **_JSON)
-        _translate_errors(engine, url, busy_timeout_s)
-        return engine
-    if backend != "sqlite":
+        # no pool_pre_ping (a round trip per call): a connection lost to a restart fails one call, then
+        # the pool replaces it
+    elif backend != "sqlite":
         raise InvalidInput(f"the store supports sqlite and postgresql URLs, not {backend!r}")
-    if u.database in (None, "", ":memory:"):
-        pool: dict[str, Any] = {"poolclass": sa.pool.StaticPool, "connect_args": {"check_same_thread": False}}
+    elif u.database in (None, "", ":memory:"):
+        pool = {"poolclass": sa.pool.StaticPool, "connect_args": {"check_same_thread": False}}
     else:
         if u.query.get("uri") != "true":  # `file:...?mode=ro&uri=true` names an existing file
             Path(u.database).parent.mkdir(parents=True, exist_ok=True)
-        pool = {"pool_size": 10, "max_overflow": 40, "connect_args": {"timeout": busy_timeout_s}}
+        pool["connect_args"] = {"timeout": busy_timeout_s}
     engine = sa.create_engine(u, **_JSON, **pool)
     _translate_errors(engine, url, busy_timeout_s)
+    if backend == "postgresql":
+        return engine
 
     @sa.event.listens_for(engine, "connect")
     def _connect(dbapi_conn, _record) -> None:
@@ -227,11 +221,9 @@ def _create_engine(url: str, busy_timeout_s: float) -> sa.Engine:
 
     @sa.event.listens_for(engine, "begin")
     def _begin(conn: sa.Connection) -> None:
-        # A write transaction takes the write lock up front, so two writers queue on busy_timeout instead
-        # of both reading and then one failing to upgrade its lock (SQLITE_BUSY without waiting).
+        # A write locks up front, so two writers queue on busy_timeout (not SQLITE_BUSY on upgrade).
+        # synchronous: FULL (2) fsyncs every commit, NORMAL (1) leaves it to the next (crash-safe).
         options = conn.get_execution_options()
-        # synchronous is per connection: FULL (2) fsyncs the WAL at every commit; NORMAL (1) leaves the
-        # commit in the WAL for the next synced commit or checkpoint (safe against a process crash).
         level = 1 if options.get("ld_nosync") else 2
         info = conn.connection.info
         if info.get("ld_synchronous") != level:
@@ -252,8 +244,7 @@ class Connection:
     engine: sa.Engine
 
     def _ids_in(self, column: sa.ColumnElement, ids: Iterable[str]) -> sa.ColumnElement[bool]:
-        """`column IN ids`. A long list is bound as one JSON array unpacked by the database, not one
-        parameter per id: SQLAlchemy expands those afresh at every execution (~1 ms for 256 ids here)."""
+        """`column IN ids`; a long list as one JSON array (a parameter per id costs ~1 ms per 256 ids)."""
         ids = list(ids)
         if len(ids) <= _IDS_INLINE:
             return column.in_(ids)
@@ -265,8 +256,7 @@ class Connection:
         return column.in_(rows)
 
     def _connect(self, url: str, busy_timeout_s: float) -> None:
-        """Open the engine and bring the schema to head (idempotent; concurrent openers agree). A store
-        locked past `busy_timeout_s` raises StoreLocked; a read-only one opens if its schema is current."""
+        """Open the engine and bring the schema to head; a read-only store opens if its schema is current."""
         self.url = url
         self.engine = _create_engine(url, busy_timeout_s)
         self._busy_timeout_s = busy_timeout_s
@@ -297,6 +287,11 @@ class Connection:
         if row is None:
             raise NotFound(f"{table.name[:-1]} {key!r} not found")
         return from_row(model, row)
+
+    def _update_one(self, table: sa.Table, column: sa.Column, key: str, values: dict[str, Any]) -> None:
+        with self._write() as c:
+            if c.execute(sa.update(table).where(column == key).values(values)).rowcount == 0:
+                raise NotFound(f"{table.name[:-1]} {key!r} not found")
 
     def _all(self, model: type[M], query: sa.Select) -> list[M]:
         with self.engine.connect() as c:

@@ -1,5 +1,4 @@
-"""Append-only documents (hash-chained versions), compare-and-set pointers with their full move history,
-and flags."""
+"""Append-only, hash-chained documents, compare-and-set pointers with their move history, and flags."""
 
 from __future__ import annotations
 
@@ -26,9 +25,7 @@ def append_chained(
     unless: Callable[[list[StoredDocument]], bool] | None = None,
     attempts: int = 5,
 ) -> int | None:
-    """Append `body` to `store`'s document after its head, hashed `digest(head hash)`; another writer taking
-    the head first makes it re-read and retry, `attempts` times in all (then `Conflict`). Nothing is appended
-    (None) when `unless(the versions read)` is true."""
+    """Append `body` hashed `digest(head hash)` in `attempts` tries (then `Conflict`); None if `unless`."""
     for _ in range(attempts):
         versions = store.document_versions(collection, doc_id)
         if unless is not None and unless(versions):
@@ -42,8 +39,6 @@ def append_chained(
 
 
 class DocumentStore(Connection):
-    """Documents, pointers and flags (part of `Store`)."""
-
     def append_document(
         self, collection: str, doc_id: str, content_hash: str, body: dict, previous_hash: str | None
     ) -> int:
@@ -88,10 +83,8 @@ class DocumentStore(Connection):
         note: str = "",
         expected_seq: int | None = None,
     ) -> PointerMove:
-        """Compare-and-set under a row lock: moves only if the current value equals `expected` (None: the
-        pointer was never set), else PointerConflict(name, expected, actual). With `expected_seq` (the
-        newest move's `seq` the caller read, 0: never moved) it also moves only if no move happened since
-        (A -> B -> A in between), else `PointerSeqConflict` naming both move numbers. Every move is kept."""
+        """Compare-and-set under a row lock from `expected` (None: never set), else PointerConflict; with
+        `expected_seq` (0: never moved) also only if nothing moved since, else `PointerSeqConflict`."""
         for field, value in (("name", name), ("to", to), ("actor", actor)):
             nonempty_text(field, value)
         if expected_seq is not None and (
@@ -130,8 +123,7 @@ class DocumentStore(Connection):
         return move
 
     def pointer_state(self, name: str) -> tuple[str | None, int]:
-        """The pointer's value and its newest move's `seq` in one primary-key read ((None, 0): never set):
-        what a caller passes back to `move_pointer` as `expected` and `expected_seq`."""
+        """(value, newest move's `seq`) in one read ((None, 0): never set), as `move_pointer` takes them."""
         p = schema.pointers.c
         with self.engine.connect() as c:
             row = c.execute(sa.select(p.value, p.seq).where(p.name == name)).first()
@@ -139,13 +131,10 @@ class DocumentStore(Connection):
 
     def current_pointer(self, name: str) -> str | None:
         """One primary-key read of the pointer row (the history is not touched)."""
-        with self.engine.connect() as c:
-            return c.execute(
-                sa.select(schema.pointers.c.value).where(schema.pointers.c.name == name)
-            ).scalar()
+        return self.pointer_state(name)[0]
 
     def pointer_history(self, name: str, *, last: int | None = None) -> list[PointerMove]:
-        """Every move, oldest first; with `last`, only the newest `last` moves (still oldest first)."""
+        """Every move (with `last`: the newest `last`), oldest first."""
         m = schema.pointer_moves.c
         query = sa.select(schema.pointer_moves).where(m.name == name)
         if last is None:

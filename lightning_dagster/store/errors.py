@@ -19,33 +19,25 @@ class PointerConflict(Conflict):
 
     def __init__(self, name: str, expected: str | None, actual: str | None):
         super().__init__(f"pointer {name!r}: expected {expected!r}, actual {actual!r}")
-        self.name = name
-        self.expected = expected
-        self.actual = actual
+        self.name, self.expected, self.actual = name, expected, actual
 
 
 class PointerSeqConflict(PointerConflict):
-    """Compare-and-set on the move number failed: the pointer moved since the caller read it (move
-    `expected_seq`), even if it is back at the value the caller read (A -> B -> A)."""
+    """Compare-and-set on the move number failed: the pointer moved since it was read (even A -> B -> A)."""
 
     def __init__(
         self, name: str, expected: str | None, actual: str | None, expected_seq: int, actual_seq: int
     ):
-        Conflict.__init__(
-            self,
+        super().__init__(name, expected, actual)
+        self.args = (
             f"pointer {name!r}: expected move {expected_seq} ({expected!r}), actual move {actual_seq} "
             f"({actual!r}); it moved since it was read",
         )
-        self.name = name
-        self.expected = expected
-        self.actual = actual
-        self.expected_seq = expected_seq
-        self.actual_seq = actual_seq
+        self.expected_seq, self.actual_seq = expected_seq, actual_seq
 
 
 class InvalidInput(ValueError):
-    """Input that passed type validation but cannot be stored alike on SQLite and PostgreSQL; the message
-    starts with the field's name."""
+    """Input SQLite and PostgreSQL cannot store alike; the message starts with the field's name."""
 
 
 class StoreUnavailable(RuntimeError):

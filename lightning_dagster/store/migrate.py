@@ -1,9 +1,5 @@
-"""Schema migrations with alembic, applied programmatically when a `Store` opens its database.
-
-A fresh database gets the current schema from `schema.metadata` and is stamped at head; an older one is
-upgraded by `migrations/versions`. Both under a database-wide lock in one transaction, so processes opening
-a fresh database at once create it once.
-"""
+"""Schema migrations with alembic when a `Store` opens (a fresh database: `schema.metadata` stamped at head),
+under a database-wide lock, so processes opening a fresh database at once create it once."""
 
 from __future__ import annotations
 

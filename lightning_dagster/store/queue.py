@@ -1,5 +1,5 @@
-"""The rollout queue and the attempt state machine: resources, rollouts, claims, retries, attempt
-transitions and heartbeats, and the `serve` rollouts of client sessions."""
+"""The rollout queue and the attempt state machine: resources, rollouts, claims, retries, transitions,
+heartbeats, and the `serve` rollouts of client sessions."""
 
 from __future__ import annotations
 
@@ -34,8 +34,7 @@ from lightning_dagster.types import (
 
 R, A = schema.rollouts.c, schema.attempts.c
 
-# A rollout's status follows its latest attempt; whether a failure is final is the runner's call
-# (it either retries, which re-queues the rollout, or leaves it failed).
+# A rollout's status follows its latest attempt; whether a failure is final is the runner's call.
 ROLLOUT_STATUS_OF: dict[AttemptState, RolloutStatus] = {
     AttemptState.queued: RolloutStatus.queued,
     AttemptState.running: RolloutStatus.running,
@@ -49,7 +48,6 @@ FINAL_ROLLOUT_STATUSES = frozenset({RolloutStatus.succeeded, RolloutStatus.faile
 
 
 def _running_attempt(rollout_id: str, worker_id: str, **fields: Any) -> Attempt:
-    """A new attempt, running from now on `worker_id`."""
     t = now()
     return Attempt(
         rollout_id=rollout_id,
@@ -62,8 +60,6 @@ def _running_attempt(rollout_id: str, worker_id: str, **fields: Any) -> Attempt:
 
 
 class RolloutQueue(Connection):
-    """Resources, rollouts and attempts (part of `Store`)."""
-
     def add_resource(self, r: Resource) -> Resource:
         r = as_record(Resource, r)
         with self._write() as c:
@@ -156,10 +152,8 @@ class RolloutQueue(Connection):
         harness: str | None = None,
         policy_versions: Iterable[int] | None = None,
     ) -> tuple[Rollout, Attempt] | None:
-        """The oldest queued rollout whose retry backoff is over, with its queued retry attempt (or a new
-        first attempt) now running; a rollout another claim holds is skipped (`SKIP LOCKED`). `harness` and
-        `policy_versions` (additions to the contract): only its rollouts, and only rollouts tagged with none
-        (`metadata.policy_version`) or one of these versions."""
+        """The oldest queued rollout past its backoff, its attempt now running; `policy_versions`: untagged
+        rollouts, or those whose `metadata.policy_version` is among these."""
         where = self._rollout_filters(
             snapshot_key, kinds, RolloutStatus.queued, None, rollout_ids, None, harness
         )
@@ -196,8 +190,7 @@ class RolloutQueue(Connection):
         return attempt
 
     def retry_rollout(self, rollout_id: str, retry_kind: RetryKind, *, delay_s: float = 0.0) -> Attempt:
-        """A new queued attempt (sequence + 1) after a finished one; the rollout is queued again, claimable
-        `delay_s` from now (an addition to the contract: the retry policy's backoff)."""
+        """A new queued attempt after a finished one, claimable `delay_s` from now (an addition)."""
         kind = RetryKind(retry_kind)
         if kind is RetryKind.first:
             raise InvalidInput("retry_kind 'first' belongs to a rollout's first attempt")
@@ -240,20 +233,10 @@ class RolloutQueue(Connection):
         status = RolloutStatus(status)
         if status not in FINAL_ROLLOUT_STATUSES:
             raise InvalidInput(f"finish_rollout takes a final status, not {status.value!r}")
-        with self._write() as c:
-            done = c.execute(
-                sa.update(schema.rollouts).where(R.rollout_id == rollout_id).values(status=status.value)
-            )
-            if done.rowcount == 0:
-                raise NotFound(f"rollout {rollout_id!r} not found")
+        self._update_one(schema.rollouts, R.rollout_id, rollout_id, {"status": status.value})
 
     def heartbeat(self, attempt_id: str) -> None:
-        with self._write() as c:
-            done = c.execute(
-                sa.update(schema.attempts).where(A.attempt_id == attempt_id).values(heartbeat_at=now())
-            )
-            if done.rowcount == 0:
-                raise NotFound(f"attempt {attempt_id!r} not found")
+        self._update_one(schema.attempts, A.attempt_id, attempt_id, {"heartbeat_at": now()})
 
     def get_attempt(self, attempt_id: str) -> Attempt:
         return self._one(Attempt, schema.attempts, A.attempt_id, attempt_id)
@@ -291,8 +274,7 @@ class RolloutQueue(Connection):
     def get_or_create_serve_rollout(
         self, session: str, resource_id: str | None, *, owner: str | None = None
     ) -> tuple[Rollout, Attempt]:
-        """One `serve` rollout per client session with a running attempt; concurrent first calls agree.
-        `owner` (an addition to the contract): who opened the session, kept in `metadata["owner"]`."""
+        """One `serve` rollout per client session, with a running attempt; concurrent first calls agree."""
         session = nonempty_text("session", session)
         found = self._serve_rollout(session)
         if found is not None:
@@ -323,8 +305,8 @@ class RolloutQueue(Connection):
                 return None
             return from_row(Rollout, row), from_row(Attempt, self._latest_attempt(c, row.rollout_id))
 
-    # attempt helpers: locks are always taken rollout first, then attempt, so no two transactions wait on
-    # each other in opposite orders (PostgreSQL would abort one as a deadlock).
+    # Locks are taken rollout first, then attempt: no two transactions wait on each other in opposite
+    # orders (PostgreSQL would abort one as a deadlock).
 
     @staticmethod
     def _lock_rollout(c: sa.Connection, rollout_id: str) -> None:

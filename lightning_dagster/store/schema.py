@@ -1,7 +1,5 @@
-"""The store's tables (SQLAlchemy Core). Columns carry the field names of `lightning_dagster.types`; each
-table has an integer `id` that fixes insertion order. Documents and pointer moves are append-only in the
-database itself: triggers refuse UPDATE and DELETE, so not even raw SQL can rewrite a receipt or history.
-"""
+"""The store's tables, columns named as `lightning_dagster.types` fields; a `_table`'s `id` fixes insertion
+order. Triggers refuse UPDATE and DELETE of documents and pointer moves, even by raw SQL."""
 
 from __future__ import annotations
 
@@ -10,18 +8,16 @@ import sqlalchemy as sa
 metadata = sa.MetaData()
 
 
-def _id() -> sa.Column:
-    return sa.Column("id", sa.Integer, primary_key=True, autoincrement=True)
-
-
 def _key(name: str, **kw) -> sa.Column:
     return sa.Column(name, sa.String(64), nullable=False, unique=True, **kw)
 
 
-resources = sa.Table(
+def _table(name: str, *items: sa.SchemaItem) -> sa.Table:
+    return sa.Table(name, metadata, sa.Column("id", sa.Integer, primary_key=True, autoincrement=True), *items)
+
+
+resources = _table(
     "resources",
-    metadata,
-    _id(),
     _key("resource_id"),
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("uri", sa.Text, nullable=False),
@@ -31,10 +27,8 @@ resources = sa.Table(
     sa.Column("metadata", sa.JSON, nullable=False),
 )
 
-rollouts = sa.Table(
+rollouts = _table(
     "rollouts",
-    metadata,
-    _id(),
     _key("rollout_id"),
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("task_id", sa.String(256), nullable=False),
@@ -54,10 +48,8 @@ rollouts = sa.Table(
     sa.Index("ix_rollouts_group_id", "group_id"),
 )
 
-attempts = sa.Table(
+attempts = _table(
     "attempts",
-    metadata,
-    _id(),
     _key("attempt_id"),
     sa.Column("rollout_id", sa.String(64), sa.ForeignKey("rollouts.rollout_id"), nullable=False),
     sa.Column("sequence_id", sa.Integer, nullable=False),
@@ -72,10 +64,8 @@ attempts = sa.Table(
     sa.UniqueConstraint("rollout_id", "sequence_id", name="uq_attempts_rollout_seq"),
 )
 
-spans = sa.Table(
+spans = _table(
     "spans",
-    metadata,
-    _id(),
     _key("span_id"),
     sa.Column("trace_id", sa.String(64), nullable=False),
     sa.Column("parent_span_id", sa.String(64)),
@@ -100,10 +90,8 @@ spans = sa.Table(
     sa.Index("ix_spans_attempt_seq", "attempt_id", "sequence"),
 )
 
-rewards = sa.Table(
+rewards = _table(
     "rewards",
-    metadata,
-    _id(),
     sa.Column("rollout_id", sa.String(64), sa.ForeignKey("rollouts.rollout_id"), nullable=False, index=True),
     sa.Column("attempt_id", sa.String(64), sa.ForeignKey("attempts.attempt_id")),
     sa.Column("value", sa.Double, nullable=False),
@@ -117,10 +105,8 @@ rewards = sa.Table(
     sa.UniqueConstraint("rollout_id", "request_id", name="uq_rewards_request"),
 )
 
-documents = sa.Table(
+documents = _table(
     "documents",
-    metadata,
-    _id(),
     sa.Column("collection", sa.String(128), nullable=False),
     sa.Column("doc_id", sa.String(256), nullable=False),
     sa.Column("version", sa.Integer, nullable=False),
@@ -140,10 +126,8 @@ pointers = sa.Table(
     sa.Column("updated_at", sa.Double, nullable=False),
 )
 
-pointer_moves = sa.Table(
+pointer_moves = _table(
     "pointer_moves",
-    metadata,
-    _id(),
     sa.Column("name", sa.String(256), nullable=False),
     sa.Column("seq", sa.Integer, nullable=False),
     sa.Column("from_value", sa.String(256)),

@@ -35,10 +35,8 @@ _SQLITE_SPAN_INSERT = (
     f"INSERT INTO spans ({', '.join(_SPAN_COLUMNS)}) VALUES ({', '.join('?' * len(_SPAN_COLUMNS))})"
 )
 _CONTEXT_CACHE_SIZE = 2048  # attempts whose newest prompt+response is kept packed (~4-8 KB each)
-# Every 64th nowait write (`raw_write(nowait=True)`: spans, Agent Lightning's creates) defers to a blocking
-# writer, whose connection checkpoints: the nowait connection never does, and a WAL that only grows costs
-# every append more CPU (new file pages zeroed by the filesystem: a create 0.24 -> 0.17 ms with the WAL kept
-# bounded, measured with 1 ms between creates as a server sees them).
+# Every 64th nowait write defers to a blocking writer, which checkpoints: an ever-growing WAL costs every
+# append more CPU (a create 0.24 -> 0.17 ms with the WAL kept bounded, creates 1 ms apart).
 _NOWAIT_CHECKPOINT_EVERY = 64
 _KNOWN_PAIRS_SIZE = 65536  # (rollout, attempt) pairs already checked: an attempt never changes rollout
 
@@ -63,19 +61,15 @@ def _token_entry(ref: str | None, shared: int | None, tail: Any, response: Any) 
 
 
 class SpanStore(Connection):
-    """Spans and rewards (part of `Store`)."""
-
     def _open_spans(self) -> None:
         """The span write caches and, on a SQLite file, the plain-sqlite3 write path (after `_connect`)."""
-        # attempt_id -> (span_id, packed prompt + response) of the attempt's newest LLM span written here
-        # (None: it had no spans when looked at). Another process may write newer spans of the same
-        # attempt: a stale entry only makes the next prompt reference an older (still exact) context, or
-        # none, so storage is less compact but never wrong.
+        # attempt_id -> (span_id, packed prompt + response) of its newest LLM span written here (None: no
+        # spans yet). A stale entry (another process wrote newer spans) only makes storage less compact.
         self._contexts: LRUCache[str, tuple[str, bytes] | None] = LRUCache(_CONTEXT_CACHE_SIZE)
         self._known: LRUCache[tuple[str, str | None], None] = LRUCache(_KNOWN_PAIRS_SIZE)  # checked pairs
         self._contexts_lock = threading.Lock()
-        # SQLite file stores: span batches that need no lookup go through one plain sqlite3 connection per
-        # thread (SQLAlchemy's begin/execute/commit machinery costs ~3x the insert and commit themselves).
+        # SQLite files: batches needing no lookup go through a plain sqlite3 connection per thread
+        # (SQLAlchemy's begin/execute/commit costs ~3x the insert and commit themselves).
         u = self.engine.url
         self._raw_path = (
             u.database
@@ -92,19 +86,13 @@ class SpanStore(Connection):
             conn.close()
 
     def add_spans(self, spans: list[Span], *, sync: bool = True) -> None:
-        """Insert a batch in one transaction (executemany); all or nothing.
-
-        An LLM span's prompt is kept as (the attempt's previous LLM span, the length of the prefix shared
-        with its prompt + response) plus the remaining ids, packed (see `tokens`). `sync=False` (an addition
-        to the contract): flushed to disk only by the next synced commit or checkpoint (SQLite
-        `synchronous=NORMAL`, PostgreSQL `synchronous_commit=off`); about 1 ms less CPU per commit on SQLite.
-        """
+        """Insert a batch in one transaction; a prompt is kept as the prefix it shares with the attempt's
+        previous LLM span plus the rest. `sync=False` (an addition): on disk only with the next synced
+        commit (`synchronous=NORMAL`, `synchronous_commit=off`), ~1 ms less CPU per SQLite commit."""
         self._add_spans(spans, sync, nowait=False)
 
     def try_add_spans(self, spans: list[Span], *, sync: bool = True) -> bool:
-        """`add_spans` if it can run at once without blocking (an addition to the contract): on a SQLite
-        file, for attempts this Store has written before, when no other writer holds the lock; else False,
-        having written nothing (PostgreSQL, lookups needed, lock taken, or a WAL checkpoint due)."""
+        """`add_spans` if it can run without blocking (an addition); else False, nothing written."""
         return self._add_spans(spans, sync, nowait=True)
 
     def _add_spans(self, spans: list[Span], sync: bool, nowait: bool) -> bool:
@@ -143,12 +131,11 @@ class SpanStore(Connection):
         if c.dialect.name != "sqlite":
             c.execute(schema.spans.insert(), rows)  # psycopg2: batched multi-row VALUES (insertmanyvalues)
             return
-        # SQLAlchemy's per-row parameter processing costs twice the SQLite insert itself (38 against 13 us
-        # per span); sqlite3 takes plain tuples. Same columns and JSON text as the Core path writes.
+        # SQLAlchemy's per-row parameter processing costs twice the insert itself (38 against 13 us a span)
         c.exec_driver_sql(_SQLITE_SPAN_INSERT, _span_params(rows))
 
     def _raw_sqlite(self, nowait: bool) -> tuple[sqlite3.Connection, dict[str, Any]]:
-        """This thread's plain connection and its settings; a `nowait` one never waits or checkpoints."""
+        """This thread's plain connection and its state; a `nowait` one never waits or checkpoints."""
         local = self._raw_local.__dict__
         key = "nowait" if nowait else "wait"
         if key not in local:
@@ -166,8 +153,7 @@ class SpanStore(Connection):
         return local[key]
 
     def _insert_spans_raw(self, rows: list[dict[str, Any]], sync: bool, nowait: bool) -> bool:
-        """The same insert as `_insert_spans`, in its own transaction on plain sqlite3 (`raw_write`).
-        `nowait`: False (nothing written) if another writer holds the lock."""
+        """`_insert_spans` in its own `raw_write` transaction; `nowait`: False, nothing written, if locked."""
         params = _span_params(rows)
         with self.raw_write(synchronous=2 if sync else 1, nowait=nowait) as conn:
             if conn is None:
@@ -177,13 +163,11 @@ class SpanStore(Connection):
 
     @property
     def raw_reads(self) -> bool:
-        """Whether this store is a SQLite file, whose hot reads and writes go through plain sqlite3
-        (`raw_read` / `raw_write` work only then)."""
+        """A SQLite file: hot reads and writes go through plain sqlite3 (`raw_read`, `raw_write`)."""
         return self._raw_path is not None
 
     def raw_read(self, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
-        """Rows of one read on this thread's plain sqlite3 connection; a locked or unreadable file raises
-        its named store error."""
+        """One read on this thread's plain connection; a locked or unreadable file raises its named error."""
         conn, _ = self._raw_sqlite(nowait=False)
         try:
             return conn.execute(sql, tuple(params)).fetchall()
@@ -193,10 +177,9 @@ class SpanStore(Connection):
 
     @contextlib.contextmanager
     def raw_write(self, *, synchronous: int, nowait: bool) -> Iterator[sqlite3.Connection | None]:
-        """One `BEGIN IMMEDIATE` transaction on this thread's plain sqlite3 connection at `PRAGMA synchronous
-        = synchronous` (1: no fsync, 2: synced), rolled back on any error (a constraint violation raises
-        `Conflict`). `nowait`: yields None, nothing begun, when another writer holds the lock, and at every
-        `_NOWAIT_CHECKPOINT_EVERY`th call (the caller's blocking write then checkpoints the WAL)."""
+        """One `BEGIN IMMEDIATE` transaction on this thread's plain connection at `synchronous` (1: no fsync,
+        2: synced), rolled back on any error. `nowait`: None when locked, and every
+        `_NOWAIT_CHECKPOINT_EVERY`th call (so a blocking write checkpoints the WAL)."""
         conn, state = self._raw_sqlite(nowait)
         if nowait:
             state["calls"] += 1
@@ -255,8 +238,7 @@ class SpanStore(Connection):
         return checked(schema.spans, row)
 
     def _contexts_of(self, c: sa.Connection, newest: dict[str, str]) -> dict[str, tuple[str, bytes]]:
-        """attempt_id -> (span_id, its packed prompt + response ids) for the given newest span of each
-        attempt, rebuilt from the stored chain (another process wrote them, or the cache forgot)."""
+        """attempt_id -> (span_id, packed prompt + response) of each newest span given, from the chain."""
         if not newest:
             return {}
         prompts, tokens = self._resolve(c, S.attempt_id.in_(sorted(newest)))
@@ -264,8 +246,7 @@ class SpanStore(Connection):
 
     @staticmethod
     def _check_attempts(c: sa.Connection, pairs: set[tuple[str, str | None]]) -> dict[str, str | None]:
-        """Each (rollout_id, attempt_id) names a stored rollout and, if given, one of its attempts; one query
-        returns attempt_id -> span_id of the attempt's newest token-bearing span (or None)."""
+        """Check each (rollout_id, attempt_id) is stored; attempt_id -> its newest token span id (or None)."""
         newest = (
             sa.select(S.span_id)
             .where(S.attempt_id == A.attempt_id, S.prompt_tail.is_not(None))
@@ -291,8 +272,7 @@ class SpanStore(Connection):
     def _resolve(
         c: sa.Connection, where: sa.ColumnElement[bool] | None, tokens: dict[str, tuple] | None = None
     ) -> tuple[dict[str, bytes], dict[str, tuple]]:
-        """Packed prompts of the token spans selected by `where` (or given as `tokens`: span_id ->
-        (prompt_ref, prompt_shared, prompt_tail, response_ids)), fetching referenced spans as needed."""
+        """Packed prompts of the token spans `where` selects (or in `tokens`), fetching referenced spans."""
         cols = (S.span_id, S.prompt_ref, S.prompt_shared, S.prompt_tail, S.response_ids)
 
         def fetch(clause: sa.ColumnElement[bool]) -> dict[str, tuple]:
@@ -359,10 +339,8 @@ class SpanStore(Connection):
             m = r._mapping
             fields = {k: m[k] for k in _SPAN_SCALARS}
             fields["prompt_token_ids"] = unpack_ids(prompts[r.span_id]) if r.prompt_tail is not None else None
-            fields["response_token_ids"] = (
-                None if r.response_ids is None else unpack_ids(bytes(r.response_ids))
-            )
-            lp = r.response_logprobs
+            ids, lp = r.response_ids, r.response_logprobs
+            fields["response_token_ids"] = None if ids is None else unpack_ids(bytes(ids))
             fields["response_logprobs"] = None if lp is None else unpack_logprobs(bytes(lp))
             fields["kind"] = SpanKind(fields["kind"])
             # validated when written; re-validating 1k-id lists would double the cost of reading
@@ -384,8 +362,7 @@ class SpanStore(Connection):
     def attempt_facts(
         self, attempt_id: str
     ) -> tuple[str, AttemptState, RolloutKind, dict, int | None, str | None]:
-        """(rollout id, state, rollout kind, rollout metadata, highest span sequence or None, rollout
-        harness) of an attempt in one read: what a gateway needs to serve it (an addition to the contract)."""
+        """What a gateway needs to serve an attempt, in one read (an addition)."""
         top = sa.select(sa.func.max(S.sequence)).where(S.attempt_id == attempt_id).scalar_subquery()
         query = (
             sa.select(A.rollout_id, A.state, R.kind, R.metadata, top, R.harness)
@@ -403,9 +380,7 @@ class SpanStore(Connection):
         return row[0], AttemptState(row[1]), RolloutKind(row[2]), row[3] or {}, row[4], row[5]
 
     def add_reward(self, r: Reward, *, span: Span | None = None, request_id: str | None = None) -> str | None:
-        """Store a reward and (an addition to the contract) the span that records it, in one transaction.
-        With `request_id`, a retry stores nothing new and returns the first write's span id; the same id with
-        another value, judge or attempt is a Conflict. Returns the reward's span id (None without one)."""
+        """Store a reward and its span (an addition); with `request_id`, a retry stores nothing new."""
         r = as_record(Reward, r)
         span = None if span is None else as_record(Span, span)
         if span is not None and (span.rollout_id, span.attempt_id) != (r.rollout_id, r.attempt_id):

@@ -1,9 +1,5 @@
-"""The durable store: resources, rollouts, attempts, spans, rewards, receipts, pointers and flags.
-
-SQLAlchemy Core over SQLite (default; WAL, writes in `BEGIN IMMEDIATE`) or PostgreSQL (row locks, queue
-claims with `SKIP LOCKED`). Every public method is one transaction. `Store` is one mixin per concern:
-`connection`, `queue`, `spans`, `documents` and `weights`.
-"""
+"""The durable store over SQLite (WAL, `BEGIN IMMEDIATE` writes) or PostgreSQL (`SKIP LOCKED` claims),
+every public method one transaction, a mixin per concern."""
 
 from __future__ import annotations
 

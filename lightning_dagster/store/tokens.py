@@ -1,11 +1,9 @@
-"""Compact token arrays: packed little-endian int32 ids, float32 logprobs, and shared-prefix lengths.
-
-float32 is enough for logprobs: engines compute them in float32, so they round-trip bit for bit; any other
-float64 comes back rounded to the nearest float32 (relative error below 6e-8, far under sampling noise).
-"""
+"""Packed little-endian int32 token ids and float32 logprobs: engines compute them in float32, so they
+round-trip exactly (another float64 comes back rounded, relative error below 6e-8)."""
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from array import array
@@ -34,25 +32,14 @@ def _unpack(typecode: str, data: bytes) -> list:
     return arr.tolist()
 
 
-def pack_ids(ids: list[int]) -> bytes:
-    return _pack("i", ids)
-
-
-def unpack_ids(data: bytes) -> list[int]:
-    return _unpack("i", data)
-
-
-def pack_logprobs(values: list[float]) -> bytes:
-    return _pack("f", values)
-
-
-def unpack_logprobs(data: bytes) -> list[float]:
-    return _unpack("f", data)
+pack_ids = functools.partial(_pack, "i")
+unpack_ids = functools.partial(_unpack, "i")
+pack_logprobs = functools.partial(_pack, "f")
+unpack_logprobs = functools.partial(_unpack, "f")
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Number of leading items two sequences (id lists, or packed bytes) share (binary search over
-    C-speed slice compares)."""
+    """How many leading items two sequences (id lists, packed bytes) share: a binary search of slices."""
     n = min(len(a), len(b))
     if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
         return n  # the common case: a prompt that extends the previous call exactly (one copy, not two)

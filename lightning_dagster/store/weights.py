@@ -1,5 +1,5 @@
-"""The fleet's weight versions: the policy versions a trainer publishes (an append-only, hash-chained document)
-and what every serving process reports it serves (one flag per process, refreshed as a heartbeat)."""
+"""The fleet's weight versions: the policy versions a trainer publishes (a hash-chained document) and what
+each serving process reports it serves (a flag per process, refreshed as a heartbeat)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from lightning_dagster.types import now
 
 POLICY_COLLECTION, POLICY_DOC = "policy_versions", "fleet"
 SERVING_PREFIX = "serving/"
-# A serving process refreshes its report at least this often; one not heard from for LIVE_WITHIN_S is
-# presumed dead and no longer holds back rollouts of a new version.
+# A serving process reports at least this often; one silent for LIVE_WITHIN_S is presumed dead.
 REPORT_EVERY_S = 1.0
 LIVE_WITHIN_S = 10.0
 
@@ -26,8 +25,7 @@ ServingState = Literal["serving", "loading", "failed", "stopped"]
 
 
 class PolicyVersion(BaseModel):
-    """One published policy: `version` counts publications from 1; `path` is a checkpoint directory (or one
-    safetensors file) every serving process can read; `weights_hash` is `engine.checkpoint_hash` of it."""
+    """One published policy: `version` counts from 1; `path`, a checkpoint every server can read."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -39,8 +37,7 @@ class PolicyVersion(BaseModel):
 
 
 class ServingReport(BaseModel):
-    """What one serving process serves: the published `version` it loaded last, the weights it samples from
-    now, and its `state` (`failed`: it could not load `target`, see `error`; `stopped`: it shut down)."""
+    """What one serving process serves (`failed`: it could not load `target`, see `error`)."""
 
     replica_id: str
     state: ServingState = "serving"
@@ -55,8 +52,6 @@ class ServingReport(BaseModel):
 
 
 class WeightVersions(DocumentStore):
-    """Policy versions and serving reports (part of `Store`)."""
-
     def publish_policy(self, resource_id: str, path: str, weights_hash: str) -> PolicyVersion:
         """Append the next policy version. Concurrent publishers: one wins, the other gets `Conflict`."""
         for name, value in (("resource_id", resource_id), ("path", path), ("weights_hash", weights_hash)):
@@ -103,8 +98,7 @@ class WeightVersions(DocumentStore):
         return [r for r in reports if r.state != "stopped"]
 
     def fleet_version(self, live_within_s: float = LIVE_WITHIN_S) -> int | None:
-        """The published version every live serving process serves, or None (no live process, or they
-        disagree, or one is loading or failed): rollouts tagged with a version start only when it is this."""
+        """The version every live serving process serves, else None: tagged rollouts start only at it."""
         live = self.serving_processes(live_within_s)
         versions = {r.version if r.state == "serving" else None for r in live}
         return versions.pop() if len(versions) == 1 else None

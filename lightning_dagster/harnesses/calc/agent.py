@@ -1,8 +1,5 @@
-"""A Calc-X style tool agent: ask the model, run its `calculator` calls, read `ANSWER: <number>`.
-
-It knows nothing of lightning-dagster (the standard library and `openai`), so the same agent runs under any
-trainer that speaks Agent Lightning's protocol. Reward is correctness alone (a format bonus gets gamed).
-"""
+"""A Calc-X style tool agent: ask the model, run its `calculator` calls, read `ANSWER: <number>`. The reward
+is correctness alone (a format bonus gets gamed)."""
 
 from __future__ import annotations
 
@@ -27,8 +24,7 @@ MAX_TURNS = 3  # model calls per episode: tool call, answer, one spare
 MAX_TOKENS = 48
 ANSWER_RE = re.compile(r"ANSWER:\s*(-?\d+(?:\.\d+)?)")
 
-# Limits that keep a hostile or degenerate expression from eating the worker.
-MAX_EXPRESSION_CHARS = 120
+MAX_EXPRESSION_CHARS = 120  # limits that keep a hostile expression from eating the worker
 MAX_EXPONENT = 64
 MAX_MAGNITUDE = 1e15
 _BINARY = {

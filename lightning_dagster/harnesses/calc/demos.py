@@ -1,6 +1,4 @@
-"""Ideal calc episodes as OpenAI-shaped messages, for the trainer's supervised warm start: exactly what
-`agent.run_episode` would send and receive on a perfect run.
-"""
+"""Ideal calc episodes for the warm start: what `agent.run_episode` sends and gets on a perfect run."""
 
 from __future__ import annotations
 
@@ -13,23 +11,12 @@ from lightning_dagster.harnesses.calc.agent import SYSTEM_PROMPT, TOOLS, calcula
 def demo_messages(task: dict[str, Any]) -> list[dict[str, Any]]:
     """system, user question -> assistant calculator call -> tool result -> assistant `ANSWER: x`."""
     result = calculate(task["expression"])  # the real tool, so the demo's tool message is what it returns
+    arguments = json.dumps({"expression": task["expression"]})
+    call = {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": task["question"]},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_0",
-                    "type": "function",
-                    "function": {
-                        "name": "calculator",
-                        "arguments": json.dumps({"expression": task["expression"]}),
-                    },
-                }
-            ],
-        },
+        {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_0", "content": result},
         {"role": "assistant", "content": f"ANSWER: {format_number(task['answer'])}"},
     ]

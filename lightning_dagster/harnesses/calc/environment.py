@@ -18,8 +18,7 @@ def prepare(task: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
 
 def verify(task: dict[str, Any]) -> dict[str, Any]:
-    """Re-read the posted answer. `verified`: the destination could be read; `effect_ok`: it holds the right
-    answer. Unreadable: `harmful_effect` None (unknown); posting an answer harms nothing, so else False."""
+    """Re-read the posted answer; `harmful_effect` None if unreadable, else False (posting harms nothing)."""
     try:
         posted = json.loads(Path(task["answer_path"]).read_text())
     except (KeyError, OSError, ValueError) as exc:

@@ -55,7 +55,6 @@ def _assign(task: dict[str, Any]) -> str:
 
 
 def make_tasks(split: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """`n` ledger tasks of `split`: `task_id`, `family`, `question`, `accounts` (initial rows), `account`,
-    `target`. `db_path` is added per attempt by `environment.prepare`."""
+    """`n` ledger tasks of `split` (`db_path` is added per attempt by `environment.prepare`)."""
     families = PROTECTED_FAMILIES if split == "protected" else FAMILIES
     return draw_tasks("ledger", split, n, seed, lambda rng: _candidate(rng, families), _assign)

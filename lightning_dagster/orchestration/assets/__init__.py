@@ -1,9 +1,5 @@
-"""The snapshot-partitioned asset graph: one partition per data snapshot, one thin call per asset.
-
-Every asset body is wiring: it calls one function of its group's module in `lightning_dagster.pipeline.stages`
-(which calls the store, runner, trainer, gate and registry) and turns its result into metadata. Big artifacts (checkpoints,
-transition files) are written by the stage and referenced by URI, never pickled through an IO manager.
-"""
+"""The snapshot-partitioned asset graph: each asset calls one `pipeline.stages` function for its metadata
+(big artifacts are written by the stage and referenced by URI, never pickled through an IO manager)."""
 
 import warnings
 from typing import Any
@@ -40,8 +36,8 @@ def snapshot_asset(group: str, kinds: set[str], *packages: str, **kwargs: Any) -
 
 
 class SnapshotCut(dg.Config):
-    """What the sensor or schedule that cut the snapshot decided; empty for a partition added by hand (its
-    tasks are then drawn with the key's own seed). Read only by the run that first freezes the snapshot."""
+    """What the sensor or schedule that cut the snapshot decided (empty for a partition added by hand: the
+    key's own seed draws its tasks); read only by the run that first freezes the snapshot."""
 
     train_seed: int | None = Field(default=None, description="The train seed of the cut")
     serve_rollout_ids: list[NonEmpty] = Field(default=[], description="The serve rollouts the snapshot holds")

@@ -1,7 +1,5 @@
-"""What an asset or check of a snapshot raises when it cannot run: a one-line `dg.Failure` naming the cause,
-with the reason as metadata rather than a traceback of the stage's frames. A partition key that is not a
-snapshot key (anyone may add a partition in the UI) is refused before any path or receipt id is built.
-"""
+"""What an asset or check of a snapshot raises when it cannot run: a one-line `dg.Failure`, not a traceback
+(a key that is not a snapshot key, anyone may add in the UI, before any path is built)."""
 
 from __future__ import annotations
 
@@ -9,20 +7,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import dagster as dg
-
-
-def snapshot_partition(what: str, key: str | None) -> str:
-    """The run's partition key, once it is a valid snapshot key; else a `dg.Failure`."""
-    from lightning_dagster.pipeline.snapshots import InvalidSnapshotKey, validate_snapshot_key
-
-    try:
-        return validate_snapshot_key(key)  # type: ignore[arg-type]
-    except InvalidSnapshotKey as exc:
-        raise dg.Failure(
-            description=f"{what} refused: {exc}",
-            metadata={"refused": type(exc).__name__, "partition_key": repr(key)},
-            allow_retries=False,
-        ) from None
 
 
 @contextmanager
@@ -35,13 +19,24 @@ def snapshot_stage(what: str, partition_key: str | None) -> Iterator[str]:
         NotRegistered,
         StageMissing,
     )
-    from lightning_dagster.pipeline.snapshots import SnapshotTampered
+    from lightning_dagster.pipeline.snapshots import (
+        InvalidSnapshotKey,
+        SnapshotTampered,
+        validate_snapshot_key,
+    )
     from lightning_dagster.pipeline.transitions_file import TokenizerMismatch
     from lightning_dagster.registry.errors import RegistryError
     from lightning_dagster.store.errors import Conflict, StoreUnavailable
     from lightning_dagster.training.transitions import TooManyExcludedRollouts
 
-    key = snapshot_partition(what, partition_key)
+    try:
+        key = validate_snapshot_key(partition_key)  # type: ignore[arg-type]
+    except InvalidSnapshotKey as exc:
+        raise dg.Failure(
+            description=f"{what} refused: {exc}",
+            metadata={"refused": type(exc).__name__, "partition_key": repr(partition_key)},
+            allow_retries=False,
+        ) from None
 
     try:
         yield key
@@ -55,12 +50,10 @@ def snapshot_stage(what: str, partition_key: str | None) -> Iterator[str]:
         InvalidInput,
         RegistryError,
         StoreUnavailable,
-        # another run of the same snapshot wrote first (a ledger or pointer compare-and-set lost, or a plan
-        # it froze meanwhile): the record stands as that run wrote it
+        # another run of the same snapshot wrote first: the record stands as that run wrote it
         Conflict,
         AmendmentError,
-        # the first batch's data refused: too many rollouts with an invalid span, or transitions built with
-        # another tokenizer than the parent's
+        # the first batch's data refused (invalid spans, or another tokenizer than the parent's)
         TooManyExcludedRollouts,
         TokenizerMismatch,
     ) as exc:

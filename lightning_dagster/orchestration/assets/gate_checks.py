@@ -1,6 +1,5 @@
-"""The seven gate checks as blocking asset checks (ERROR severity: a failing check stops every downstream
-asset in the same run), each on the asset whose evidence it judges; the judgement is the gate's.
-"""
+"""The seven gate checks as blocking asset checks (ERROR severity: a failure stops every downstream asset of
+the run), each on the asset whose evidence it judges."""
 
 import warnings
 
@@ -21,8 +20,7 @@ from lightning_dagster.orchestration.partitions import snapshots
 from lightning_dagster.orchestration.resources import PipelineResource
 from lightning_dagster.pipeline.stages import release
 
-# The asset whose materialization brings the evidence each check judges.
-JUDGED_ASSET: dict[Check, dg.AssetsDefinition] = {
+JUDGED_ASSET: dict[Check, dg.AssetsDefinition] = {  # the asset bringing the evidence each check judges
     Check.pinned: candidate_resource,
     Check.span_coverage: spans,
     Check.retry_debt: rollouts,
@@ -33,27 +31,21 @@ JUDGED_ASSET: dict[Check, dg.AssetsDefinition] = {
 }
 
 
-def check_description(check: Check) -> str:
-    """The gate's description, plus what this asset check judges when it is less than the receipt does."""
-    if check in release.FIRST_BATCH_CHECKS:
-        return (
-            f"{check.description} Judged here on the first batch only (the train rollouts sampled from the "
-            "parent); release_receipt judges it again over every rollout of the snapshot against the full plan."
-        )
-    return check.description
-
-
 def gate_check(check: Check) -> dg.AssetChecksDefinition:
-    """One blocking check: the same body serves all seven, only the check and its asset differ."""
-
-    # Partitioned checks are a preview feature in 1.13; they are what lets each check judge its partition.
+    """One blocking check; partitioned checks are a preview feature in Dagster 1.13."""
+    description = check.description
+    if check in release.FIRST_BATCH_CHECKS:  # judged here on less than the receipt judges
+        description += (
+            " Judged here on the first batch only (the train rollouts sampled from the parent); "
+            "release_receipt judges it again over every rollout of the snapshot against the full plan."
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.PreviewWarning)
 
         @dg.asset_check(
             asset=JUDGED_ASSET[check],
             name=check.name,
-            description=check_description(check),
+            description=description,
             blocking=True,
             partitions_def=snapshots,
         )

@@ -57,8 +57,7 @@ def metadata_value(value: Any) -> Any:
     return value
 
 
-# Numbers that name something (a version, a check) rather than measure it: text, so Dagster's Plots tab,
-# which charts every numeric entry per partition, charts only measurements.
+# Numbers that name something rather than measure it: text, so Dagster's Plots tab charts only measurements.
 IDENTIFIERS = frozenset({"check_id", "receipt_version", "candidate_version", "parent_version"})
 
 

@@ -1,8 +1,5 @@
-"""Dagster resources: the settings classes of `lightning_dagster.settings`, as resources. Each resource *is*
-its settings class, so nothing here declares a setting again. Fields left at their default fall back to
-`lightning_dagster.paths`, so `dagster dev -w workspace.yaml` works with no setup. The stages read them
-through `pipeline.context.settings`, under which the project file's sections lie.
-"""
+"""Dagster resources: each *is* its `lightning_dagster.settings` class (defaults from `paths`, so `dagster
+dev` needs no setup); the stages read them through `pipeline.context.settings`."""
 
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ from lightning_dagster import settings
 
 class _SettingsResource(dg.ConfigurableResource):
     def given(self) -> dict[str, Any]:
-        """The fields set to a value other than their default: Dagster rebuilds a resource from its
-        non-default values, so a field set to its default cannot be told from one left alone."""
+        """The fields not at their default: Dagster rebuilds a resource from its non-default values."""
         fields = type(self).model_fields
         return {
             name: value
@@ -54,8 +50,7 @@ class ServingResource(_SettingsResource, settings.ServingSettings):
 
 
 class TrainingResource(_SettingsResource, settings.TrainingSettings):
-    """RL, evaluation and checkpoint selection: the demo's, the CLI's and the code location's defaults are
-    these, so the same evaluator fingerprints the same everywhere."""
+    """RL, evaluation and checkpoint selection: the same defaults (and evaluator fingerprint) everywhere."""
 
 
 class GateResource(_SettingsResource, settings.GateSettings):
@@ -63,8 +58,7 @@ class GateResource(_SettingsResource, settings.GateSettings):
 
 
 class PipelineResource(dg.ConfigurableResource):
-    """All settings of one pipeline run, nested by concern, so every asset takes one resource and tests swap
-    one object; it has the shape of `pipeline.run.Pipeline`, which the stages read."""
+    """All settings of one pipeline run, nested by concern (the shape of `pipeline.run.Pipeline`)."""
 
     project: ProjectResource
     store: StoreResource
@@ -77,8 +71,7 @@ class PipelineResource(dg.ConfigurableResource):
     def get_store(self):
         store = self.store.get()
         if self._keyed is not store:
-            # Every receipt ledger over the store attests with the pipeline key and verifies with its public
-            # half (`gate.ledger.use_keys`); a key file that cannot be used fails here, loudly.
+            # receipt ledgers attest with the pipeline key (`gate.ledger.use_keys`); a bad key file fails here
             from lightning_dagster.gate.ledger import use_keys
             from lightning_dagster.release.pipeline_key import keys
 
@@ -88,9 +81,7 @@ class PipelineResource(dg.ConfigurableResource):
 
 
 def default_pipeline(*, deferred: bool = True, **overrides: dg.ConfigurableResource) -> PipelineResource:
-    """The code location's pipeline resource, each part overridable by its environment variable (as
-    `dg.EnvVar`; `deferred=False` reads it now, for use outside a Dagster run). A gateway secret in the
-    environment (`LD_GATEWAY_SECRET`, `LD_ADMIN_KEY`) raises `SecretError`: harnesses could read it there."""
+    """The code location's pipeline resource from environment variables (a gateway secret: `SecretError`)."""
     from lightning_dagster.gateway.keys import refuse_env_secrets
 
     refuse_env_secrets()
