@@ -115,14 +115,14 @@ def reply(body: object, status: int = 200) -> Response:
 
 def mount(app: FastAPI, gw: Gateway, settings: AglSettings) -> None:
     """Serve the surface as routes of the app: `/healthz` (no key) and, behind the server key, those of
-    `rollouts`, `events` and `proxy`."""
-    from lightning_dagster.gateway.agl import events, proxy, rollouts
+    `rollout_routes`, `events` and `proxy`."""
+    from lightning_dagster.gateway.agl import events, proxy, rollout_routes
 
     async def healthz(request: Request) -> Response:
         return reply({"status": "ok"})
 
     agl = Agl(settings, gw.attempts.secret)
     app.add_route("/healthz", healthz, methods=["GET"])
-    for module in (rollouts, events, proxy):
+    for module in (rollout_routes, events, proxy):
         for path, endpoint, method in module.routes(app, gw, agl):
             app.add_route(path, endpoint, methods=[method])
