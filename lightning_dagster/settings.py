@@ -241,7 +241,7 @@ class TrainingSettings(Settings):
     )
     loss_constant: float | None = finite(None, "the fixed denominator of loss_normalization constant", gt=0)
     kl_coef: float = finite(
-        0.1,
+        1.0,
         "weight of the k3 KL to the exact parent in the RL loss (keeps the parent's greedy "
         "behaviour while RL lifts sampled success); 0: off",
         ge=0,

@@ -237,7 +237,8 @@ def warm_start(
         reached = False
         for step in range(1, config.max_steps + 1):
             m = trainer.supervised_step(rng.sample(rows, config.batch_size))
-            if step - estimated >= estimate_gap(estimate, config.window, config.probe_every):
+            # the estimate only says when to start probing: once near, the probes decide
+            if not near and step - estimated >= estimate_gap(estimate, config.window, config.probe_every):
                 estimated, estimate = step, demo_probability(trainer.model, held)
                 m["demo_probability"] = estimate
             near = near or m.get("demo_probability", 0.0) >= config.window[0] / 4
