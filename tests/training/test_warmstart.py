@@ -147,6 +147,31 @@ def test_warm_start_keeps_training_until_its_target_or_max_steps(tmp_path, base_
     assert [m["step"] for m in result.history if "probe_success" in m] == [2, 3]
 
 
+def test_once_the_estimate_says_near_the_probes_decide_alone(tmp_path, base_model_dir, monkeypatch):
+    """The teacher-forced estimate only says when probing starts; after that it is not computed again (it
+    cost ~0.35 s every other step for the rest of the demo's warm start)."""
+    import lightning_dagster.training.warmstart as ws
+    from lightning_dagster.store import Store
+
+    estimated: list[int] = []
+
+    def estimate(model, held) -> float:  # near at once: 0.5 >= window[0] / 4
+        estimated.append(len(estimated))
+        return 0.5
+
+    monkeypatch.setattr(ws, "demo_probability", estimate)
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    config = tiny_warm_start(
+        max_steps=14, min_steps=2, probe_tasks=4, demos=16, batch_size=4, window=(0.4, 1.0), target=1.01
+    )
+    result = ws.warm_start(store, base_model_dir, tmp_path / "warm", config)
+    # the first estimate comes after 4 x probe_every steps (it starts from 0); before this change it
+    # was computed again at steps 10, 12 and 14
+    assert [m["step"] for m in result.history if "demo_probability" in m] == [8] and len(estimated) == 1
+    probed = [m["step"] for m in result.history if "probe_success" in m]
+    assert probed[0] == 8 and probed[-1] >= 12
+
+
 def test_a_warm_start_that_runs_out_of_steps_keeps_the_probed_checkpoint_nearest_its_target(
     tmp_path, base_model_dir, monkeypatch
 ):
