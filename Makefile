@@ -38,7 +38,8 @@ demo: install
 lint: install
 	$(BIN)/ruff check lightning_dagster tests benchmarks
 
-# Every test but the ~17 min learning test, which does not fit CI's 25 min budget: `make test-learning`
+# Every test but the learning test (615 s alone on 2 cores, 1028 s beside other work), which does not fit
+# CI's 25 min budget for the suite: `make test-learning`
 # runs it (its latest result is in benchmarks/README.md, training). Two pytest processes side by side
 # (scripts/test.sh): the Dagster tests, which share one bootstrapped home, and everything else; much of the
 # suite waits on child processes, servers and a browser, so both fit on two cores.

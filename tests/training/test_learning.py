@@ -23,15 +23,19 @@ from lightning_dagster.training.warmstart import warm_start
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
-# The warm start stops at a 0.3 probe (WarmStartConfig.target); from that parent (held-out sampled 0.263) the
-# curve benchmark measured 0.380, 0.383, 0.397, 0.417 at steps 10, 15, 20, 25: the mean of 20 and 25 is +0.144.
+# Measured 2026-12-07 (benchmarks/README.md, the learning test): warm start 298 SFT steps, parent held-out
+# sampled 0.163, then 0.603 and 0.637 at steps 20 and 25 (+0.457), greedy 0.237 -> 0.707, with kl_coef 0.1.
+# The test asks whether RL learns, so it trains with kl_coef 0.1: the default 1.0 holds the candidate near
+# its parent's greedy behaviour on purpose (the demo's protected cases), and over these 25 steps it gained
+# +0.082 from the same parent (0.163 -> 0.217 / 0.273).
+KL_COEF = 0.1
 RL_STEPS = 25
 LAST_TWO = (RL_STEPS - 5, RL_STEPS)  # evaluations at 0, 20, 25: the candidate is the mean of the last two
 
 
 @pytest.mark.slow
 @pytest.mark.learning  # not in `make test` (CI's budget): `make test-learning`
-# ~15 min on a 2-core machine: warm start ~260 SFT steps, 25 RL steps of ~15 s, 3 evaluations.
+# ~10 min on a 2-core machine (615 s on 2026-12-07): warm start ~300 SFT steps, 25 RL steps, 3 evaluations.
 @pytest.mark.timeout(3600)
 def test_candidate_beats_warm_started_parent_in_sampled_success():
     torch.manual_seed(0)
@@ -52,7 +56,7 @@ def run(work: Path) -> None:
     assert 0.1 <= ws.probe_success <= 0.5, ws.history[-3:]
     # every step runs (no early stop): the candidate is the curve's mean at steps 20 and 25
     t = TrainingSettings(steps=RL_STEPS, tasks_per_step=16, eval_every=LAST_TWO[0], holdout_tasks=300,
-                         eval_seed=20261130, learning_rate=1e-4, validation_patience=0)  # fmt: skip
+                         eval_seed=20261130, learning_rate=1e-4, validation_patience=0, kl_coef=KL_COEF)  # fmt: skip
 
     def serve():  # as `train` serves
         return sampling_service(

@@ -28,9 +28,11 @@ from lightning_dagster.training.warmstart import (
 
 
 def tiny_warm_start(**changes) -> WarmStartConfig:
-    """The calc example's warm start under the default settings, with `changes`."""
+    """The calc example's warm start under the default settings, with `changes`; its `batch_size` rows a
+    step exactly unless `batch_tokens` is changed too (`test_short_replies_train_in_more_rows_a_step`)."""
     return dataclasses.replace(
-        warm_start_config(example_file("calc"), TrainingSettings(), ServingSettings()), **changes
+        warm_start_config(example_file("calc"), TrainingSettings(), ServingSettings()),
+        **{"batch_tokens": 0, **changes},
     )
 
 
@@ -221,6 +223,26 @@ def test_a_warm_start_that_runs_out_of_steps_keeps_the_probed_checkpoint_nearest
     assert not all(torch.equal(saved[k], at_step_4[k]) for k in saved)
     stored = store.get_resource(result.resource.resource_id)
     assert stored.metadata["sft_steps"] == 3 and stored.metadata["sft_steps_run"] == 4
+
+
+def test_short_replies_train_in_more_rows_a_step(engine):
+    """An SFT step holds `batch_size` rows, or more when those would hold fewer than `batch_tokens` trained
+    tokens: the starter's 6-token replies take 64 rows a step, calc's ~28-token ones stay at 32."""
+    from lightning_dagster.project.scaffold import demonstration, starter_tasks
+    from lightning_dagster.training.warmstart import batch_rows
+
+    defaults = warm_start_config(example_file("calc"), TrainingSettings(), ServingSettings())
+    assert (defaults.batch_size, defaults.batch_tokens) == (32, 384)
+    starter = [demonstration(t) for t in starter_tasks()[:40]]
+    short = demo_rows(engine, starter, 40, 0)
+    assert {r.trained_tokens for r in short} <= {5, 6, 7}  # `12+7`-like digits and the end of turn
+    long = demo_rows(engine, [{"messages": demos.demo_messages(t), "tools": demos.demo_tools()}
+                              for t in example_tasks("calc").draw("train", 40, 0)], 40, 0)  # fmt: skip
+    mean = sum(r.trained_tokens for r in short) / len(short)
+    assert batch_rows(short * 4, defaults) == -(-384 // mean) > 32
+    assert batch_rows(long, defaults) == 32
+    assert batch_rows(short, defaults) == 40  # never more rows than there are
+    assert batch_rows(short * 4, dataclasses.replace(defaults, batch_tokens=0)) == 32
 
 
 def test_the_probe_runs_more_often_the_closer_sampled_success_is_to_the_window():
