@@ -55,7 +55,7 @@ class WarmStartConfig:
     lr: float = 3e-3
     # Rows per SFT step: at least batch_size, and enough to hold batch_tokens trained tokens (batch_rows); a
     # project whose replies are a few tokens long learns too slowly in 32 rows (benchmarks/README.md, the
-    # starter's warm start).
+    # first parent's warm start on short replies).
     batch_size: int = 32
     batch_tokens: int = 384
     min_steps: int = 4  # (at most max_steps)
