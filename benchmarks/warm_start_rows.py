@@ -14,7 +14,6 @@ the SFT alone, with the trainer's own thread setting (one per core): run it on a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import random
 import tempfile
 import time
@@ -36,16 +35,10 @@ def run(
 ) -> dict | None:
     """SFT as the warm start does it (same rows, order and learning rate), with `rows_per_step` rows a step
     (None: `batch_rows`'s choice; nothing runs, None, when that is 32 too)."""
-    config = dataclasses.replace(
-        warm_start_config(project, TrainingSettings(seed=seed), ServingSettings()), seed=seed
-    )
+    config = warm_start_config(project, TrainingSettings(seed=seed), ServingSettings())
     demos = warmstart.load_demos(load_project(project).model.warm_start, project)
     train, held = warmstart.split_demos(demos, seed)
-    codec = ChatCodec(base)
-    rows = warmstart.demo_rows(codec, train, config.demos, seed)
-    held_batch = warmstart.collate(
-        warmstart.demo_rows(codec, held, warmstart.HELD_DEMOS, seed + 2), list(range(warmstart.HELD_DEMOS))
-    )
+    rows, held_batch = warmstart.render_demos(ChatCodec(base), train, held, config)
     per_step = rows_per_step or warmstart.batch_rows(rows, config)
     if rows_per_step is None and per_step == 32:
         return None

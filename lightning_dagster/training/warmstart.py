@@ -182,7 +182,7 @@ def demo_probability(model: Any, held: MicroBatch) -> float:
     return float(torch.exp((logp * held.mask).sum(dim=1)).mean())
 
 
-def _render_demos(
+def render_demos(
     codec: Any, train: list[dict], held: list[dict], config: WarmStartConfig
 ) -> tuple[list[Row], MicroBatch]:
     """The training rows and the held-out batch the cheap estimate scores."""
@@ -231,7 +231,7 @@ def warm_start(
     # earlier reusing gateway of this process is taken instead (`gateway.pool`), and this one is left for
     # the pipeline's first stage.
     pool = ThreadPoolExecutor(2, thread_name_prefix="warm-start")
-    rendered = pool.submit(_render_demos, ChatCodec(base_dir), train_demos, held_demos, config)
+    rendered = pool.submit(render_demos, ChatCodec(base_dir), train_demos, held_demos, config)
     # it serves the weights it trains: the embedded engine, never an upstream; a fresh secret
     own = serving_settings(config.serving, secret="", upstream_url="")
     serving = pool.submit(

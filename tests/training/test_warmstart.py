@@ -288,7 +288,7 @@ def test_the_starter_learns_its_replies_within_the_warm_start_budget(tmp_path):
     from lightning_dagster.engine.chat import ChatCodec
     from lightning_dagster.project.scaffold import write_starter
     from lightning_dagster.training.trainer import Trainer, TrainerConfig
-    from lightning_dagster.training.warmstart import batch_rows, collate, demo_probability
+    from lightning_dagster.training.warmstart import batch_rows, demo_probability, render_demos
 
     write_starter(tmp_path / "starter")
     project = tmp_path / "starter" / "lightning-dagster.yaml"
@@ -296,8 +296,7 @@ def test_the_starter_learns_its_replies_within_the_warm_start_budget(tmp_path):
     base = build_base_model(tmp_path / "base", corpus=default_corpus(), seed=config.seed)
     train, held = split_demos(load_demos(tmp_path / "starter" / "demos.jsonl", project), config.seed)
     codec = ChatCodec(base)
-    rows = demo_rows(codec, train, config.demos, config.seed)
-    held_batch = collate(demo_rows(codec, held, HELD_DEMOS, config.seed + 2), list(range(HELD_DEMOS)))
+    rows, held_batch = render_demos(codec, train, held, config)
     per_step = batch_rows(rows, config)
     assert per_step == 64 and config.max_steps == 300
     trainer = Trainer(base, TrainerConfig(lr=config.lr, device="cpu", loss=None))
